@@ -80,6 +80,8 @@ inline void check_views(const AttentionBlockPlan& plan, const AttentionBlockInpu
 // Implementation
 
 inline AttentionBlockPlan AttentionBlockPlan::make(const AttentionBlockParams& p) {
+  require(p.batch >= 1, "batch", p.batch, "must be >= 1");
+  require(p.seq >= 1, "seq", p.seq, "must be >= 1");
   require(p.heads >= 1, "num_heads", p.heads, "must be >= 1");
   require(p.embed >= 1 && p.embed % p.heads == 0, "embed", p.embed,
           "must be a positive multiple of num_heads = " + std::to_string(p.heads));
@@ -130,6 +132,7 @@ inline AttentionBlockPlan AttentionBlockPlan::from_shapes(
   require(x.size() == 3, "x.shape", to_string(x), "must be [B, S, E]");
   element_count(x, "x.shape");
   const std::int64_t B = x[0], S = x[1], E = x[2];
+  checked_mul(E, 3, "x.shape");  // 3E below must not overflow (x may be empty)
   require(w_qkv == Shape{3 * E, E}, "w_qkv.shape", to_string(w_qkv),
           "must be [3E, E] = " + to_string({3 * E, E}));
   require(!b_qkv || *b_qkv == Shape{3 * E}, "b_qkv.shape", b_qkv ? to_string(*b_qkv) : "",

@@ -11,6 +11,7 @@
 /// (rotation by −angle) to dy with the same table rows.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -179,8 +180,8 @@ inline RopePlan RopePlan::from_shapes(const Shape& x, const Shape& cos, const Sh
   if (a.table_rows) {
     p.rows = *a.table_rows;
   } else {
-    p.rows = (p.table_rows == p.batch * p.seq && p.batch > 1) ? TableRows::token
-                                                              : TableRows::position;
+    const std::int64_t rows = checked_mul(p.batch, p.seq, "x.shape");  // x may be empty
+    p.rows = (p.table_rows == rows && p.batch > 1) ? TableRows::token : TableRows::position;
   }
   return make(p);
 }

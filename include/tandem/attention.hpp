@@ -56,8 +56,8 @@ struct AttentionParams {
   std::int64_t kv_heads = 0;    ///< Hkv, divides H; 0 means H
   std::int64_t head_dim = 0;    ///< D, width of q and k heads
   std::int64_t v_head_dim = 0;  ///< Dv, width of v and out heads; 0 means D
-  Layout layout = Layout::bshd;
-  MaskKind mask = MaskKind::none;
+  Layout layout = Layout::bshd;  ///< memory layout of q, k, v, out and the gradients (SPEC §1)
+  MaskKind mask = MaskKind::none;  ///< which keys each query sees (SPEC §2)
   std::int64_t window = 0;             ///< w of sliding_window
   std::optional<double> scale;         ///< defaults to 1/sqrt(D)
   double softcap = 0.0;                ///< c; 0 disables the cap
@@ -73,26 +73,38 @@ struct AttentionParams {
 struct AttentionAttrs {
   std::int64_t num_heads = 0;          ///< H (required)
   std::optional<Layout> layout;        ///< from shapes when absent (SPEC §1)
-  MaskKind mask = MaskKind::none;
-  std::int64_t window = 0;
-  std::optional<double> scale;
-  double softcap = 0.0;
+  MaskKind mask = MaskKind::none;  ///< which keys each query sees (SPEC §2)
+  std::int64_t window = 0;  ///< w of sliding_window: keys a−w..a are visible
+  std::optional<double> scale;  ///< multiplies <q_i, k_j>; defaults to 1/sqrt(D)
+  double softcap = 0.0;  ///< c of s ← c·tanh(s/c); 0 disables the cap
 };
 
 /// One attention call, validated. Kernels read sizes and the strides of
 /// every tensor from here and nowhere else.
 struct AttentionPlan {
+  ///@{
+  /// Sizes in SPEC's symbols: B batch, Sq query length, Sk key length, H query heads, Hkv kv heads
+  /// (divides H), D q/k head width, Dv v/out head width.
   std::int64_t B = 0, Sq = 0, Sk = 0, H = 0, Hkv = 0, D = 0, Dv = 0;
-  Layout layout = Layout::bshd;
-  MaskKind mask = MaskKind::none;
-  std::int64_t window = 0;
+  ///@}
+  Layout layout = Layout::bshd;  ///< layout of every tensor of the call (SPEC §1)
+  MaskKind mask = MaskKind::none;  ///< which keys each query sees (SPEC §2)
+  std::int64_t window = 0;  ///< w of sliding_window (0 for the other mask kinds)
   double scale = 0.0;    ///< resolved: never absent
   double softcap = 0.0;  ///< 0 = no cap
+  ///@{
+  /// Bb ∈ {1, B} and Hb ∈ {1, H}: the broadcast shape `[Bb, Hb, Sq, Sk]` of a bias mask (1 and 1
+  /// otherwise).
   std::int64_t bias_batch = 1, bias_heads = 1;
+  ///@}
 
+  ///@{
   Strides q, k, v;  ///< inputs, possibly with row strides (bshd)
+  ///@}
   Strides o;        ///< out and dout: contiguous, layout of q
+  ///@{
   Strides dq, dk, dv;  ///< gradients: contiguous, shapes of q, k, v
+  ///@}
 
   /// H / Hkv: query heads per kv head.
   [[nodiscard]] std::int64_t group() const { return H / Hkv; }
@@ -123,14 +135,24 @@ struct AttentionPlan {
 /// `mask` is the keep mask or the additive bias; it is always float.
 template <class T>
 struct AttentionInputs {
+  ///@{
+  /// q `[B,Sq,H,D]`, k `[B,Sk,Hkv,D]`, v `[B,Sk,Hkv,Dv]` in the plan's layout, read through the
+  /// plan's strides (at least q.extent, k.extent, v.extent elements).
   std::span<const T> q, k, v;
+  ///@}
+  /// keep `[B, Sk]` (key_padding; nonzero = attend) or additive bias `[Bb, Hb, Sq, Sk]` (bias);
+  /// empty otherwise
   std::span<const float> mask = {};
 };
 
 /// Writable views of the gradients; an empty view is not computed.
 template <class T>
 struct AttentionGrads {
+  ///@{
+  /// dq `[B,Sq,H,D]`, dk `[B,Sk,Hkv,D]`, dv `[B,Sk,Hkv,Dv]`, contiguous in the plan's layout; an
+  /// empty view is not computed.
   std::span<T> dq, dk, dv;
+  ///@}
 };
 
 /// Throws Error unless the views fit the plan: strided inputs hold q.extent…,

@@ -25,34 +25,51 @@ struct AxialRopeParams {
   std::int64_t seq = 0;             ///< S = repeat_factor·end_x·end_y
   std::int64_t width = 0;           ///< W
   std::int64_t num_heads = 1;       ///< W / D
+  ///@{
+  /// The token grid: end_x columns, end_y rows (S = repeat_factor·end_x·end_y).
   std::int64_t end_x = 0, end_y = 0;
-  double theta = 10000.0;
+  ///@}
+  double theta = 10000.0;  ///< frequency base: f_k = theta^(−4k/D)
   std::int64_t repeat_factor = 1;   ///< r >= 1
   std::int64_t src_row_stride = 0;  ///< 0 = W
 };
 
 /// Attributes of a case file's axial_rope op (SPEC §9).
 struct AxialRopeAttrs {
-  std::int64_t num_heads = 1;
+  std::int64_t num_heads = 1;  ///< heads per row: D = W / num_heads
+  ///@{
+  /// The token grid: end_x columns, end_y rows (S = repeat_factor·end_x·end_y).
   std::int64_t end_x = 0, end_y = 0;
-  double theta = 10000.0;
-  std::int64_t repeat_factor = 1;
+  ///@}
+  double theta = 10000.0;  ///< frequency base: f_k = theta^(−4k/D)
+  std::int64_t repeat_factor = 1;  ///< r >= 1: the grid repeats r times along S
 };
 
 /// One axial RoPE call, validated.
 struct AxialRopePlan {
+  ///@{
+  /// x folded to `[B', S, W]`: B' batch, S tokens, W row width, num_heads heads of width D = W /
+  /// num_heads (D % 4 == 0).
   std::int64_t B = 0, S = 0, W = 0, num_heads = 1, D = 0;
+  ///@}
+  ///@{
+  /// Grid of end_x columns by end_y rows, repeated repeat_factor times: S =
+  /// repeat_factor·end_x·end_y.
   std::int64_t end_x = 0, end_y = 0, repeat_factor = 1;
-  double theta = 10000.0;
-  std::int64_t src_row_stride = 0;
+  ///@}
+  double theta = 10000.0;  ///< frequency base: f_k = theta^(−4k/D), k < D/4
+  std::int64_t src_row_stride = 0;  ///< distance between source rows, >= W
 
+  /// Elements a strided source must hold: (B'·S − 1)·src_row_stride + W.
   [[nodiscard]] std::int64_t src_extent() const { return (B * S - 1) * src_row_stride + W; }
+  /// Elements of the contiguous output `[B', S, W]`: B'·S·W.
   [[nodiscard]] std::int64_t out_size() const { return B * S * W; }
 
   /// Validates by SPEC §8 — the only place that does.
   static AxialRopePlan make(const AxialRopeParams& p);
   /// x of rank >= 2 folded to [B', S, W].
   static AxialRopePlan from_shapes(const Shape& x, const AxialRopeAttrs& a);
+  /// Readable summary for messages and counterexamples.
   [[nodiscard]] std::string describe() const;
 };
 

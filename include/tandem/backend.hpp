@@ -35,19 +35,25 @@ struct Backend {
   std::function<void(const AttentionPlan&, const AttentionInputs<float>&,
                      std::span<const float> dout, const AttentionGrads<float>&)>
       attention_backward;
+  ///@{
   /// dq alone, dk alone, dv alone.
   std::function<void(const AttentionPlan&, const AttentionInputs<float>&,
                      std::span<const float> dout, std::span<float> grad)>
       attention_backward_dq, attention_backward_dk, attention_backward_dv;
+  ///@}
 
+  ///@{
   /// out `[B',S,W]` = rope(x); dx = rope_backward(dy) (the transpose).
   std::function<void(const RopePlan&, std::span<const float> src, const RopeTables<float>&,
                      std::span<float> dst)>
       rope_forward, rope_backward;
+  ///@}
 
+  ///@{
   /// out = axial_rope(x); dx = axial_rope_backward(dy) (the transpose).
   std::function<void(const AxialRopePlan&, std::span<const float> src, std::span<float> dst)>
       axial_rope_forward, axial_rope_backward;
+  ///@}
 
   /// out `[rows, n]` = silu(g)·u for x `[rows, 2n]`.
   std::function<void(const SwigluPlan&, std::span<const float> x, std::span<float> out)>

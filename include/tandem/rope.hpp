@@ -49,27 +49,34 @@ struct RopeParams {
   std::int64_t width = 0;            ///< W, a multiple of head_dim
   std::int64_t head_dim = 0;         ///< D
   std::optional<std::int64_t> n_rot; ///< even, 0..D; defaults to D
-  RopeStyle style = RopeStyle::neox;
+  RopeStyle style = RopeStyle::neox;  ///< which elements form a rotated pair
   std::int64_t table_rows = 0;       ///< R
   std::int64_t table_stride = 0;     ///< T >= n_rot/2; 0 means n_rot/2
-  TableRows rows = TableRows::position;
+  TableRows rows = TableRows::position;  ///< which table row token (b', s) reads
   std::int64_t src_row_stride = 0;   ///< distance between source rows; 0 = W
 };
 
 /// Attributes of a case file's rope op (SPEC §9).
 struct RopeAttrs {
   std::optional<std::int64_t> head_dim;  ///< required unless x has rank >= 4 (then x's last dim)
-  std::optional<std::int64_t> n_rot;
-  RopeStyle style = RopeStyle::neox;
+  std::optional<std::int64_t> n_rot;  ///< rotated dims, even, 0..D; defaults to D
+  RopeStyle style = RopeStyle::neox;  ///< which elements form a rotated pair
   std::optional<TableRows> table_rows;   ///< from shapes when absent
 };
 
 /// One RoPE call, validated.
 struct RopePlan {
+  ///@{
+  /// x folded to `[B', S, W]`: B' batch (every axis before the last two), S tokens, W row width
+  /// (W/D heads), D head width, n_rot rotated dims (even, <= D).
   std::int64_t B = 0, S = 0, W = 0, D = 0, n_rot = 0;
+  ///@}
+  ///@{
   std::int64_t R = 0, T = 0;        ///< table rows and row stride
+  ///@}
   std::int64_t src_row_stride = 0;  ///< source (x or dy) row stride, >= W
-  RopeStyle style = RopeStyle::neox;
+  RopeStyle style = RopeStyle::neox;  ///< neox (i, i+m) or gptj (2i, 2i+1) pairs
+  /// table row of token (b', s): s (position) or b'·S + s (token)
   TableRows rows = TableRows::position;
 
   /// W / D heads per row.
@@ -95,7 +102,11 @@ struct RopePlan {
 /// The cos and sin tables `[R, T]` of a RoPE call.
 template <class T>
 struct RopeTables {
+  ///@{
+  /// cos and sin `[R, T]`, row-major with row stride T:
+  /// `c_i = cos[row*T + i]`, `s_i = sin[row*T + i]`, i < n_rot/2.
   std::span<const T> cos, sin;
+  ///@}
 };
 
 /// Throws Error unless source, tables and output fit the plan.

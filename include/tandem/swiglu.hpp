@@ -22,24 +22,33 @@ namespace tandem {
 struct SwigluParams {
   std::int64_t rows = 1;  ///< product of all dims but the last
   std::int64_t n = 0;     ///< half of the last dim
+  /// true: gate g = first half of a row (ggml's swiglu); false: g = second half
   bool gate_first = true;
 };
 
 /// One SwiGLU call, validated.
 struct SwigluPlan {
+  ///@{
+  /// x `[rows, 2n]` → y `[rows, n]`: rows is the product of all dims but the last, 2n the last dim.
   std::int64_t rows = 0, n = 0;
-  bool gate_first = true;
+  ///@}
+  bool gate_first = true;  ///< true: gate g = first half of a row; false: g = second half
 
+  ///@{
   /// Offset of the gate and of the up half within a row of 2n.
   [[nodiscard]] std::int64_t gate_offset() const { return gate_first ? 0 : n; }
   [[nodiscard]] std::int64_t up_offset() const { return gate_first ? n : 0; }
+  ///@}
+  /// Elements of x and dx: rows·2n.
   [[nodiscard]] std::int64_t in_size() const { return rows * 2 * n; }
+  /// Elements of y and dy: rows·n.
   [[nodiscard]] std::int64_t out_size() const { return rows * n; }
 
   /// Validates by SPEC §8 — the only place that does.
   static SwigluPlan make(const SwigluParams& p);
   /// x `[..., 2n]`, rank >= 1.
   static SwigluPlan from_shapes(const Shape& x, bool gate_first);
+  /// Readable summary for messages and counterexamples.
   [[nodiscard]] std::string describe() const;
 };
 

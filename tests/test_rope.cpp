@@ -1,0 +1,299 @@
+// SPDX-License-Identifier: Apache-2.0
+// RoPE (SPEC §4) on cases small enough to work out by hand: rotations by 90°
+// and 0°, the partial-rotation tail, table padding, position and token rows,
+// strided sources, the [B, H, S, D] fold, and the backward as the transpose.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "tandem/reference/backend.hpp"
+#include "tandem/reference/rope.hpp"
+#include "tandem/rope.hpp"
+
+namespace {
+
+using tandem::RopeParams;
+using tandem::RopePlan;
+using tandem::RopeStyle;
+using tandem::RopeTables;
+using tandem::TableRows;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+/// A one-token, one-head plan of width D with a one-row table of m = n_rot/2 columns.
+RopePlan one_head(std::int64_t D, std::int64_t n_rot, RopeStyle style, std::int64_t T = 0) {
+  RopeParams p;
+  p.seq = 1;
+  p.width = D;
+  p.head_dim = D;
+  p.n_rot = n_rot;
+  p.style = style;
+  p.table_rows = 1;
+  p.table_stride = T;
+  return RopePlan::make(p);
+}
+
+std::vector<double> forward(const RopePlan& plan, const std::vector<double>& x,
+                            const std::vector<double>& cos, const std::vector<double>& sin) {
+  std::vector<double> out(static_cast<std::size_t>(plan.out_size()));
+  tandem::reference::rope_forward<double>(plan, x, RopeTables<double>{cos, sin},
+                                          std::span<double>(out));
+  return out;
+}
+
+std::vector<double> backward(const RopePlan& plan, const std::vector<double>& dy,
+                             const std::vector<double>& cos, const std::vector<double>& sin) {
+  std::vector<double> dx(static_cast<std::size_t>(plan.out_size()));
+  tandem::reference::rope_backward<double>(plan, dy, RopeTables<double>{cos, sin},
+                                           std::span<double>(dx));
+  return dx;
+}
+
+void expect_exact(const std::vector<double>& got, const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "element " << i;
+}
+
+std::vector<double> random_values(std::size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  std::vector<double> v(n);
+  for (double& e : v) e = dist(gen);
+  return v;
+}
+
+TEST(Rope, NeoxRotatesPairIAndIPlusMByItsOwnAngle) {
+  // D = 4, m = 2: pairs (0, 2) and (1, 3). Angle 0 is 90° (c = 0, s = 1),
+  // angle 1 is 0° (c = 1, s = 0). x = [1, 2, 3, 4]:
+  //   pair (0, 2): y0 = 1·0 − 3·1 = −3,  y2 = 3·0 + 1·1 = 1
+  //   pair (1, 3): y1 = 2·1 − 4·0 =  2,  y3 = 4·1 + 2·0 = 4
+  const RopePlan plan = one_head(4, 4, RopeStyle::neox);
+  expect_exact(forward(plan, {1, 2, 3, 4}, {0, 1}, {1, 0}), {-3, 2, 1, 4});
+  // Both angles 90°: [−3, −4, 1, 2].
+  expect_exact(forward(plan, {1, 2, 3, 4}, {0, 0}, {1, 1}), {-3, -4, 1, 2});
+}
+
+TEST(Rope, GptjRotatesPair2IAnd2IPlus1ByItsOwnAngle) {
+  // D = 4: pairs (0, 1) and (2, 3). Angle 0 is 90°, angle 1 is 0°:
+  //   pair (0, 1): y0 = 1·0 − 2·1 = −2,  y1 = 2·0 + 1·1 = 1
+  //   pair (2, 3): y2 = 3,               y3 = 4
+  const RopePlan plan = one_head(4, 4, RopeStyle::gptj);
+  expect_exact(forward(plan, {1, 2, 3, 4}, {0, 1}, {1, 0}), {-2, 1, 3, 4});
+  // Both angles 90°: [−2, 1, −4, 3].
+  expect_exact(forward(plan, {1, 2, 3, 4}, {0, 0}, {1, 1}), {-2, 1, -4, 3});
+}
+
+TEST(Rope, GeneralAngleFollowsTheFormula) {
+  // c = 0.6, s = 0.8 (a 3-4-5 triangle). NeoX, D = 2, pair (0, 1), x = [1, 3]:
+  //   y0 = 1·0.6 − 3·0.8 = −1.8,  y1 = 3·0.6 + 1·0.8 = 2.6
+  const RopePlan plan = one_head(2, 2, RopeStyle::neox);
+  const std::vector<double> y = forward(plan, {1, 3}, {0.6}, {0.8});
+  EXPECT_NEAR(y[0], -1.8, 1e-15);
+  EXPECT_NEAR(y[1], 2.6, 1e-15);
+  // The float32 backend gives the same numbers to float precision.
+  const std::vector<float> xf = {1, 3}, cf = {0.6f}, sf = {0.8f};
+  std::vector<float> yf(2);
+  tandem::reference::backend().rope_forward(plan, xf, RopeTables<float>{cf, sf}, yf);
+  EXPECT_NEAR(yf[0], -1.8f, 1e-6f);
+  EXPECT_NEAR(yf[1], 2.6f, 1e-6f);
+}
+
+TEST(Rope, PartialRotationLeavesTheTailOfEveryHeadUntouched) {
+  // D = 6, n_rot = 4 (m = 2), two heads per row (W = 12), both angles 90°.
+  // Head 0, x = [1..6]:  neox pairs (0,2), (1,3) → [−3, −4, 1, 2, 5, 6]
+  // Head 1, x = [7..12]: neox                     → [−9, −10, 7, 8, 11, 12]
+  // gptj pairs (0,1), (2,3): head 0 → [−2, 1, −4, 3, 5, 6], head 1 → [−8, 7, −10, 9, 11, 12]
+  RopeParams p;
+  p.seq = 1;
+  p.width = 12;
+  p.head_dim = 6;
+  p.n_rot = 4;
+  p.table_rows = 1;
+  const std::vector<double> x = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  p.style = RopeStyle::neox;
+  expect_exact(forward(RopePlan::make(p), x, {0, 0}, {1, 1}),
+               {-3, -4, 1, 2, 5, 6, -9, -10, 7, 8, 11, 12});
+  p.style = RopeStyle::gptj;
+  expect_exact(forward(RopePlan::make(p), x, {0, 0}, {1, 1}),
+               {-2, 1, -4, 3, 5, 6, -8, 7, -10, 9, 11, 12});
+}
+
+TEST(Rope, TablePaddingColumnsAreNeverRead) {
+  // D = 6, n_rot = 2 (m = 1), a table built for D/2 = 3 columns (T = 3) whose
+  // columns 1 and 2 are NaN. Only column 0 (90°) may be read:
+  //   neox pair (0, 1): y0 = −x1 = −2, y1 = x0 = 1; dims 2..5 copied.
+  for (RopeStyle style : {RopeStyle::neox, RopeStyle::gptj}) {
+    const RopePlan plan = one_head(6, 2, style, /*T=*/3);
+    ASSERT_EQ(plan.T, 3);
+    const std::vector<double> cos = {0, kNaN, kNaN}, sin = {1, kNaN, kNaN};
+    // With m = 1 both styles pair (0, 1).
+    expect_exact(forward(plan, {1, 2, 3, 4, 5, 6}, cos, sin), {-2, 1, 3, 4, 5, 6});
+    // Backward (rotation by −90°): dx0 = dy1 = 2, dx1 = −dy0 = −1.
+    expect_exact(backward(plan, {1, 2, 3, 4, 5, 6}, cos, sin), {2, -1, 3, 4, 5, 6});
+  }
+}
+
+TEST(Rope, PositionRowsReadRowSOfALongerTable) {
+  // B' = 2, S = 2, D = W = 2, a table of R = 5 rows (built for a longer
+  // sequence; 5 != B'·S so rows are by position). Row 0: 0°, row 1: 90°,
+  // rows 2..4 NaN (never read). x = [[1,2],[3,4]], [[5,6],[7,8]]:
+  //   s = 0 unchanged; s = 1: [x0, x1] → [−x1, x0]
+  //   → [1, 2], [−4, 3], [5, 6], [−8, 7]
+  RopeParams p;
+  p.batch = 2;
+  p.seq = 2;
+  p.width = 2;
+  p.head_dim = 2;
+  p.table_rows = 5;
+  p.rows = TableRows::position;
+  const RopePlan plan = RopePlan::make(p);
+  const std::vector<double> cos = {1, 0, kNaN, kNaN, kNaN}, sin = {0, 1, kNaN, kNaN, kNaN};
+  expect_exact(forward(plan, {1, 2, 3, 4, 5, 6, 7, 8}, cos, sin), {1, 2, -4, 3, 5, 6, -8, 7});
+}
+
+TEST(Rope, TokenRowsReadRowBTimesSPlusS) {
+  // x [2, 2, 2] with a [4, 1] table: R = B'·S = 4 and B' = 2 > 1 → token rows.
+  // Row r rotates by r·90°: (c, s) = (1, 0), (0, 1), (−1, 0), (0, −1).
+  //   (b0, s0) row 0: [1, 2] → [1, 2]
+  //   (b0, s1) row 1: [3, 4] → [−4, 3]
+  //   (b1, s0) row 2: [5, 6] → [−5, −6]
+  //   (b1, s1) row 3: [7, 8] → [7·0 − 8·(−1), 8·0 + 7·(−1)] = [8, −7]
+  // Position rows would have given (b1, s0) → [5, 6] and (b1, s1) → [−8, 7].
+  tandem::RopeAttrs a;
+  a.head_dim = 2;
+  const RopePlan plan = RopePlan::from_shapes({2, 2, 2}, {4, 1}, {4, 1}, a);
+  ASSERT_EQ(plan.rows, TableRows::token);
+  const std::vector<double> cos = {1, 0, -1, 0}, sin = {0, 1, 0, -1};
+  expect_exact(forward(plan, {1, 2, 3, 4, 5, 6, 7, 8}, cos, sin), {1, 2, -4, 3, -5, -6, 8, -7});
+}
+
+TEST(Rope, SourceRowStrideSkipsTheGapsBetweenRows) {
+  // S = 2, W = D = 4, source row stride 6: x = [1, 2, 3, 4, NaN, NaN, 5, 6, 7, 8]
+  // (10 = (2−1)·6 + 4 elements). Row 0 of the table 90°, row 1 0°, neox:
+  //   s = 0: [1, 2, 3, 4] → [−3, −4, 1, 2];  s = 1: [5, 6, 7, 8] unchanged.
+  // The backward reads dy with the same stride: s = 0 rotates by −90°:
+  //   [1, 2, 3, 4] → [dy0·0 + dy2·1, dy1·0 + dy3·1, dy2·0 − dy0·1, dy3·0 − dy1·1] = [3, 4, −1, −2]
+  RopeParams p;
+  p.seq = 2;
+  p.width = 4;
+  p.head_dim = 4;
+  p.table_rows = 2;
+  p.src_row_stride = 6;
+  const RopePlan plan = RopePlan::make(p);
+  ASSERT_EQ(plan.src_extent(), 10);
+  const std::vector<double> x = {1, 2, 3, 4, kNaN, kNaN, 5, 6, 7, 8};
+  const std::vector<double> cos = {0, 0, 1, 1}, sin = {1, 1, 0, 0};
+  expect_exact(forward(plan, x, cos, sin), {-3, -4, 1, 2, 5, 6, 7, 8});
+  expect_exact(backward(plan, x, cos, sin), {3, 4, -1, -2, 5, 6, 7, 8});
+}
+
+TEST(Rope, BhsdInputFoldsToOneBatchPerHead) {
+  // x [B=1, H=2, S=3, D=2] folds to [B'=2, S=3, W=2]; head_dim comes from the
+  // last dim. The [3, 1] table (R = 3 != B'·S = 6 → position rows) rotates row
+  // s by s·90°: (1, 0), (0, 1), (−1, 0). x = 1..12:
+  //   head 0: [1,2] → [1,2];   [3,4] → [−4,3];   [5,6] → [−5,−6]
+  //   head 1: [7,8] → [7,8];   [9,10] → [−10,9]; [11,12] → [−11,−12]
+  const RopePlan plan = RopePlan::from_shapes({1, 2, 3, 2}, {3, 1}, {3, 1}, {});
+  ASSERT_EQ(plan.B, 2);
+  ASSERT_EQ(plan.S, 3);
+  ASSERT_EQ(plan.W, 2);
+  ASSERT_EQ(plan.D, 2);
+  ASSERT_EQ(plan.rows, TableRows::position);
+  const std::vector<double> cos = {1, 0, -1}, sin = {0, 1, 0};
+  std::vector<double> x(12);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<double>(i + 1);
+  const std::vector<double> y = forward(plan, x, cos, sin);
+  expect_exact(y, {1, 2, -4, 3, -5, -6, 7, 8, -10, 9, -11, -12});
+  // The same as RoPE on each head alone ([1, 3, 2], one batch).
+  tandem::RopeAttrs a;
+  a.head_dim = 2;
+  const RopePlan per_head = RopePlan::from_shapes({1, 3, 2}, {3, 1}, {3, 1}, a);
+  for (std::size_t h = 0; h < 2; ++h) {
+    const std::vector<double> x_h(x.begin() + 6 * h, x.begin() + 6 * (h + 1));
+    const std::vector<double> y_h(y.begin() + 6 * h, y.begin() + 6 * (h + 1));
+    expect_exact(forward(per_head, x_h, cos, sin), y_h);
+  }
+}
+
+TEST(Rope, BackwardUndoesForwardWithTrueCosSin) {
+  // With c_i = cos(a), s_i = sin(a) each pair's rotation is orthogonal, so the
+  // transpose is the inverse: rope_backward(rope_forward(x)) == x.
+  for (RopeStyle style : {RopeStyle::neox, RopeStyle::gptj}) {
+    RopeParams p;
+    p.batch = 2;
+    p.seq = 3;
+    p.width = 12;
+    p.head_dim = 6;
+    p.n_rot = 4;
+    p.style = style;
+    p.table_rows = 3;
+    const RopePlan plan = RopePlan::make(p);
+    std::vector<double> cos(6), sin(6);
+    const std::vector<double> angle = random_values(6, 7);
+    for (std::size_t i = 0; i < 6; ++i) {
+      cos[i] = std::cos(3.0 * angle[i]);
+      sin[i] = std::sin(3.0 * angle[i]);
+    }
+    const std::vector<double> x = random_values(72, 11);
+    const std::vector<double> back = backward(plan, forward(plan, x, cos, sin), cos, sin);
+    for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(back[i], x[i], 1e-14) << i;
+  }
+}
+
+TEST(Rope, BackwardIsTheTransposeOfForward) {
+  // <rope(x), y> == <x, rope_backward(y)> for any tables (not only true
+  // rotations), with a strided source, a partial rotation and a padded table.
+  for (RopeStyle style : {RopeStyle::neox, RopeStyle::gptj}) {
+    RopeParams p;
+    p.batch = 2;
+    p.seq = 3;
+    p.width = 12;
+    p.head_dim = 6;
+    p.n_rot = 4;
+    p.style = style;
+    p.table_rows = 4;
+    p.table_stride = 3;
+    p.src_row_stride = 15;
+    const RopePlan plan = RopePlan::make(p);
+    const std::vector<double> cos = random_values(12, 1), sin = random_values(12, 2);
+    const auto n_src = static_cast<std::size_t>(plan.src_extent());
+    const std::vector<double> x = random_values(n_src, 3), y = random_values(n_src, 4);
+    const std::vector<double> fx = forward(plan, x, cos, sin);
+    const std::vector<double> by = backward(plan, y, cos, sin);
+    // Sum over rows r and columns w < W: source element at r·stride + w,
+    // output element at r·W + w.
+    double lhs = 0.0, rhs = 0.0;
+    for (std::int64_t r = 0; r < plan.B * plan.S; ++r) {
+      for (std::int64_t w = 0; w < plan.W; ++w) {
+        lhs += fx[r * plan.W + w] * y[r * plan.src_row_stride + w];
+        rhs += x[r * plan.src_row_stride + w] * by[r * plan.W + w];
+      }
+    }
+    EXPECT_NEAR(lhs, rhs, 1e-13);
+    EXPECT_GT(std::abs(lhs), 1e-3);  // a non-trivial inner product
+  }
+}
+
+TEST(Rope, NRotZeroCopiesTheSource) {
+  // n_rot = 0: no pair is rotated and the table has no columns (T = 0), so
+  // out = x and dx = dy, also from a strided source.
+  RopeParams p;
+  p.seq = 2;
+  p.width = 3;
+  p.head_dim = 3;
+  p.n_rot = 0;
+  p.table_rows = 2;
+  p.src_row_stride = 4;
+  const RopePlan plan = RopePlan::make(p);
+  ASSERT_EQ(plan.T, 0);
+  const std::vector<double> x = {1, 2, 3, kNaN, 4, 5, 6};
+  expect_exact(forward(plan, x, {}, {}), {1, 2, 3, 4, 5, 6});
+  expect_exact(backward(plan, x, {}, {}), {1, 2, 3, 4, 5, 6});
+}
+
+}  // namespace

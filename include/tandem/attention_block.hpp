@@ -28,18 +28,34 @@ namespace tandem {
 
 /// Explicit parameters of an attention block.
 struct AttentionBlockParams {
+  ///@{
+  /// x `[B, S, E]` with E = H·D: batch B, sequence length S, embedding width E, heads H.
   std::int64_t batch = 1, seq = 0, embed = 0, heads = 0;
+  ///@}
+  ///@{
+  /// Which optional inputs the call takes: b_qkv `[3E]`, b_out `[E]`, a key-padding keep
+  /// mask `[B, S]` (nonzero = attend), NeoX RoPE tables applied to q and k.
   bool qkv_bias = false, out_bias = false, key_padding = false, rope = false;
+  ///@}
+  ///@{
   std::int64_t table_rows = 0, table_stride = 0;  ///< R, T of the RoPE tables
+  ///@}
 };
 
 /// One attention block, validated, with the plans of its parts.
 struct AttentionBlockPlan {
+  ///@{
+  /// x `[B, S, E]`, E = H·D: batch, sequence length, embedding width, heads, head width.
   std::int64_t B = 0, S = 0, E = 0, H = 0, D = 0;
+  ///@}
+  ///@{
+  /// Which optional inputs the call takes (b_qkv, b_out, keep, cos/sin).
   bool qkv_bias = false, out_bias = false, key_padding = false, has_rope = false;
+  ///@}
   AttentionPlan attention;  ///< q, k: contiguous after RoPE (row stride E) or in qkv (3E)
   RopePlan rope;            ///< valid only when has_rope: q/k out of qkv, row stride 3E
 
+  /// Elements of x and of the output: B·S·E.
   [[nodiscard]] std::int64_t x_size() const { return B * S * E; }
 
   /// Validates by SPEC §8 — the only place that does.
@@ -51,13 +67,19 @@ struct AttentionBlockPlan {
                                         const std::optional<Shape>& keep,
                                         const std::optional<Shape>& cos,
                                         const std::optional<Shape>& sin, std::int64_t num_heads);
+  /// Readable summary for messages and counterexamples.
   [[nodiscard]] std::string describe() const;
 };
 
 /// Read-only views of an attention block's inputs; optional ones are empty
 /// when absent.
 struct AttentionBlockInputs {
+  ///@{
+  /// x `[B, S, E]`, w_qkv `[3E, E]` (rows q, k, v), b_qkv `[3E]`, w_out `[E, E]`, b_out `[E]`,
+  /// keep `[B, S]`, cos and sin `[R, T]`, all contiguous float32; an optional input is empty
+  /// when absent.
   std::span<const float> x, w_qkv, b_qkv, w_out, b_out, keep, cos, sin;
+  ///@}
 };
 
 /// Throws Error unless the views fit the plan.

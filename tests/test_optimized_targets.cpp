@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0
+// Target control of the optimized backend: the compiled and supported
+// Highway targets include a scalar fallback, names are Highway's, and
+// force_target() moves dynamic dispatch (current_target()) onto each one.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tandem/error.hpp"
+#include "tandem/optimized/backend.hpp"
+
+#ifdef TANDEM_HAVE_OPTIMIZED
+
+namespace {
+
+namespace opt = tandem::optimized;
+
+TEST(OptimizedTargets, ListEndsWithTheScalarFallback) {
+  const std::vector<std::int64_t> targets = opt::supported_targets();
+  ASSERT_FALSE(targets.empty());
+  const std::string last = opt::target_name(targets.back());
+  EXPECT_TRUE(last == "SCALAR" || last == "EMU128") << "last target is " << last;
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    const std::string name = opt::target_name(targets[i]);
+    EXPECT_NE(name, "Unknown");
+    EXPECT_TRUE(names.insert(name).second) << name << " listed twice";
+    // One target bit each, best (lowest bit) first.
+    EXPECT_EQ(targets[i] & (targets[i] - 1), 0) << name;
+    if (i > 0) {
+      EXPECT_LT(targets[i - 1], targets[i]) << name;
+    }
+  }
+#if defined(__x86_64__) || defined(__i386__)
+  // x86 binaries carry SSE4, AVX2 and AVX3 copies; __builtin_cpu_supports
+  // tells which of them this CPU must report.
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("sse4.2")) {
+    EXPECT_TRUE(names.count("SSE4"));
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    EXPECT_TRUE(names.count("AVX2"));
+  }
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+    EXPECT_TRUE(names.count("AVX3"));
+  }
+#endif
+}
+
+TEST(OptimizedTargets, ForceTargetMovesDispatch) {
+  const std::vector<std::int64_t> targets = opt::supported_targets();
+  ASSERT_FALSE(targets.empty());
+  EXPECT_EQ(opt::current_target(), opt::target_name(targets.front()));
+  // Every target, worst first, so each step really changes the choice.
+  for (auto it = targets.rbegin(); it != targets.rend(); ++it) {
+    opt::force_target(*it);
+    EXPECT_EQ(opt::current_target(), opt::target_name(*it));
+    // Forcing does not shrink the list of what the CPU supports.
+    EXPECT_EQ(opt::supported_targets(), targets);
+  }
+  opt::force_target(0);
+  EXPECT_EQ(opt::current_target(), opt::target_name(targets.front()));
+}
+
+TEST(OptimizedTargets, ForcingAnUnsupportedTargetIsAnError) {
+  const std::vector<std::int64_t> targets = opt::supported_targets();
+  std::int64_t all = 0;
+  for (std::int64_t t : targets) all |= t;
+  // The lowest bit that is not a supported target.
+  std::int64_t missing = 1;
+  while (all & missing) missing <<= 1;
+  const std::string before = opt::current_target();
+  try {
+    opt::force_target(missing);
+    ADD_FAILURE() << "no error forcing target bit " << missing;
+  } catch (const tandem::Error& e) {
+    EXPECT_EQ(e.parameter(), "target");
+  }
+  EXPECT_EQ(opt::current_target(), before);
+}
+
+}  // namespace
+
+#endif  // TANDEM_HAVE_OPTIMIZED

@@ -260,9 +260,12 @@ inline AttentionPlan AttentionPlan::make(const AttentionParams& p) {
   plan.dq = Strides::of(L, plan.B, plan.Sq, plan.H, plan.D, 0, "dq");
   plan.dk = Strides::of(L, plan.B, plan.Sk, Hkv, plan.D, 0, "dk");
   plan.dv = Strides::of(L, plan.B, plan.Sk, Hkv, Dv, 0, "dv");
-  // Mask sizes must fit in 64 bits too.
-  checked_mul(checked_mul(checked_mul(plan.bias_batch, plan.bias_heads, "mask"), plan.Sq, "mask"),
-              plan.Sk, "mask");
+  // Mask sizes must fit in 64 bits too (only the mask the kind takes: a call
+  // without a bias never forms Sq·Sk).
+  if (plan.mask == MaskKind::bias) {
+    checked_mul(checked_mul(checked_mul(plan.bias_batch, plan.bias_heads, "mask"), plan.Sq, "mask"),
+                plan.Sk, "mask");
+  }
   checked_mul(plan.B, plan.Sk, "mask");
   return plan;
 }
@@ -341,6 +344,8 @@ inline AttentionPlan AttentionPlan::from_shapes(const Shape& q, const Shape& k, 
             "must have a last dim divisible by kv_heads = " + std::to_string(p.kv_heads));
     p.v_head_dim = v[o + 1] / p.kv_heads;
   }
+  // make() reads v_head_dim = 0 as "Dv = D": an empty v head must fail here.
+  require(p.v_head_dim >= 1, "v.shape", to_string(v), "must have a non-empty last dim");
   require(p.kv_heads >= 1 && H % p.kv_heads == 0, "kv_heads", p.kv_heads,
           "(from k.shape = " + to_string(k) + ") must divide num_heads = " + std::to_string(H));
 

@@ -191,8 +191,8 @@ inline RopePlan RopePlan::from_shapes(const Shape& x, const Shape& cos, const Sh
   if (a.table_rows) {
     p.rows = *a.table_rows;
   } else {
-    const std::int64_t rows = checked_mul(p.batch, p.seq, "x.shape");  // x may be empty
-    p.rows = (p.table_rows == rows && p.batch > 1) ? TableRows::token : TableRows::position;
+    p.rows = (p.table_rows == p.batch * p.seq && p.batch > 1) ? TableRows::token
+                                                              : TableRows::position;
   }
   return make(p);
 }

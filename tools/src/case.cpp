@@ -1,0 +1,764 @@
+// SPDX-License-Identifier: Apache-2.0
+// Case files: case.json → typed attrs → plan (through the library's
+// from_shapes only) → backend call → comparison.
+#include "case.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+namespace tandem::tool {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr const char* kCaseJson = "case.json";
+
+std::string compose(const std::string& c, const std::string& file, const std::string& field,
+                    const std::string& detail) {
+  std::string s = "case '" + c + "': " + file;
+  if (!field.empty()) s += ": " + field;
+  return s + ": " + detail;
+}
+
+/// How a JSON value is described in messages: its type and a short dump.
+std::string describe_json(const json& v) {
+  std::string dump = v.dump();
+  if (dump.size() > 40) dump = dump.substr(0, 37) + "...";
+  const char* type = v.is_string()            ? "a string"
+                     : v.is_boolean()         ? "a boolean"
+                     : v.is_number_integer()  ? "an integer"
+                     : v.is_number_unsigned() ? "an integer"
+                     : v.is_number_float()    ? "a number"
+                     : v.is_object()          ? "an object"
+                     : v.is_array()           ? "an array"
+                     : v.is_null()            ? "null"
+                                              : "a value";
+  return dump + " (" + type + ")";
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string s;
+  for (std::size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + names[i];
+  return s.empty() ? "(none)" : s;
+}
+
+/// Reads typed values out of case.json, throwing CaseErrors that name the field.
+class JsonReader {
+ public:
+  explicit JsonReader(std::string case_name) : case_(std::move(case_name)) {}
+
+  [[noreturn]] void error(const std::string& field, const std::string& detail) const {
+    throw CaseError(case_, kCaseJson, field, detail);
+  }
+
+  std::int64_t integer(const json& v, const std::string& field) const {
+    if (v.is_number_integer() && !v.is_number_unsigned()) return v.get<std::int64_t>();
+    if (v.is_number_unsigned()) {
+      const auto u = v.get<std::uint64_t>();
+      if (u <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+        return static_cast<std::int64_t>(u);
+      }
+      error(field, "= " + describe_json(v) + " does not fit a 64-bit signed integer");
+    }
+    error(field, "must be an integer, got " + describe_json(v));
+  }
+
+  double number(const json& v, const std::string& field) const {
+    if (!v.is_number()) error(field, "must be a number, got " + describe_json(v));
+    const double d = v.get<double>();
+    if (!std::isfinite(d)) error(field, "= " + describe_json(v) + " must be finite");
+    return d;
+  }
+
+  bool boolean(const json& v, const std::string& field) const {
+    if (!v.is_boolean()) error(field, "must be true or false, got " + describe_json(v));
+    return v.get<bool>();
+  }
+
+  template <class E>
+  E choice(const json& v, const std::string& field,
+           const std::vector<std::pair<const char*, E>>& options) const {
+    std::vector<std::string> names;
+    for (const auto& [name, value] : options) names.emplace_back(std::string("\"") + name + "\"");
+    if (v.is_string()) {
+      const std::string s = v.get<std::string>();
+      for (const auto& [name, value] : options) {
+        if (s == name) return value;
+      }
+    }
+    error(field, "must be one of " + join(names) + ", got " + describe_json(v));
+  }
+
+  const json& object(const json& v, const std::string& field) const {
+    if (!v.is_object()) error(field, "must be a JSON object, got " + describe_json(v));
+    return v;
+  }
+
+ private:
+  std::string case_;
+};
+
+/// Parses JSON, rejecting duplicate keys (which the JSON library would
+/// otherwise silently resolve to the last one).
+json parse_json_strict(std::string_view text, const JsonReader& r) {
+  std::vector<std::set<std::string>> keys;
+  std::string duplicate;
+  const json::parser_callback_t cb = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+        keys.emplace_back();
+        break;
+      case json::parse_event_t::object_end:
+        if (!keys.empty()) keys.pop_back();
+        break;
+      case json::parse_event_t::key:
+        if (!keys.empty() && parsed.is_string() &&
+            !keys.back().insert(parsed.get<std::string>()).second && duplicate.empty()) {
+          duplicate = parsed.get<std::string>();
+        }
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  json j;
+  try {
+    j = json::parse(text.begin(), text.end(), cb);
+  } catch (const json::exception& e) {
+    r.error("", std::string("is not valid JSON: ") + e.what());
+  }
+  if (!duplicate.empty()) r.error(duplicate, "key appears more than once");
+  return j;
+}
+
+/// "attrs.<name>" for messages.
+std::string attr_field(const std::string& name) {
+  return "attrs." + name;
+}
+
+}  // namespace
+
+CaseError::CaseError(std::string case_name, std::string file, std::string field, std::string detail)
+    : std::runtime_error(compose(case_name, file, field, detail)),
+      case_(std::move(case_name)),
+      file_(std::move(file)),
+      field_(std::move(field)),
+      detail_(std::move(detail)) {}
+
+const std::vector<OpInfo>& op_table() {
+  static const std::vector<OpInfo> table = {
+      {Op::attention,
+       "attention",
+       {"q", "k", "v"},
+       {"mask"},
+       {"out"},
+       {"num_heads", "layout", "mask", "window", "scale", "softcap"},
+       {2e-4, 2e-5}},
+      {Op::attention_backward,
+       "attention_backward",
+       {"q", "k", "v", "dout"},
+       {"mask"},
+       {"dq", "dk", "dv"},
+       {"num_heads", "layout", "mask", "window", "scale", "softcap"},
+       {1e-3, 1e-4}},
+      {Op::rope,
+       "rope",
+       {"x", "cos", "sin"},
+       {},
+       {"out"},
+       {"head_dim", "n_rot", "style", "table_rows"},
+       {1e-5, 1e-6}},
+      {Op::rope_backward,
+       "rope_backward",
+       {"dout", "cos", "sin"},
+       {},
+       {"dx"},
+       {"head_dim", "n_rot", "style", "table_rows"},
+       {1e-5, 1e-6}},
+      {Op::axial_rope,
+       "axial_rope",
+       {"x"},
+       {},
+       {"out"},
+       {"num_heads", "end_x", "end_y", "theta", "repeat_factor"},
+       {1e-4, 1e-5}},
+      {Op::axial_rope_backward,
+       "axial_rope_backward",
+       {"dout"},
+       {},
+       {"dx"},
+       {"num_heads", "end_x", "end_y", "theta", "repeat_factor"},
+       {1e-4, 1e-5}},
+      {Op::swiglu, "swiglu", {"x"}, {}, {"out"}, {"gate_first"}, {1e-5, 1e-6}},
+      {Op::swiglu_backward,
+       "swiglu_backward",
+       {"x", "dout"},
+       {},
+       {"dx"},
+       {"gate_first"},
+       {1e-4, 1e-5}},
+      {Op::attention_block,
+       "attention_block",
+       {"x", "w_qkv", "w_out"},
+       {"b_qkv", "b_out", "mask", "cos", "sin"},
+       {"out"},
+       {"num_heads"},
+       {1e-3, 1e-4}},
+  };
+  return table;
+}
+
+const OpInfo& op_info(Op op) {
+  for (const auto& info : op_table()) {
+    if (info.op == op) return info;
+  }
+  throw std::logic_error("op_info: unknown op");
+}
+
+// ---- case.json ---------------------------------------------------------------
+
+CaseSpec parse_case_json(std::string_view text, const std::string& case_name) {
+  const JsonReader r(case_name);
+  const json j = parse_json_strict(text, r);
+  r.object(j, "(top level)");
+  for (const auto& [key, value] : j.items()) {
+    if (key != "op" && key != "attrs" && key != "inputs" && key != "expected" &&
+        key != "tolerance") {
+      r.error(key, "unknown key (expected op, attrs, inputs, expected, tolerance)");
+    }
+  }
+  CaseSpec spec;
+  spec.name = case_name;
+
+  // op
+  if (!j.contains("op")) r.error("op", "is missing");
+  const json& op = j.at("op");
+  if (!op.is_string()) r.error("op", "must be a string, got " + describe_json(op));
+  const std::string op_name = op.get<std::string>();
+  const OpInfo* info = nullptr;
+  std::vector<std::string> op_names;
+  for (const auto& o : op_table()) {
+    op_names.emplace_back(o.name);
+    if (op_name == o.name) info = &o;
+  }
+  if (!info) r.error("op", "unknown op " + describe_json(op) + "; known: " + join(op_names));
+  spec.op = info->op;
+  spec.tolerance = info->tolerance;
+
+  // attrs
+  const json empty = json::object();
+  const json& attrs = j.contains("attrs") ? r.object(j.at("attrs"), "attrs") : empty;
+  for (const auto& [key, value] : attrs.items()) {
+    if (std::find(info->attrs.begin(), info->attrs.end(), key) == info->attrs.end()) {
+      r.error(attr_field(key), std::string("unknown attr for op ") + info->name +
+                                   " (its attrs: " + join(info->attrs) + ")");
+    }
+  }
+  const auto has = [&](const char* k) { return attrs.contains(k); };
+  const auto integer = [&](const char* k) { return r.integer(attrs.at(k), attr_field(k)); };
+  const auto number = [&](const char* k) { return r.number(attrs.at(k), attr_field(k)); };
+  const auto required = [&](const char* k) {
+    if (!has(k)) r.error(attr_field(k), std::string("is required for op ") + info->name);
+  };
+  switch (spec.op) {
+    case Op::attention:
+    case Op::attention_backward: {
+      AttentionAttrs& a = spec.attention;
+      required("num_heads");
+      a.num_heads = integer("num_heads");
+      if (has("layout")) {
+        a.layout = r.choice<Layout>(attrs.at("layout"), attr_field("layout"),
+                                    {{"bshd", Layout::bshd}, {"bhsd", Layout::bhsd}});
+      }
+      if (has("mask")) {
+        a.mask = r.choice<MaskKind>(attrs.at("mask"), attr_field("mask"),
+                                    {{"none", MaskKind::none},
+                                     {"causal", MaskKind::causal},
+                                     {"sliding_window", MaskKind::sliding_window},
+                                     {"key_padding", MaskKind::key_padding},
+                                     {"bias", MaskKind::bias}});
+      }
+      if (has("window")) a.window = integer("window");
+      if (has("scale")) a.scale = number("scale");
+      if (has("softcap")) a.softcap = number("softcap");
+      break;
+    }
+    case Op::rope:
+    case Op::rope_backward: {
+      RopeAttrs& a = spec.rope;
+      if (has("head_dim")) a.head_dim = integer("head_dim");
+      if (has("n_rot")) a.n_rot = integer("n_rot");
+      if (has("style")) {
+        a.style = r.choice<RopeStyle>(attrs.at("style"), attr_field("style"),
+                                      {{"neox", RopeStyle::neox}, {"gptj", RopeStyle::gptj}});
+      }
+      if (has("table_rows")) {
+        a.table_rows =
+            r.choice<TableRows>(attrs.at("table_rows"), attr_field("table_rows"),
+                                {{"position", TableRows::position}, {"token", TableRows::token}});
+      }
+      break;
+    }
+    case Op::axial_rope:
+    case Op::axial_rope_backward: {
+      AxialRopeAttrs& a = spec.axial;
+      if (has("num_heads")) a.num_heads = integer("num_heads");
+      required("end_x");
+      required("end_y");
+      a.end_x = integer("end_x");
+      a.end_y = integer("end_y");
+      if (has("theta")) a.theta = number("theta");
+      if (has("repeat_factor")) a.repeat_factor = integer("repeat_factor");
+      break;
+    }
+    case Op::swiglu:
+    case Op::swiglu_backward:
+      if (has("gate_first"))
+        spec.gate_first = r.boolean(attrs.at("gate_first"), "attrs.gate_first");
+      break;
+    case Op::attention_block:
+      required("num_heads");
+      spec.block_heads = integer("num_heads");
+      break;
+  }
+
+  // inputs
+  if (!j.contains("inputs")) r.error("inputs", "is missing");
+  const json& inputs = r.object(j.at("inputs"), "inputs");
+  std::vector<std::string> allowed = info->required_inputs;
+  allowed.insert(allowed.end(), info->optional_inputs.begin(), info->optional_inputs.end());
+  for (const auto& [key, value] : inputs.items()) {
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      r.error("inputs." + key, std::string("unknown input for op ") + info->name +
+                                   " (its inputs: " + join(allowed) + ")");
+    }
+    if (!value.is_string() || value.get<std::string>().empty()) {
+      r.error("inputs." + key, "must be a non-empty file name, got " + describe_json(value));
+    }
+    spec.inputs[key] = value.get<std::string>();
+  }
+  for (const auto& name : info->required_inputs) {
+    if (!spec.inputs.count(name)) {
+      r.error("inputs." + name, std::string("missing input (op ") + info->name + " needs " +
+                                    join(info->required_inputs) + ")");
+    }
+  }
+
+  // expected
+  if (j.contains("expected")) {
+    const json& expected = r.object(j.at("expected"), "expected");
+    for (const auto& [key, value] : expected.items()) {
+      if (std::find(info->outputs.begin(), info->outputs.end(), key) == info->outputs.end()) {
+        r.error("expected." + key, std::string("unknown output for op ") + info->name +
+                                       " (its outputs: " + join(info->outputs) + ")");
+      }
+      if (!value.is_string() || value.get<std::string>().empty()) {
+        r.error("expected." + key, "must be a non-empty file name, got " + describe_json(value));
+      }
+      spec.expected[key] = value.get<std::string>();
+    }
+  }
+
+  // tolerance
+  if (j.contains("tolerance")) {
+    const json& tol = r.object(j.at("tolerance"), "tolerance");
+    for (const auto& [key, value] : tol.items()) {
+      if (key != "rtol" && key != "atol") r.error("tolerance." + key, "unknown key (rtol, atol)");
+      const double v = r.number(value, "tolerance." + key);
+      if (v < 0) r.error("tolerance." + key, "= " + describe_json(value) + " must be >= 0");
+      (key == "rtol" ? spec.tolerance.rtol : spec.tolerance.atol) = v;
+    }
+    spec.tolerance_from_case = true;
+  }
+  return spec;
+}
+
+// ---- plans ---------------------------------------------------------------------
+
+namespace {
+
+/// The input a library parameter name is about ("q.shape" → "q", "kv_heads" → "k"), if any.
+std::optional<std::string> tensor_of_parameter(const CaseSpec& spec, const std::string& param) {
+  const std::string head = param.substr(0, param.find('.'));
+  if (spec.inputs.count(head)) return head;
+  static const std::map<std::string, std::string> attention = {
+      {"kv_heads", "k"},      {"v_head_dim", "v"},   {"seq_q", "q"},        {"seq_k", "k"},
+      {"batch", "q"},         {"q_row_stride", "q"}, {"k_row_stride", "k"}, {"v_row_stride", "v"},
+      {"bias_batch", "mask"}, {"bias_heads", "mask"}};
+  static const std::map<std::string, std::string> rope = {
+      {"batch", "x"},          {"seq", "x"},           {"width", "x"}, {"table_rows", "cos"},
+      {"table_stride", "cos"}, {"src_row_stride", "x"}};
+  static const std::map<std::string, std::string> swiglu = {{"rows", "x"}, {"n", "x"}};
+  static const std::map<std::string, std::string> block = {
+      {"embed", "x"},        {"batch", "x"},          {"seq", "x"},
+      {"table_rows", "cos"}, {"table_stride", "cos"}, {"keep", "mask"}};
+  const std::map<std::string, std::string>* aliases = nullptr;
+  switch (spec.op) {
+    case Op::attention:
+    case Op::attention_backward:
+      aliases = &attention;
+      break;
+    case Op::rope:
+    case Op::rope_backward:
+    case Op::axial_rope:
+    case Op::axial_rope_backward:
+      aliases = &rope;
+      break;
+    case Op::swiglu:
+    case Op::swiglu_backward:
+      aliases = &swiglu;
+      break;
+    case Op::attention_block:
+      aliases = &block;
+      break;
+  }
+  auto it = aliases->find(param);
+  if (it == aliases->end()) return std::nullopt;
+  std::string name = it->second;
+  // rope_backward and axial_rope_backward read dout where the forward reads x.
+  if (name == "x" && !spec.inputs.count("x") && spec.inputs.count("dout")) name = "dout";
+  if (!spec.inputs.count(name)) return std::nullopt;
+  return name;
+}
+
+std::string shapes_summary(const CaseSpec& spec, const std::map<std::string, Shape>& shapes) {
+  std::string s;
+  for (const auto& [name, shape] : shapes) {
+    auto it = spec.inputs.find(name);
+    s += (s.empty() ? "" : ", ") + name + " " + to_string(shape);
+    if (it != spec.inputs.end()) s += " (" + it->second + ")";
+  }
+  return s;
+}
+
+Shape replace_last(Shape s, std::int64_t last) {
+  s.back() = last;
+  return s;
+}
+
+}  // namespace
+
+PlannedCase plan_case(const CaseSpec& spec, const std::map<std::string, Shape>& shapes) {
+  const auto shape = [&](const std::string& name) -> const Shape& {
+    auto it = shapes.find(name);
+    if (it == shapes.end()) {
+      throw CaseError(spec.name, kCaseJson, "inputs." + name, "missing input");
+    }
+    return it->second;
+  };
+  const auto optional = [&](const std::string& name) -> std::optional<Shape> {
+    auto it = shapes.find(name);
+    if (it == shapes.end()) return std::nullopt;
+    return it->second;
+  };
+  const auto file_of = [&](const std::string& name) {
+    auto it = spec.inputs.find(name);
+    return it == spec.inputs.end() ? std::string(kCaseJson) : it->second;
+  };
+  PlannedCase pc;
+  try {
+    switch (spec.op) {
+      case Op::attention:
+      case Op::attention_backward: {
+        const Shape& q = shape("q");
+        const auto plan =
+            AttentionPlan::from_shapes(q, shape("k"), shape("v"), optional("mask"), spec.attention);
+        const Shape out = replace_last(q, q.size() == 4 ? plan.Dv : plan.H * plan.Dv);
+        if (spec.op == Op::attention) {
+          pc.outputs["out"] = out;
+        } else {
+          require(shape("dout") == out, "dout.shape", to_string(shape("dout")),
+                  "must be the shape of the forward output, " + to_string(out));
+          pc.outputs["dq"] = q;
+          pc.outputs["dk"] = shape("k");
+          pc.outputs["dv"] = shape("v");
+        }
+        pc.plan = plan;
+        break;
+      }
+      case Op::rope:
+      case Op::rope_backward: {
+        const std::string src = spec.op == Op::rope ? "x" : "dout";
+        const auto plan = RopePlan::from_shapes(shape(src), shape("cos"), shape("sin"), spec.rope);
+        pc.outputs[spec.op == Op::rope ? "out" : "dx"] = shape(src);
+        pc.plan = plan;
+        break;
+      }
+      case Op::axial_rope:
+      case Op::axial_rope_backward: {
+        const std::string src = spec.op == Op::axial_rope ? "x" : "dout";
+        const auto plan = AxialRopePlan::from_shapes(shape(src), spec.axial);
+        pc.outputs[spec.op == Op::axial_rope ? "out" : "dx"] = shape(src);
+        pc.plan = plan;
+        break;
+      }
+      case Op::swiglu:
+      case Op::swiglu_backward: {
+        const Shape& x = shape("x");
+        const auto plan = SwigluPlan::from_shapes(x, spec.gate_first);
+        const Shape out = replace_last(x, plan.n);
+        if (spec.op == Op::swiglu) {
+          pc.outputs["out"] = out;
+        } else {
+          require(shape("dout") == out, "dout.shape", to_string(shape("dout")),
+                  "must be the shape of the forward output, " + to_string(out));
+          pc.outputs["dx"] = x;
+        }
+        pc.plan = plan;
+        break;
+      }
+      case Op::attention_block: {
+        const Shape& x = shape("x");
+        const auto plan = AttentionBlockPlan::from_shapes(
+            x, shape("w_qkv"), optional("b_qkv"), shape("w_out"), optional("b_out"),
+            optional("mask"), optional("cos"), optional("sin"), spec.block_heads);
+        pc.outputs["out"] = x;
+        pc.plan = plan;
+        break;
+      }
+    }
+  } catch (const Error& e) {
+    const std::string& param = e.parameter();
+    const OpInfo& info = op_info(spec.op);
+    std::string file = kCaseJson, field = param;
+    if (auto tensor = tensor_of_parameter(spec, param)) {
+      file = file_of(*tensor);
+      if (field.find('.') == std::string::npos && *tensor != param) {
+        field = *tensor + " (" + param + ")";
+      }
+    } else if (std::find(info.attrs.begin(), info.attrs.end(), param) != info.attrs.end()) {
+      field = attr_field(param);
+    }
+    throw CaseError(spec.name, file, field,
+                    std::string(e.what()) + " [inputs: " + shapes_summary(spec, shapes) + "]");
+  }
+  return pc;
+}
+
+// ---- loading -------------------------------------------------------------------
+
+Case load_case(const std::string& dir) {
+  const fs::path root(dir);
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) {
+    throw CaseError(dir, dir, "", "is not a directory (a case is a directory with case.json)");
+  }
+  const fs::path json_path = root / kCaseJson;
+  if (!fs::is_regular_file(json_path, ec)) {
+    throw CaseError(dir, kCaseJson, "", "missing file (" + json_path.string() + ")");
+  }
+  std::string text;
+  {
+    std::ifstream in(json_path, std::ios::binary);
+    std::ostringstream buf;
+    buf << in.rdbuf();
+    if (!in) throw CaseError(dir, kCaseJson, "", "cannot read " + json_path.string());
+    text = buf.str();
+  }
+  Case c;
+  c.spec = parse_case_json(text, dir);
+
+  const auto read = [&](const std::string& section, const std::string& name,
+                        const std::string& file) {
+    const fs::path p = root / file;
+    if (!fs::exists(p, ec)) {
+      throw CaseError(dir, file, section + "." + name, "missing file (" + p.string() + ")");
+    }
+    try {
+      return CaseTensor{file, read_npy(p.string())};
+    } catch (const NpyError& e) {
+      throw CaseError(dir, file, section + "." + name + " (npy " + e.field() + ")", e.what());
+    }
+  };
+  const bool keep_mask = (c.spec.op == Op::attention || c.spec.op == Op::attention_backward)
+                             ? c.spec.attention.mask == MaskKind::key_padding
+                             : c.spec.op == Op::attention_block;
+  std::map<std::string, Shape> shapes;
+  for (const auto& [name, file] : c.spec.inputs) {
+    CaseTensor t = read("inputs", name, file);
+    if (!is_float(t.array.dtype) && !(name == "mask" && keep_mask)) {
+      throw CaseError(dir, file, "inputs." + name,
+                      std::string("dtype ") + to_string(t.array.dtype) +
+                          " is not allowed here: float tensors are <f4 or <f8 (|b1, <i4 and <i8 "
+                          "only for a key_padding keep mask)");
+    }
+    shapes[name] = t.array.shape;
+    c.inputs.emplace(name, std::move(t));
+  }
+  c.planned = plan_case(c.spec, shapes);
+  for (const auto& [name, file] : c.spec.expected) {
+    CaseTensor t = read("expected", name, file);
+    if (!is_float(t.array.dtype)) {
+      throw CaseError(dir, file, "expected." + name,
+                      std::string("dtype ") + to_string(t.array.dtype) +
+                          " is not allowed: expected outputs are <f4 or <f8");
+    }
+    const Shape& want = c.planned.outputs.at(name);
+    if (t.array.shape != want) {
+      throw CaseError(
+          dir, file, "expected." + name,
+          "shape " + to_string(t.array.shape) + " is not the output's shape " + to_string(want));
+    }
+    c.expected.emplace(name, std::move(t));
+  }
+  return c;
+}
+
+// ---- running ---------------------------------------------------------------------
+
+std::map<std::string, std::vector<float>> run_case(const Case& c, const Backend& backend) {
+  const CaseSpec& spec = c.spec;
+  const auto in = [&](const std::string& name) -> std::span<const float> {
+    auto it = c.inputs.find(name);
+    if (it == c.inputs.end()) return {};
+    return it->second.array.values;
+  };
+  const auto need = [&](bool present, const char* entry) {
+    if (!present) {
+      throw CaseError(
+          spec.name, backend.name, "",
+          std::string("backend '") + backend.name + "' has no " + entry + " entry point");
+    }
+  };
+  const auto sized = [](std::int64_t n) { return std::vector<float>(static_cast<std::size_t>(n)); };
+  std::map<std::string, std::vector<float>> out;
+  try {
+    switch (spec.op) {
+      case Op::attention: {
+        const auto& plan = std::get<AttentionPlan>(c.planned.plan);
+        need(static_cast<bool>(backend.attention_forward), "attention_forward");
+        auto o = sized(plan.o.extent);
+        backend.attention_forward(plan, {in("q"), in("k"), in("v"), in("mask")}, o);
+        out["out"] = std::move(o);
+        break;
+      }
+      case Op::attention_backward: {
+        const auto& plan = std::get<AttentionPlan>(c.planned.plan);
+        need(static_cast<bool>(backend.attention_backward), "attention_backward");
+        auto dq = sized(plan.dq.extent), dk = sized(plan.dk.extent), dv = sized(plan.dv.extent);
+        backend.attention_backward(plan, {in("q"), in("k"), in("v"), in("mask")}, in("dout"),
+                                   {dq, dk, dv});
+        out["dq"] = std::move(dq);
+        out["dk"] = std::move(dk);
+        out["dv"] = std::move(dv);
+        break;
+      }
+      case Op::rope:
+      case Op::rope_backward: {
+        const auto& plan = std::get<RopePlan>(c.planned.plan);
+        const bool fwd = spec.op == Op::rope;
+        const auto& fn = fwd ? backend.rope_forward : backend.rope_backward;
+        need(static_cast<bool>(fn), fwd ? "rope_forward" : "rope_backward");
+        auto y = sized(plan.out_size());
+        fn(plan, in(fwd ? "x" : "dout"), {in("cos"), in("sin")}, y);
+        out[fwd ? "out" : "dx"] = std::move(y);
+        break;
+      }
+      case Op::axial_rope:
+      case Op::axial_rope_backward: {
+        const auto& plan = std::get<AxialRopePlan>(c.planned.plan);
+        const bool fwd = spec.op == Op::axial_rope;
+        const auto& fn = fwd ? backend.axial_rope_forward : backend.axial_rope_backward;
+        need(static_cast<bool>(fn), fwd ? "axial_rope_forward" : "axial_rope_backward");
+        auto y = sized(plan.out_size());
+        fn(plan, in(fwd ? "x" : "dout"), y);
+        out[fwd ? "out" : "dx"] = std::move(y);
+        break;
+      }
+      case Op::swiglu: {
+        const auto& plan = std::get<SwigluPlan>(c.planned.plan);
+        need(static_cast<bool>(backend.swiglu_forward), "swiglu_forward");
+        auto y = sized(plan.out_size());
+        backend.swiglu_forward(plan, in("x"), y);
+        out["out"] = std::move(y);
+        break;
+      }
+      case Op::swiglu_backward: {
+        const auto& plan = std::get<SwigluPlan>(c.planned.plan);
+        need(static_cast<bool>(backend.swiglu_backward), "swiglu_backward");
+        auto dx = sized(plan.in_size());
+        backend.swiglu_backward(plan, in("x"), in("dout"), dx);
+        out["dx"] = std::move(dx);
+        break;
+      }
+      case Op::attention_block: {
+        const auto& plan = std::get<AttentionBlockPlan>(c.planned.plan);
+        need(static_cast<bool>(backend.attention_block), "attention_block");
+        auto y = sized(plan.x_size());
+        backend.attention_block(plan,
+                                {in("x"), in("w_qkv"), in("b_qkv"), in("w_out"), in("b_out"),
+                                 in("mask"), in("cos"), in("sin")},
+                                y);
+        out["out"] = std::move(y);
+        break;
+      }
+    }
+  } catch (const Error& e) {
+    throw CaseError(spec.name, "backend " + backend.name, e.parameter(),
+                    std::string("rejected the call: ") + e.what());
+  }
+  return out;
+}
+
+// ---- comparison ------------------------------------------------------------------
+
+Comparison compare(const std::vector<float>& got, const std::vector<float>& expected,
+                   const Tolerance& tol) {
+  Comparison c;
+  c.count = static_cast<std::int64_t>(expected.size());
+  if (got.size() != expected.size()) {
+    c.mismatches = c.count > 0 ? c.count : 1;
+    c.max_abs = c.max_rel = std::numeric_limits<double>::infinity();
+    return c;
+  }
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  double worst_excess = -inf;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    const double g = got[i], e = expected[i];
+    double diff = 0.0, excess = 0.0;
+    bool ok = true;
+    if (std::isnan(e) || std::isnan(g)) {
+      ok = std::isnan(e) && std::isnan(g);
+      diff = ok ? 0.0 : inf;
+    } else if (std::isinf(e) || std::isinf(g)) {
+      ok = g == e;
+      diff = ok ? 0.0 : inf;
+    } else {
+      diff = std::fabs(g - e);
+      ok = diff <= tol.atol + tol.rtol * std::fabs(e);
+      if (e != 0.0) c.max_rel = std::max(c.max_rel, diff / std::fabs(e));
+    }
+    if (!std::isfinite(diff)) c.max_rel = inf;
+    c.max_abs = std::max(c.max_abs, diff);
+    if (!ok) {
+      ++c.mismatches;
+      excess = std::isfinite(diff) ? diff - (tol.atol + tol.rtol * std::fabs(e)) : inf;
+      if (excess > worst_excess) {
+        worst_excess = excess;
+        c.worst = static_cast<std::int64_t>(i);
+      }
+    }
+  }
+  return c;
+}
+
+std::string index_string(const Shape& shape, std::int64_t index) {
+  std::vector<std::int64_t> idx(shape.size(), 0);
+  for (std::size_t k = shape.size(); k-- > 0;) {
+    if (shape[k] > 0) {
+      idx[k] = index % shape[k];
+      index /= shape[k];
+    }
+  }
+  return to_string(idx);
+}
+
+}  // namespace tandem::tool

@@ -1,0 +1,154 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file case.hpp
+/// @brief Case files (SPEC §9): parsing `case.json`, reading the `.npy`
+///        tensors, building the op's plan through the library's own shape
+///        rules (`Plan::from_shapes`), running it on a Backend and comparing
+///        the outputs with the expected tensors.
+///
+/// Loading happens in three steps so that each can be tested (and fuzzed)
+/// alone: parse_case_json() checks the JSON (op, attrs, input and output
+/// names, tolerance); plan_case() turns the input shapes into a plan and the
+/// output shapes; load_case() reads the files and does both. Every problem is
+/// a CaseError naming the case, the file and the field.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "npy.hpp"
+#include "tandem/tandem.hpp"
+
+namespace tandem::tool {
+
+/// A case that cannot be run. what() is
+/// `case '<case>': <file>: <field>: <detail>`.
+class CaseError : public std::runtime_error {
+ public:
+  CaseError(std::string case_name, std::string file, std::string field, std::string detail);
+  [[nodiscard]] const std::string& case_name() const noexcept { return case_; }
+  [[nodiscard]] const std::string& file() const noexcept { return file_; }
+  [[nodiscard]] const std::string& field() const noexcept { return field_; }
+  [[nodiscard]] const std::string& detail() const noexcept { return detail_; }
+
+ private:
+  std::string case_, file_, field_, detail_;
+};
+
+/// The ops a case can name.
+enum class Op {
+  attention,
+  attention_backward,
+  rope,
+  rope_backward,
+  axial_rope,
+  axial_rope_backward,
+  swiglu,
+  swiglu_backward,
+  attention_block,
+};
+
+/// Per-element tolerance: an output passes when every element satisfies
+/// |got − exp| <= atol + rtol·|exp| (NaN matches only NaN, ±inf only itself).
+struct Tolerance {
+  double rtol = 0.0;
+  double atol = 0.0;
+};
+
+/// What a case file may say about one op.
+struct OpInfo {
+  Op op;
+  const char* name;
+  std::vector<std::string> required_inputs;
+  std::vector<std::string> optional_inputs;
+  std::vector<std::string> outputs;
+  std::vector<std::string> attrs;  ///< every attr the op accepts
+  Tolerance tolerance;             ///< the default for float32 results
+};
+
+/// All ops, in the order of SPEC §9's table.
+const std::vector<OpInfo>& op_table();
+/// The entry of `op`.
+const OpInfo& op_info(Op op);
+
+/// case.json, checked: the op, its typed attrs, file names and tolerance.
+struct CaseSpec {
+  std::string name;  ///< the case directory as given by the user
+  Op op = Op::attention;
+  std::map<std::string, std::string> inputs;    ///< input name → file
+  std::map<std::string, std::string> expected;  ///< output name → file
+  Tolerance tolerance;                          ///< the case's, else the op's default
+  bool tolerance_from_case = false;
+
+  AttentionAttrs attention;      ///< attention, attention_backward
+  RopeAttrs rope;                ///< rope, rope_backward
+  AxialRopeAttrs axial;          ///< axial_rope, axial_rope_backward
+  bool gate_first = true;        ///< swiglu, swiglu_backward
+  std::int64_t block_heads = 0;  ///< attention_block
+};
+
+/// Parses and checks the text of case.json. Throws CaseError naming
+/// `case_name`, "case.json" and the field.
+CaseSpec parse_case_json(std::string_view text, const std::string& case_name);
+
+/// A validated plan of any op.
+using Plan = std::variant<AttentionPlan, RopePlan, AxialRopePlan, SwigluPlan, AttentionBlockPlan>;
+
+/// The plan of a case and the shapes of all its outputs.
+struct PlannedCase {
+  Plan plan;
+  std::map<std::string, Shape> outputs;
+};
+
+/// Builds the plan from the input shapes with the library's from_shapes,
+/// checks the shape of `dout` (it must be the forward output's) and derives
+/// the output shapes. A tandem::Error becomes a CaseError naming the file of
+/// the tensor (or case.json for an attr) and the parameter.
+PlannedCase plan_case(const CaseSpec& spec, const std::map<std::string, Shape>& input_shapes);
+
+/// One tensor of a case and the file it came from.
+struct CaseTensor {
+  std::string file;
+  NpyArray array;
+};
+
+/// A case ready to run.
+struct Case {
+  CaseSpec spec;
+  std::map<std::string, CaseTensor> inputs;
+  std::map<std::string, CaseTensor> expected;
+  PlannedCase planned;
+};
+
+/// Reads `<dir>/case.json` and every file it names, builds the plan and
+/// checks that each expected tensor has its output's shape. Throws CaseError.
+Case load_case(const std::string& dir);
+
+/// Runs the case on `backend`; returns every output of the op, contiguous,
+/// by name. Throws CaseError when the backend lacks the entry point or
+/// rejects the call.
+std::map<std::string, std::vector<float>> run_case(const Case& c, const Backend& backend);
+
+/// The result of comparing one output with its expected values.
+struct Comparison {
+  double max_abs = 0.0;  ///< max |got − exp| (inf where a non-finite value differs)
+  double max_rel = 0.0;  ///< max |got − exp| / |exp| over elements with exp != 0
+  std::int64_t mismatches = 0;
+  std::int64_t count = 0;
+  std::int64_t worst = -1;  ///< index of the first element with the largest excess, -1 if none
+  [[nodiscard]] bool pass() const { return mismatches == 0; }
+};
+
+/// Compares `got` with `expected` element by element (same length).
+Comparison compare(const std::vector<float>& got, const std::vector<float>& expected,
+                   const Tolerance& tol);
+
+/// The multi-index of flat element `index` of a C-order `shape`, "[0, 3, 1]".
+std::string index_string(const Shape& shape, std::int64_t index);
+
+}  // namespace tandem::tool

@@ -1,0 +1,326 @@
+// SPDX-License-Identifier: Apache-2.0
+// The `tandem` command: checks case directories against the backends
+// (`tandem check`) and writes a backend's outputs as .npy (`tandem run`).
+// Exit codes: 0 all pass, 1 any mismatch, 2 any case could not be run.
+#include <fmt/core.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "case.hpp"
+#include "tandem/reference/backend.hpp"
+#include "tandem/version.hpp"
+#ifdef TANDEM_TOOL_HAVE_OPTIMIZED
+#include "tandem/optimized/backend.hpp"
+#endif
+
+namespace {
+
+using tandem::Backend;
+using namespace tandem::tool;
+
+constexpr int kPass = 0, kMismatch = 1, kCannotRun = 2;
+
+/// Thrown for a backend the user asked for that cannot be had.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+bool optimized_compiled_in() {
+#ifdef TANDEM_TOOL_HAVE_OPTIMIZED
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::vector<Backend> make_backends(const std::string& which) {
+  std::vector<Backend> out;
+  if (which == "reference" || which == "all") out.push_back(tandem::reference::backend());
+  if (which == "optimized" || which == "all") {
+#ifdef TANDEM_TOOL_HAVE_OPTIMIZED
+    out.push_back(tandem::optimized::backend());
+#else
+    if (which == "optimized") {
+      throw UsageError(
+          "backend 'optimized' is not available: this tandem was built without it "
+          "(TANDEM_WITH_OPTIMIZED=OFF or the optimized library missing)");
+    }
+#endif
+  }
+  return out;
+}
+
+std::string help_footer() {
+  std::string s =
+      "Cases: a directory holding case.json and .npy files (SPEC section 9).\n"
+      "An output passes when every element has |got - exp| <= atol + rtol*|exp|;\n"
+      "NaN matches only NaN, +-inf only itself. A case's \"tolerance\" overrides\n"
+      "the defaults, which are (float32):\n\n";
+  s += fmt::format("  {:<20} {:>7} {:>7}  {:<28} {}\n", "op", "rtol", "atol", "inputs ([optional])",
+                   "outputs");
+  for (const auto& op : op_table()) {
+    std::string inputs;
+    for (const auto& n : op.required_inputs) inputs += (inputs.empty() ? "" : ",") + n;
+    for (const auto& n : op.optional_inputs) inputs += (inputs.empty() ? "[" : ",[") + n + "]";
+    std::string outputs;
+    for (const auto& n : op.outputs) outputs += (outputs.empty() ? "" : ",") + n;
+    s += fmt::format("  {:<20} {:>7.0e} {:>7.0e}  {:<28} {}\n", op.name, op.tolerance.rtol,
+                     op.tolerance.atol, inputs, outputs);
+  }
+  s += "\nAttrs (default):\n"
+       "  attention*       num_heads (required), layout bshd|bhsd (from shapes),\n"
+       "                   mask none|causal|sliding_window|key_padding|bias (none),\n"
+       "                   window (0), scale (1/sqrt(D)), softcap (0)\n"
+       "  rope*            head_dim (x's last dim for rank >= 4), n_rot (head_dim),\n"
+       "                   style neox|gptj (neox), table_rows position|token (from shapes)\n"
+       "  axial_rope*      num_heads (1), end_x, end_y (required), theta (10000),\n"
+       "                   repeat_factor (1)\n"
+       "  swiglu*          gate_first (true)\n"
+       "  attention_block  num_heads (required)\n"
+       "\nExit status: 0 all pass, 1 any mismatch, 2 any case could not be run.\n";
+  return s;
+}
+
+struct Row {
+  std::string case_name, backend, output;
+  double max_abs = 0, max_rel = 0;
+  std::string verdict;  // "pass", "FAIL", "ERROR", "no expected output"
+  std::string detail;
+  Comparison cmp;
+  Tolerance tol;
+  bool has_numbers = false;
+};
+
+std::string num(double v) {
+  if (v == std::numeric_limits<double>::infinity()) return "inf";
+  return fmt::format("{:.3e}", v);
+}
+
+nlohmann::json row_json(const Row& r) {
+  nlohmann::json j = {{"case", r.case_name}, {"backend", r.backend}, {"output", r.output}};
+  if (r.has_numbers) {
+    const auto finite_or_null = [](double v) {
+      return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+    };
+    j["max_abs_err"] = finite_or_null(r.max_abs);
+    j["max_rel_err"] = finite_or_null(r.max_rel);
+    j["mismatches"] = r.cmp.mismatches;
+    j["elements"] = r.cmp.count;
+    j["rtol"] = r.tol.rtol;
+    j["atol"] = r.tol.atol;
+  }
+  j["verdict"] = r.verdict == "pass"    ? "pass"
+                 : r.verdict == "FAIL"  ? "fail"
+                 : r.verdict == "ERROR" ? "error"
+                                        : "no_expected";
+  if (!r.detail.empty()) j[r.verdict == "ERROR" ? "error" : "detail"] = r.detail;
+  return j;
+}
+
+void print_table(const std::vector<Row>& rows) {
+  const std::vector<std::string> head = {"case",        "backend",     "output",
+                                         "max abs err", "max rel err", "verdict"};
+  std::vector<std::vector<std::string>> cells;
+  for (const auto& r : rows) {
+    std::string verdict = r.verdict;
+    if (r.verdict == "FAIL") verdict += " " + r.detail;
+    cells.push_back({r.case_name, r.backend, r.output, r.has_numbers ? num(r.max_abs) : "-",
+                     r.has_numbers ? num(r.max_rel) : "-", verdict});
+  }
+  std::vector<std::size_t> width(head.size());
+  for (std::size_t i = 0; i < head.size(); ++i) width[i] = head[i].size();
+  for (const auto& c : cells) {
+    for (std::size_t i = 0; i + 1 < c.size(); ++i) width[i] = std::max(width[i], c[i].size());
+  }
+  const auto line = [&](const std::vector<std::string>& c) {
+    std::string s;
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      const bool numeric = i == 3 || i == 4;
+      if (i + 1 == c.size()) {
+        s += c[i];
+      } else {
+        s += numeric ? fmt::format("{:>{}}  ", c[i], width[i])
+                     : fmt::format("{:<{}}  ", c[i], width[i]);
+      }
+    }
+    fmt::print("{}\n", s);
+  };
+  line(head);
+  for (const auto& c : cells) line(c);
+}
+
+int check(const std::vector<std::string>& cases, const std::string& which, bool json) {
+  std::vector<Backend> backends;
+  try {
+    backends = make_backends(which);
+  } catch (const UsageError& e) {
+    fmt::print(stderr, "tandem: error: {}\n", e.what());
+    return kCannotRun;
+  }
+  if (which == "all" && !optimized_compiled_in() && !json) {
+    fmt::print(stderr,
+               "tandem: note: the optimized backend is not compiled in; "
+               "checking the reference only\n");
+  }
+  int status = kPass;
+  std::vector<Row> rows;
+  const auto emit = [&](Row r) {
+    if (json) {
+      fmt::print("{}\n", row_json(r).dump());
+      std::fflush(stdout);
+    }
+    rows.push_back(std::move(r));
+  };
+  const auto error_row = [&](const std::string& case_name, const std::string& backend,
+                             const std::string& message) {
+    fmt::print(stderr, "tandem: error: {}\n", message);
+    Row r;
+    r.case_name = case_name;
+    r.backend = backend;
+    r.output = "-";
+    r.verdict = "ERROR";
+    r.detail = message;
+    emit(std::move(r));
+    status = kCannotRun;
+  };
+  for (const auto& dir : cases) {
+    Case c;
+    try {
+      c = load_case(dir);
+    } catch (const CaseError& e) {
+      error_row(dir, "-", e.what());
+      continue;
+    } catch (const std::exception& e) {
+      error_row(dir, "-", "case '" + dir + "': " + e.what());
+      continue;
+    }
+    for (const auto& backend : backends) {
+      std::map<std::string, std::vector<float>> outputs;
+      try {
+        outputs = run_case(c, backend);
+      } catch (const CaseError& e) {
+        error_row(dir, backend.name, e.what());
+        continue;
+      } catch (const std::exception& e) {
+        error_row(dir, backend.name,
+                  "case '" + dir + "': backend " + backend.name + ": " + e.what());
+        continue;
+      }
+      if (c.expected.empty()) {
+        Row r;
+        r.case_name = dir;
+        r.backend = backend.name;
+        r.output = "-";
+        r.verdict = "no expected output";
+        emit(std::move(r));
+        continue;
+      }
+      for (const auto& name : op_info(c.spec.op).outputs) {
+        auto it = c.expected.find(name);
+        if (it == c.expected.end()) continue;
+        Row r;
+        r.case_name = dir;
+        r.backend = backend.name;
+        r.output = name;
+        r.tol = c.spec.tolerance;
+        r.cmp = compare(outputs.at(name), it->second.array.values, c.spec.tolerance);
+        r.max_abs = r.cmp.max_abs;
+        r.max_rel = r.cmp.max_rel;
+        r.has_numbers = true;
+        if (r.cmp.pass()) {
+          r.verdict = "pass";
+        } else {
+          r.verdict = "FAIL";
+          const auto w = static_cast<std::size_t>(r.cmp.worst);
+          r.detail =
+              fmt::format("({} of {} elements; worst at {}: got {}, expected {})", r.cmp.mismatches,
+                          r.cmp.count, index_string(c.planned.outputs.at(name), r.cmp.worst),
+                          outputs.at(name)[w], it->second.array.values[w]);
+          status = std::max(status, kMismatch);
+        }
+        emit(std::move(r));
+      }
+    }
+  }
+  if (!json) {
+    print_table(rows);
+    const auto count = [&](const char* v) {
+      return std::count_if(rows.begin(), rows.end(), [&](const Row& r) { return r.verdict == v; });
+    };
+    fmt::print("{} case(s): {} pass, {} fail, {} error(s)\n", cases.size(), count("pass"),
+               count("FAIL"), count("ERROR"));
+  }
+  return status;
+}
+
+int run(const std::string& dir, const std::string& which, const std::string& out_dir) {
+  try {
+    const auto backends = make_backends(which);
+    const Case c = load_case(dir);
+    const auto outputs = run_case(c, backends.at(0));
+    std::filesystem::create_directories(out_dir);
+    for (const auto& [name, values] : outputs) {
+      const auto path = (std::filesystem::path(out_dir) / (name + ".npy")).string();
+      const tandem::Shape& shape = c.planned.outputs.at(name);
+      write_npy(path, shape, values);
+      fmt::print("{}: wrote {} {} ({})\n", dir, path, tandem::to_string(shape), which);
+    }
+    return kPass;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "tandem: error: {}\n", e.what());
+    return kCannotRun;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tandem: check the attention-family kernels against case files"};
+  app.set_version_flag("--version", std::string(tandem::version));
+  app.require_subcommand(1);
+  app.footer(help_footer());
+
+  std::vector<std::string> cases;
+  std::string check_backend = "all";
+  bool json = false;
+  auto* check_cmd = app.add_subcommand(
+      "check", "Run every case on the chosen backends and compare with its expected outputs");
+  check_cmd->add_option("--backend", check_backend, "reference, optimized or all")
+      ->check(CLI::IsMember({"reference", "optimized", "all"}))
+      ->capture_default_str();
+  check_cmd->add_flag("--json", json, "One JSON object per line per case/backend/output");
+  check_cmd->add_option("CASE", cases, "Case directories")->required();
+  check_cmd->footer(help_footer());
+
+  std::string run_case_dir, run_backend = "reference", out_dir;
+  auto* run_cmd =
+      app.add_subcommand("run", "Run one case on one backend and write its outputs as .npy");
+  run_cmd->add_option("CASE", run_case_dir, "Case directory")->required();
+  run_cmd->add_option("--backend", run_backend, "reference or optimized")
+      ->check(CLI::IsMember({"reference", "optimized"}))
+      ->capture_default_str();
+  run_cmd->add_option("--out", out_dir, "Directory for <output>.npy files")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : kCannotRun;
+  }
+  try {
+    if (check_cmd->parsed()) return check(cases, check_backend, json);
+    if (run_cmd->parsed()) return run(run_case_dir, run_backend, out_dir);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "tandem: error: {}\n", e.what());
+    return kCannotRun;
+  }
+  return kCannotRun;
+}

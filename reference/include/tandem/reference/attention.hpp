@@ -12,15 +12,16 @@
 /// Forward, for batch b, query head h (kv_head = h / (H/Hkv)) and query i,
 /// over the keys j visible to query i (SPEC §2 table):
 ///
-///     pass 1   s_ij = scale * <q_i, k_j>
-///              s_ij = c * tanh(s_ij / c)            softcap c > 0 only
+///     pass 1   x_ij = scale * <q_i, k_j>
+///              s_ij = c * tanh(x_ij / c)            softcap c > 0 (else s_ij = x_ij)
 ///              s_ij = s_ij + bias_ij                mask kind bias only
 ///     pass 2   m_i  = max_j s_ij                    (cancels in p; keeps exp finite)
 ///     pass 3   l_i  = sum_j exp(s_ij - m_i)
 ///     pass 4   p_ij = exp(s_ij - m_i) / l_i
 ///     pass 5   o_i  = sum_j p_ij * v_j
 ///
-/// Backward, with x_ij = scale * <q_i, k_j> the score before the cap:
+/// (SPEC writes s for the score at every step; x names the score before the
+/// cap so that the backward can refer to it.) Backward of the loss <dO, O>:
 ///
 ///     pass 1   dp_ij   = <dO_i, v_j>
 ///     pass 2   delta_i = <dO_i, o_i>                (rowsum(dO ∘ O))
@@ -88,7 +89,7 @@ struct AttentionRow {
 };
 
 /// Forward passes 1–4 for query i of batch b, head h:
-/// `s_ij = scale·<q_i,k_j>`, `s_ij = c·tanh(s_ij/c)` (c > 0), `s_ij += bias_ij`,
+/// `x_ij = scale·<q_i,k_j>`, `s_ij = c·tanh(x_ij/c)` (c > 0; else x_ij), `s_ij += bias_ij`,
 /// then `p_ij = exp(s_ij − m_i) / sum_j' exp(s_ij' − m_i)` over visible keys,
 /// q_i `[D]`, k_j `[D]` read through plan.q / plan.k. Inputs must be checked.
 template <class T, class Acc = accumulator_t<T>>
@@ -106,8 +107,8 @@ AttentionRow<Acc> attention_row(const AttentionPlan& plan, const AttentionInputs
   std::vector<Acc> s(plan.Sk, Acc(0));
 
   // pass 1: the score of every visible key
-  //   s_ij = scale * <q_i, k_j>
-  //   s_ij = c * tanh(s_ij / c)        (softcap c > 0 only)
+  //   x_ij = scale * <q_i, k_j>
+  //   s_ij = c * tanh(x_ij / c)        (softcap c > 0; otherwise s_ij = x_ij)
   //   s_ij = s_ij + bias_ij            (mask kind bias only)
   for (std::int64_t j = 0; j < plan.Sk; ++j) {
     row.visible[j] = key_visible(plan, in.mask, b, h, i, j);
@@ -118,9 +119,10 @@ AttentionRow<Acc> attention_row(const AttentionPlan& plan, const AttentionInputs
       dot += static_cast<Acc>(in.q[plan.q.at(b, i, h) + d]) *
              static_cast<Acc>(in.k[plan.k.at(b, j, kv_head) + d]);
     }
-    Acc s_ij = scale * dot;
+    const Acc x_ij = scale * dot;
+    Acc s_ij = x_ij;
     if (plan.softcap > 0) {
-      row.cap_tanh[j] = std::tanh(s_ij / c);
+      row.cap_tanh[j] = std::tanh(x_ij / c);
       s_ij = c * row.cap_tanh[j];
     }
     if (plan.mask == MaskKind::bias) {
@@ -200,18 +202,24 @@ std::vector<Acc> attention_score_grad_row(const AttentionPlan& plan, const Atten
 
   // pass 3: ds_ij = p_ij * (dp_ij - delta_i)
   //   forward: p_ij = exp(s_ij - m_i) / l_i
-  //   and the bias passes ds_ij through unchanged
+  // (ds_ij is also the gradient of the score before the bias: d/ds of
   //   forward: s_ij = s_ij + bias_ij
-  std::vector<Acc> dx(plan.Sk, Acc(0));
+  // is 1, and the bias itself gets no gradient.)
+  std::vector<Acc> ds(plan.Sk, Acc(0));
   for (std::int64_t j = 0; j < plan.Sk; ++j) {
-    if (row.visible[j]) dx[j] = row.p[j] * (dp[j] - delta_i);
+    if (row.visible[j]) ds[j] = row.p[j] * (dp[j] - delta_i);
   }
 
-  // pass 4: dx_ij = ds_ij * (1 - tanh²(x_ij / c))
-  //   forward: s_ij = c * tanh(x_ij / c)       (softcap c > 0 only)
-  if (plan.softcap > 0) {
-    for (std::int64_t j = 0; j < plan.Sk; ++j) {
-      if (row.visible[j]) dx[j] = dx[j] * (Acc(1) - row.cap_tanh[j] * row.cap_tanh[j]);
+  // pass 4: dx_ij = ds_ij * (1 - tanh²(x_ij / c))   (softcap c > 0)
+  //         dx_ij = ds_ij                            (no softcap: s_ij = x_ij)
+  //   forward: s_ij = c * tanh(x_ij / c)
+  std::vector<Acc> dx(plan.Sk, Acc(0));
+  for (std::int64_t j = 0; j < plan.Sk; ++j) {
+    if (!row.visible[j]) continue;
+    if (plan.softcap > 0) {
+      dx[j] = ds[j] * (Acc(1) - row.cap_tanh[j] * row.cap_tanh[j]);
+    } else {
+      dx[j] = ds[j];
     }
   }
   return dx;

@@ -266,7 +266,9 @@ void attention_backward_dq(const AttentionPlan& plan, const AttentionInputs<T>& 
     for (std::int64_t h = 0; h < plan.H; ++h) {
       const std::int64_t kv_head = plan.kv_head(h);
       for (std::int64_t i = 0; i < plan.Sq; ++i) {
+        // forward passes 1–4 again: p_ij
         const AttentionRow<Acc> row = attention_row<T, Acc>(plan, in, b, h, i);
+        // backward passes 1–4: dx_ij
         const std::vector<Acc> dx = attention_score_grad_row<T, Acc>(plan, in, dout, row, b, h, i);
         // pass 5: dq_i = scale * sum_j dx_ij * k_j
         //   forward: x_ij = scale * <q_i, k_j>
@@ -301,7 +303,9 @@ void attention_backward_dk(const AttentionPlan& plan, const AttentionInputs<T>& 
     for (std::int64_t h = 0; h < plan.H; ++h) {
       const std::int64_t kv_head = plan.kv_head(h);
       for (std::int64_t i = 0; i < plan.Sq; ++i) {
+        // forward passes 1–4 again: p_ij
         const AttentionRow<Acc> row = attention_row<T, Acc>(plan, in, b, h, i);
+        // backward passes 1–4: dx_ij
         const std::vector<Acc> dx = attention_score_grad_row<T, Acc>(plan, in, dout, row, b, h, i);
         // pass 5: dk_j += scale * dx_ij * q_i   (into kv head g = kv_head(h))
         //   forward: x_ij = scale * <q_i, k_j>
@@ -335,8 +339,9 @@ void attention_backward_dv(const AttentionPlan& plan, const AttentionInputs<T>& 
     for (std::int64_t h = 0; h < plan.H; ++h) {
       const std::int64_t kv_head = plan.kv_head(h);
       for (std::int64_t i = 0; i < plan.Sq; ++i) {
+        // forward passes 1–4 again: p_ij
         const AttentionRow<Acc> row = attention_row<T, Acc>(plan, in, b, h, i);
-        // dv_j += p_ij * dO_i   (into kv head g = kv_head(h))
+        // pass 5: dv_j += p_ij * dO_i   (into kv head g = kv_head(h))
         //   forward: o_i = sum_j p_ij * v_j
         for (std::int64_t j = 0; j < plan.Sk; ++j) {
           if (!row.visible[j]) continue;
@@ -355,20 +360,20 @@ void attention_backward_dv(const AttentionPlan& plan, const AttentionInputs<T>& 
 /// probabilities and dx the score gradient,
 /// `dq_i = scale · sum_j dx_ij k_j`, `dk_j = scale · sum_{h,i} dx_ij q_i`,
 /// `dv_j = sum_{h,i} p_ij dO_i` (h over the query heads sharing kv head g).
-/// dout `[B,Sq,H,Dv]` (plan.o); g.dq `[B,Sq,H,D]`, g.dk `[B,Sk,Hkv,D]`,
-/// g.dv `[B,Sk,Hkv,Dv]`, all three required, contiguous. Throws
+/// dout `[B,Sq,H,Dv]` (plan.o); grads.dq `[B,Sq,H,D]`, grads.dk `[B,Sk,Hkv,D]`,
+/// grads.dv `[B,Sk,Hkv,Dv]`, all three required, contiguous. Throws
 /// tandem::Error before writing anything.
 template <class T, class Acc = accumulator_t<T>>
 void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
-                        std::span<const T> dout, const AttentionGrads<T>& g) {
+                        std::span<const T> dout, const AttentionGrads<T>& grads) {
   check_inputs(plan, in);
   require_size(dout.size(), plan.o.extent, "dout");
-  check_grads(plan, g, true);
+  check_grads(plan, grads, true);
   const Acc scale = static_cast<Acc>(plan.scale);
 
   // dk_j and dv_j sum over queries and query heads: accumulate in Acc.
-  std::vector<Acc> dk_sum(g.dk.size(), Acc(0));
-  std::vector<Acc> dv_sum(g.dv.size(), Acc(0));
+  std::vector<Acc> dk_sum(grads.dk.size(), Acc(0));
+  std::vector<Acc> dv_sum(grads.dv.size(), Acc(0));
   for (std::int64_t b = 0; b < plan.B; ++b) {
     for (std::int64_t h = 0; h < plan.H; ++h) {
       const std::int64_t kv_head = plan.kv_head(h);
@@ -386,7 +391,7 @@ void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
             if (!row.visible[j]) continue;
             dq_id += dx[j] * static_cast<Acc>(in.k[plan.k.at(b, j, kv_head) + d]);
           }
-          g.dq[plan.dq.at(b, i, h) + d] = static_cast<T>(scale * dq_id);
+          grads.dq[plan.dq.at(b, i, h) + d] = static_cast<T>(scale * dq_id);
         }
 
         // pass 5b: dk_j += scale * dx_ij * q_i   (into kv head g = kv_head(h))
@@ -411,8 +416,8 @@ void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
       }
     }
   }
-  for (std::size_t n = 0; n < g.dk.size(); ++n) g.dk[n] = static_cast<T>(dk_sum[n]);
-  for (std::size_t n = 0; n < g.dv.size(); ++n) g.dv[n] = static_cast<T>(dv_sum[n]);
+  for (std::size_t n = 0; n < grads.dk.size(); ++n) grads.dk[n] = static_cast<T>(dk_sum[n]);
+  for (std::size_t n = 0; n < grads.dv.size(); ++n) grads.dv[n] = static_cast<T>(dv_sum[n]);
 }
 
 }  // namespace tandem::reference

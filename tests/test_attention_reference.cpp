@@ -550,6 +550,18 @@ TEST(AttentionReference, RowStridesSkipJunkInTheGaps) {
   for (float x : gs.dq) EXPECT_TRUE(std::isfinite(x));
 }
 
+TEST(AttentionReference, NonFiniteInputsAreDataNotErrors) {
+  // A NaN in q_0 makes row 0 NaN (IEEE), and nothing else: query 1 reads
+  // q_1 only. Sq = 2, Sk = 2, D = 1, k = (0, ln 3), v = (4, 8), q_1 = 1: o_1 = 7.
+  Problem<float> pr(one_head(2, 2));
+  pr.q = {kNaN, 1.0f};
+  pr.k = {0.0f, static_cast<float>(kLn3)};
+  pr.v = {4.0f, 8.0f};
+  const std::vector<float> out = forward_f32(pr);
+  EXPECT_TRUE(std::isnan(out[0]));
+  EXPECT_NEAR(out[1], 7.0f, 1e-5f);
+}
+
 // ---------------------------------------------------------------------------
 // Backward
 
@@ -791,6 +803,27 @@ TEST(AttentionReference, ComplexStepEqualsTheBackward) {
       EXPECT_NEAR(got, expected, 1e-12 * (1.0 + std::abs(expected)))
           << which << " for " << pd.plan.describe();
     }
+  }
+}
+
+TEST(AttentionReference, SinglePrecisionAccumulatorIsCloseToDouble) {
+  // reference<float, float> (sums in float) is the single-precision
+  // baseline; on small problems it stays within 1e-5 of the double sums.
+  std::uint64_t seed = 900;
+  for (const AttentionParams& p : {derivative_configs()[0], derivative_configs()[1]}) {
+    Problem<double> pd(p);
+    fill(pd, seed += 10);
+    const Problem<float> pf = convert<float>(pd, p);
+    std::vector<float> out(pf.plan.o.extent);
+    tandem::reference::attention_forward<float, float>(pf.plan, pf.inputs(), out);
+    const std::vector<double> od = forward(pd);
+    for (std::size_t n = 0; n < od.size(); ++n) EXPECT_NEAR(out[n], od[n], 1e-5);
+    Grads<float> g{std::vector<float>(pf.plan.dq.extent), std::vector<float>(pf.plan.dk.extent),
+                   std::vector<float>(pf.plan.dv.extent)};
+    tandem::reference::attention_backward<float, float>(pf.plan, pf.inputs(), pf.dout,
+                                                        AttentionGrads<float>{g.dq, g.dk, g.dv});
+    const Grads<double> gd = backward(pd);
+    for (std::size_t n = 0; n < gd.dk.size(); ++n) EXPECT_NEAR(g.dk[n], gd.dk[n], 1e-5);
   }
 }
 

@@ -584,16 +584,20 @@ Case load_case(const std::string& dir) {
   std::map<std::string, Shape> shapes;
   for (const auto& [name, file] : c.spec.inputs) {
     CaseTensor t = read("inputs", name, file);
+    shapes[name] = t.array.shape;
+    c.inputs.emplace(name, std::move(t));
+  }
+  // Shapes first: a mask given to a mask kind that takes none is reported as
+  // such by the plan, not as a dtype problem.
+  c.planned = plan_case(c.spec, shapes);
+  for (const auto& [name, t] : c.inputs) {
     if (!is_float(t.array.dtype) && !(name == "mask" && keep_mask)) {
-      throw CaseError(dir, file, "inputs." + name,
+      throw CaseError(dir, t.file, "inputs." + name,
                       std::string("dtype ") + to_string(t.array.dtype) +
                           " is not allowed here: float tensors are <f4 or <f8 (|b1, <i4 and <i8 "
                           "only for a key_padding keep mask)");
     }
-    shapes[name] = t.array.shape;
-    c.inputs.emplace(name, std::move(t));
   }
-  c.planned = plan_case(c.spec, shapes);
   for (const auto& [name, file] : c.spec.expected) {
     CaseTensor t = read("expected", name, file);
     if (!is_float(t.array.dtype)) {

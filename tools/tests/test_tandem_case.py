@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""tandem_case.write_case writes cases that `tandem check` reads and passes,
+with expected values computed here in NumPy (float64) from SPEC's formulas;
+`tandem run` writes outputs NumPy reads back; a perturbed expected value is
+reported as a mismatch (exit 1).
+
+Usage: test_tandem_case.py <tandem executable> <scratch directory>
+"""
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+
+from tandem_case import write_case
+
+rng = np.random.default_rng(7)
+failures = []
+
+
+def f32(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def tandem(*args):
+    p = subprocess.run([TANDEM, *args], capture_output=True, text=True)
+    return p.returncode, p.stdout + p.stderr
+
+
+def expect(what, code, want, text):
+    status = "ok" if code == want else "FAILED"
+    print(f"[{status}] {what}: exit {code} (want {want})")
+    if code != want:
+        print(text)
+        failures.append(what)
+
+
+def silu(g):
+    return g / (1.0 + np.exp(-g))
+
+
+def attention_np(q, k, v, causal=False, keep=None):
+    """q [B, Sq, H, D], k, v [B, Sk, Hkv, *] (bshd); returns out and P."""
+    q, k, v = (t.astype(np.float64) for t in (q, k, v))
+    B, Sq, H, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    off = max(Sk - Sq, 0)
+    out = np.zeros((B, Sq, H, v.shape[3]))
+    probs = np.zeros((B, H, Sq, Sk))
+    for b in range(B):
+        for h in range(H):
+            g = h // (H // Hkv)
+            s = q[b, :, h] @ k[b, :, g].T / math.sqrt(D)
+            visible = np.ones((Sq, Sk), dtype=bool)
+            if causal:
+                visible &= np.arange(Sk)[None, :] <= (off + np.arange(Sq))[:, None]
+            if keep is not None:
+                visible &= keep[b][None, :] != 0
+            s = np.where(visible, s, -np.inf)
+            m = s.max(axis=1, keepdims=True)
+            e = np.where(visible, np.exp(s - np.where(np.isfinite(m), m, 0)), 0.0)
+            z = e.sum(axis=1, keepdims=True)
+            p = np.divide(e, z, out=np.zeros_like(e), where=z > 0)
+            probs[b, h] = p
+            out[b, :, h] = p @ v[b, :, g]
+    return out, probs
+
+
+def attention_backward_np(q, k, v, dout, causal=False):
+    out, probs = attention_np(q, k, v, causal)
+    q, k, v, dout = (t.astype(np.float64) for t in (q, k, v, dout))
+    B, Sq, H, D = q.shape
+    Hkv = k.shape[2]
+    scale = 1 / math.sqrt(D)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for b in range(B):
+        for h in range(H):
+            g = h // (H // Hkv)
+            p = probs[b, h]
+            dp = dout[b, :, h] @ v[b, :, g].T
+            ds = p * (dp - (dout[b, :, h] * out[b, :, h]).sum(axis=1, keepdims=True))
+            dq[b, :, h] = scale * ds @ k[b, :, g]
+            dk[b, :, g] += scale * ds.T @ q[b, :, h]
+            dv[b, :, g] += p.T @ dout[b, :, h]
+    return dq, dk, dv
+
+
+def rope_np(x, cos, sin, head_dim, n_rot, style):
+    y = x.astype(np.float64).copy()
+    heads = x.shape[-1] // head_dim
+    m = n_rot // 2
+    xs = x.astype(np.float64).reshape(*x.shape[:-1], heads, head_dim)
+    ys = y.reshape(*x.shape[:-1], heads, head_dim)
+    S = x.shape[-2]
+    for i in range(m):
+        c = cos[:S, i].astype(np.float64)[:, None]
+        s = sin[:S, i].astype(np.float64)[:, None]
+        p, q = (i, i + m) if style == "neox" else (2 * i, 2 * i + 1)
+        ys[..., p] = xs[..., p] * c - xs[..., q] * s
+        ys[..., q] = xs[..., q] * c + xs[..., p] * s
+    return ys.reshape(x.shape)
+
+
+def main():
+    root = SCRATCH
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(root)
+    cases = []
+
+    x = f32(3, 5, 16)
+    g, u = x[..., :8].astype(np.float64), x[..., 8:].astype(np.float64)
+    d = os.path.join(root, "swiglu")
+    write_case(d, "swiglu", {"gate_first": True}, {"x": x}, {"out": silu(g) * u})
+    cases.append(d)
+
+    dy = f32(3, 5, 8)
+    sig = 1 / (1 + np.exp(-u))  # gate_first false: the gate is the second half
+    dgate = dy * g * sig * (1 + u * (1 - sig))
+    dup = dy * silu(u)
+    d = os.path.join(root, "swiglu_backward_up_first")
+    write_case(d, "swiglu_backward", {"gate_first": False}, {"x": x, "dout": dy},
+               {"dx": np.concatenate([dup, dgate], axis=-1)})
+    cases.append(d)
+
+    for style in ["neox", "gptj"]:
+        xr = f32(2, 6, 24)
+        angles = np.arange(8)[:, None] * (10000.0 ** (-np.arange(4) / 4))[None, :]
+        cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        d = os.path.join(root, f"rope_{style}_partial")
+        write_case(d, "rope", {"head_dim": 12, "n_rot": 6, "style": style},
+                   {"x": xr, "cos": cos, "sin": sin},
+                   {"out": rope_np(xr, cos, sin, 12, 6, style)})
+        cases.append(d)
+
+    q, k, v = f32(2, 4, 4, 8), f32(2, 6, 2, 8), f32(2, 6, 2, 5)
+    out, _ = attention_np(q, k, v, causal=True)
+    d = os.path.join(root, "attention_gqa_causal_mla")
+    write_case(d, "attention", {"num_heads": 4, "mask": "causal", "layout": "bshd"},
+               {"q": q, "k": k, "v": v}, {"out": out})
+    cases.append(d)
+
+    # The same call in bhsd, given as [B, H, S, D] tensors.
+    d = os.path.join(root, "attention_bhsd")
+    write_case(d, "attention", {"num_heads": 4, "mask": "causal", "layout": "bhsd"},
+               {"q": q.transpose(0, 2, 1, 3), "k": k.transpose(0, 2, 1, 3),
+                "v": v.transpose(0, 2, 1, 3)}, {"out": out.transpose(0, 2, 1, 3)})
+    cases.append(d)
+
+    keep = np.array([[True, False, True, True, False, True], [False, True, True, True, True, True]])
+    out, _ = attention_np(q, k, v, keep=keep)
+    d = os.path.join(root, "attention_key_padding_bool")
+    write_case(d, "attention", {"num_heads": 4, "mask": "key_padding", "layout": "bshd"},
+               {"q": q, "k": k, "v": v, "mask": keep}, {"out": out})
+    cases.append(d)
+
+    dout = f32(2, 4, 4, 5)
+    dq, dk, dv = attention_backward_np(q, k, v, dout, causal=True)
+    d = os.path.join(root, "attention_backward_causal")
+    write_case(d, "attention_backward", {"num_heads": 4, "mask": "causal", "layout": "bshd"},
+               {"q": q, "k": k, "v": v, "dout": dout}, {"dq": dq, "dk": dk, "dv": dv})
+    cases.append(d)
+
+    for c in cases:
+        code, text = tandem("check", "--backend", "all", c)
+        expect(f"check {os.path.basename(c)}", code, 0, text)
+
+    # run writes every output; NumPy reads it back and it matches the expected file.
+    outdir = os.path.join(root, "run_out")
+    code, text = tandem("run", cases[-1], "--backend", "reference", "--out", outdir)
+    expect("run attention_backward", code, 0, text)
+    for name in ["dq", "dk", "dv"]:
+        got = np.load(os.path.join(outdir, f"{name}.npy"))
+        want = np.load(os.path.join(cases[-1], f"expected_{name}.npy"))
+        ok = got.dtype == np.float32 and got.shape == want.shape and np.allclose(
+            got, want, rtol=1e-3, atol=1e-4)
+        print(f"[{'ok' if ok else 'FAILED'}] run output {name}: {got.dtype} {got.shape}")
+        if not ok:
+            failures.append(f"run output {name}")
+
+    # A perturbed expected value is a mismatch; a loose tolerance accepts it.
+    x = f32(2, 8)
+    want = silu(x[:, :4].astype(np.float64)) * x[:, 4:]
+    want[1, 3] += 1e-3
+    d = os.path.join(root, "swiglu_perturbed")
+    write_case(d, "swiglu", {}, {"x": x}, {"out": want})
+    code, text = tandem("check", d)
+    expect("perturbed expected value", code, 1, text)
+    write_case(d, "swiglu", {}, {"x": x}, {"out": want}, tolerance={"rtol": 0.0, "atol": 2e-3})
+    code, text = tandem("check", d)
+    expect("perturbed value within a case tolerance", code, 0, text)
+
+    # NaN and inf in the data propagate and are compared exactly.
+    x = f32(2, 8)
+    x[0, 0] = np.nan
+    x[1, 1] = np.inf
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = silu(x[:, :4].astype(np.float64)) * x[:, 4:]
+    d = os.path.join(root, "swiglu_nonfinite")
+    write_case(d, "swiglu", {}, {"x": x}, {"out": want})
+    code, text = tandem("check", d)
+    expect("non-finite data", code, 0, text)
+
+    if failures:
+        print("FAILED:", ", ".join(failures))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    TANDEM, SCRATCH = sys.argv[1], sys.argv[2]
+    sys.exit(main())

@@ -1,0 +1,464 @@
+// SPDX-License-Identifier: Apache-2.0
+// The broken fixtures: one small scalar kernel per op, correct except for the
+// planted Bug (a switch at the one line each bug lives on). Sums run in
+// double, so Bug::none is as accurate as the reference.
+#include "broken/broken.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace tandem::props::broken {
+namespace {
+
+using i64 = std::int64_t;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+double exp_of(double x, Bug bug) {
+  const double e = std::exp(x);
+  if (bug != Bug::coarse_exp) return e;
+  // keep 12 of float's 23 mantissa bits
+  float f = static_cast<float>(e);
+  std::uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  bits &= ~((1u << 11) - 1u);
+  std::memcpy(&f, &bits, sizeof bits);
+  return f;
+}
+
+// ---------------------------------------------------------------- attention
+
+struct Attention {
+  const AttentionPlan& p;
+  const AttentionInputs<float>& in;
+  Bug bug;
+  int threads;
+
+  i64 kv_head(i64 h) const { return bug == Bug::gqa_mod ? h % p.Hkv : p.kv_head(h); }
+  i64 k_at(i64 b, i64 j, i64 g) const {
+    const i64 base = bug == Bug::attn_batch_offset_units
+                         ? b * p.k.batch / static_cast<i64>(sizeof(float))
+                         : b * p.k.batch;
+    return base + j * p.k.seq + g * p.k.head;
+  }
+  i64 v_at(i64 b, i64 j, i64 g) const {
+    const i64 base = bug == Bug::attn_batch_offset_units
+                         ? b * p.v.batch / static_cast<i64>(sizeof(float))
+                         : b * p.v.batch;
+    return base + j * p.v.seq + g * p.v.head;
+  }
+
+  bool visible(i64 b, i64 h, i64 i, i64 j) const {
+    if (bug == Bug::key_tail_dropped && p.Sk > 8 && j >= (p.Sk / 8) * 8) return false;
+    const i64 a = (bug == Bug::causal_offset_dropped ? 0 : p.q_offset()) + i;
+    switch (p.mask) {
+      case MaskKind::none:
+        return true;
+      case MaskKind::causal:
+        return j <= a;
+      case MaskKind::sliding_window:
+        return (bug == Bug::window_off_by_one ? a - p.window < j : a - p.window <= j) && j <= a;
+      case MaskKind::key_padding:
+        return in.mask[(bug == Bug::keep_row_batch0 ? 0 : b * p.Sk) + j] != 0.0f;
+      case MaskKind::bias:
+        return in.mask[p.mask_row(b, h, i) + j] != -std::numeric_limits<float>::infinity();
+    }
+    return false;
+  }
+
+  struct Row {
+    std::vector<char> vis;
+    std::vector<double> x, p;  // raw score scale·<q,k>, probability
+    i64 n = 0;
+  };
+
+  Row row(i64 b, i64 h, i64 i) const {
+    Row r;
+    r.vis.assign(p.Sk, 0);
+    r.x.assign(p.Sk, 0.0);
+    r.p.assign(p.Sk, 0.0);
+    std::vector<double> s(p.Sk, 0.0);
+    const i64 g = kv_head(h);
+    double m = -std::numeric_limits<double>::infinity();
+    for (i64 j = 0; j < p.Sk; ++j) {
+      if (!visible(b, h, i, j)) continue;
+      r.vis[j] = 1;
+      ++r.n;
+      double dot = 0.0;
+      for (i64 d = 0; d < p.D; ++d)
+        dot += double(in.q[p.q.at(b, i, h) + d]) * in.k[k_at(b, j, g) + d];
+      r.x[j] = p.scale * dot;
+      double sj = r.x[j];
+      if (p.softcap > 0) {
+        sj = bug == Bug::softcap_tanh_unscaled ? p.softcap * std::tanh(sj)
+                                               : p.softcap * std::tanh(sj / p.softcap);
+      }
+      if (p.mask == MaskKind::bias) sj += in.mask[p.mask_row(b, h, i) + j];
+      s[j] = sj;
+      m = std::max(m, sj);
+    }
+    double l = 0.0;
+    for (i64 j = 0; j < p.Sk; ++j) {
+      if (r.vis[j]) l += exp_of(s[j] - m, bug);
+    }
+    for (i64 j = 0; j < p.Sk; ++j) {
+      if (r.vis[j]) r.p[j] = exp_of(s[j] - m, bug) / l;
+    }
+    return r;
+  }
+
+  void forward(std::span<float> out) const {
+    for (i64 b = 0; b < p.B; ++b) {
+      for (i64 h = 0; h < p.H; ++h) {
+        const i64 g = kv_head(h);
+        for (i64 i = 0; i < p.Sq; ++i) {
+          const Row r = row(b, h, i);
+          for (i64 d = 0; d < p.Dv; ++d) {
+            float y;
+            if (r.n == 0) {
+              y = bug == Bug::masked_row_nan ? float(kNaN) : 0.0f;
+            } else if (bug == Bug::thread_dependent_sum) {
+              // `threads` partial sums in float, one per contiguous chunk of keys
+              const i64 chunk = (p.Sk + threads - 1) / threads;
+              y = 0.0f;
+              for (i64 j0 = 0; j0 < p.Sk; j0 += chunk) {
+                float part = 0.0f;
+                for (i64 j = j0; j < std::min(p.Sk, j0 + chunk); ++j) {
+                  if (r.vis[j]) part += float(r.p[j]) * in.v[v_at(b, j, g) + d];
+                }
+                y += part;
+              }
+            } else {
+              double acc = 0.0;
+              for (i64 j = 0; j < p.Sk; ++j) {
+                if (r.vis[j] || bug == Bug::masked_times_value) {
+                  acc += r.p[j] * in.v[v_at(b, j, g) + d];
+                }
+              }
+              y = float(acc);
+            }
+            out[p.o.at(b, i, h) + d] = y;
+          }
+        }
+      }
+    }
+    if (bug == Bug::write_past_output) out.data()[out.size()] = 0.0f;
+  }
+
+  // dq, dk, dv in double, indexed by plan.dq / dk / dv.
+  void backward(std::span<const float> dout, bool fused, std::vector<double>& dq,
+                std::vector<double>& dk, std::vector<double>& dv) const {
+    dq.assign(p.dq.extent, 0.0);
+    dk.assign(p.dk.extent, 0.0);
+    dv.assign(p.dv.extent, 0.0);
+    const double sc = bug == Bug::scale_ignored_backward ? 1.0 : p.scale;
+    for (i64 b = 0; b < p.B; ++b) {
+      for (i64 h = 0; h < p.H; ++h) {
+        const i64 g = kv_head(h);
+        for (i64 i = 0; i < p.Sq; ++i) {
+          const Row r = row(b, h, i);
+          if (r.n == 0) {
+            if (bug == Bug::masked_row_nan) {
+              for (i64 d = 0; d < p.D; ++d) dq[p.dq.at(b, i, h) + d] = kNaN;
+            }
+            continue;
+          }
+          const i64 oo = p.o.at(b, i, h);
+          double delta = 0.0;
+          for (i64 d = 0; d < p.Dv; ++d) {
+            double o = 0.0;
+            for (i64 j = 0; j < p.Sk; ++j) {
+              if (r.vis[j]) o += r.p[j] * in.v[v_at(b, j, g) + d];
+            }
+            delta += double(dout[oo + d]) * o;
+          }
+          for (i64 j = 0; j < p.Sk; ++j) {
+            if (!r.vis[j]) continue;
+            double dp = 0.0;
+            for (i64 d = 0; d < p.Dv; ++d) dp += double(dout[oo + d]) * in.v[v_at(b, j, g) + d];
+            double ds = r.p[j] * (dp - delta);
+            if (p.softcap > 0 && !(fused && bug == Bug::softcap_missing_backward)) {
+              const double t = std::tanh(r.x[j] / p.softcap);
+              ds *= 1.0 - t * t;
+            }
+            for (i64 d = 0; d < p.D; ++d) {
+              dq[p.dq.at(b, i, h) + d] += sc * ds * in.k[k_at(b, j, g) + d];
+              dk[p.dk.at(b, j, g) + d] += sc * ds * in.q[p.q.at(b, i, h) + d];
+            }
+            for (i64 d = 0; d < p.Dv; ++d) dv[p.dv.at(b, j, g) + d] += r.p[j] * dout[oo + d];
+          }
+        }
+      }
+    }
+  }
+};
+
+void copy_out(const std::vector<double>& src, std::span<float> dst) {
+  for (std::size_t e = 0; e < src.size(); ++e) dst[e] = static_cast<float>(src[e]);
+}
+
+// --------------------------------------------------------------------- rope
+
+void rope(const RopePlan& p, std::span<const float> src, const RopeTables<float>& t,
+          std::span<float> dst, bool backward, Bug bug) {
+  check_views(p, src, t, dst.size(), backward ? "dy" : "x", backward ? "dx" : "out");
+  const i64 m = p.n_rot / 2;
+  const i64 T = bug == Bug::rope_table_stride_half_nrot ? m : p.T;
+  for (i64 b = 0; b < p.B; ++b) {
+    for (i64 s = 0; s < p.S; ++s) {
+      i64 row;
+      if (p.rows == TableRows::token && !(backward && bug == Bug::rope_backward_other_row)) {
+        row = bug == Bug::token_rows_transposed ? s * p.B + b : b * p.S + s;
+      } else {
+        row = bug == Bug::rope_rank4_as_bshd ? (b * p.S + s) / p.B : s;
+      }
+      const i64 so = (b * p.S + s) * (bug == Bug::rope_src_stride_ignored ? p.W : p.src_row_stride);
+      const i64 dofs = (b * p.S + s) * p.W;
+      for (i64 w = 0; w < p.W; ++w) dst[dofs + w] = src[so + w];
+      for (i64 hd = 0; hd < p.W / p.D; ++hd) {
+        const i64 base = hd * p.D;
+        for (i64 i = 0; i < m; ++i) {
+          const double c = t.cos[row * T + i];
+          double sn = t.sin[row * T + i];
+          if (backward) sn = -sn;
+          if (p.style == RopeStyle::gptj && bug == Bug::gptj_angle_negated) sn = -sn;
+          const i64 i0 = base + (p.style == RopeStyle::neox ? i : 2 * i);
+          const i64 i1 = base + (p.style == RopeStyle::neox ? i + m : 2 * i + 1);
+          const double x0 = src[so + i0], x1 = src[so + i1];
+          double y1 = x1 * c + x0 * sn;
+          if (p.style == RopeStyle::neox && bug == Bug::rope_sin_sign && !backward) {
+            y1 = x1 * c - x0 * sn;
+          }
+          dst[dofs + i0] = static_cast<float>(x0 * c - x1 * sn);
+          dst[dofs + i1] = static_cast<float>(y1);
+        }
+      }
+    }
+  }
+}
+
+void axial(const AxialRopePlan& p, std::span<const float> src, std::span<float> dst, bool backward,
+           Bug bug) {
+  check_views(p, src, dst.size(), backward ? "dy" : "x", backward ? "dx" : "out");
+  const i64 D = p.D, q = D / 4;
+  std::vector<double> f(q);
+  for (i64 k = 0; k < q; ++k) f[k] = std::pow(p.theta, -4.0 * double(k) / double(D));
+  for (i64 b = 0; b < p.B; ++b) {
+    for (i64 s = 0; s < p.S; ++s) {
+      const i64 pos = bug == Bug::axial_repeat_ignored ? s : s % (p.end_x * p.end_y);
+      const i64 px = pos % p.end_x, py = pos / p.end_x;
+      const i64 so = (b * p.S + s) * p.src_row_stride, dofs = (b * p.S + s) * p.W;
+      for (i64 hd = 0; hd < p.num_heads; ++hd) {
+        for (i64 j = 0; j < D / 2; ++j) {
+          const double ang = j < q ? double(px) * f[j] : double(py) * f[j - q];
+          const double c = std::cos(ang);
+          double sn = std::sin(ang);
+          if (backward && bug != Bug::axial_backward_same_angle) sn = -sn;
+          const i64 i0 = so + hd * D + 2 * j;
+          const double x0 = src[i0], x1 = src[i0 + 1];
+          dst[dofs + hd * D + 2 * j] = static_cast<float>(x0 * c - x1 * sn);
+          dst[dofs + hd * D + 2 * j + 1] = static_cast<float>(x1 * c + x0 * sn);
+        }
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------- swiglu
+
+void swiglu(const SwigluPlan& p, std::span<const float> x, std::span<const float> dy,
+            std::span<float> out, bool backward, Bug bug) {
+  require_size(x.size(), p.in_size(), "x");
+  if (backward) {
+    require_size(dy.size(), p.out_size(), "dy");
+    require_size(out.size(), p.in_size(), "dx");
+  } else {
+    require_size(out.size(), p.out_size(), "out");
+  }
+  for (i64 r = 0; r < p.rows; ++r) {
+    for (i64 j = 0; j < p.n; ++j) {
+      const i64 gi = r * 2 * p.n + p.gate_offset() + j, ui = r * 2 * p.n + p.up_offset() + j;
+      const double g = x[gi], u = x[ui];
+      const double sig = 1.0 / (1.0 + std::exp(-g));
+      if (!backward) {
+        out[r * p.n + j] = static_cast<float>(g * sig * u);
+      } else {
+        const double d = dy[r * p.n + j];
+        const double dsilu =
+            bug == Bug::swiglu_backward_short ? sig : sig * (1.0 + g * (1.0 - sig));
+        out[gi] = static_cast<float>(d * u * dsilu);
+        out[ui] = static_cast<float>(d * g * sig);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------- attention block
+
+void block(const AttentionBlockPlan& p, const AttentionBlockInputs& in, std::span<float> out,
+           Bug bug) {
+  check_views(p, in, out.size());
+  const i64 E = p.E, rows = p.B * p.S;
+  std::vector<float> qkv(rows * 3 * E);
+  for (i64 r = 0; r < rows; ++r) {
+    for (i64 o = 0; o < 3 * E; ++o) {
+      double acc = p.qkv_bias ? double(in.b_qkv[o]) : 0.0;
+      for (i64 e = 0; e < E; ++e) acc += double(in.x[r * E + e]) * in.w_qkv[o * E + e];
+      qkv[r * 3 * E + o] = static_cast<float>(acc);
+    }
+  }
+  const std::span<const float> all(qkv);
+  std::vector<float> qr, kr;
+  AttentionInputs<float> ai;
+  if (p.has_rope) {
+    qr.resize(rows * E);
+    kr.resize(rows * E);
+    const RopeTables<float> t{in.cos, in.sin};
+    rope(p.rope, all.subspan(0, p.rope.src_extent()), t, qr, false, Bug::none);
+    rope(p.rope, all.subspan(E, p.rope.src_extent()), t, kr, false, Bug::none);
+    ai.q = qr;
+    ai.k = kr;
+  } else {
+    ai.q = all.subspan(0, p.attention.q.extent);
+    ai.k = all.subspan(E, p.attention.k.extent);
+  }
+  ai.v = all.subspan(2 * E, p.attention.v.extent);
+  ai.mask = in.keep;
+  std::vector<float> att(p.attention.o.extent);
+  Attention{p.attention, ai, Bug::none, 1}.forward(att);
+  for (i64 r = 0; r < rows; ++r) {
+    for (i64 o = 0; o < E; ++o) {
+      double acc = (p.out_bias && bug != Bug::block_out_bias_dropped) ? double(in.b_out[o]) : 0.0;
+      for (i64 e = 0; e < E; ++e) acc += double(att[r * E + e]) * in.w_out[o * E + e];
+      out[r * E + o] = static_cast<float>(acc);
+    }
+  }
+}
+
+}  // namespace
+
+const char* to_string(Bug bug) {
+  switch (bug) {
+    case Bug::none:
+      return "none";
+    case Bug::rope_table_stride_half_nrot:
+      return "rope_table_stride_half_nrot";
+    case Bug::rope_rank4_as_bshd:
+      return "rope_rank4_as_bshd";
+    case Bug::attn_batch_offset_units:
+      return "attn_batch_offset_units";
+    case Bug::rope_backward_other_row:
+      return "rope_backward_other_row";
+    case Bug::gqa_mod:
+      return "gqa_mod";
+    case Bug::causal_offset_dropped:
+      return "causal_offset_dropped";
+    case Bug::window_off_by_one:
+      return "window_off_by_one";
+    case Bug::softcap_missing_backward:
+      return "softcap_missing_backward";
+    case Bug::masked_row_nan:
+      return "masked_row_nan";
+    case Bug::scale_ignored_backward:
+      return "scale_ignored_backward";
+    case Bug::write_past_output:
+      return "write_past_output";
+    case Bug::rope_src_stride_ignored:
+      return "rope_src_stride_ignored";
+    case Bug::token_rows_transposed:
+      return "token_rows_transposed";
+    case Bug::rope_sin_sign:
+      return "rope_sin_sign";
+    case Bug::gptj_angle_negated:
+      return "gptj_angle_negated";
+    case Bug::axial_backward_same_angle:
+      return "axial_backward_same_angle";
+    case Bug::axial_repeat_ignored:
+      return "axial_repeat_ignored";
+    case Bug::keep_row_batch0:
+      return "keep_row_batch0";
+    case Bug::softcap_tanh_unscaled:
+      return "softcap_tanh_unscaled";
+    case Bug::key_tail_dropped:
+      return "key_tail_dropped";
+    case Bug::masked_times_value:
+      return "masked_times_value";
+    case Bug::swiglu_backward_short:
+      return "swiglu_backward_short";
+    case Bug::block_out_bias_dropped:
+      return "block_out_bias_dropped";
+    case Bug::thread_dependent_sum:
+      return "thread_dependent_sum";
+    case Bug::coarse_exp:
+      return "coarse_exp";
+  }
+  return "?";
+}
+
+std::vector<Bug> all_bugs() {
+  std::vector<Bug> v;
+  for (int b = static_cast<int>(Bug::rope_table_stride_half_nrot);
+       b <= static_cast<int>(Bug::coarse_exp); ++b) {
+    v.push_back(static_cast<Bug>(b));
+  }
+  return v;
+}
+
+Backend backend(Bug bug, int threads) {
+  Backend be;
+  be.name = std::string("broken:") + to_string(bug);
+  be.attention_forward = [bug, threads](const AttentionPlan& p, const AttentionInputs<float>& in,
+                                        std::span<float> out) {
+    check_inputs(p, in);
+    require_size(out.size(), p.o.extent, "out");
+    Attention{p, in, bug, threads}.forward(out);
+  };
+  be.attention_backward = [bug](const AttentionPlan& p, const AttentionInputs<float>& in,
+                                std::span<const float> dout, const AttentionGrads<float>& g) {
+    check_inputs(p, in);
+    require_size(dout.size(), p.o.extent, "dout");
+    check_grads(p, g, true);
+    std::vector<double> dq, dk, dv;
+    Attention{p, in, bug, 1}.backward(dout, true, dq, dk, dv);
+    copy_out(dq, g.dq);
+    copy_out(dk, g.dk);
+    copy_out(dv, g.dv);
+  };
+  const auto one = [bug](int which) {
+    return [bug, which](const AttentionPlan& p, const AttentionInputs<float>& in,
+                        std::span<const float> dout, std::span<float> grad) {
+      check_inputs(p, in);
+      require_size(dout.size(), p.o.extent, "dout");
+      const i64 extent = which == 0 ? p.dq.extent : which == 1 ? p.dk.extent : p.dv.extent;
+      require_size(grad.size(), extent, which == 0 ? "dq" : which == 1 ? "dk" : "dv");
+      std::vector<double> g[3];
+      Attention{p, in, bug, 1}.backward(dout, false, g[0], g[1], g[2]);
+      copy_out(g[which], grad);
+    };
+  };
+  be.attention_backward_dq = one(0);
+  be.attention_backward_dk = one(1);
+  be.attention_backward_dv = one(2);
+  be.rope_forward = [bug](const RopePlan& p, std::span<const float> x, const RopeTables<float>& t,
+                          std::span<float> out) { rope(p, x, t, out, false, bug); };
+  be.rope_backward = [bug](const RopePlan& p, std::span<const float> dy, const RopeTables<float>& t,
+                           std::span<float> dx) { rope(p, dy, t, dx, true, bug); };
+  be.axial_rope_forward = [bug](const AxialRopePlan& p, std::span<const float> x,
+                                std::span<float> out) { axial(p, x, out, false, bug); };
+  be.axial_rope_backward = [bug](const AxialRopePlan& p, std::span<const float> dy,
+                                 std::span<float> dx) { axial(p, dy, dx, true, bug); };
+  be.swiglu_forward = [bug](const SwigluPlan& p, std::span<const float> x, std::span<float> out) {
+    swiglu(p, x, {}, out, false, bug);
+  };
+  be.swiglu_backward = [bug](const SwigluPlan& p, std::span<const float> x,
+                             std::span<const float> dy,
+                             std::span<float> dx) { swiglu(p, x, dy, dx, true, bug); };
+  be.attention_block = [bug](const AttentionBlockPlan& p, const AttentionBlockInputs& in,
+                             std::span<float> out) { block(p, in, out, bug); };
+  return be;
+}
+
+}  // namespace tandem::props::broken

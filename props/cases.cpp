@@ -1,0 +1,624 @@
+// SPDX-License-Identifier: Apache-2.0
+// Generators, data and runners of the property suite.
+#include "cases.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tandem/reference/attention.hpp"
+#include "tandem/reference/axial_rope.hpp"
+#include "tandem/reference/rope.hpp"
+#include "tandem/reference/swiglu.hpp"
+
+namespace tandem::props {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+/// A size: mostly small, often at a SIMD lane edge (4, 8, 16, 32 and their
+/// neighbours), sometimes anything up to `max`.
+rc::Gen<i64> gen_dim(i64 max) {
+  std::vector<i64> edges;
+  for (i64 x : {3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33}) {
+    if (x <= max) edges.push_back(x);
+  }
+  return rc::gen::weightedOneOf<i64>({{5, rc::gen::inRange<i64>(1, std::min<i64>(7, max + 1))},
+                                      {4, rc::gen::elementOf(edges)},
+                                      {1, rc::gen::inRange<i64>(1, max + 1)}});
+}
+
+std::uint64_t gen_seed() {
+  return *rc::gen::inRange<std::uint64_t>(0, 1000000);
+}
+
+template <class T>
+std::span<const T> cspan(const std::vector<T>& v) {
+  return std::span<const T>(v);
+}
+
+}  // namespace
+
+// ================================================================ attention
+
+std::ostream& operator<<(std::ostream& os, const AttentionCase& c) {
+  os << AttentionPlan::make(c.params).describe() << " | data seed=" << c.seed
+     << " |q|,|k|<=" << c.qk_mag;
+  if (c.params.mask == MaskKind::key_padding || c.params.mask == MaskKind::bias) {
+    os << " hidden~" << c.hide << (c.masked_rows ? " +fully-masked rows" : "");
+  }
+  return os;
+}
+
+rc::Gen<AttentionCase> gen_attention(AttentionGen g) {
+  return rc::gen::exec([g] {
+    AttentionCase c;
+    AttentionParams& p = c.params;
+    p.batch = *rc::gen::inRange<i64>(1, 4);
+    p.seq_q = *rc::gen::weightedOneOf<i64>({{1, rc::gen::just<i64>(1)}, {4, gen_dim(17)}});
+    p.seq_k = *rc::gen::weightedOneOf<i64>({{1, rc::gen::just<i64>(1)}, {6, gen_dim(17)}});
+    const i64 kv = *rc::gen::inRange<i64>(1, 4);
+    const i64 group = *rc::gen::element<i64>(1, 1, 2, 3, 4);  // MHA, GQA, MQA (kv = 1)
+    p.heads = kv * group;
+    p.kv_heads = kv;
+    p.head_dim = *gen_dim(g.max_dim);
+    p.v_head_dim =
+        *rc::gen::weightedOneOf<i64>({{1, rc::gen::just<i64>(0)}, {1, gen_dim(g.max_dim)}});
+    p.layout = g.layout ? *g.layout : *rc::gen::element(Layout::bshd, Layout::bhsd);
+    p.mask = g.mask ? *g.mask
+                    : *rc::gen::element(MaskKind::none, MaskKind::causal, MaskKind::sliding_window,
+                                        MaskKind::key_padding, MaskKind::bias);
+    if (p.mask == MaskKind::sliding_window) {
+      const i64 sk = p.seq_k;
+      p.window = *rc::gen::weightedOneOf<i64>({{2, rc::gen::just<i64>(0)},
+                                               {3, rc::gen::inRange<i64>(0, sk + 1)},
+                                               {2, rc::gen::inRange<i64>(sk, sk + 4)},
+                                               {1, rc::gen::just<i64>(1000)}});
+    }
+    if (p.mask == MaskKind::bias) {
+      p.bias_batch = *rc::gen::element<i64>(1, p.batch);
+      p.bias_heads = *rc::gen::element<i64>(1, p.heads);
+    }
+    if (p.mask == MaskKind::key_padding || p.mask == MaskKind::bias) {
+      c.masked_rows = *rc::gen::element(false, false, true);
+      c.hide = *rc::gen::element(0.0, 0.3, 0.7);
+    }
+    const int scale_kind = *rc::gen::inRange(0, 4);
+    if (scale_kind == 2) {  // small, either sign
+      p.scale = *rc::gen::element(1.0, -1.0) * *rc::gen::inRange(5, 100) / 100.0;
+    } else if (scale_kind == 3) {  // large logits
+      p.scale = *rc::gen::inRange(100, 800) / 100.0;
+    }
+    c.qk_mag = *rc::gen::element(0.5, 1.0, 1.0, 3.0);
+    if (g.softcap && *rc::gen::element(false, false, true)) {
+      p.softcap = *rc::gen::element(0.5, 2.0, 5.0, 20.0, 50.0);
+    }
+    if (p.layout == Layout::bshd && g.strides && *rc::gen::element(false, true)) {
+      // read out of a wider parent, e.g. a fused QKV row
+      p.q_row_stride = p.heads * p.head_dim + *rc::gen::inRange<i64>(0, 6);
+      const i64 dv = p.v_head_dim == 0 ? p.head_dim : p.v_head_dim;
+      p.k_row_stride = kv * p.head_dim + *rc::gen::inRange<i64>(0, 6);
+      p.v_row_stride = kv * dv + *rc::gen::inRange<i64>(0, 6);
+    }
+    c.seed = gen_seed();
+    return c;
+  });
+}
+
+AttentionData make_data(const AttentionCase& c) {
+  AttentionData d;
+  d.plan = AttentionPlan::make(c.params);
+  const AttentionPlan& p = d.plan;
+  Rng r(c.seed);
+  d.q = r.values(p.B * p.Sq * p.H * p.D, c.qk_mag);
+  d.k = r.values(p.B * p.Sk * p.Hkv * p.D, c.qk_mag);
+  d.v = r.values(p.B * p.Sk * p.Hkv * p.Dv, 1.0);
+  d.dout = r.values(p.B * p.Sq * p.H * p.Dv, 1.0);
+  if (p.mask == MaskKind::key_padding) {
+    d.mask.assign(p.B * p.Sk, 1.0f);
+    for (auto& x : d.mask) x = r.coin(c.hide) ? 0.0f : 1.0f;
+    if (c.masked_rows) {
+      const i64 b = r.index(p.B);
+      std::fill(d.mask.begin() + b * p.Sk, d.mask.begin() + (b + 1) * p.Sk, 0.0f);
+    }
+  } else if (p.mask == MaskKind::bias) {
+    d.mask.resize(p.mask_size());
+    for (auto& x : d.mask) x = r.coin(c.hide) ? -kInf : static_cast<float>(r.uniform(-2, 2));
+    if (c.masked_rows) {
+      const i64 row = r.index(p.bias_batch * p.bias_heads * p.Sq);
+      std::fill(d.mask.begin() + row * p.Sk, d.mask.begin() + (row + 1) * p.Sk, -kInf);
+    }
+  }
+  return d;
+}
+
+AttentionData with_plan(const AttentionData& d, const AttentionParams& p) {
+  AttentionData e = d;
+  e.plan = AttentionPlan::make(p);
+  return e;
+}
+
+double logit_bound(const AttentionData& d) {
+  const AttentionPlan& p = d.plan;
+  const auto max_norm = [](const std::vector<float>& t, i64 width) {
+    double m = 0;
+    for (std::size_t r = 0; r < t.size() / width; ++r) {
+      double s = 0;
+      for (i64 e = 0; e < width; ++e) s += double(t[r * width + e]) * t[r * width + e];
+      m = std::max(m, std::sqrt(s));
+    }
+    return m;
+  };
+  double L = std::abs(p.scale) * max_norm(d.q, p.D) * max_norm(d.k, p.D);
+  if (p.softcap > 0) L = std::min(L, p.softcap);
+  if (p.mask == MaskKind::bias) {
+    double bmax = 0;
+    for (float x : d.mask) {
+      if (std::isfinite(x)) bmax = std::max(bmax, double(std::abs(x)));
+    }
+    L += bmax;
+  }
+  return L;
+}
+
+std::vector<float> run_forward(const Backend& be, const AttentionData& d) {
+  const AttentionPlan& p = d.plan;
+  const auto q = place<float, float>(p.q, p.B, p.Sq, p.H, p.D, cspan(d.q));
+  const auto k = place<float, float>(p.k, p.B, p.Sk, p.Hkv, p.D, cspan(d.k));
+  const auto v = place<float, float>(p.v, p.B, p.Sk, p.Hkv, p.Dv, cspan(d.v));
+  Guarded out(p.o.extent);
+  be.attention_forward(p, {cspan(q), cspan(k), cspan(v), cspan(d.mask)}, out.span());
+  const auto o = out.values();
+  return gather<float>(p.o, p.B, p.Sq, p.H, p.Dv, cspan(o));
+}
+
+namespace {
+struct Placed {
+  std::vector<float> q, k, v, dout;
+  AttentionInputs<float> in() const { return {cspan(q), cspan(k), cspan(v), {}}; }
+};
+Placed place_all(const AttentionData& d) {
+  const AttentionPlan& p = d.plan;
+  return {place<float, float>(p.q, p.B, p.Sq, p.H, p.D, cspan(d.q)),
+          place<float, float>(p.k, p.B, p.Sk, p.Hkv, p.D, cspan(d.k)),
+          place<float, float>(p.v, p.B, p.Sk, p.Hkv, p.Dv, cspan(d.v)),
+          place<float, float>(p.o, p.B, p.Sq, p.H, p.Dv, cspan(d.dout))};
+}
+Grads gather_grads(const AttentionPlan& p, const std::vector<float>& dq,
+                   const std::vector<float>& dk, const std::vector<float>& dv) {
+  return {gather<float>(p.dq, p.B, p.Sq, p.H, p.D, cspan(dq)),
+          gather<float>(p.dk, p.B, p.Sk, p.Hkv, p.D, cspan(dk)),
+          gather<float>(p.dv, p.B, p.Sk, p.Hkv, p.Dv, cspan(dv))};
+}
+}  // namespace
+
+Grads run_backward(const Backend& be, const AttentionData& d) {
+  const AttentionPlan& p = d.plan;
+  const Placed m = place_all(d);
+  AttentionInputs<float> in = m.in();
+  in.mask = cspan(d.mask);
+  Guarded dq(p.dq.extent), dk(p.dk.extent), dv(p.dv.extent);
+  be.attention_backward(p, in, cspan(m.dout), {dq.span(), dk.span(), dv.span()});
+  return gather_grads(p, dq.values(), dk.values(), dv.values());
+}
+
+Grads run_backward_separate(const Backend& be, const AttentionData& d) {
+  const AttentionPlan& p = d.plan;
+  const Placed m = place_all(d);
+  AttentionInputs<float> in = m.in();
+  in.mask = cspan(d.mask);
+  Guarded dq(p.dq.extent), dk(p.dk.extent), dv(p.dv.extent);
+  be.attention_backward_dq(p, in, cspan(m.dout), dq.span());
+  be.attention_backward_dk(p, in, cspan(m.dout), dk.span());
+  be.attention_backward_dv(p, in, cspan(m.dout), dv.span());
+  return gather_grads(p, dq.values(), dk.values(), dv.values());
+}
+
+template <class T, class Acc>
+std::vector<T> reference_forward(const AttentionData& d, std::span<const T> q, std::span<const T> k,
+                                 std::span<const T> v) {
+  const AttentionPlan& p = d.plan;
+  const auto qm = place<T, T>(p.q, p.B, p.Sq, p.H, p.D, q, T(junk()));
+  const auto km = place<T, T>(p.k, p.B, p.Sk, p.Hkv, p.D, k, T(junk()));
+  const auto vm = place<T, T>(p.v, p.B, p.Sk, p.Hkv, p.Dv, v, T(junk()));
+  std::vector<T> out(p.o.extent);
+  reference::attention_forward<T, Acc>(
+      p, AttentionInputs<T>{cspan(qm), cspan(km), cspan(vm), cspan(d.mask)}, std::span<T>(out));
+  return gather<T>(p.o, p.B, p.Sq, p.H, p.Dv, cspan(out));
+}
+template std::vector<double> reference_forward<double, double>(const AttentionData&,
+                                                               std::span<const double>,
+                                                               std::span<const double>,
+                                                               std::span<const double>);
+template std::vector<std::complex<double>>
+reference_forward<std::complex<double>, std::complex<double>>(
+    const AttentionData&, std::span<const std::complex<double>>,
+    std::span<const std::complex<double>>, std::span<const std::complex<double>>);
+
+std::vector<double> reference_forward(const AttentionData& d) {
+  const auto q = to_double(d.q), k = to_double(d.k), v = to_double(d.v);
+  return reference_forward<double, double>(d, cspan(q), cspan(k), cspan(v));
+}
+
+std::vector<float> reference_forward_ff(const AttentionData& d) {
+  return reference_forward<float, float>(d, cspan(d.q), cspan(d.k), cspan(d.v));
+}
+
+namespace {
+template <class T, class Acc>
+std::vector<std::vector<T>> reference_backward_t(const AttentionData& d) {
+  const AttentionPlan& p = d.plan;
+  const auto conv = [](const std::vector<float>& v) {
+    std::vector<T> o(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) o[i] = static_cast<T>(v[i]);
+    return o;
+  };
+  const auto q = conv(d.q), k = conv(d.k), v = conv(d.v), dout = conv(d.dout);
+  const auto qm = place<T, T>(p.q, p.B, p.Sq, p.H, p.D, cspan(q), T(junk()));
+  const auto km = place<T, T>(p.k, p.B, p.Sk, p.Hkv, p.D, cspan(k), T(junk()));
+  const auto vm = place<T, T>(p.v, p.B, p.Sk, p.Hkv, p.Dv, cspan(v), T(junk()));
+  const auto om = place<T, T>(p.o, p.B, p.Sq, p.H, p.Dv, cspan(dout), T(junk()));
+  std::vector<T> dq(p.dq.extent), dk(p.dk.extent), dv(p.dv.extent);
+  reference::attention_backward<T, Acc>(
+      p, AttentionInputs<T>{cspan(qm), cspan(km), cspan(vm), cspan(d.mask)}, cspan(om),
+      AttentionGrads<T>{dq, dk, dv});
+  return {gather<T>(p.dq, p.B, p.Sq, p.H, p.D, cspan(dq)),
+          gather<T>(p.dk, p.B, p.Sk, p.Hkv, p.D, cspan(dk)),
+          gather<T>(p.dv, p.B, p.Sk, p.Hkv, p.Dv, cspan(dv))};
+}
+}  // namespace
+
+GradsD reference_backward(const AttentionData& d) {
+  auto g = reference_backward_t<double, double>(d);
+  return {std::move(g[0]), std::move(g[1]), std::move(g[2])};
+}
+
+Grads reference_backward_ff(const AttentionData& d) {
+  auto g = reference_backward_t<float, float>(d);
+  return {std::move(g[0]), std::move(g[1]), std::move(g[2])};
+}
+
+// ===================================================================== rope
+
+std::ostream& operator<<(std::ostream& os, const RopeCase& c) {
+  return os << RopePlan::make(c.params).describe() << " | data seed=" << c.seed
+            << (c.true_tables ? " true cos/sin tables" : " random tables");
+}
+
+rc::Gen<RopeCase> gen_rope(RopeGen g) {
+  return rc::gen::exec([g] {
+    RopeCase c;
+    RopeParams& p = c.params;
+    p.batch = *rc::gen::inRange<i64>(1, 4);
+    p.seq = *gen_dim(17);
+    p.head_dim = *gen_dim(33);
+    p.width = p.head_dim * *rc::gen::inRange<i64>(1, 4);
+    const i64 half = p.head_dim / 2;
+    const i64 n_rot =
+        g.full_rot ? 2 * half
+                   : 2 * *rc::gen::weightedOneOf<i64>({{3, rc::gen::just(half)},
+                                                       {1, rc::gen::just<i64>(0)},
+                                                       {3, rc::gen::inRange<i64>(0, half + 1)}});
+    p.n_rot = n_rot;
+    p.style = g.style ? *g.style : *rc::gen::element(RopeStyle::neox, RopeStyle::gptj);
+    p.table_stride = n_rot / 2 + *rc::gen::element<i64>(0, 0, 1, 3);
+    p.rows = g.rows ? *g.rows : *rc::gen::element(TableRows::position, TableRows::token);
+    p.table_rows =
+        p.rows == TableRows::token ? p.batch * p.seq : p.seq + *rc::gen::element<i64>(0, 0, 2, 5);
+    if (g.strides && *rc::gen::element(false, true)) {
+      p.src_row_stride = p.width + *rc::gen::inRange<i64>(1, 6);
+    }
+    c.true_tables = g.true_tables ? *g.true_tables : *rc::gen::element(false, true);
+    c.seed = gen_seed();
+    return c;
+  });
+}
+
+RopeData make_data(const RopeCase& c) {
+  RopeData d;
+  d.plan = RopePlan::make(c.params);
+  const RopePlan& p = d.plan;
+  Rng r(c.seed);
+  d.x = r.values(p.out_size(), 1.0);
+  d.dy = r.values(p.out_size(), 1.0);
+  d.cos.resize(p.R * p.T);
+  d.sin.resize(p.R * p.T);
+  const i64 m = p.n_rot / 2;
+  for (i64 row = 0; row < p.R; ++row) {
+    const i64 pos = p.rows == TableRows::token ? row % p.S : row;
+    for (i64 i = 0; i < p.T; ++i) {
+      if (i < m && c.true_tables) {
+        const double ang = double(pos) * std::pow(10000.0, -2.0 * double(i) / double(p.n_rot));
+        d.cos[row * p.T + i] = static_cast<float>(std::cos(ang));
+        d.sin[row * p.T + i] = static_cast<float>(std::sin(ang));
+      } else {  // random table entries, and finite filler in the padding
+        d.cos[row * p.T + i] = static_cast<float>(r.uniform(-1, 1));
+        d.sin[row * p.T + i] = static_cast<float>(r.uniform(-1, 1));
+      }
+    }
+  }
+  return d;
+}
+
+std::vector<float> rope_source(const RopePlan& p, std::span<const float> logical) {
+  std::vector<float> mem(p.src_extent(), junk());
+  for (i64 row = 0; row < p.B * p.S; ++row) {
+    std::copy_n(logical.begin() + row * p.W, p.W, mem.begin() + row * p.src_row_stride);
+  }
+  return mem;
+}
+
+std::vector<float> run_rope(const Backend& be, const RopePlan& p, std::span<const float> x,
+                            std::span<const float> cos, std::span<const float> sin, bool backward) {
+  const auto src = rope_source(p, x);
+  Guarded out(p.out_size());
+  (backward ? be.rope_backward : be.rope_forward)(p, cspan(src), {cos, sin}, out.span());
+  return out.values();
+}
+
+template <class T, class Acc>
+std::vector<T> reference_rope(const RopePlan& p, std::span<const float> x,
+                              std::span<const float> cos, std::span<const float> sin,
+                              bool backward) {
+  const auto srcf = rope_source(p, x);
+  const std::vector<T> src(srcf.begin(), srcf.end()), c(cos.begin(), cos.end()),
+      s(sin.begin(), sin.end());
+  std::vector<T> out(p.out_size());
+  if (backward) {
+    reference::rope_backward<T, Acc>(p, cspan(src), RopeTables<T>{cspan(c), cspan(s)},
+                                     std::span<T>(out));
+  } else {
+    reference::rope_forward<T, Acc>(p, cspan(src), RopeTables<T>{cspan(c), cspan(s)},
+                                    std::span<T>(out));
+  }
+  return out;
+}
+template std::vector<double> reference_rope<double, double>(const RopePlan&, std::span<const float>,
+                                                            std::span<const float>,
+                                                            std::span<const float>, bool);
+template std::vector<float> reference_rope<float, float>(const RopePlan&, std::span<const float>,
+                                                         std::span<const float>,
+                                                         std::span<const float>, bool);
+
+std::ostream& operator<<(std::ostream& os, const AxialCase& c) {
+  return os << AxialRopePlan::make(c.params).describe() << " | data seed=" << c.seed;
+}
+
+rc::Gen<AxialCase> gen_axial(bool strides) {
+  return rc::gen::exec([strides] {
+    AxialCase c;
+    AxialRopeParams& p = c.params;
+    p.batch = *rc::gen::inRange<i64>(1, 4);
+    p.num_heads = *rc::gen::inRange<i64>(1, 4);
+    p.width = p.num_heads * *rc::gen::element<i64>(4, 8, 12, 16, 20, 32, 36);
+    p.end_x = *rc::gen::inRange<i64>(1, 6);
+    p.end_y = *rc::gen::inRange<i64>(1, 6);
+    p.repeat_factor = *rc::gen::element<i64>(1, 1, 2, 3);
+    p.seq = p.repeat_factor * p.end_x * p.end_y;
+    p.theta = *rc::gen::element(10000.0, 100.0, 10.0);
+    if (strides && *rc::gen::element(false, true)) {
+      p.src_row_stride = p.width + *rc::gen::inRange<i64>(1, 6);
+    }
+    c.seed = gen_seed();
+    return c;
+  });
+}
+
+AxialData make_data(const AxialCase& c) {
+  AxialData d;
+  d.plan = AxialRopePlan::make(c.params);
+  Rng r(c.seed);
+  d.x = r.values(d.plan.out_size(), 1.0);
+  d.dy = r.values(d.plan.out_size(), 1.0);
+  return d;
+}
+
+std::vector<float> axial_source(const AxialRopePlan& p, std::span<const float> logical) {
+  std::vector<float> mem(p.src_extent(), junk());
+  for (i64 row = 0; row < p.B * p.S; ++row) {
+    std::copy_n(logical.begin() + row * p.W, p.W, mem.begin() + row * p.src_row_stride);
+  }
+  return mem;
+}
+
+std::vector<float> run_axial(const Backend& be, const AxialRopePlan& p, std::span<const float> x,
+                             bool backward) {
+  const auto src = axial_source(p, x);
+  Guarded out(p.out_size());
+  (backward ? be.axial_rope_backward : be.axial_rope_forward)(p, cspan(src), out.span());
+  return out.values();
+}
+
+template <class T, class Acc>
+std::vector<T> reference_axial(const AxialRopePlan& p, std::span<const float> x, bool backward) {
+  const auto srcf = axial_source(p, x);
+  const std::vector<T> src(srcf.begin(), srcf.end());
+  std::vector<T> out(p.out_size());
+  if (backward) {
+    reference::axial_rope_backward<T, Acc>(p, cspan(src), std::span<T>(out));
+  } else {
+    reference::axial_rope_forward<T, Acc>(p, cspan(src), std::span<T>(out));
+  }
+  return out;
+}
+template std::vector<double> reference_axial<double, double>(const AxialRopePlan&,
+                                                             std::span<const float>, bool);
+template std::vector<float> reference_axial<float, float>(const AxialRopePlan&,
+                                                          std::span<const float>, bool);
+
+// =================================================================== swiglu
+
+std::ostream& operator<<(std::ostream& os, const SwigluCase& c) {
+  return os << SwigluPlan::make(c.params).describe() << " | data seed=" << c.seed
+            << " |x|<=" << c.mag;
+}
+
+rc::Gen<SwigluCase> gen_swiglu() {
+  return rc::gen::exec([] {
+    SwigluCase c;
+    c.params.rows = *gen_dim(9);
+    c.params.n = *gen_dim(33);
+    c.params.gate_first = *rc::gen::arbitrary<bool>();
+    c.mag = *rc::gen::element(1.0, 4.0, 12.0);
+    c.seed = gen_seed();
+    return c;
+  });
+}
+
+SwigluData make_data(const SwigluCase& c) {
+  SwigluData d;
+  d.plan = SwigluPlan::make(c.params);
+  Rng r(c.seed);
+  d.x = r.values(d.plan.in_size(), c.mag);
+  d.dy = r.values(d.plan.out_size(), 1.0);
+  return d;
+}
+
+std::vector<float> run_swiglu(const Backend& be, const SwigluData& d, bool backward) {
+  if (backward) {
+    Guarded dx(d.plan.in_size());
+    be.swiglu_backward(d.plan, cspan(d.x), cspan(d.dy), dx.span());
+    return dx.values();
+  }
+  Guarded out(d.plan.out_size());
+  be.swiglu_forward(d.plan, cspan(d.x), out.span());
+  return out.values();
+}
+
+template <class T, class Acc>
+std::vector<T> reference_swiglu(const SwigluPlan& p, std::span<const T> x, std::span<const T> dy,
+                                bool backward) {
+  std::vector<T> out(backward ? p.in_size() : p.out_size());
+  if (backward) {
+    reference::swiglu_backward<T, Acc>(p, x, dy, std::span<T>(out));
+  } else {
+    reference::swiglu_forward<T, Acc>(p, x, std::span<T>(out));
+  }
+  return out;
+}
+template std::vector<double> reference_swiglu<double, double>(const SwigluPlan&,
+                                                              std::span<const double>,
+                                                              std::span<const double>, bool);
+template std::vector<float> reference_swiglu<float, float>(const SwigluPlan&,
+                                                           std::span<const float>,
+                                                           std::span<const float>, bool);
+template std::vector<std::complex<double>>
+reference_swiglu<std::complex<double>, std::complex<double>>(const SwigluPlan&,
+                                                             std::span<const std::complex<double>>,
+                                                             std::span<const std::complex<double>>,
+                                                             bool);
+
+// ========================================================== attention block
+
+std::ostream& operator<<(std::ostream& os, const BlockCase& c) {
+  return os << AttentionBlockPlan::make(c.params).describe() << " | data seed=" << c.seed;
+}
+
+rc::Gen<BlockCase> gen_block() {
+  return rc::gen::exec([] {
+    BlockCase c;
+    AttentionBlockParams& p = c.params;
+    p.batch = *rc::gen::inRange<i64>(1, 3);
+    p.seq = *gen_dim(9);
+    p.heads = *rc::gen::inRange<i64>(1, 4);
+    const i64 D = *rc::gen::element<i64>(2, 4, 6, 8);
+    p.embed = p.heads * D;
+    p.qkv_bias = *rc::gen::arbitrary<bool>();
+    p.out_bias = *rc::gen::arbitrary<bool>();
+    p.key_padding = *rc::gen::arbitrary<bool>();
+    p.rope = *rc::gen::arbitrary<bool>();
+    if (p.rope) {
+      p.table_rows = p.seq + *rc::gen::element<i64>(0, 2);
+      p.table_stride = D / 2 + *rc::gen::element<i64>(0, 1);
+    }
+    c.seed = gen_seed();
+    return c;
+  });
+}
+
+AttentionBlockInputs BlockData::inputs() const {
+  return {cspan(x),     cspan(w_qkv), cspan(b_qkv), cspan(w_out),
+          cspan(b_out), cspan(keep),  cspan(cos),   cspan(sin)};
+}
+
+BlockData make_data(const BlockCase& c) {
+  BlockData d;
+  d.plan = AttentionBlockPlan::make(c.params);
+  const AttentionBlockPlan& p = d.plan;
+  Rng r(c.seed);
+  const i64 E = p.E;
+  const double w = 1.0 / std::sqrt(double(E));
+  d.x = r.values(p.x_size(), 1.0);
+  d.w_qkv = r.values(3 * E * E, 2 * w);
+  d.w_out = r.values(E * E, w);
+  if (p.qkv_bias) d.b_qkv = r.values(3 * E, 0.5);
+  if (p.out_bias) d.b_out = r.values(E, 0.5);
+  if (p.key_padding) {
+    d.keep.resize(p.B * p.S);
+    for (auto& k : d.keep) k = r.coin(0.25) ? 0.0f : 1.0f;
+  }
+  if (p.has_rope) {
+    const i64 R = p.rope.R, T = p.rope.T, m = p.D / 2;
+    d.cos.resize(R * T);
+    d.sin.resize(R * T);
+    for (i64 row = 0; row < R; ++row) {
+      for (i64 i = 0; i < T; ++i) {
+        const double ang = i < m ? double(row) * std::pow(10000.0, -double(i) / double(m)) : 0.3;
+        d.cos[row * T + i] = static_cast<float>(std::cos(ang));
+        d.sin[row * T + i] = static_cast<float>(std::sin(ang));
+      }
+    }
+  }
+  return d;
+}
+
+std::vector<float> run_block(const Backend& be, const BlockData& d) {
+  Guarded out(d.plan.x_size());
+  be.attention_block(d.plan, d.inputs(), out.span());
+  return out.values();
+}
+
+std::vector<double> reference_block(const BlockData& d) {
+  const AttentionBlockPlan& p = d.plan;
+  const i64 E = p.E, rows = p.B * p.S;
+  std::vector<double> qkv(rows * 3 * E);
+  for (i64 r = 0; r < rows; ++r) {
+    for (i64 o = 0; o < 3 * E; ++o) {
+      double acc = p.qkv_bias ? double(d.b_qkv[o]) : 0.0;
+      for (i64 e = 0; e < E; ++e) acc += double(d.x[r * E + e]) * d.w_qkv[o * E + e];
+      qkv[r * 3 * E + o] = acc;
+    }
+  }
+  const std::span<const double> all(qkv);
+  std::vector<double> qr, kr;
+  AttentionInputs<double> in;
+  if (p.has_rope) {
+    qr.resize(rows * E);
+    kr.resize(rows * E);
+    const std::vector<double> c(d.cos.begin(), d.cos.end()), s(d.sin.begin(), d.sin.end());
+    const RopeTables<double> t{cspan(c), cspan(s)};
+    reference::rope_forward<double>(p.rope, all.subspan(0, p.rope.src_extent()), t,
+                                    std::span<double>(qr));
+    reference::rope_forward<double>(p.rope, all.subspan(E, p.rope.src_extent()), t,
+                                    std::span<double>(kr));
+    in.q = cspan(qr);
+    in.k = cspan(kr);
+  } else {
+    in.q = all.subspan(0, p.attention.q.extent);
+    in.k = all.subspan(E, p.attention.k.extent);
+  }
+  in.v = all.subspan(2 * E, p.attention.v.extent);
+  in.mask = cspan(d.keep);
+  std::vector<double> att(p.attention.o.extent);
+  reference::attention_forward<double>(p.attention, in, std::span<double>(att));
+  std::vector<double> out(rows * E);
+  for (i64 r = 0; r < rows; ++r) {
+    for (i64 o = 0; o < E; ++o) {
+      double acc = p.out_bias ? double(d.b_out[o]) : 0.0;
+      for (i64 e = 0; e < E; ++e) acc += att[r * E + e] * d.w_out[o * E + e];
+      out[r * E + o] = acc;
+    }
+  }
+  return out;
+}
+
+}  // namespace tandem::props

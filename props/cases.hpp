@@ -1,0 +1,166 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file cases.hpp
+/// @brief The generated cases of every op (shapes and options drawn by
+///        RapidCheck, data drawn from a seed), how to run them on a backend
+///        and on the reference at any scalar type, and their tolerances.
+#pragma once
+
+#include <complex>
+#include <optional>
+#include <ostream>
+#include <span>
+#include <vector>
+
+#include "support.hpp"
+
+namespace tandem::props {
+
+// ================================================================ attention
+
+/// An attention case: the plan's parameters and how its data is drawn.
+struct AttentionCase {
+  AttentionParams params;
+  std::uint64_t seed = 0;
+  double qk_mag = 1.0;       ///< q and k uniform in [−qk_mag, qk_mag]
+  bool masked_rows = false;  ///< key_padding/bias: force fully masked query rows
+  double hide = 0.3;         ///< key_padding/bias: fraction of hidden keys
+};
+std::ostream& operator<<(std::ostream& os, const AttentionCase& c);
+
+/// What the generator may draw.
+struct AttentionGen {
+  std::optional<MaskKind> mask;  ///< fixed mask kind
+  std::optional<Layout> layout;  ///< fixed layout
+  bool strides = true;           ///< padded bshd row strides
+  bool softcap = true;           ///< softcap > 0 sometimes
+  int max_dim = 33;
+};
+rc::Gen<AttentionCase> gen_attention(AttentionGen g = {});
+
+/// Logical tensors of an attention case (bshd order): q [B,Sq,H,D],
+/// k [B,Sk,Hkv,D], v [B,Sk,Hkv,Dv], dout [B,Sq,H,Dv]; mask as the plan takes it.
+struct AttentionData {
+  AttentionPlan plan;
+  std::vector<float> q, k, v, dout, mask;
+};
+AttentionData make_data(const AttentionCase& c);
+/// The same data under another plan of the same logical shapes.
+AttentionData with_plan(const AttentionData& d, const AttentionParams& p);
+
+/// A bound on |logit|: |scale|·max‖q_i‖·max‖k_j‖ (≤ softcap when capped)
+/// plus max |finite bias|.
+double logit_bound(const AttentionData& d);
+
+/// Logical out [B,Sq,H,Dv] of a backend (guarded output; junk in every gap).
+std::vector<float> run_forward(const Backend& be, const AttentionData& d);
+struct Grads {
+  std::vector<float> dq, dk, dv;  ///< logical, shapes of q, k, v
+};
+/// One-call backward.
+Grads run_backward(const Backend& be, const AttentionData& d);
+/// dq, dk, dv from the three separate entry points.
+Grads run_backward_separate(const Backend& be, const AttentionData& d);
+
+/// The reference at scalar T (double: ground truth; complex: complex step),
+/// accumulator Acc; q, k, v may be perturbed by `t·u` (complex step).
+template <class T, class Acc>
+std::vector<T> reference_forward(const AttentionData& d, std::span<const T> q, std::span<const T> k,
+                                 std::span<const T> v);
+std::vector<double> reference_forward(const AttentionData& d);
+struct GradsD {
+  std::vector<double> dq, dk, dv;
+};
+GradsD reference_backward(const AttentionData& d);
+/// reference<float, float>: pure single precision.
+std::vector<float> reference_forward_ff(const AttentionData& d);
+Grads reference_backward_ff(const AttentionData& d);
+
+// ===================================================================== rope
+
+struct RopeCase {
+  RopeParams params;
+  std::uint64_t seed = 0;
+  bool true_tables =
+      false;  ///< cos/sin of real angles (pos·θ^(−2i/n_rot)), token rows repeat positions
+};
+std::ostream& operator<<(std::ostream& os, const RopeCase& c);
+struct RopeGen {
+  bool strides = true;
+  std::optional<TableRows> rows;
+  std::optional<bool> true_tables;
+  std::optional<RopeStyle> style;
+  bool full_rot = false;  ///< n_rot = D
+};
+rc::Gen<RopeCase> gen_rope(RopeGen g = {});
+
+struct RopeData {
+  RopePlan plan;
+  std::vector<float> x;         ///< logical [B', S, W]
+  std::vector<float> cos, sin;  ///< [R, T]; padding columns hold finite filler
+  std::vector<float> dy;        ///< logical [B', S, W]
+};
+RopeData make_data(const RopeCase& c);
+/// Source memory of a plan (rows src_row_stride apart, junk between).
+std::vector<float> rope_source(const RopePlan& p, std::span<const float> logical);
+std::vector<float> run_rope(const Backend& be, const RopePlan& p, std::span<const float> x,
+                            std::span<const float> cos, std::span<const float> sin, bool backward);
+template <class T, class Acc>
+std::vector<T> reference_rope(const RopePlan& p, std::span<const float> x,
+                              std::span<const float> cos, std::span<const float> sin,
+                              bool backward);
+
+struct AxialCase {
+  AxialRopeParams params;
+  std::uint64_t seed = 0;
+};
+std::ostream& operator<<(std::ostream& os, const AxialCase& c);
+rc::Gen<AxialCase> gen_axial(bool strides = true);
+struct AxialData {
+  AxialRopePlan plan;
+  std::vector<float> x, dy;  ///< logical [B', S, W]
+};
+AxialData make_data(const AxialCase& c);
+std::vector<float> axial_source(const AxialRopePlan& p, std::span<const float> logical);
+std::vector<float> run_axial(const Backend& be, const AxialRopePlan& p, std::span<const float> x,
+                             bool backward);
+template <class T, class Acc>
+std::vector<T> reference_axial(const AxialRopePlan& p, std::span<const float> x, bool backward);
+
+// =================================================================== swiglu
+
+struct SwigluCase {
+  SwigluParams params;
+  std::uint64_t seed = 0;
+  double mag = 4.0;
+};
+std::ostream& operator<<(std::ostream& os, const SwigluCase& c);
+rc::Gen<SwigluCase> gen_swiglu();
+struct SwigluData {
+  SwigluPlan plan;
+  std::vector<float> x, dy;
+};
+SwigluData make_data(const SwigluCase& c);
+std::vector<float> run_swiglu(const Backend& be, const SwigluData& d, bool backward);
+template <class T, class Acc>
+std::vector<T> reference_swiglu(const SwigluPlan& p, std::span<const T> x, std::span<const T> dy,
+                                bool backward);
+
+// ========================================================== attention block
+
+struct BlockCase {
+  AttentionBlockParams params;
+  std::uint64_t seed = 0;
+};
+std::ostream& operator<<(std::ostream& os, const BlockCase& c);
+rc::Gen<BlockCase> gen_block();
+struct BlockData {
+  AttentionBlockPlan plan;
+  std::vector<float> x, w_qkv, b_qkv, w_out, b_out, keep, cos, sin;
+  AttentionBlockInputs inputs() const;
+};
+BlockData make_data(const BlockCase& c);
+std::vector<float> run_block(const Backend& be, const BlockData& d);
+/// The block composed of reference<double> ops (projections in double).
+std::vector<double> reference_block(const BlockData& d);
+
+}  // namespace tandem::props

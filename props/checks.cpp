@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "checks.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace tandem::props {
+namespace {
+double max_row_norm(const std::vector<float>& t, i64 width) {
+  double m = 0;
+  for (std::size_t r = 0; r < t.size() / static_cast<std::size_t>(width); ++r) {
+    double s = 0;
+    for (i64 e = 0; e < width; ++e) s += double(t[r * width + e]) * t[r * width + e];
+    m = std::max(m, std::sqrt(s));
+  }
+  return m;
+}
+}  // namespace
+
+AttentionScales scales(const AttentionData& d) {
+  const AttentionPlan& p = d.plan;
+  AttentionScales s;
+  s.L = logit_bound(d);
+  const double nq = max_row_norm(d.q, p.D), nk = max_row_norm(d.k, p.D),
+               nv = max_row_norm(d.v, p.Dv), ndo = max_row_norm(d.dout, p.Dv);
+  s.out = max_abs(to_double(d.v));
+  s.dq = std::abs(p.scale) * ndo * nv * nk;
+  s.dk = std::abs(p.scale) * ndo * nv * nq;
+  s.dv = ndo;
+  return s;
+}
+
+std::string attention_close(const std::string& what, std::span<const double> got,
+                            std::span<const double> exp, double nat, double L) {
+  const double M = std::max(max_abs(exp), nat);
+  const double r = 64 * kEps * (1 + L);
+  return mismatch(what, got, exp, r * M, r);
+}
+
+std::string attention_close(const std::string& what, const std::vector<float>& got,
+                            const std::vector<double>& exp, double nat, double L) {
+  const auto g = to_double(got);
+  return attention_close(what, std::span<const double>(g), std::span<const double>(exp), nat, L);
+}
+
+std::string attention_same(const std::string& what, const std::vector<float>& a,
+                           const std::vector<float>& b, double nat, double L) {
+  return attention_close(what, a, to_double(b), nat, L);
+}
+
+GradsD to_double(const Grads& g) {
+  return {props::to_double(g.dq), props::to_double(g.dk), props::to_double(g.dv)};
+}
+
+std::string grads_close(const std::string& tag, const Grads& got, const GradsD& exp,
+                        const AttentionScales& sc) {
+  std::string m = attention_close(tag + " dq", got.dq, exp.dq, sc.dq, sc.L);
+  if (m.empty()) m = attention_close(tag + " dk", got.dk, exp.dk, sc.dk, sc.L);
+  if (m.empty()) m = attention_close(tag + " dv", got.dv, exp.dv, sc.dv, sc.L);
+  return m;
+}
+
+std::string grads_same(const std::string& tag, const Grads& a, const Grads& b,
+                       const AttentionScales& sc) {
+  return grads_close(tag, a, to_double(b), sc);
+}
+
+std::string rope_close(const std::string& what, const std::vector<float>& got,
+                       const std::vector<double>& exp, double xmax) {
+  const auto g = to_double(got);
+  return mismatch(what, g, exp, 32 * kEps * xmax, 32 * kEps);
+}
+
+std::string swiglu_close(const std::string& what, const std::vector<float>& got,
+                         const std::vector<double>& exp) {
+  const auto g = to_double(got);
+  return mismatch(what, g, exp, 32 * kEps * max_abs(exp), 64 * kEps);
+}
+
+std::string block_close(const std::string& what, const std::vector<float>& got,
+                        const std::vector<double>& exp) {
+  const auto g = to_double(got);
+  return mismatch(what, g, exp, 512 * kEps * std::max(max_abs(exp), 1.0), 512 * kEps);
+}
+
+bool visible(const AttentionPlan& p, std::span<const float> mask, i64 b, i64 h, i64 i, i64 j) {
+  const i64 a = std::max<i64>(p.Sk - p.Sq, 0) + i;
+  switch (p.mask) {
+    case MaskKind::none:
+      return true;
+    case MaskKind::causal:
+      return j <= a;
+    case MaskKind::sliding_window:
+      return j <= a && j >= a - p.window;
+    case MaskKind::key_padding:
+      return mask[b * p.Sk + j] != 0.0f;
+    case MaskKind::bias: {
+      const i64 bb = p.bias_batch == 1 ? 0 : b, hb = p.bias_heads == 1 ? 0 : h;
+      return mask[((bb * p.bias_heads + hb) * p.Sq + i) * p.Sk + j] !=
+             -std::numeric_limits<float>::infinity();
+    }
+  }
+  return false;
+}
+
+}  // namespace tandem::props

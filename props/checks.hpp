@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file checks.hpp
+/// @brief The tolerances of the suite, in one place.
+///
+/// A float result `got` passes against a double `exp` when every element
+/// satisfies `|got − exp| <= atol + rtol·|exp|` (NaN-aware, in double):
+///
+/// | op | atol | rtol |
+/// |---|---|---|
+/// | attention (fwd, bwd) | 64·ε·(1+L)·max(M, N) | 64·ε·(1+L) |
+/// | rope, axial rope     | 32·ε·max|x|          | 32·ε |
+/// | swiglu (fwd, bwd)    | 32·ε·M               | 64·ε |
+/// | attention block      | 512·ε·max(M, 1)      | 512·ε |
+///
+/// ε = 2⁻²³, M = max |exp| over the compared tensor, L = logit_bound() (a
+/// bound on |score|: exp's relative error grows with it), N the tensor's
+/// natural scale from the inputs (out: max|v|; dq: |scale|·‖dO‖·‖V‖·‖K‖;
+/// dk: |scale|·‖dO‖·‖V‖·‖Q‖; dv: ‖dO‖, row norms), so that an exact zero
+/// reached by cancellation still has a float-sized tolerance.
+#pragma once
+
+#include <string>
+
+#include "cases.hpp"
+
+namespace tandem::props {
+
+/// Natural scales of one attention case.
+struct AttentionScales {
+  double L = 0, out = 0, dq = 0, dk = 0, dv = 0;
+};
+AttentionScales scales(const AttentionData& d);
+
+/// The attention tolerance of the table above; `nat` is N.
+std::string attention_close(const std::string& what, std::span<const double> got,
+                            std::span<const double> exp, double nat, double L);
+std::string attention_close(const std::string& what, const std::vector<float>& got,
+                            const std::vector<double>& exp, double nat, double L);
+/// Two float results of one backend that must agree (same tolerance, exp = b).
+std::string attention_same(const std::string& what, const std::vector<float>& a,
+                           const std::vector<float>& b, double nat, double L);
+
+/// Forward and all three gradients of one backend against ground truth /
+/// another run, with names prefixed by `tag`.
+std::string grads_close(const std::string& tag, const Grads& got, const GradsD& exp,
+                        const AttentionScales& sc);
+std::string grads_same(const std::string& tag, const Grads& a, const Grads& b,
+                       const AttentionScales& sc);
+
+std::string rope_close(const std::string& what, const std::vector<float>& got,
+                       const std::vector<double>& exp, double xmax);
+std::string swiglu_close(const std::string& what, const std::vector<float>& got,
+                         const std::vector<double>& exp);
+std::string block_close(const std::string& what, const std::vector<float>& got,
+                        const std::vector<double>& exp);
+
+/// SPEC §2 visibility of key j to query (b, h, i), for properties that reason about masks.
+bool visible(const AttentionPlan& p, std::span<const float> mask, i64 b, i64 h, i64 i, i64 j);
+
+GradsD to_double(const Grads& g);
+
+}  // namespace tandem::props

@@ -1,0 +1,215 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "support.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+
+#include "broken/broken.hpp"
+#include "tandem/reference/backend.hpp"
+#ifdef TANDEM_HAVE_OPTIMIZED
+#include "tandem/optimized/backend.hpp"
+#endif
+
+namespace tandem::props {
+
+std::string Guarded::guard_damage() const {
+  for (std::size_t i = 0; i < kGuard; ++i) {
+    if (!is_sentinel(buf_[i])) {
+      return "wrote " + std::to_string(kGuard - i) + " element(s) before the output (value " +
+             std::to_string(buf_[i]) + ")";
+    }
+    if (!is_sentinel(buf_[kGuard + n_ + i])) {
+      return "wrote element " + std::to_string(n_ + i) + " past an output of " +
+             std::to_string(n_) + " (value " + std::to_string(buf_[kGuard + n_ + i]) + ")";
+    }
+  }
+  return {};
+}
+
+std::string Guarded::unwritten() const {
+  for (std::size_t i = 0; i < n_; ++i) {
+    if (is_sentinel(buf_[kGuard + i])) {
+      return "output element " + std::to_string(i) + " of " + std::to_string(n_) +
+             " was never written";
+    }
+  }
+  return {};
+}
+
+double max_abs(std::span<const double> x) {
+  double m = 0;
+  for (double v : x) {
+    if (std::isfinite(v)) m = std::max(m, std::abs(v));
+  }
+  return m;
+}
+
+double max_err(std::span<const double> got, std::span<const double> exp) {
+  double m = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const bool gn = std::isnan(got[i]), en = std::isnan(exp[i]);
+    if (gn && en) continue;
+    if (gn != en) return std::numeric_limits<double>::infinity();
+    if (got[i] == exp[i]) continue;  // equal infinities
+    m = std::max(m, std::abs(got[i] - exp[i]));
+  }
+  return m;
+}
+
+std::string mismatch(const std::string& what, std::span<const double> got,
+                     std::span<const double> exp, double atol, double rtol) {
+  if (got.size() != exp.size()) {
+    return what + ": " + std::to_string(got.size()) + " elements, expected " +
+           std::to_string(exp.size());
+  }
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], e = exp[i];
+    bool ok;
+    if (std::isnan(e) || std::isnan(g)) {
+      ok = std::isnan(e) && std::isnan(g);
+    } else if (std::isinf(e) || std::isinf(g)) {
+      ok = g == e;
+    } else {
+      ok = std::abs(g - e) <= atol + rtol * std::abs(e);
+    }
+    if (!ok) {
+      std::ostringstream os;
+      os.precision(9);
+      os << what << "[" << i << "] = " << g << ", expected " << e << " (|diff| " << std::abs(g - e)
+         << " > atol " << atol << " + rtol " << rtol << "·|exp|)";
+      return os.str();
+    }
+  }
+  return {};
+}
+
+std::string bit_mismatch(const std::string& what, std::span<const float> a,
+                         std::span<const float> b) {
+  if (a.size() != b.size()) return what + ": sizes differ";
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!same_bits(a[i], b[i])) {
+      std::ostringstream os;
+      os.precision(9);
+      os << what << "[" << i << "] differs: " << a[i] << " vs " << b[i];
+      return os.str();
+    }
+  }
+  return {};
+}
+
+Subject fixture_subject(broken::Bug bug) {
+  Subject s;
+  s.name = std::string("broken_") + broken::to_string(bug);
+  s.backend = broken::backend(bug, 1);
+  for (int t = 1; t <= 3; ++t) s.thread_variants.push_back(broken::backend(bug, t));
+  return s;
+}
+
+std::vector<Subject> correct_subjects() {
+  std::vector<Subject> out;
+  {
+    Subject s;
+    s.name = "reference";
+    s.backend = reference::backend();
+    s.thread_variants = {reference::backend()};
+    out.push_back(s);
+  }
+  out.push_back(fixture_subject(broken::Bug::none));
+#ifdef TANDEM_HAVE_OPTIMIZED
+  for (std::int64_t target : optimized::supported_targets()) {
+    Subject s;
+    s.name = "optimized_" + optimized::target_name(target);
+    s.backend = optimized::backend();
+    for (int t = 1; t <= 3; ++t)
+      s.thread_variants.push_back(optimized::backend(optimized::Options{t}));
+    s.enter = [target] { optimized::force_target(target); };
+    s.leave = [] { optimized::force_target(0); };
+    out.push_back(s);
+  }
+#endif
+  return out;
+}
+
+void register_attention_properties(std::vector<Property>& out);
+void register_rope_properties(std::vector<Property>& out);
+void register_other_properties(std::vector<Property>& out);
+
+const std::vector<Property>& properties() {
+  static const std::vector<Property> all = [] {
+    std::vector<Property> v;
+    register_attention_properties(v);
+    register_rope_properties(v);
+    register_other_properties(v);
+    return v;
+  }();
+  return all;
+}
+
+const Property& property(const std::string& name) {
+  for (const Property& p : properties()) {
+    if (p.name == name) return p;
+  }
+  throw std::out_of_range("no property named " + name);
+}
+
+int case_count(const Property& p) {
+  const char* rc_params = std::getenv("RC_PARAMS");
+  if (rc_params != nullptr && std::string(rc_params).find("max_success") != std::string::npos) {
+    return rc::detail::configuration().testParams.maxSuccess;
+  }
+  double scale = 1.0;
+  if (const char* s = std::getenv("TANDEM_PROPS_SCALE")) scale = std::atof(s);
+  return std::max(1, static_cast<int>(std::lround(p.cases * scale)));
+}
+
+namespace {
+class SilentListener : public rc::detail::TestListener {
+ public:
+  void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
+  void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
+  void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
+};
+}  // namespace
+
+std::string run_property(const Property& p, const Subject& s, int cases, bool quiet,
+                         std::optional<std::uint64_t> seed) {
+  using namespace rc::detail;
+  TestParams params = configuration().testParams;
+  params.maxSuccess = cases;
+  if (seed) params.seed = *seed;
+  TestMetadata md;
+  md.id = s.name + "/" + p.name;
+  md.description = p.name + " on " + s.name;
+  const auto body = [&p, &s] { p.body(s); };
+  const std::unordered_map<std::string, Reproduce> no_reproduce;
+  const auto check = [&]() -> TestResult {
+    if (quiet) {
+      params.disableShrinking = true;
+      SilentListener listener;
+      return checkProperty(toProperty(body), md, params, listener, no_reproduce);
+    }
+    return checkProperty(toProperty(body), md, params);
+  };
+  s.enter();
+  std::optional<TestResult> maybe;
+  try {
+    maybe.emplace(check());
+  } catch (...) {
+    s.leave();
+    throw;
+  }
+  s.leave();
+  const TestResult& result = *maybe;
+  if (result.template is<SuccessResult>()) return {};
+  std::ostringstream os;
+  printResultMessage(result, os);
+  std::string msg = os.str();
+  if (msg.empty()) msg = "failed";
+  return msg;
+}
+
+}  // namespace tandem::props

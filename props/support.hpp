@@ -1,0 +1,202 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file support.hpp
+/// @brief What every property shares: guarded output buffers, strided
+///        placement of logical tensors, NaN-aware comparison in double, the
+///        reference at any scalar type, and the registry of backends and
+///        properties.
+///
+/// Logical tensors are always held in `bshd` order `[B, S, heads, width]`;
+/// place() writes one into memory by a plan's Strides (junk in every gap)
+/// and gather() reads it back, so properties never depend on a layout.
+#pragma once
+
+#include <rapidcheck.h>
+
+#include <bit>
+#include <complex>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "broken/broken.hpp"
+#include "tandem/tandem.hpp"
+
+namespace tandem::props {
+
+using i64 = std::int64_t;
+
+/// float32 machine epsilon.
+inline constexpr double kEps = 1.1920928955078125e-07;
+
+/// The junk written into every gap (stride padding, table padding): a NaN,
+/// so any read of it poisons the result.
+inline float junk() {
+  return std::bit_cast<float>(0x7fc0beefu);
+}
+/// The sentinel around and inside outputs before a call: a NaN with a
+/// payload no kernel computes.
+inline float sentinel() {
+  return std::bit_cast<float>(0x7fa5a5a5u);
+}
+inline bool is_sentinel(float x) {
+  return std::bit_cast<std::uint32_t>(x) == std::bit_cast<std::uint32_t>(sentinel());
+}
+inline bool same_bits(float a, float b) {
+  return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b);
+}
+
+/// An output buffer of n floats with kGuard sentinels on either side; the
+/// view handed to a kernel is exactly n long.
+class Guarded {
+ public:
+  static constexpr std::size_t kGuard = 16;
+  explicit Guarded(std::size_t n) : n_(n), buf_(n + 2 * kGuard, sentinel()) {}
+  std::span<float> span() { return {buf_.data() + kGuard, n_}; }
+  std::vector<float> values() const {
+    return {buf_.begin() + kGuard, buf_.begin() + static_cast<std::ptrdiff_t>(kGuard + n_)};
+  }
+  /// Empty when both guards still hold the sentinel, else where it was overwritten.
+  std::string guard_damage() const;
+  /// Empty when every element of the view was written, else the first one that was not.
+  std::string unwritten() const;
+
+ private:
+  std::size_t n_;
+  std::vector<float> buf_;
+};
+
+/// A seeded source of test data.
+class Rng {
+ public:
+  explicit Rng(std::uint64_t seed) : g_(seed * 0x9E3779B97F4A7C15ull + 12345) {}
+  double uniform(double lo, double hi) {
+    return std::uniform_real_distribution<double>(lo, hi)(g_);
+  }
+  i64 index(i64 n) { return std::uniform_int_distribution<i64>(0, n - 1)(g_); }
+  bool coin(double p) { return uniform(0, 1) < p; }
+  /// n floats uniform in [−mag, mag].
+  std::vector<float> values(std::size_t n, double mag) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = static_cast<float>(uniform(-mag, mag));
+    return v;
+  }
+
+ private:
+  std::mt19937_64 g_;
+};
+
+/// Places a logical `[B,S,heads,width]` tensor into memory of st.extent
+/// elements by `st`, junk everywhere else.
+template <class T, class U>
+std::vector<T> place(const Strides& st, i64 B, i64 S, i64 heads, i64 width,
+                     std::span<const U> logical, T gap = T(junk())) {
+  std::vector<T> mem(static_cast<std::size_t>(st.extent), gap);
+  for (i64 b = 0; b < B; ++b)
+    for (i64 s = 0; s < S; ++s)
+      for (i64 h = 0; h < heads; ++h)
+        for (i64 d = 0; d < width; ++d)
+          mem[st.at(b, s, h) + d] = static_cast<T>(logical[((b * S + s) * heads + h) * width + d]);
+  return mem;
+}
+
+/// Reads a `[B,S,heads,width]` tensor out of memory laid out by `st`.
+template <class T>
+std::vector<T> gather(const Strides& st, i64 B, i64 S, i64 heads, i64 width,
+                      std::span<const T> mem) {
+  std::vector<T> out(static_cast<std::size_t>(B * S * heads * width));
+  for (i64 b = 0; b < B; ++b)
+    for (i64 s = 0; s < S; ++s)
+      for (i64 h = 0; h < heads; ++h)
+        for (i64 d = 0; d < width; ++d)
+          out[((b * S + s) * heads + h) * width + d] = mem[st.at(b, s, h) + d];
+  return out;
+}
+
+/// Converts to double (real part for complex).
+template <class T>
+std::vector<double> to_double(std::span<const T> v) {
+  std::vector<double> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if constexpr (std::is_arithmetic_v<T>) {
+      out[i] = static_cast<double>(v[i]);
+    } else {
+      out[i] = v[i].real();
+    }
+  }
+  return out;
+}
+template <class T>
+std::vector<double> to_double(const std::vector<T>& v) {
+  return to_double(std::span<const T>(v));
+}
+
+/// max |x| over the finite entries (0 for none).
+double max_abs(std::span<const double> x);
+inline double max_abs(const std::vector<double>& x) {
+  return max_abs(std::span<const double>(x));
+}
+/// max |got − exp| (NaN where exactly one side is NaN counts as +inf).
+double max_err(std::span<const double> got, std::span<const double> exp);
+
+/// Empty when every element satisfies `|got − exp| <= atol + rtol·|exp|`
+/// (NaN matches only NaN, inf only the same inf), otherwise a message naming
+/// `what`, the first bad index, both values and the bound.
+std::string mismatch(const std::string& what, std::span<const double> got,
+                     std::span<const double> exp, double atol, double rtol);
+/// As mismatch(), demanding identical bits.
+std::string bit_mismatch(const std::string& what, std::span<const float> a,
+                         std::span<const float> b);
+
+/// Fails the current property with `msg` unless it is empty.
+#define TANDEM_REQUIRE_EMPTY(msg)               \
+  do {                                          \
+    const std::string tandem_m_ = (msg);        \
+    if (!tandem_m_.empty()) RC_FAIL(tandem_m_); \
+  } while (0)
+
+/// A backend under test, with the variants that must give identical bits
+/// (the same backend at 1, 2 and 3 threads) and a hook run before each use
+/// (the optimized backend selects its SIMD target there).
+struct Subject {
+  std::string name;  ///< test-name friendly: reference, optimized_AVX2, broken_gqa_mod
+  Backend backend;
+  std::vector<Backend> thread_variants;
+  std::function<void()> enter = [] {};
+  std::function<void()> leave = [] {};
+};
+
+/// reference, broken_none, and optimized at every supported target (when built).
+std::vector<Subject> correct_subjects();
+/// The broken fixture with `bug` planted, named broken_<bug>, at 1, 2 and 3 "threads".
+Subject fixture_subject(broken::Bug bug);
+
+/// One property: a body run once per generated case, `cases` times in CI.
+struct Property {
+  std::string name;
+  std::string
+      group;  ///< agreement, transpose, gradient, layout, semantic, memory, determinism, accuracy
+  int cases;
+  std::function<void(const Subject&)> body;
+};
+
+/// Every property of the suite.
+const std::vector<Property>& properties();
+const Property& property(const std::string& name);
+
+/// Cases to run for `p`: p.cases × TANDEM_PROPS_SCALE (default 1), or
+/// RC_PARAMS's max_success when it sets one.
+int case_count(const Property& p);
+
+/// Runs p on s through RapidCheck. `quiet` (fixtures) prints nothing and skips
+/// shrinking; otherwise failures print the counterexample and the RC_PARAMS
+/// that replays it. Returns the failure message, empty on success.
+/// `seed` fixes RapidCheck's seed (the fixture test does, so it is repeatable).
+std::string run_property(const Property& p, const Subject& s, int cases, bool quiet,
+                         std::optional<std::uint64_t> seed = {});
+
+}  // namespace tandem::props

@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: Apache-2.0
+// The suite rejects every broken fixture: for each planted bug, every
+// property listed for it must fail (RapidCheck, fixed seed, no shrinking),
+// and every property of the suite is listed for at least one bug, so no
+// property is unable to fail. Set TANDEM_PROPS_MATRIX=1 to print which
+// property rejects which fixture, for all pairs.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <set>
+
+#include "support.hpp"
+
+namespace {
+
+using tandem::props::broken::Bug;
+
+struct Expectation {
+  Bug bug;
+  std::vector<std::string> caught_by;
+};
+
+const std::vector<Expectation>& expectations() {
+  static const std::vector<Expectation> table = {
+      {Bug::rope_table_stride_half_nrot, {"agree_rope", "rope_table_junk_ignored"}},
+      {Bug::rope_rank4_as_bshd, {"agree_rope", "rope_rank4_equals_per_head"}},
+      {Bug::attn_batch_offset_units,
+       {"agree_attention_forward", "agree_attention_backward", "attention_layouts_equivalent"}},
+      {Bug::rope_backward_other_row,
+       {"agree_rope", "rope_adjoint", "rope_backward_inverts_forward"}},
+      {Bug::gqa_mod, {"agree_attention_forward", "gqa_equals_repeated_mha"}},
+      {Bug::causal_offset_dropped, {"agree_attention_forward", "bias_upper_inf_equals_causal"}},
+      {Bug::window_off_by_one, {"agree_attention_forward", "wide_window_equals_causal"}},
+      {Bug::softcap_missing_backward,
+       {"agree_attention_backward", "attention_one_call_backward_equals_separate",
+        "attention_gradient_complex_step"}},
+      {Bug::masked_row_nan, {"agree_attention_forward", "fully_masked_rows_zero"}},
+      {Bug::scale_ignored_backward,
+       {"agree_attention_backward", "agree_attention_backward_separate",
+        "attention_gradient_complex_step"}},
+      {Bug::write_past_output, {"memory_guards_and_inputs_untouched"}},
+      {Bug::rope_src_stride_ignored, {"agree_rope", "rope_strided_rows_equal_contiguous"}},
+      {Bug::token_rows_transposed, {"agree_rope", "rope_token_table_equals_position_table"}},
+      {Bug::rope_sin_sign, {"agree_rope", "rope_relative_position_and_norm"}},
+      {Bug::gptj_angle_negated, {"agree_rope", "rope_neox_equals_permuted_gptj"}},
+      {Bug::axial_backward_same_angle,
+       {"agree_axial_rope", "axial_rope_adjoint", "rope_backward_inverts_forward"}},
+      {Bug::axial_repeat_ignored, {"agree_axial_rope"}},
+      {Bug::keep_row_batch0, {"agree_attention_forward", "key_padding_equals_bias"}},
+      {Bug::softcap_tanh_unscaled, {"agree_attention_forward", "huge_softcap_equals_none"}},
+      {Bug::key_tail_dropped, {"agree_attention_forward", "key_permutation_invariance"}},
+      {Bug::masked_times_value, {"masked_keys_never_read"}},
+      {Bug::swiglu_backward_short, {"agree_swiglu", "swiglu_gradient_complex_step"}},
+      {Bug::block_out_bias_dropped,
+       {"agree_attention_block", "attention_block_equals_composition"}},
+      {Bug::thread_dependent_sum, {"deterministic_across_calls_and_threads"}},
+      {Bug::coarse_exp, {"accuracy_within_2x_single_precision"}},
+  };
+  return table;
+}
+
+/// Cases a property may take to reject a fixture.
+constexpr int kFixtureCases = 300;
+
+std::uint64_t seed_of(Bug bug, const std::string& prop) {
+  return std::hash<std::string>{}(std::string(tandem::props::broken::to_string(bug)) + "/" + prop) &
+         0xffffffffu;
+}
+
+class FixtureTest : public testing::TestWithParam<Expectation> {};
+
+TEST_P(FixtureTest, RejectedByItsProperties) {
+  const Expectation& e = GetParam();
+  const tandem::props::Subject s = tandem::props::fixture_subject(e.bug);
+  for (const std::string& name : e.caught_by) {
+    const tandem::props::Property& p = tandem::props::property(name);
+    const std::string failure =
+        tandem::props::run_property(p, s, kFixtureCases, true, seed_of(e.bug, name));
+    EXPECT_FALSE(failure.empty()) << name << " did not reject " << s.name << " in " << kFixtureCases
+                                  << " cases";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Broken, FixtureTest, testing::ValuesIn(expectations()),
+                         [](const testing::TestParamInfo<Expectation>& info) {
+                           return std::string(tandem::props::broken::to_string(info.param.bug));
+                         });
+
+TEST(Fixtures, EveryBugHasAnExpectation) {
+  std::set<Bug> listed;
+  for (const Expectation& e : expectations()) listed.insert(e.bug);
+  for (Bug b : tandem::props::broken::all_bugs()) {
+    EXPECT_TRUE(listed.count(b)) << tandem::props::broken::to_string(b)
+                                 << " is caught by no listed property";
+  }
+}
+
+TEST(Fixtures, EveryPropertyRejectsSomeFixture) {
+  std::set<std::string> catching;
+  for (const Expectation& e : expectations())
+    catching.insert(e.caught_by.begin(), e.caught_by.end());
+  for (const tandem::props::Property& p : tandem::props::properties()) {
+    EXPECT_TRUE(catching.count(p.name))
+        << p.name << " rejects no fixture: it is not shown to be able to fail";
+  }
+}
+
+TEST(Fixtures, BugFreeFixturePassesEveryProperty) {
+  const tandem::props::Subject s = tandem::props::fixture_subject(Bug::none);
+  for (const tandem::props::Property& p : tandem::props::properties()) {
+    const std::string failure =
+        tandem::props::run_property(p, s, 20, true, seed_of(Bug::none, p.name));
+    EXPECT_TRUE(failure.empty()) << p.name << " rejects the bug-free fixture:\n" << failure;
+  }
+}
+
+/// The full matrix, for the documentation: TANDEM_PROPS_MATRIX=1.
+TEST(Fixtures, Matrix) {
+  if (std::getenv("TANDEM_PROPS_MATRIX") == nullptr) GTEST_SKIP() << "set TANDEM_PROPS_MATRIX=1";
+  for (Bug b : tandem::props::broken::all_bugs()) {
+    const tandem::props::Subject s = tandem::props::fixture_subject(b);
+    std::cout << s.name << ":";
+    for (const tandem::props::Property& p : tandem::props::properties()) {
+      if (!tandem::props::run_property(p, s, 200, true, seed_of(b, p.name)).empty())
+        std::cout << " " << p.name;
+    }
+    std::cout << std::endl;
+  }
+}
+
+}  // namespace

@@ -11,15 +11,31 @@
 //     y    = a · W_outᵀ + b_out                       project()
 //
 // Order of operations of the projections: the reference sums each dot
-// product in double; project() sums in float, per output element one vector
-// of partial sums over k (lane l holds k ≡ l mod lanes), then a horizontal sum,
-// then the bias. Each element is computed by exactly one thread in this fixed
-// order, so the result is the same for any thread count.
+// product in double and rounds once; project() keeps each output element in
+// one lane of one float accumulator and runs a sequential chain of fused
+// multiply-adds over k = 0..K−1 (no K blocking, no horizontal sums), then adds
+// the bias. Each element is computed by exactly one thread in this fixed
+// order, so the result is bitwise the same for any thread count.
 //
-// Why our own Highway GEMM rather than OpenBLAS: see kProjectionChoice below.
+// Why our own Highway GEMM and not OpenBLAS (Debian's 0.3.21, pthread build):
+// at the block's size, x[4096, 768] · W_qkv[2304, 768]ᵀ, the two ran at the
+// same speed on one AVX-512 core (best of 6: 48–51 GFLOP/s here vs 45–49 for
+// cblas_sgemm; a first unpacked dot-product kernel reached only ~30–36 and
+// lost), so nothing is gained by the dependency, and it costs: OpenBLAS keeps
+// its own pthread pool, set only process-wide (openblas_set_num_threads, not
+// per call as Options::threads is), whose workers spin for a while after each
+// call and compete with the OpenMP attention that follows (on the shared
+// 2-core machine we measured on, too noisy to quantify); its
+// thread-count independence is observed, not documented; and it ignores
+// force_target(), so the tests could not run the block on every target. The
+// kernel here is the classic packed one: w is packed once per call into
+// panels of 2 vectors of output features, and a 6-row × 2-vector tile of
+// accumulators takes 12 fused multiply-adds per k from 2 panel loads and 6
+// broadcasts of a.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention_block.cpp"
+#include <hwy/aligned_allocator.h>
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
@@ -50,71 +66,95 @@ struct ProjectArgs {
 HWY_BEFORE_NAMESPACE();
 namespace tandem::optimized::HWY_NAMESPACE {
 
-/// Rows of a per tile, rows of w per tile, and the cache blocks: an a block
-/// of kBlockM rows stays in L1/L2 while a w block of kBlockN rows streams.
-constexpr std::int64_t kTile = 4;
-constexpr std::int64_t kBlockM = 32;
-constexpr std::int64_t kBlockN = 64;
+/// Rows of a per micro-tile, and rows of a per cache block: a block of
+/// kBlockM rows of a stays in L2 while the packed panels of w stream past it.
+constexpr std::int64_t kRows = 6;
+constexpr std::int64_t kBlockM = 48;
 
-/// The 4×4 tile c[i0..i0+4, j0..j0+4] of a · wᵀ: 16 dot products over K, each
-/// a vector of partial sums (fused multiply-adds) reduced at the end. Rows
-/// past M or N are read as row M−1 / N−1 and not stored, so every element
-/// runs the same instructions wherever it sits.
-void Tile(const detail::ProjectArgs& p, std::int64_t i0, std::int64_t j0) {
-  const hn::ScalableTag<float> d;
-  using V = hn::Vec<decltype(d)>;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
-  const std::int64_t K = p.K;
-  const auto arow = [&](std::int64_t t) { return p.a + std::min(i0 + t, p.M - 1) * K; };
-  const auto wrow = [&](std::int64_t t) { return p.w + std::min(j0 + t, p.N - 1) * K; };
-  const float *a0 = arow(0), *a1 = arow(1), *a2 = arow(2), *a3 = arow(3);
-  const float *w0 = wrow(0), *w1 = wrow(1), *w2 = wrow(2), *w3 = wrow(3);
-  V c00 = hn::Zero(d), c01 = c00, c02 = c00, c03 = c00;
-  V c10 = c00, c11 = c00, c12 = c00, c13 = c00;
-  V c20 = c00, c21 = c00, c22 = c00, c23 = c00;
-  V c30 = c00, c31 = c00, c32 = c00, c33 = c00;
-  const auto step = [&](V x0, V x1, V x2, V x3, V y0, V y1, V y2, V y3) {
-    c00 = hn::MulAdd(x0, y0, c00), c01 = hn::MulAdd(x0, y1, c01);
-    c02 = hn::MulAdd(x0, y2, c02), c03 = hn::MulAdd(x0, y3, c03);
-    c10 = hn::MulAdd(x1, y0, c10), c11 = hn::MulAdd(x1, y1, c11);
-    c12 = hn::MulAdd(x1, y2, c12), c13 = hn::MulAdd(x1, y3, c13);
-    c20 = hn::MulAdd(x2, y0, c20), c21 = hn::MulAdd(x2, y1, c21);
-    c22 = hn::MulAdd(x2, y2, c22), c23 = hn::MulAdd(x2, y3, c23);
-    c30 = hn::MulAdd(x3, y0, c30), c31 = hn::MulAdd(x3, y1, c31);
-    c32 = hn::MulAdd(x3, y2, c32), c33 = hn::MulAdd(x3, y3, c33);
-  };
-  std::int64_t k = 0;
-  for (; k + N <= K; k += N) {
-    step(hn::LoadU(d, a0 + k), hn::LoadU(d, a1 + k), hn::LoadU(d, a2 + k), hn::LoadU(d, a3 + k),
-         hn::LoadU(d, w0 + k), hn::LoadU(d, w1 + k), hn::LoadU(d, w2 + k), hn::LoadU(d, w3 + k));
+/// Packs w `[N, K]` into panels of P = 2·Lanes output features: panel q holds
+/// wp[(q·K + k)·P + c] = w[q·P + c, k], zero for q·P + c >= N, so the micro
+/// kernel reads two contiguous vectors of w per k.
+template <class D>
+void PackPanels(D d, const detail::ProjectArgs& p, float* wp) {
+  const std::int64_t P = 2 * static_cast<std::int64_t>(hn::Lanes(d));
+  const std::int64_t panels = (p.N + P - 1) / P;
+#pragma omp parallel for schedule(static) num_threads(p.threads)
+  for (std::int64_t q = 0; q < panels; ++q) {
+    float* dst = wp + q * p.K * P;
+    for (std::int64_t c = 0; c < P; ++c) {
+      const std::int64_t j = q * P + c;
+      if (j < p.N) {
+        const float* src = p.w + j * p.K;
+        for (std::int64_t k = 0; k < p.K; ++k) dst[k * P + c] = src[k];
+      } else {
+        for (std::int64_t k = 0; k < p.K; ++k) dst[k * P + c] = 0.0f;
+      }
+    }
   }
-  if (k < K) {  // the last K − k < N terms, zero-padded, through the same step
-    const auto n = static_cast<std::size_t>(K - k);
-    step(LoadN(d, a0 + k, n), LoadN(d, a1 + k, n), LoadN(d, a2 + k, n), LoadN(d, a3 + k, n),
-         LoadN(d, w0 + k, n), LoadN(d, w1 + k, n), LoadN(d, w2 + k, n), LoadN(d, w3 + k, n));
+}
+
+/// c[i0..i0+6, q·P..q·P+P) of a · wᵀ (+ bias): 6 rows × 2 vectors of
+/// accumulators; per k, two loads of the packed panel and one broadcast of
+/// a[i, k] per row feed 12 fused multiply-adds. Each c element is one lane of
+/// one accumulator: a sequential chain of multiply-adds over k = 0..K−1.
+/// Rows past M are read as row M−1 and not stored.
+template <class D>
+void MicroTile(D d, const detail::ProjectArgs& p, const float* panel, std::int64_t i0,
+               std::int64_t j0) {
+  using V = hn::Vec<D>;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(d)), P = 2 * L;
+  const auto arow = [&](std::int64_t t) { return p.a + std::min(i0 + t, p.M - 1) * p.K; };
+  const float *a0 = arow(0), *a1 = arow(1), *a2 = arow(2), *a3 = arow(3), *a4 = arow(4),
+              *a5 = arow(5);
+  V c00 = hn::Zero(d), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+  V c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  for (std::int64_t k = 0; k < p.K; ++k) {
+    const V w0 = hn::Load(d, panel + k * P), w1 = hn::Load(d, panel + k * P + L);
+    V x = hn::Set(d, a0[k]);
+    c00 = hn::MulAdd(x, w0, c00), c01 = hn::MulAdd(x, w1, c01);
+    x = hn::Set(d, a1[k]);
+    c10 = hn::MulAdd(x, w0, c10), c11 = hn::MulAdd(x, w1, c11);
+    x = hn::Set(d, a2[k]);
+    c20 = hn::MulAdd(x, w0, c20), c21 = hn::MulAdd(x, w1, c21);
+    x = hn::Set(d, a3[k]);
+    c30 = hn::MulAdd(x, w0, c30), c31 = hn::MulAdd(x, w1, c31);
+    x = hn::Set(d, a4[k]);
+    c40 = hn::MulAdd(x, w0, c40), c41 = hn::MulAdd(x, w1, c41);
+    x = hn::Set(d, a5[k]);
+    c50 = hn::MulAdd(x, w0, c50), c51 = hn::MulAdd(x, w1, c51);
   }
-  const auto put = [&](std::int64_t r, std::int64_t t, V sum) {
-    if (i0 + r >= p.M || j0 + t >= p.N) return;
-    float v = hn::GetLane(hn::SumOfLanes(d, sum));
-    if (p.bias != nullptr) v += p.bias[j0 + t];
-    p.c[(i0 + r) * p.N + j0 + t] = v;
+  // Columns j0 + [0, L) and j0 + [L, 2L), clipped at N; bias added last.
+  const std::int64_t n0 = std::clamp<std::int64_t>(p.N - j0, 0, L);
+  const std::int64_t n1 = std::clamp<std::int64_t>(p.N - j0 - L, 0, L);
+  const auto put = [&](std::int64_t r, V lo, V hi) {
+    if (i0 + r >= p.M) return;
+    float* row = p.c + (i0 + r) * p.N + j0;
+    const auto store = [&](V v, float* dst, const float* bias, std::int64_t n) {
+      if (n == 0) return;
+      if (bias != nullptr) v = hn::Add(v, n == L ? hn::LoadU(d, bias) : LoadN(d, bias, n));
+      n == L ? hn::StoreU(v, d, dst) : StoreN(v, d, dst, static_cast<std::size_t>(n));
+    };
+    const float* bias = p.bias == nullptr ? nullptr : p.bias + j0;
+    store(lo, row, bias, n0);
+    store(hi, row + L, bias == nullptr ? nullptr : bias + L, n1);
   };
-  put(0, 0, c00), put(0, 1, c01), put(0, 2, c02), put(0, 3, c03);
-  put(1, 0, c10), put(1, 1, c11), put(1, 2, c12), put(1, 3, c13);
-  put(2, 0, c20), put(2, 1, c21), put(2, 2, c22), put(2, 3, c23);
-  put(3, 0, c30), put(3, 1, c31), put(3, 2, c32), put(3, 3, c33);
+  put(0, c00, c01), put(1, c10, c11), put(2, c20, c21);
+  put(3, c30, c31), put(4, c40, c41), put(5, c50, c51);
 }
 
 void Project(const detail::ProjectArgs& p) {
+  const hn::ScalableTag<float> d;
+  const std::int64_t P = 2 * static_cast<std::int64_t>(hn::Lanes(d));
+  const std::int64_t panels = (p.N + P - 1) / P;
+  const auto packed = hwy::AllocateAligned<float>(static_cast<std::size_t>(panels * P * p.K));
+  PackPanels(d, p, packed.get());
   const std::int64_t blocks = (p.M + kBlockM - 1) / kBlockM;
 #pragma omp parallel for schedule(static) num_threads(p.threads)
   for (std::int64_t ib = 0; ib < blocks; ++ib) {
     const std::int64_t i_end = std::min(p.M, (ib + 1) * kBlockM);
-    for (std::int64_t jb = 0; jb < p.N; jb += kBlockN) {
-      const std::int64_t j_end = std::min(p.N, jb + kBlockN);
-      for (std::int64_t i = ib * kBlockM; i < i_end; i += kTile) {
-        for (std::int64_t j = jb; j < j_end; j += kTile) Tile(p, i, j);
-      }
+    for (std::int64_t q = 0; q < panels; ++q) {
+      const float* panel = packed.get() + q * p.K * P;
+      for (std::int64_t i = ib * kBlockM; i < i_end; i += kRows) MicroTile(d, p, panel, i, q * P);
     }
   }
 }

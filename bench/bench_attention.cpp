@@ -1,0 +1,396 @@
+// SPDX-License-Identifier: Apache-2.0
+// Attention benchmarks: forward, backward (all three and each alone), decode
+// and the extra memory of a call, for every backend under test.
+//
+// FLOPs of one forward call: for every (b, h) and every visible (i, j) pair,
+// 2·D for <q_i, k_j> and 2·Dv for p_ij·v_j; causal counts only the visible
+// pairs. A backward call counts as 2.5× its forward.
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+
+namespace tandem::bench {
+namespace {
+
+struct AttnShape {
+  std::int64_t B = 1, H = 8, Hkv = 8, Sq = 0, Sk = 0, D = 128, Dv = 128;
+  bool causal = false;
+
+  [[nodiscard]] AttentionPlan plan() const {
+    AttentionParams p;
+    p.batch = B;
+    p.seq_q = Sq;
+    p.seq_k = Sk;
+    p.heads = H;
+    p.kv_heads = Hkv;
+    p.head_dim = D;
+    p.v_head_dim = Dv;
+    p.layout = Layout::bshd;
+    p.mask = causal ? MaskKind::causal : MaskKind::none;
+    return AttentionPlan::make(p);
+  }
+
+  /// Number of visible (i, j) pairs of one (b, h).
+  [[nodiscard]] double visible_pairs() const {
+    if (!causal) return static_cast<double>(Sq) * static_cast<double>(Sk);
+    const std::int64_t off = Sk > Sq ? Sk - Sq : 0;
+    double pairs = 0.0;
+    for (std::int64_t i = 0; i < Sq; ++i) pairs += static_cast<double>(std::min(Sk, off + i + 1));
+    return pairs;
+  }
+
+  [[nodiscard]] double forward_flops() const {
+    return static_cast<double>(B * H) * visible_pairs() * 2.0 * static_cast<double>(D + Dv);
+  }
+
+  [[nodiscard]] std::string tag() const {
+    std::vector<std::pair<std::string, std::int64_t>> parts{{"B", B}, {"H", H}};
+    if (Hkv != H) parts.push_back({"Hkv", Hkv});
+    if (Sq == Sk) {
+      parts.push_back({"S", Sq});
+    } else {
+      parts.push_back({"Sq", Sq});
+      parts.push_back({"Sk", Sk});
+    }
+    parts.push_back({"D", D});
+    if (Dv != D) parts.push_back({"Dv", Dv});
+    return join_tag(parts) + (causal ? "_causal" : "");
+  }
+
+  void describe(Spec& s) const {
+    s.params["B"] = static_cast<double>(B);
+    s.params["H"] = static_cast<double>(H);
+    s.params["Hkv"] = static_cast<double>(Hkv);
+    s.params["Sq"] = static_cast<double>(Sq);
+    s.params["Sk"] = static_cast<double>(Sk);
+    s.params["D"] = static_cast<double>(D);
+    s.params["Dv"] = static_cast<double>(Dv);
+    s.params["causal"] = causal ? 1.0 : 0.0;
+    s.params["scores_bytes"] =
+        static_cast<double>(B * H) * static_cast<double>(Sq) * static_cast<double>(Sk) * 4.0;
+    s.params["io_bytes"] =
+        4.0 * static_cast<double>(B) * static_cast<double>(Sq * H * (D + Dv) + Sk * Hkv * (D + Dv));
+  }
+};
+
+AttnShape square(std::int64_t S, std::int64_t D, bool causal, std::int64_t B = 1,
+                 std::int64_t H = 8) {
+  AttnShape a;
+  a.B = B;
+  a.H = a.Hkv = H;
+  a.Sq = a.Sk = S;
+  a.D = a.Dv = D;
+  a.causal = causal;
+  return a;
+}
+
+/// Buffers of one attention call; gradients only for backward benchmarks.
+struct AttnFixture {
+  AttentionPlan plan;
+  std::vector<float> q, k, v, out, dout, dq, dk, dv;
+  double extra_bytes = -1.0;  ///< measured on the first call
+
+  AttnFixture(const AttnShape& s, bool backward) : plan(s.plan()) {
+    q = random_buffer(static_cast<std::size_t>(plan.q.extent), 1);
+    k = random_buffer(static_cast<std::size_t>(plan.k.extent), 2);
+    v = random_buffer(static_cast<std::size_t>(plan.v.extent), 3);
+    out = zero_buffer(static_cast<std::size_t>(plan.o.extent));
+    if (backward) {
+      dout = random_buffer(static_cast<std::size_t>(plan.o.extent), 4);
+      dq = zero_buffer(static_cast<std::size_t>(plan.dq.extent));
+      dk = zero_buffer(static_cast<std::size_t>(plan.dk.extent));
+      dv = zero_buffer(static_cast<std::size_t>(plan.dv.extent));
+    }
+  }
+  [[nodiscard]] AttentionInputs<float> inputs() const { return {q, k, v, {}}; }
+};
+
+enum class Pass { forward, backward, backward_dq, backward_dk, backward_dv };
+
+const char* op_name(Pass p) {
+  switch (p) {
+    case Pass::forward:
+      return "attention_forward";
+    case Pass::backward:
+      return "attention_backward";
+    case Pass::backward_dq:
+      return "attention_backward_dq";
+    case Pass::backward_dk:
+      return "attention_backward_dk";
+    case Pass::backward_dv:
+      return "attention_backward_dv";
+  }
+  return "?";
+}
+
+/// FLOPs counted for one call, in units of one S×S×D matmul (2·pairs·D):
+/// forward = QKᵀ + PV = 2 units; backward = QKᵀ, dO·Vᵀ, dS·K, dSᵀ·Q, Pᵀ·dO =
+/// 5 units = 2.5× forward. One gradient alone: dQ and dK need QKᵀ, dO·Vᵀ and
+/// their own product (3 units = 1.5× forward); dV needs QKᵀ and Pᵀ·dO
+/// (2 units = 1× forward).
+double pass_flops(Pass p, const AttnShape& s) {
+  const double f = s.forward_flops();
+  switch (p) {
+    case Pass::forward:
+      return f;
+    case Pass::backward:
+      return 2.5 * f;
+    case Pass::backward_dq:
+    case Pass::backward_dk:
+      return 1.5 * f;
+    case Pass::backward_dv:
+      return f;
+  }
+  return f;
+}
+
+void run_attention(benchmark::State& st, const Backend& be, const AttnShape& shape, Pass pass,
+                   int threads, const std::string& key) {
+  bool created = false;
+  AttnFixture* fx = nullptr;
+  try {
+    fx = &cached_fixture<AttnFixture>(
+        key, [&] { return std::make_unique<AttnFixture>(shape, pass != Pass::forward); }, &created);
+  } catch (const std::exception& e) {
+    st.SkipWithError(e.what());
+    return;
+  }
+  AttnFixture& f = *fx;
+  const AttentionInputs<float> in = f.inputs();
+  std::function<void()> call;
+  switch (pass) {
+    case Pass::forward:
+      call = [&] { be.attention_forward(f.plan, in, f.out); };
+      break;
+    case Pass::backward:
+      call = [&] { be.attention_backward(f.plan, in, f.dout, {f.dq, f.dk, f.dv}); };
+      break;
+    case Pass::backward_dq:
+      call = [&] { be.attention_backward_dq(f.plan, in, f.dout, f.dq); };
+      break;
+    case Pass::backward_dk:
+      call = [&] { be.attention_backward_dk(f.plan, in, f.dout, f.dk); };
+      break;
+    case Pass::backward_dv:
+      call = [&] { be.attention_backward_dv(f.plan, in, f.dout, f.dv); };
+      break;
+  }
+  try {
+    // The first call of a fixture warms up (thread pool, dispatch) and
+    // measures the memory the call needs beyond its inputs and outputs.
+    if (created) f.extra_bytes = extra_memory_bytes(call);
+  } catch (const std::exception& e) {
+    st.SkipWithError(e.what());
+    return;
+  }
+  for (auto _ : st) {
+    call();
+    benchmark::ClobberMemory();
+  }
+  set_flop_counters(st, pass_flops(pass, shape), threads);
+  st.counters["extra_MiB"] = f.extra_bytes < 0 ? -1.0 : f.extra_bytes / (1024.0 * 1024.0);
+}
+
+void add_attention(Pass pass, const BackendUnderTest& bu, const AttnShape& shape,
+                   const std::vector<std::string>& tags, bool suffix_threads,
+                   double min_time = 0.0) {
+  Spec s;
+  s.op = op_name(pass);
+  s.backend = bu.name;
+  s.shape = shape.tag();
+  s.threads = bu.threads;
+  s.name = s.op + "/" + s.backend + "/" + s.shape;
+  if (suffix_threads) s.name += "/threads:" + std::to_string(bu.threads);
+  s.tags = tags;
+  shape.describe(s);
+  s.params["flop"] = pass_flops(pass, shape);
+  const std::string key = s.name;
+  const int threads = bu.threads;
+  auto be = std::make_shared<Backend>(bu.make());
+  add(
+      s,
+      [be, shape, pass, threads, key](benchmark::State& st) {
+        run_attention(st, *be, shape, pass, threads, key);
+      },
+      min_time);
+}
+
+// ---- decode ------------------------------------------------------------------------
+
+/// Several independent KV caches, together far larger than the last-level
+/// cache, visited in turn so each call reads K and V from memory, as a model
+/// whose layers each have their own cache does.
+struct DecodeFixture {
+  AttentionPlan plan;
+  std::vector<std::vector<float>> k, v;
+  std::vector<float> q, out;
+  std::size_t next = 0;
+
+  DecodeFixture(const AttnShape& s, std::size_t caches) : plan(s.plan()) {
+    q = random_buffer(static_cast<std::size_t>(plan.q.extent), 11);
+    out = zero_buffer(static_cast<std::size_t>(plan.o.extent));
+    for (std::size_t c = 0; c < caches; ++c) {
+      k.push_back(random_buffer(static_cast<std::size_t>(plan.k.extent), 100 + 2 * c));
+      v.push_back(random_buffer(static_cast<std::size_t>(plan.v.extent), 101 + 2 * c));
+    }
+  }
+};
+
+void add_decode(const BackendUnderTest& bu, const AttnShape& shape, std::size_t caches,
+                const std::vector<std::string>& tags) {
+  Spec s;
+  s.op = "decode";
+  s.backend = bu.name;
+  s.shape = shape.tag();
+  s.threads = bu.threads;
+  s.name = s.op + "/" + s.backend + "/" + s.shape;
+  s.tags = tags;
+  shape.describe(s);
+  const double kv_bytes = 4.0 * static_cast<double>(shape.B * shape.Sk * shape.Hkv) *
+                          static_cast<double>(shape.D + shape.Dv);
+  s.params["bytes"] = kv_bytes;
+  s.params["caches"] = static_cast<double>(caches);
+  s.params["flop"] = shape.forward_flops();
+  const std::string key = s.name;
+  const int threads = bu.threads;
+  auto be = std::make_shared<Backend>(bu.make());
+  add(s, [be, shape, caches, kv_bytes, threads, key](benchmark::State& st) {
+    DecodeFixture* fx = nullptr;
+    try {
+      fx = &cached_fixture<DecodeFixture>(
+          key, [&] { return std::make_unique<DecodeFixture>(shape, caches); });
+      DecodeFixture& f = *fx;
+      for (std::size_t c = 0; c < caches; ++c) {  // warm-up: every cache once
+        be->attention_forward(f.plan, {f.q, f.k[c], f.v[c], {}}, f.out);
+      }
+    } catch (const std::exception& e) {
+      st.SkipWithError(e.what());
+      return;
+    }
+    DecodeFixture& f = *fx;
+    for (auto _ : st) {
+      const std::size_t c = f.next;
+      f.next = (f.next + 1) % caches;
+      be->attention_forward(f.plan, {f.q, f.k[c], f.v[c], {}}, f.out);
+      benchmark::ClobberMemory();
+    }
+    set_byte_counters(st, kv_bytes, threads);
+    st.counters["GFLOP/s"] = benchmark::Counter(shape.forward_flops() / 1e9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+  });
+}
+
+}  // namespace
+
+void register_attention() {
+  const Config& c = config();
+  const bool quick = c.preset == Preset::quick;
+  const bool full = c.preset == Preset::full;
+  const std::vector<std::int64_t> dims =
+      !c.dims.empty() ? c.dims : std::vector<std::int64_t>{64, 128};
+  std::vector<std::int64_t> fwd_seqs, bwd_seqs;
+  if (!c.seqs.empty()) {
+    fwd_seqs = bwd_seqs = c.seqs;
+  } else if (quick) {
+    fwd_seqs = {512, 2048};
+    bwd_seqs = {512, 2048};
+  } else {
+    fwd_seqs = {512, 1024, 2048, 4096, 8192};
+    bwd_seqs = {512, 1024, 2048, 4096};
+    if (full) {
+      fwd_seqs.push_back(16384);
+      bwd_seqs.push_back(8192);
+    }
+  }
+  // Shapes the peers are measured on too (the report compares there).
+  const std::set<std::int64_t> peer_seqs =
+      quick ? std::set<std::int64_t>{512, 2048} : std::set<std::int64_t>{1024, 2048, 4096};
+  const std::int64_t ref_seq = quick ? 128 : 256;
+  const std::int64_t scaling_seq = 2048;
+  const auto main_backends = backends_at(c.threads, false);
+
+  for (Pass pass : {Pass::forward, Pass::backward}) {
+    if (!op_selected(op_name(pass))) continue;
+    const auto& seqs = pass == Pass::forward ? fwd_seqs : bwd_seqs;
+    for (std::int64_t D : dims) {
+      for (bool causal : {false, true}) {
+        // reference (and the optimized backend beside it) at a small size
+        for (const auto& bu : backends_at(c.threads, true)) {
+          add_attention(pass, bu, square(ref_seq, D, causal), {"small"}, false);
+        }
+        for (std::int64_t S : seqs) {
+          if (S == ref_seq) continue;
+          std::vector<std::string> tags{"main"};
+          if (peer_seqs.count(S) && (pass == Pass::forward || D == 128)) tags.push_back("peer");
+          for (const auto& bu : main_backends)
+            add_attention(pass, bu, square(S, D, causal), tags, false);
+        }
+        // thread scaling at S = 2048, D = 128
+        if (D == 128) {
+          for (int t : c.scaling_threads) {
+            if (t == c.threads) continue;
+            for (const auto& bu : backends_at(t, false)) {
+              add_attention(pass, bu, square(scaling_seq, D, causal), {"scaling", "peer"}, true);
+            }
+          }
+        }
+      }
+    }
+  }
+  // Each gradient alone.
+  for (Pass pass : {Pass::backward_dq, Pass::backward_dk, Pass::backward_dv}) {
+    if (!op_selected(op_name(pass)) || quick) continue;
+    for (const auto& bu : main_backends)
+      add_attention(pass, bu, square(2048, 128, false), {"main"}, false);
+  }
+  // Extra memory against sequence length (the largest only once: seconds a call).
+  if (op_selected("attention_memory")) {
+    const std::vector<std::int64_t> mem_seqs =
+        quick ? std::vector<std::int64_t>{4096} : std::vector<std::int64_t>{16384};
+    for (std::int64_t S : mem_seqs) {
+      for (Pass pass : {Pass::forward, Pass::backward}) {
+        if (!op_selected(op_name(pass))) continue;
+        if (std::find(pass == Pass::forward ? fwd_seqs.begin() : bwd_seqs.begin(),
+                      pass == Pass::forward ? fwd_seqs.end() : bwd_seqs.end(),
+                      S) != (pass == Pass::forward ? fwd_seqs.end() : bwd_seqs.end())) {
+          continue;  // already measured by the main set
+        }
+        for (const auto& bu : main_backends) {
+          add_attention(pass, bu, square(S, 128, false), {"memory"}, false, 1e-9);
+        }
+      }
+    }
+  }
+  // Attention as it runs inside the BERT block (to separate the block's
+  // projections from its attention).
+  if (op_selected("attention_block") && op_selected("attention_forward")) {
+    for (const auto& bu : main_backends) {
+      add_attention(Pass::forward, bu, square(512, 64, false, quick ? 2 : 8, 12), {"block_part"},
+                    false);
+    }
+  }
+  // Decode: one query against a 4096-token GQA cache.
+  if (op_selected("decode")) {
+    AttnShape d;
+    d.B = 1;
+    d.H = 32;
+    d.Hkv = 8;
+    d.Sq = 1;
+    d.Sk = 4096;
+    d.D = d.Dv = 128;
+    const double cache_bytes = 4.0 * static_cast<double>(d.Sk * d.Hkv * (d.D + d.Dv));
+    // Enough caches for 512 MiB of K and V in all (16× a 32 MiB L3).
+    const auto caches =
+        static_cast<std::size_t>(std::max(2.0, (quick ? 256.0 : 512.0) * 1048576.0 / cache_bytes));
+    for (const auto& bu : backends_at(c.threads, true)) {
+      add_decode(bu, d, bu.name == "reference" ? 2 : caches, {"main", "peer"});
+    }
+  }
+}
+
+}  // namespace tandem::bench

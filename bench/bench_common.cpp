@@ -1,0 +1,239 @@
+// SPDX-License-Identifier: Apache-2.0
+// Shared machinery of tandem_bench: configuration, backends, the plan,
+// buffers, roofline counters and the peak-RSS probe.
+#include "bench_common.hpp"
+
+#include <malloc.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "tandem/reference/backend.hpp"
+#ifdef TANDEM_HAVE_OPTIMIZED
+#include "tandem/optimized/backend.hpp"
+#endif
+
+namespace tandem::bench {
+
+Config& config() {
+  static Config c;
+  return c;
+}
+
+bool op_selected(const std::string& op) {
+  const auto& ops = config().ops;
+  return ops.empty() || std::find(ops.begin(), ops.end(), op) != ops.end();
+}
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  const unsigned n = std::thread::hardware_concurrency();
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+namespace {
+bool backend_selected(const std::string& name) {
+  const auto& b = config().backends;
+  return b.empty() || std::find(b.begin(), b.end(), name) != b.end();
+}
+}  // namespace
+
+std::vector<BackendUnderTest> backends_at(int threads, bool include_reference) {
+  std::vector<BackendUnderTest> out;
+  if (include_reference && backend_selected("reference")) {
+    out.push_back({"reference", 1, [] { return tandem::reference::backend(); }});
+  }
+#ifdef TANDEM_HAVE_OPTIMIZED
+  if (backend_selected("optimized")) {
+    out.push_back({"optimized", threads, [threads] {
+                     return tandem::optimized::backend(tandem::optimized::Options{threads});
+                   }});
+  }
+#else
+  (void)threads;
+#endif
+  return out;
+}
+
+std::vector<Spec>& plan() {
+  static std::vector<Spec> p;
+  return p;
+}
+
+double default_min_time() {
+  if (config().min_time > 0) return config().min_time;
+  switch (config().preset) {
+    case Preset::quick:
+      return 0.05;
+    case Preset::standard:
+      return 0.3;
+    case Preset::full:
+      return 0.5;
+  }
+  return 0.3;
+}
+
+void add(Spec spec, std::function<void(benchmark::State&)> fn, double min_time) {
+  const std::string name = spec.name;
+  auto* b = benchmark::RegisterBenchmark(name.c_str(), [fn](benchmark::State& st) { fn(st); });
+  b->UseRealTime();
+  b->Unit(benchmark::kMillisecond);
+  b->MinTime(min_time > 0 ? min_time : default_min_time());
+  plan().push_back(std::move(spec));
+}
+
+// ---- buffers ----------------------------------------------------------------------
+
+std::vector<float> random_buffer(std::size_t n, std::uint64_t seed, float lo, float hi) {
+  std::vector<float> v(n);
+  constexpr std::size_t kBlock = 1 << 16;
+  const std::int64_t blocks = static_cast<std::int64_t>((n + kBlock - 1) / kBlock);
+  const float span = hi - lo;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t blk = 0; blk < blocks; ++blk) {
+    // splitmix64 per block: the values do not depend on the thread count.
+    std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(blk) + 1;
+    const std::size_t begin = static_cast<std::size_t>(blk) * kBlock;
+    const std::size_t end = std::min(n, begin + kBlock);
+    for (std::size_t i = begin; i < end; ++i) {
+      state += 0x9E3779B97F4A7C15ull;
+      std::uint64_t z = state;
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      z ^= z >> 31;
+      v[i] = lo + span * static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+    }
+  }
+  return v;
+}
+
+std::vector<float> zero_buffer(std::size_t n) {
+  std::vector<float> v(n, 0.0f);  // value-initialised: every page written
+  return v;
+}
+
+namespace detail {
+AnyFixture& current_fixture() {
+  static AnyFixture f;
+  return f;
+}
+}  // namespace detail
+
+// ---- roofline ---------------------------------------------------------------------
+
+namespace {
+std::mutex& roofline_mutex() {
+  static std::mutex m;
+  return m;
+}
+constexpr std::size_t kCopyBytes = std::size_t(256) << 20;  // per array: far beyond any cache
+}  // namespace
+
+double peak_gflops(int threads) {
+  std::lock_guard<std::mutex> lock(roofline_mutex());
+  auto& m = config().peak_gflops;
+  auto it = m.find(threads);
+  if (it != m.end()) return it->second;
+  const double g = measure_fma_gflops(threads, 0.3);
+  m[threads] = g;
+  return g;
+}
+
+double copy_gbs(int threads) {
+  std::lock_guard<std::mutex> lock(roofline_mutex());
+  auto& m = config().copy_gbs;
+  auto it = m.find(threads);
+  if (it != m.end()) return it->second;
+  const double g = measure_copy_gbs(threads, kCopyBytes, 4);
+  m[threads] = g;
+  return g;
+}
+
+void set_flop_counters(benchmark::State& state, double flops, int threads) {
+  using benchmark::Counter;
+  state.counters["GFLOP/s"] = Counter(flops / 1e9, Counter::kIsIterationInvariantRate);
+  state.counters["frac_peak"] =
+      Counter(flops / 1e9 / peak_gflops(threads), Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = threads;
+  state.counters["flop"] = flops;
+}
+
+void set_byte_counters(benchmark::State& state, double bytes, int threads) {
+  using benchmark::Counter;
+  state.counters["GB/s"] = Counter(bytes / 1e9, Counter::kIsIterationInvariantRate);
+  state.counters["frac_copy"] =
+      Counter(bytes / 1e9 / copy_gbs(threads), Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = threads;
+  state.counters["bytes"] = bytes;
+}
+
+// ---- memory ------------------------------------------------------------------------
+
+namespace {
+/// VmRSS and VmHWM of this process in bytes; false when unreadable.
+bool read_rss(double* rss, double* hwm) {
+  std::ifstream f("/proc/self/status");
+  if (!f) return false;
+  std::string line;
+  bool got_rss = false, got_hwm = false;
+  while (std::getline(f, line)) {
+    long long kb = 0;
+    if (std::sscanf(line.c_str(), "VmRSS: %lld kB", &kb) == 1) {
+      *rss = static_cast<double>(kb) * 1024.0;
+      got_rss = true;
+    } else if (std::sscanf(line.c_str(), "VmHWM: %lld kB", &kb) == 1) {
+      *hwm = static_cast<double>(kb) * 1024.0;
+      got_hwm = true;
+    }
+  }
+  return got_rss && got_hwm;
+}
+
+/// Resets VmHWM to the current RSS (Linux >= 4.0); false when not allowed.
+bool reset_peak_rss() {
+  std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (!f) return false;
+  const bool ok = std::fputs("5", f) >= 0;
+  return std::fclose(f) == 0 && ok;
+}
+}  // namespace
+
+double extra_memory_bytes(const std::function<void()>& fn) {
+  malloc_trim(0);  // give freed heap back so reuse of old pages does not hide new needs
+  if (!reset_peak_rss()) {
+    fn();
+    return -1.0;
+  }
+  double rss0 = 0, hwm0 = 0;
+  if (!read_rss(&rss0, &hwm0)) {
+    fn();
+    return -1.0;
+  }
+  fn();
+  double rss1 = 0, hwm1 = 0;
+  if (!read_rss(&rss1, &hwm1)) return -1.0;
+  return std::max(0.0, hwm1 - rss0);
+}
+
+std::string join_tag(const std::vector<std::pair<std::string, std::int64_t>>& parts) {
+  std::string s;
+  for (const auto& [k, v] : parts) {
+    if (!s.empty()) s += "_";
+    s += k + std::to_string(v);
+  }
+  return s;
+}
+
+}  // namespace tandem::bench

@@ -1,0 +1,175 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file bench_common.hpp
+/// @brief What every tandem benchmark shares: the run configuration, the
+///        backends under test, the registry of planned benchmarks, reusable
+///        buffers, the roofline the figures are divided by, and the peak-RSS
+///        probe for the extra memory a call needs.
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tandem/backend.hpp"
+
+namespace tandem::bench {
+
+/// How large and how many benchmarks to plan.
+enum class Preset {
+  quick,     ///< a few small shapes: checks the whole pipeline in about a minute
+  standard,  ///< the report's default set (fits a 15-minute budget on 2 cores)
+  full,      ///< standard plus longer sequences
+};
+
+/// The run configuration, from command-line flags and TANDEM_THREADS.
+struct Config {
+  Preset preset = Preset::standard;
+  int threads = 0;                    ///< main thread count of the optimized backend
+  std::vector<int> scaling_threads;   ///< thread counts of the scaling benchmarks
+  std::vector<std::string> ops;       ///< empty = every op
+  std::vector<std::string> backends;  ///< empty = every backend built in
+  std::vector<std::int64_t> seqs;     ///< attention sequence lengths; empty = preset's
+  std::vector<std::int64_t> dims;     ///< attention head widths; empty = preset's
+  double min_time = 0.0;              ///< per-benchmark minimum time (s); 0 = preset's
+  bool print_plan = false;            ///< print the plan as JSON and exit
+  /// Roofline given on the command line (threads → GFLOP/s, GB/s); measured
+  /// on first use for thread counts that are missing.
+  std::map<int, double> peak_gflops, copy_gbs;
+};
+
+/// The configuration of this run (set once by main before registration).
+Config& config();
+
+/// True when op `op` is selected by --ops (or no --ops was given).
+bool op_selected(const std::string& op);
+
+/// Number of cores this process may use (sched_getaffinity).
+int available_cores();
+
+/// One backend under test at one thread count.
+struct BackendUnderTest {
+  std::string name;  ///< "reference" or "optimized"
+  int threads = 1;   ///< threads it uses (the reference is single-threaded)
+  std::function<Backend()> make;
+};
+
+/// The backends selected by --backends, built into this binary, at thread
+/// count `threads` (the reference always at 1).
+std::vector<BackendUnderTest> backends_at(int threads, bool include_reference);
+
+/// What the report needs to know about one planned benchmark beyond its name.
+struct Spec {
+  std::string name;     ///< `<op>/<backend>/<shape>[/threads:N]`
+  std::string op;       ///< attention_forward, attention_backward, ..., roofline_fma
+  std::string backend;  ///< reference, optimized, or probe
+  std::string shape;    ///< shape tag, e.g. B1_H8_S2048_D128_causal
+  int threads = 1;
+  std::map<std::string, double> params;  ///< B, H, Hkv, Sq, Sk, D, Dv, causal, bytes, flops...
+  std::vector<std::string> tags;         ///< main, scaling, memory, small, peer
+};
+
+/// Every benchmark registered so far, in registration order.
+std::vector<Spec>& plan();
+
+/// Registers `fn` under spec.name with real-time measurement and the preset's
+/// minimum time (or `min_time` when positive) and records the spec.
+void add(Spec spec, std::function<void(benchmark::State&)> fn, double min_time = 0.0);
+
+/// Minimum measuring time of one benchmark in this preset (seconds).
+double default_min_time();
+
+// ---- buffers ---------------------------------------------------------------
+
+/// A float buffer filled once with uniform values in [lo, hi), deterministic
+/// in `seed`, and touched so its pages are resident before any timing.
+std::vector<float> random_buffer(std::size_t n, std::uint64_t seed, float lo = -1.f,
+                                 float hi = 1.f);
+
+/// A zeroed float buffer whose pages are resident.
+std::vector<float> zero_buffer(std::size_t n);
+
+/// Keeps the inputs of one benchmark alive across the repeated calls that
+/// Google Benchmark makes while it picks an iteration count, so buffers are
+/// allocated and first touched once. Holds one fixture at a time: asking for
+/// another key frees the previous one.
+template <class Fixture>
+Fixture& cached_fixture(const std::string& key,
+                        const std::function<std::unique_ptr<Fixture>()>& make,
+                        bool* created = nullptr);
+
+namespace detail {
+struct AnyFixture {
+  std::string key;
+  std::shared_ptr<void> value;
+};
+AnyFixture& current_fixture();
+}  // namespace detail
+
+template <class Fixture>
+Fixture& cached_fixture(const std::string& key,
+                        const std::function<std::unique_ptr<Fixture>()>& make, bool* created) {
+  detail::AnyFixture& slot = detail::current_fixture();
+  if (slot.key != key || !slot.value) {
+    slot.value.reset();  // free the previous fixture before allocating the next
+    slot.key.clear();
+    std::shared_ptr<Fixture> f = make();
+    slot.value = f;
+    slot.key = key;
+    if (created) *created = true;
+  } else if (created) {
+    *created = false;
+  }
+  return *static_cast<Fixture*>(slot.value.get());
+}
+
+// ---- roofline ----------------------------------------------------------------
+
+/// fp32 FMA peak with `threads` threads (GFLOP/s): the --roofline value, else
+/// measured now and remembered.
+double peak_gflops(int threads);
+/// Copy bandwidth with `threads` threads (GB/s, bytes read + written): the
+/// --roofline value, else measured now and remembered.
+double copy_gbs(int threads);
+
+/// Runs `seconds` of independent FMA chains on `threads` threads with the
+/// Highway target dynamic dispatch picks; returns GFLOP/s.
+double measure_fma_gflops(int threads, double seconds);
+/// Copies `bytes` between two resident arrays `passes` times on `threads`
+/// threads; returns GB/s counting bytes read + bytes written.
+double measure_copy_gbs(int threads, std::size_t bytes, int passes);
+/// Sums `bytes` of a resident array `passes` times; returns GB/s read.
+double measure_read_gbs(int threads, std::size_t bytes, int passes);
+/// The Highway target the roofline probe runs (HWY_DYNAMIC_DISPATCH's choice).
+std::string roofline_target();
+
+/// Sets GFLOP/s and frac_peak (or GB/s and frac_copy) rate counters for a
+/// benchmark doing `flops` floating-point operations (or moving `bytes`)
+/// per iteration on `threads` threads.
+void set_flop_counters(benchmark::State& state, double flops, int threads);
+void set_byte_counters(benchmark::State& state, double bytes, int threads);
+
+// ---- memory ---------------------------------------------------------------------
+
+/// Measures the extra resident memory that one call of `fn` needs beyond what
+/// is already resident (inputs and outputs): resets the peak RSS, calls `fn`
+/// once and returns (peak RSS − RSS before) in bytes, or −1 where the kernel
+/// does not allow resetting the peak.
+double extra_memory_bytes(const std::function<void()>& fn);
+
+/// "B1_H8_S2048_D128" style tags.
+std::string join_tag(const std::vector<std::pair<std::string, std::int64_t>>& parts);
+
+// ---- registration of the benchmark families ------------------------------------------
+
+void register_roofline();
+void register_attention();
+void register_streaming();
+void register_block();
+
+}  // namespace tandem::bench

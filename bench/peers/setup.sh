@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Creates .venv-peers/ (ignored by git) with the peer libraries that the
+# performance report compares tandem against, all from PyPI. Each package is
+# installed on its own so that one that has no wheel for this machine does not
+# stop the others; the report names whatever is missing.
+#
+#   usage: bench/peers/setup.sh [VENV_DIR]        (default: .venv-peers)
+#   env:   PEERS="torch openvino onnxruntime onnx jax"  to choose the set
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+venv="${1:-.venv-peers}"
+peers="${PEERS:-torch openvino onnxruntime onnx jax}"
+python="${PYTHON:-/usr/bin/python3}"
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "peers: creating $venv with $python -m venv"
+  if ! "$python" -m venv "$venv"; then
+    echo "peers: '$python -m venv' failed; install Debian's python3-venv (apt-get install python3-venv)" >&2
+    exit 1
+  fi
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+"${pip[@]}" install -q --upgrade pip || true
+"${pip[@]}" install -q numpy || { echo "peers: numpy failed to install" >&2; exit 1; }
+
+failed=()
+for p in $peers; do
+  echo "peers: pip install $p (torch's Linux wheel brings CUDA libraries: several GiB)"
+  if "${pip[@]}" install -q "$p"; then
+    echo "peers: $p installed"
+  else
+    echo "peers: $p could not be installed; the report will name it as missing" >&2
+    failed+=("$p")
+  fi
+done
+"$venv/bin/python" bench/peers/peers.py --list || true
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "peers: not installed: ${failed[*]}" >&2
+fi
+exit 0

@@ -1,0 +1,470 @@
+// SPDX-License-Identifier: Apache-2.0
+// Per-target building blocks of the optimized attention (attention_forward.cpp,
+// attention_backward.cpp): one register-tiled matrix micro-kernel, the score
+// transform (scale, softcap, bias, masks) and the FlashAttention-2 forward
+// over one tile of query rows. Included once per Highway target (the toggle
+// guard below), after <hwy/highway.h>.
+//
+// Everything runs in "transposed space": a tile holds the query rows of one
+// (batch, kv head, query block) — the G = H/Hkv query heads of the group times
+// nq queries, row r = qi*G + gi — as the *columns* of its buffers, so one
+// vector covers N query rows:
+//
+//     Qt[d][r]   the tile's queries, packed once per tile
+//     St[jj][r]  scores of key j0 + jj against row r (then probabilities)
+//     Ot[dv][r]  unnormalized output accumulator
+//
+// K and V are never packed or transposed: the micro-kernel broadcasts their
+// elements straight from the caller's rows (any row stride, any D), and the
+// running max / sum of the online softmax are vectors over 16 rows (AVX-512),
+// so no horizontal reduction is ever needed. Only buffers owned here are
+// loaded or stored as whole vectors, so there are no tails to mask: widths
+// are rounded up to whole vectors and the padding is zero.
+
+#if defined(TANDEM_OPTIMIZED_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef TANDEM_OPTIMIZED_ATTENTION_INL_H_
+#undef TANDEM_OPTIMIZED_ATTENTION_INL_H_
+#else
+#define TANDEM_OPTIMIZED_ATTENTION_INL_H_
+#endif
+
+#include <hwy/aligned_allocator.h>
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <vector>
+
+#include "tandem/attention.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace tandem::optimized::HWY_NAMESPACE::attn {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// Register tile of the micro-kernel: kMR broadcast rows times kNR vectors of
+// accumulators (AVX-512 has 32 vector registers, the others 16).
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+inline constexpr std::size_t kMR = 4, kNR = 4;
+#else
+inline constexpr std::size_t kMR = 4, kNR = 2;
+#endif
+
+/// Query rows per tile aimed at (the G heads of a group times the queries of a
+/// block); keys per key block.
+inline constexpr std::int64_t kRowsTarget = 64;
+inline constexpr std::int64_t kKeyBlock = 64;
+
+inline std::int64_t RoundUp(std::int64_t x, std::int64_t m) {
+  return (x + m - 1) / m * m;
+}
+inline std::int64_t Lanes() {
+  return static_cast<std::int64_t>(hn::Lanes(DF()));
+}
+
+// ---------------------------------------------------------------------------
+// The micro-kernel and the matrix product built from it.
+
+/// C[i][c] (+)= Σ_k A[i·ars + k·aks] · B[k·bs + c] for i < MR, c < NR·N.
+/// A is read by scalar broadcasts (in place, any strides), B and C by whole
+/// vectors (owned, padded buffers).
+template <std::size_t MR, std::size_t NR>
+HWY_INLINE void MicroTile(const float* HWY_RESTRICT A, std::int64_t ars, std::int64_t aks,
+                          const float* HWY_RESTRICT B, std::int64_t bs, float* HWY_RESTRICT C,
+                          std::int64_t cs, std::int64_t K, bool accumulate) {
+  const DF d;
+  const std::size_t N = hn::Lanes(d);
+  VF c[MR][NR];
+#pragma GCC unroll 8
+  for (std::size_t i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (std::size_t n = 0; n < NR; ++n) {
+      c[i][n] =
+          accumulate ? hn::LoadU(d, C + static_cast<std::int64_t>(i) * cs + n * N) : hn::Zero(d);
+    }
+  }
+  const float* a[MR];
+#pragma GCC unroll 8
+  for (std::size_t i = 0; i < MR; ++i) a[i] = A + static_cast<std::int64_t>(i) * ars;
+  for (std::int64_t k = 0; k < K; ++k) {
+    const float* HWY_RESTRICT b = B + k * bs;
+    VF bv[NR];
+#pragma GCC unroll 8
+    for (std::size_t n = 0; n < NR; ++n) bv[n] = hn::LoadU(d, b + n * N);
+#pragma GCC unroll 8
+    for (std::size_t i = 0; i < MR; ++i) {
+      const VF av = hn::Set(d, a[i][k * aks]);
+#pragma GCC unroll 8
+      for (std::size_t n = 0; n < NR; ++n) c[i][n] = hn::MulAdd(av, bv[n], c[i][n]);
+    }
+  }
+#pragma GCC unroll 8
+  for (std::size_t i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (std::size_t n = 0; n < NR; ++n) {
+      hn::StoreU(c[i][n], d, C + static_cast<std::int64_t>(i) * cs + n * N);
+    }
+  }
+}
+
+template <std::size_t NR, std::size_t MR = kMR>
+HWY_INLINE void MicroTileRows(std::size_t mr, const float* A, std::int64_t ars, std::int64_t aks,
+                              const float* B, std::int64_t bs, float* C, std::int64_t cs,
+                              std::int64_t K, bool accumulate) {
+  if constexpr (MR > 0) {
+    if (mr == MR) {
+      MicroTile<MR, NR>(A, ars, aks, B, bs, C, cs, K, accumulate);
+    } else {
+      MicroTileRows<NR, MR - 1>(mr, A, ars, aks, B, bs, C, cs, K, accumulate);
+    }
+  }
+}
+
+template <std::size_t NR = kNR>
+HWY_INLINE void MicroTileCols(std::size_t nr, std::size_t mr, const float* A, std::int64_t ars,
+                              std::int64_t aks, const float* B, std::int64_t bs, float* C,
+                              std::int64_t cs, std::int64_t K, bool accumulate) {
+  if constexpr (NR > 0) {
+    if (nr == NR) {
+      MicroTileRows<NR>(mr, A, ars, aks, B, bs, C, cs, K, accumulate);
+    } else {
+      MicroTileCols<NR - 1>(nr, mr, A, ars, aks, B, bs, C, cs, K, accumulate);
+    }
+  }
+}
+
+/// C[i][c] (+)= Σ_{k<K} A[i·ars + k·aks] · B[k·bs + c] for i < M, c < NC, NC a
+/// multiple of the lane count. Each element of C is one chain of fused
+/// multiply-adds in k order, whatever M, NC and the tiling are.
+inline HWY_NOINLINE void Gemm(std::int64_t M, std::int64_t NC, std::int64_t K, const float* A,
+                       std::int64_t ars, std::int64_t aks, const float* B, std::int64_t bs,
+                       float* C, std::int64_t cs, bool accumulate) {
+  const std::int64_t N = Lanes();
+  for (std::int64_t c0 = 0; c0 < NC; c0 += static_cast<std::int64_t>(kNR) * N) {
+    const auto nr = static_cast<std::size_t>(std::min<std::int64_t>(kNR, (NC - c0) / N));
+    for (std::int64_t i0 = 0; i0 < M; i0 += static_cast<std::int64_t>(kMR)) {
+      const auto mr = static_cast<std::size_t>(std::min<std::int64_t>(kMR, M - i0));
+      MicroTileCols(nr, mr, A + i0 * ars, ars, aks, B + c0, bs, C + i0 * cs + c0, cs, K,
+                    accumulate);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Buffers
+
+/// A zero-filled float buffer; large ones ask the kernel for huge pages
+/// (fewer TLB misses on the streaming reads of the micro-kernel).
+class Buffer {
+ public:
+  Buffer() = default;
+  explicit Buffer(std::int64_t n) { resize(n); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { std::free(data_); }
+  void resize(std::int64_t n) {
+    std::free(data_);
+    data_ = nullptr;
+    const std::size_t huge = std::size_t{2} << 20;
+    const std::size_t bytes = static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * 4;
+    const bool big = bytes >= 2 * huge;
+    const std::size_t align = big ? huge : 128;
+    data_ = static_cast<float*>(std::aligned_alloc(align, (bytes + align - 1) / align * align));
+    if (data_ == nullptr) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    if (big) madvise(data_, (bytes + align - 1) / align * align, MADV_HUGEPAGE);
+#endif
+    std::memset(data_, 0, bytes);
+  }
+  float* get() const {
+    return data_;
+  }
+
+ private:
+  float* data_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------
+// One call and one tile of query rows
+
+/// Sizes of one call, derived from the plan once.
+struct Call {
+  const AttentionPlan* plan = nullptr;
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const float* mask = nullptr;
+  std::int64_t G = 1;           ///< query heads per kv head
+  std::int64_t q_offset = 0;    ///< max(Sk − Sq, 0)
+  std::int64_t block_q = 1;     ///< queries per tile
+  std::int64_t max_rows = 1;    ///< G·block_q
+  std::int64_t max_rows_p = 1;  ///< max_rows rounded up to whole vectors
+  std::int64_t n_qblocks = 1;   ///< ceil(Sq / block_q)
+  float scale = 1.0f;
+  float softcap = 0.0f;
+
+  Call(const AttentionPlan& p, const AttentionInputs<float>& in) : plan(&p) {
+    q = in.q.data();
+    k = in.k.data();
+    v = in.v.data();
+    mask = in.mask.empty() ? nullptr : in.mask.data();
+    G = p.group();
+    q_offset = p.q_offset();
+    block_q = std::max<std::int64_t>(1, kRowsTarget / G);
+    block_q = std::min(block_q, p.Sq);
+    n_qblocks = (p.Sq + block_q - 1) / block_q;
+    max_rows = G * block_q;
+    max_rows_p = RoundUp(max_rows, Lanes());
+    scale = static_cast<float>(p.scale);
+    softcap = static_cast<float>(p.softcap);
+  }
+};
+
+/// The query rows of one tile: batch b, kv head g, queries i0 .. i0+nq−1 of
+/// the G query heads h = g·G + gi; row r = qi·G + gi. rows_p = rows rounded
+/// up to whole vectors (the padding rows are zero and never stored).
+struct Tile {
+  std::int64_t b = 0, g = 0, i0 = 0, nq = 0, rows = 0, rows_p = 0;
+  std::int64_t j_begin = 0, j_end = 0;  ///< keys any row of the tile may see
+
+  Tile(const Call& c, std::int64_t b_, std::int64_t g_, std::int64_t qblock) : b(b_), g(g_) {
+    const AttentionPlan& p = *c.plan;
+    i0 = qblock * c.block_q;
+    nq = std::min(c.block_q, p.Sq - i0);
+    rows = nq * c.G;
+    rows_p = RoundUp(rows, Lanes());
+    // Blocks that causal or sliding-window masks hide for every row are
+    // skipped wholesale: a = q_offset + i is the key position of query i.
+    const std::int64_t a_first = c.q_offset + i0, a_last = c.q_offset + i0 + nq - 1;
+    j_begin = 0;
+    j_end = p.Sk;
+    if (p.mask == MaskKind::causal || p.mask == MaskKind::sliding_window) {
+      j_end = std::min(p.Sk, a_last + 1);
+    }
+    if (p.mask == MaskKind::sliding_window) j_begin = std::max<std::int64_t>(0, a_first - p.window);
+    if (j_begin > j_end) j_begin = j_end;
+  }
+  std::int64_t query(std::int64_t r, std::int64_t G) const { return i0 + r / G; }
+  std::int64_t head(std::int64_t r, std::int64_t G) const { return g * G + r % G; }
+};
+
+/// Per-thread scratch of the forward, sized for the largest tile.
+struct ForwardScratch {
+  Buffer Qt, St, Ot, m, l, alpha, lo, hi, gather;
+  std::vector<std::int64_t> bias_row;
+  explicit ForwardScratch(const Call& c) {
+    const AttentionPlan& p = *c.plan;
+    const std::int64_t R = c.max_rows_p;
+    Qt.resize(p.D * R);
+    St.resize(kKeyBlock * R);
+    Ot.resize(p.Dv * R);
+    m.resize(R);
+    l.resize(R);
+    alpha.resize(R);
+    lo.resize(R);
+    hi.resize(R);
+    gather.resize(R);
+    bias_row.assign(static_cast<std::size_t>(R), -1);
+  }
+};
+
+/// Qt[d][r] = q_r[d] for the tile's rows, zero in the padding rows.
+inline void PackQueriesTransposed(const Call& c, const Tile& t, float* Qt) {
+  const AttentionPlan& p = *c.plan;
+  for (std::int64_t r = 0; r < t.rows; ++r) {
+    const float* src = c.q + p.q.at(t.b, t.query(r, c.G), t.head(r, c.G));
+    for (std::int64_t d = 0; d < p.D; ++d) Qt[d * t.rows_p + r] = src[d];
+  }
+  for (std::int64_t d = 0; d < p.D; ++d) {
+    for (std::int64_t r = t.rows; r < t.rows_p; ++r) Qt[d * t.rows_p + r] = 0.0f;
+  }
+}
+
+/// Turns the raw dot products St[jj][r] = <q_r, k_j> of keys j = j0 + jj into
+/// scores: s = scale·<q, k>; s = c·tanh(s/c) (softcap c > 0; tanh kept in T
+/// when T is given, for the backward); s += bias; s = −inf where the mask
+/// hides key j from row r. Row r's lanes are independent.
+class ScoreTransform {
+ public:
+  ScoreTransform(const Call& c, const Tile& t, ForwardScratch& s)
+      : c_(c),
+        t_(t),
+        lo_(s.lo.get()),
+        hi_(s.hi.get()),
+        gather_(s.gather.get()),
+        bias_row_(s.bias_row.data()) {
+    const AttentionPlan& p = *c.plan;
+    if (p.mask == MaskKind::bias) {
+      for (std::int64_t r = 0; r < t.rows_p; ++r) {
+        bias_row_[r] = r < t.rows ? p.mask_row(t.b, t.head(r, c.G), t.query(r, c.G)) : -1;
+      }
+    }
+    if (p.mask == MaskKind::key_padding) keep_ = c.mask + p.mask_row(t.b, 0, 0);
+  }
+
+  /// Prepares key block [j0, j0 + nk): the per-row visible range (causal,
+  /// sliding window) relative to j0, and whether any row needs it.
+  void SetBlock(std::int64_t j0, std::int64_t nk) {
+    const AttentionPlan& p = *c_.plan;
+    j0_ = j0;
+    bounded_ = false;
+    if (p.mask != MaskKind::causal && p.mask != MaskKind::sliding_window) return;
+    for (std::int64_t r = 0; r < t_.rows_p; ++r) {
+      std::int64_t lo = -1, hi = nk;
+      if (r < t_.rows) {
+        const std::int64_t a = c_.q_offset + t_.query(r, c_.G);
+        hi = std::clamp<std::int64_t>(a - j0, -1, nk);
+        if (p.mask == MaskKind::sliding_window) {
+          lo = std::clamp<std::int64_t>(a - p.window - j0, -1, nk);
+        }
+        if (lo > 0 || hi < nk - 1) bounded_ = true;
+      }
+      lo_[r] = static_cast<float>(lo);  // small integers: exact in float
+      hi_[r] = static_cast<float>(hi);
+    }
+  }
+
+  /// Score of key j0 + jj for rows r0 .. r0+N−1 from the raw dot products.
+  HWY_INLINE VF operator()(VF raw, std::int64_t jj, std::int64_t r0, float* T) const {
+    const DF d;
+    const AttentionPlan& p = *c_.plan;
+    VF s = hn::Mul(raw, hn::Set(d, c_.scale));
+    if (c_.softcap > 0.0f) {
+      // s = c·tanh(s/c)
+      const VF t = hn::Tanh(d, hn::Div(s, hn::Set(d, c_.softcap)));
+      if (T != nullptr) hn::StoreU(t, d, T + jj * t_.rows_p + r0);
+      s = hn::Mul(hn::Set(d, c_.softcap), t);
+    }
+    if (p.mask == MaskKind::bias) {
+      const std::int64_t N = Lanes();
+      for (std::int64_t n = 0; n < N; ++n) {
+        const std::int64_t row = bias_row_[r0 + n];
+        gather_[n] = row >= 0 ? c_.mask[row + j0_ + jj] : 0.0f;
+      }
+      s = hn::Add(s, hn::LoadU(d, gather_));
+    }
+    if (bounded_) {
+      const VF j = hn::Set(d, static_cast<float>(jj));
+      const auto visible =
+          hn::And(hn::Ge(j, hn::LoadU(d, lo_ + r0)), hn::Le(j, hn::LoadU(d, hi_ + r0)));
+      s = hn::IfThenElse(visible, s, hn::Set(d, -std::numeric_limits<float>::infinity()));
+    }
+    if (keep_ != nullptr && keep_[j0_ + jj] == 0.0f) {
+      s = hn::Set(d, -std::numeric_limits<float>::infinity());
+    }
+    return s;
+  }
+
+ private:
+  const Call& c_;
+  const Tile& t_;
+  float* lo_;
+  float* hi_;
+  float* gather_;
+  std::int64_t* bias_row_;
+  const float* keep_ = nullptr;
+  std::int64_t j0_ = 0;
+  bool bounded_ = false;
+};
+
+/// The FlashAttention-2 forward of one tile whose queries are packed in
+/// s.Qt: over the key blocks the tile may see, St = K·Qt, then the online
+/// softmax (m, l per row), then Ot = diag(alpha)·Ot + V^T·P. With with_pv
+/// false only m and l are formed (the backward's dV-only path).
+/// On return s.m and s.l hold the row max and the row sum of exp(s − m) (both
+/// −inf / 0 for a row with no visible key) and s.Ot the unnormalized output.
+inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool with_pv) {
+  const DF d;
+  const std::int64_t N = Lanes();
+  const AttentionPlan& p = *c.plan;
+  const std::int64_t R = t.rows_p;
+  const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  float* HWY_RESTRICT m = s.m.get();
+  float* HWY_RESTRICT l = s.l.get();
+  float* HWY_RESTRICT alpha = s.alpha.get();
+  float* HWY_RESTRICT St = s.St.get();
+  float* HWY_RESTRICT Ot = s.Ot.get();
+  for (std::int64_t r = 0; r < R; r += N) {
+    hn::StoreU(neg_inf, d, m + r);
+    hn::StoreU(hn::Zero(d), d, l + r);
+  }
+  if (with_pv) std::fill(Ot, Ot + p.Dv * R, 0.0f);
+  ScoreTransform score(c, t, s);
+  const float* k_rows = c.k + p.k.at(t.b, 0, t.g);
+  const float* v_rows = c.v + p.v.at(t.b, 0, t.g);
+  for (std::int64_t j0 = t.j_begin; j0 < t.j_end; j0 += kKeyBlock) {
+    const std::int64_t nk = std::min(kKeyBlock, t.j_end - j0);
+    // S <- Q K^T (transposed: St[jj][r] = <k_{j0+jj}, q_r>)
+    Gemm(nk, R, p.D, k_rows + j0 * p.k.seq, p.k.seq, 1, s.Qt.get(), R, St, R, false);
+    score.SetBlock(j0, nk);
+    for (std::int64_t r0 = 0; r0 < R; r0 += N) {
+      // m_new <- max(m, rowmax(S)), masked keys at −inf
+      VF mx = neg_inf;
+      for (std::int64_t jj = 0; jj < nk; ++jj) {
+        const VF sc = score(hn::LoadU(d, St + jj * R + r0), jj, r0, nullptr);
+        hn::StoreU(sc, d, St + jj * R + r0);
+        mx = hn::Max(mx, sc);
+      }
+      const VF m_old = hn::LoadU(d, m + r0);
+      const VF m_new = hn::Max(m_old, mx);
+      // A row that has seen no visible key yet keeps m = −inf; subtract 0
+      // there so that exp(−inf − (−inf)) is never formed.
+      const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
+      // P <- exp(S − m_new); l <- exp(m − m_new)·l + rowsum(P)
+      const VF a = hn::Exp(d, hn::Sub(m_old, m_use));
+      VF sum = hn::Zero(d);
+      for (std::int64_t jj = 0; jj < nk; ++jj) {
+        const VF pr = hn::Exp(d, hn::Sub(hn::LoadU(d, St + jj * R + r0), m_use));
+        hn::StoreU(pr, d, St + jj * R + r0);
+        sum = hn::Add(sum, pr);
+      }
+      hn::StoreU(hn::MulAdd(hn::LoadU(d, l + r0), a, sum), d, l + r0);
+      hn::StoreU(m_new, d, m + r0);
+      hn::StoreU(a, d, alpha + r0);
+    }
+    if (!with_pv) continue;
+    // O <- diag(exp(m − m_new))·O + P V (transposed: Ot[dv][r])
+    for (std::int64_t dv = 0; dv < p.Dv; ++dv) {
+      for (std::int64_t r0 = 0; r0 < R; r0 += N) {
+        hn::StoreU(hn::Mul(hn::LoadU(d, Ot + dv * R + r0), hn::LoadU(d, alpha + r0)), d,
+                   Ot + dv * R + r0);
+      }
+    }
+    Gemm(p.Dv, R, nk, v_rows + j0 * p.v.seq, 1, p.v.seq, St, R, Ot, R, true);
+  }
+}
+
+/// inv[r] = 1/l[r] (0 for a row with no visible key) and, when lse is given,
+/// lse[r] = m[r] + log(l[r]) (−inf for such a row).
+inline void FinishRows(const Tile& t, const ForwardScratch& s, float* inv, float* lse) {
+  const DF d;
+  const std::int64_t N = Lanes();
+  const VF zero = hn::Zero(d);
+  for (std::int64_t r0 = 0; r0 < t.rows_p; r0 += N) {
+    const VF l = hn::LoadU(d, s.l.get() + r0);
+    const auto seen = hn::Gt(l, zero);
+    hn::StoreU(hn::IfThenElseZero(seen, hn::Div(hn::Set(d, 1.0f), l)), d, inv + r0);
+    if (lse != nullptr) {
+      const VF m = hn::LoadU(d, s.m.get() + r0);
+      // Log of the masked-out lanes is never used; feed it 1 to keep it quiet.
+      const VF lg = hn::Log(d, hn::IfThenElse(seen, l, hn::Set(d, 1.0f)));
+      hn::StoreU(
+          hn::IfThenElse(seen, hn::Add(m, lg), hn::Set(d, -std::numeric_limits<float>::infinity())),
+          d, lse + r0);
+    }
+  }
+}
+
+}  // namespace tandem::optimized::HWY_NAMESPACE::attn
+HWY_AFTER_NAMESPACE();
+
+#endif  // toggle guard

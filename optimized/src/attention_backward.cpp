@@ -1,0 +1,243 @@
+// SPDX-License-Identifier: Apache-2.0
+// The optimized attention backward: FlashAttention-2 on the CPU, Highway SIMD
+// (dynamic dispatch) and OpenMP over (batch, kv head) tasks.
+//
+// Must agree with tandem::reference::attention_backward (and its _dq, _dk,
+// _dv forms) in reference/include/tandem/reference/attention.hpp to float
+// rounding. The order of operations differs on purpose:
+//  - P is recomputed tile by tile from the log-sum-exp of the forward
+//    (p = exp(s − lse)), which this file forms itself with the same online
+//    softmax as attention_forward.cpp, instead of one softmax over all keys;
+//    memory stays O(Sk·(D + Dv)) per thread for the dK/dV accumulators plus
+//    O(tile), never [Sq, Sk];
+//  - rowsum(dO ∘ O) is taken from that recomputed O;
+//  - every product is a float fused multiply-add chain in the micro-kernel's
+//    order where the reference sums in double; exp/tanh/log are Highway's.
+// Determinism: one task owns one (batch, kv head) and everything it writes
+// (dQ rows of its G query heads, dK and dV rows of its kv head); inside it the
+// query blocks and key blocks run in a fixed order, so dK/dV (summed over all
+// query rows of the group, GQA included) and dQ (summed over key blocks) are
+// the same for any thread count and any schedule. No atomics.
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "attention_backward.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "attention-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tandem::optimized::HWY_NAMESPACE {
+namespace {
+
+namespace hn = hwy::HWY_NAMESPACE;
+using attn::DF;
+using attn::VF;
+
+/// Per-thread scratch of the backward: the forward's, the tile's dO and Q in
+/// both orientations, dP/dS, tanh, dQ, and the dK/dV accumulators of one kv
+/// head (rows of Dp / Dvp floats, the widths rounded up to whole vectors).
+struct BackwardScratch {
+  attn::ForwardScratch fwd;
+  attn::Buffer Qp, dOt, dOp, dPt, T, dQt, lse, Drow, inv, dK, dV;
+  std::int64_t Dp, Dvp;
+  BackwardScratch(const attn::Call& c, bool want_dq, bool want_dk, bool want_dv) : fwd(c) {
+    const AttentionPlan& p = *c.plan;
+    const std::int64_t R = c.max_rows_p, N = attn::Lanes();
+    Dp = attn::RoundUp(p.D, N);
+    Dvp = attn::RoundUp(p.Dv, N);
+    const bool need_ds = want_dq || want_dk;
+    if (want_dk) Qp.resize(R * Dp);
+    if (need_ds) dOt.resize(p.Dv * R);
+    if (want_dv) dOp.resize(R * Dvp);
+    if (need_ds) dPt.resize(attn::kKeyBlock * R);
+    if (need_ds && p.softcap > 0) T.resize(attn::kKeyBlock * R);
+    if (want_dq) dQt.resize(p.D * R);
+    lse.resize(R);
+    Drow.resize(R);
+    inv.resize(R);
+    if (want_dk) dK.resize(p.Sk * Dp);
+    if (want_dv) dV.resize(p.Sk * Dvp);
+  }
+};
+
+/// Dst[r][x] = src_r[x] (x < width, zero up to wp) and/or Dt[x][r] = src_r[x]
+/// for the rows of a tile; padding rows are zero.
+template <class RowPtr>
+void PackRows(const attn::Tile& t, std::int64_t width, std::int64_t wp, RowPtr row, float* Dst,
+              float* Dt) {
+  for (std::int64_t r = 0; r < t.rows_p; ++r) {
+    const float* src = r < t.rows ? row(r) : nullptr;
+    if (Dst != nullptr) {
+      float* dst = Dst + r * wp;
+      for (std::int64_t x = 0; x < wp; ++x) dst[x] = src != nullptr && x < width ? src[x] : 0.0f;
+    }
+    if (Dt != nullptr) {
+      for (std::int64_t x = 0; x < width; ++x)
+        Dt[x * t.rows_p + r] = src != nullptr ? src[x] : 0.0f;
+    }
+  }
+}
+
+/// The backward of one (batch b, kv head g): every query block of its G query
+/// heads against every key block it may see.
+void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const float* dout,
+                  const AttentionGrads<float>& grads, BackwardScratch& s) {
+  const AttentionPlan& p = *c.plan;
+  const DF d;
+  const std::int64_t N = attn::Lanes();
+  const bool want_dq = !grads.dq.empty(), want_dk = !grads.dk.empty(), want_dv = !grads.dv.empty();
+  const bool need_ds = want_dq || want_dk;
+  const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  const VF pos_inf = hn::Set(d, std::numeric_limits<float>::infinity());
+  const VF scale = hn::Set(d, c.scale);
+  const float* k_rows = c.k + p.k.at(b, 0, g);
+  const float* v_rows = c.v + p.v.at(b, 0, g);
+  if (want_dk) std::fill(s.dK.get(), s.dK.get() + p.Sk * s.Dp, 0.0f);
+  if (want_dv) std::fill(s.dV.get(), s.dV.get() + p.Sk * s.Dvp, 0.0f);
+
+  for (std::int64_t qb = 0; qb < c.n_qblocks; ++qb) {
+    const attn::Tile t(c, b, g, qb);
+    const std::int64_t R = t.rows_p;
+    const auto q_row = [&](std::int64_t r) {
+      return c.q + p.q.at(b, t.query(r, c.G), t.head(r, c.G));
+    };
+    const auto do_row = [&](std::int64_t r) {
+      return dout + p.o.at(b, t.query(r, c.G), t.head(r, c.G));
+    };
+    PackRows(t, p.D, s.Dp, q_row, want_dk ? s.Qp.get() : nullptr, s.fwd.Qt.get());
+    PackRows(t, p.Dv, s.Dvp, do_row, want_dv ? s.dOp.get() : nullptr,
+             need_ds ? s.dOt.get() : nullptr);
+
+    // lse <- the forward's log-sum-exp; O (unnormalized) only when dsum needs it
+    attn::ForwardTile(c, t, s.fwd, need_ds);
+    attn::FinishRows(t, s.fwd, s.inv.get(), s.lse.get());
+    float* HWY_RESTRICT Drow = s.Drow.get();
+    if (need_ds) {
+      // dsum <- rowsum(dO * O)
+      const float* Ot = s.fwd.Ot.get();
+      const float* dOt = s.dOt.get();
+      for (std::int64_t r0 = 0; r0 < R; r0 += N) {
+        VF acc = hn::Zero(d);
+        for (std::int64_t dv = 0; dv < p.Dv; ++dv) {
+          acc = hn::MulAdd(hn::LoadU(d, dOt + dv * R + r0), hn::LoadU(d, Ot + dv * R + r0), acc);
+        }
+        hn::StoreU(hn::Mul(acc, hn::LoadU(d, s.inv.get() + r0)), d, Drow + r0);
+      }
+    }
+    if (want_dq) std::fill(s.dQt.get(), s.dQt.get() + p.D * R, 0.0f);
+
+    attn::ScoreTransform score(c, t, s.fwd);
+    float* HWY_RESTRICT Pt = s.fwd.St.get();
+    float* HWY_RESTRICT dSt = s.dPt.get();
+    float* T = c.softcap > 0.0f && need_ds ? s.T.get() : nullptr;
+    for (std::int64_t j0 = t.j_begin; j0 < t.j_end; j0 += attn::kKeyBlock) {
+      const std::int64_t nk = std::min(attn::kKeyBlock, t.j_end - j0);
+      // S <- Q K^T (transposed: St[jj][r])
+      attn::Gemm(nk, R, p.D, k_rows + j0 * p.k.seq, p.k.seq, 1, s.fwd.Qt.get(), R, Pt, R, false);
+      score.SetBlock(j0, nk);
+      // P <- exp(S - lse); a row with no visible key (lse = −inf) gets
+      // exp(s − inf) = 0 for every key instead of exp(−inf − (−inf)).
+      for (std::int64_t r0 = 0; r0 < R; r0 += N) {
+        const VF lse = hn::LoadU(d, s.lse.get() + r0);
+        const VF lse_use = hn::IfThenElse(hn::Eq(lse, neg_inf), pos_inf, lse);
+        for (std::int64_t jj = 0; jj < nk; ++jj) {
+          const VF sc = score(hn::LoadU(d, Pt + jj * R + r0), jj, r0, T);
+          hn::StoreU(hn::Exp(d, hn::Sub(sc, lse_use)), d, Pt + jj * R + r0);
+        }
+      }
+      // dV <- dV + P^T dO
+      if (want_dv) {
+        attn::Gemm(nk, s.Dvp, t.rows, Pt, R, 1, s.dOp.get(), s.Dvp, s.dV.get() + j0 * s.Dvp, s.Dvp,
+                   true);
+      }
+      if (!need_ds) continue;
+      // dP <- dO V^T (transposed: dPt[jj][r])
+      attn::Gemm(nk, R, p.Dv, v_rows + j0 * p.v.seq, p.v.seq, 1, s.dOt.get(), R, dSt, R, false);
+      // dS <- P * (dP - dsum) * (1 - tanh^2) * scale   (the softcap factor
+      // only when softcap > 0; scale folded in here for dQ and dK)
+      for (std::int64_t r0 = 0; r0 < R; r0 += N) {
+        const VF dsum = hn::LoadU(d, Drow + r0);
+        for (std::int64_t jj = 0; jj < nk; ++jj) {
+          const std::int64_t at = jj * R + r0;
+          VF ds = hn::Mul(hn::LoadU(d, Pt + at), hn::Sub(hn::LoadU(d, dSt + at), dsum));
+          if (T != nullptr) {
+            const VF th = hn::LoadU(d, T + at);
+            ds = hn::Mul(ds, hn::NegMulAdd(th, th, hn::Set(d, 1.0f)));
+          }
+          hn::StoreU(hn::Mul(ds, scale), d, dSt + at);
+        }
+      }
+      // dK <- dK + scale * dS^T Q
+      if (want_dk) {
+        attn::Gemm(nk, s.Dp, t.rows, dSt, R, 1, s.Qp.get(), s.Dp, s.dK.get() + j0 * s.Dp, s.Dp,
+                   true);
+      }
+      // dQ <- dQ + scale * dS K (transposed: dQt[d][r])
+      if (want_dq) {
+        attn::Gemm(p.D, R, nk, k_rows + j0 * p.k.seq, 1, p.k.seq, dSt, R, s.dQt.get(), R, true);
+      }
+    }
+    if (want_dq) {
+      const float* dQt = s.dQt.get();
+      for (std::int64_t r = 0; r < t.rows; ++r) {
+        float* dst = grads.dq.data() + p.dq.at(b, t.query(r, c.G), t.head(r, c.G));
+        for (std::int64_t x = 0; x < p.D; ++x) dst[x] = dQt[x * R + r];
+      }
+    }
+  }
+  for (std::int64_t j = 0; j < p.Sk; ++j) {
+    if (want_dk) std::copy_n(s.dK.get() + j * s.Dp, p.D, grads.dk.data() + p.dk.at(b, j, g));
+    if (want_dv) std::copy_n(s.dV.get() + j * s.Dvp, p.Dv, grads.dv.data() + p.dv.at(b, j, g));
+  }
+}
+
+}  // namespace
+
+/// dq, dk, dv (those asked for) for every (b, h): one OpenMP task per
+/// (batch, kv head).
+void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<float>& in,
+                             std::span<const float> dout, const AttentionGrads<float>& grads,
+                             int threads) {
+  const attn::Call c(plan, in);
+  const std::int64_t n_tasks = plan.B * plan.Hkv;
+  const int nt =
+      static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, n_tasks)));
+#pragma omp parallel num_threads(nt)
+  {
+    BackwardScratch s(c, !grads.dq.empty(), !grads.dk.empty(), !grads.dv.empty());
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t task = 0; task < n_tasks; ++task) {
+      BackwardTask(c, task / plan.Hkv, task % plan.Hkv, dout.data(), grads, s);
+    }
+  }
+}
+
+}  // namespace tandem::optimized::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <omp.h>
+
+#include "attention.hpp"
+
+namespace tandem::optimized {
+HWY_EXPORT(AttentionBackwardTarget);
+
+namespace detail {
+
+void attention_backward(const AttentionPlan& plan, const AttentionInputs<float>& in,
+                        std::span<const float> dout, const AttentionGrads<float>& grads,
+                        int threads) {
+  check_inputs(plan, in);
+  require_size(dout.size(), plan.o.extent, "dout");
+  require(!(grads.dq.empty() && grads.dk.empty() && grads.dv.empty()), "grads",
+          std::string("(dq, dk and dv all empty)"), "must ask for at least one gradient");
+  check_grads(plan, grads, false);
+  if (threads <= 0) threads = omp_get_max_threads();
+  HWY_DYNAMIC_DISPATCH(AttentionBackwardTarget)(plan, in, dout, grads, threads);
+}
+
+}  // namespace detail
+}  // namespace tandem::optimized
+#endif  // HWY_ONCE

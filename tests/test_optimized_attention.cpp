@@ -1,0 +1,467 @@
+// SPDX-License-Identifier: Apache-2.0
+// The optimized attention forward and backward against the reference backend
+// on every Highway target this CPU runs (scalar fallback included): bshd,
+// bhsd and row-strided (fused QKV) inputs, Sq < Sk, Sq > Sk, Sq = 1, MHA, GQA
+// and MQA, Dv != D, odd sizes and sizes around the lane counts and block
+// sizes, every mask kind (window 0 and window >= Sk, fully masked rows, bias
+// broadcast), scale and softcap. Threads 1, 2 and 3 must give bitwise
+// identical results, nothing may be written past an output, the elements
+// between strided rows must never be read (they hold NaN), and a row with no
+// visible key must give 0 (and log-sum-exp −inf), never NaN.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tandem/reference/backend.hpp"
+#include "tandem/tandem.hpp"
+
+#ifdef TANDEM_HAVE_OPTIMIZED
+#include "../optimized/src/attention.hpp"
+#include "tandem/optimized/backend.hpp"
+
+namespace {
+
+namespace opt = tandem::optimized;
+using tandem::AttentionGrads;
+using tandem::AttentionInputs;
+using tandem::AttentionParams;
+using tandem::AttentionPlan;
+using tandem::Layout;
+using tandem::MaskKind;
+using Vec = std::vector<float>;
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr std::size_t kGuard = 17;
+/// Guard value after every output: a NaN with a payload no kernel produces.
+const float kSentinel = std::bit_cast<float>(0x7fc0beefu);
+
+/// A view of n elements followed by kGuard sentinels.
+struct Guarded {
+  explicit Guarded(std::int64_t count)
+      : n(static_cast<std::size_t>(count)), buf(n + kGuard, kSentinel) {}
+  std::span<float> view() { return {buf.data(), n}; }
+  Vec values() const { return Vec(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(n)); }
+  bool guards_intact() const {
+    for (std::size_t i = n; i < buf.size(); ++i) {
+      if (std::bit_cast<std::uint32_t>(buf[i]) != std::bit_cast<std::uint32_t>(kSentinel))
+        return false;
+    }
+    return true;
+  }
+  std::size_t n;
+  Vec buf;
+};
+
+bool bitwise_equal(const Vec& a, const Vec& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+/// |got − want| <= atol + rtol·|want| everywhere; no NaN anywhere.
+::testing::AssertionResult close(const Vec& got, const Vec& want, double rtol, double atol) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size differs";
+  std::size_t bad = 0, first = 0;
+  double worst = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double g = got[i], w = want[i];
+    const double err = std::abs(g - w);
+    const bool ok = !std::isnan(g) && !std::isnan(w) && err <= atol + rtol * std::abs(w);
+    if (!ok) {
+      if (bad == 0) first = i;
+      ++bad;
+    }
+    if (!std::isnan(err)) worst = std::max(worst, err);
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << bad << " of " << want.size() << " elements differ; first at " << first << ": got "
+         << got[first] << ", want " << want[first] << "; max abs error " << worst;
+}
+
+/// A strided tensor: the elements the plan places get values in [-2, 2],
+/// every other element of the view (gaps between strided rows) is NaN, so a
+/// kernel that reads them poisons its output.
+Vec strided_tensor(const tandem::Strides& st, std::int64_t B, std::int64_t S, std::int64_t heads,
+                   std::int64_t width, std::mt19937& gen) {
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  Vec v(static_cast<std::size_t>(st.extent), std::numeric_limits<float>::quiet_NaN());
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t s = 0; s < S; ++s)
+      for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t x = 0; x < width; ++x)
+          v[static_cast<std::size_t>(st.at(b, s, h) + x)] = dist(gen);
+  return v;
+}
+
+/// log Σ_{visible j} exp(s_ij) in double, straight from SPEC §2 (−inf for a
+/// row with no visible key): checks the lse output of attention_forward.
+std::vector<double> naive_lse(const AttentionPlan& p, const AttentionInputs<float>& in) {
+  std::vector<double> lse(static_cast<std::size_t>(p.B * p.H * p.Sq));
+  const std::int64_t off = p.q_offset();
+  for (std::int64_t b = 0; b < p.B; ++b)
+    for (std::int64_t h = 0; h < p.H; ++h)
+      for (std::int64_t i = 0; i < p.Sq; ++i) {
+        std::vector<double> s;
+        for (std::int64_t j = 0; j < p.Sk; ++j) {
+          const std::int64_t a = off + i;
+          if (p.mask == MaskKind::causal && j > a) continue;
+          if (p.mask == MaskKind::sliding_window && (j > a || j < a - p.window)) continue;
+          if (p.mask == MaskKind::key_padding &&
+              in.mask[static_cast<std::size_t>(p.mask_row(b, h, i) + j)] == 0.0f)
+            continue;
+          double x = 0;
+          for (std::int64_t d = 0; d < p.D; ++d) {
+            x += static_cast<double>(in.q[static_cast<std::size_t>(p.q.at(b, i, h) + d)]) *
+                 in.k[static_cast<std::size_t>(p.k.at(b, j, p.kv_head(h)) + d)];
+          }
+          x *= p.scale;
+          if (p.softcap > 0) x = p.softcap * std::tanh(x / p.softcap);
+          if (p.mask == MaskKind::bias) {
+            const float bias = in.mask[static_cast<std::size_t>(p.mask_row(b, h, i) + j)];
+            if (bias == -kInf) continue;
+            x += bias;
+          }
+          s.push_back(x);
+        }
+        double r = -std::numeric_limits<double>::infinity();
+        if (!s.empty()) {
+          const double m = *std::max_element(s.begin(), s.end());
+          double l = 0;
+          for (double x : s) l += std::exp(x - m);
+          r = m + std::log(l);
+        }
+        lse[static_cast<std::size_t>((b * p.H + h) * p.Sq + i)] = r;
+      }
+  return lse;
+}
+
+struct Case {
+  std::string name;
+  AttentionParams params;
+};
+
+/// Failure messages show the case by name, not as bytes.
+[[maybe_unused]] void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
+
+AttentionParams P(std::int64_t B, std::int64_t Sq, std::int64_t Sk, std::int64_t H,
+                  std::int64_t Hkv, std::int64_t D, std::int64_t Dv = 0, Layout L = Layout::bshd,
+                  MaskKind mask = MaskKind::none, std::int64_t window = 0) {
+  AttentionParams p;
+  p.batch = B;
+  p.seq_q = Sq;
+  p.seq_k = Sk;
+  p.heads = H;
+  p.kv_heads = Hkv;
+  p.head_dim = D;
+  p.v_head_dim = Dv;
+  p.layout = L;
+  p.mask = mask;
+  p.window = window;
+  return p;
+}
+
+std::vector<Case> cases() {
+  using enum MaskKind;
+  std::vector<Case> c;
+  c.push_back({"bshd_gqa_sq_lt_sk", P(2, 5, 7, 4, 2, 8)});
+  c.push_back({"bhsd_mqa_sq_gt_sk_causal_dv3", P(1, 7, 5, 3, 1, 5, 3, Layout::bhsd, causal)});
+  {
+    AttentionParams p = P(2, 17, 17, 2, 2, 16, 0, Layout::bshd, causal);
+    p.q_row_stride = 3 * 2 * 16 + 5;  // q, k, v out of one fused row
+    p.k_row_stride = 3 * 2 * 16 + 5;
+    p.v_row_stride = 3 * 2 * 16 + 5;
+    c.push_back({"fused_row_strides_causal", p});
+  }
+  {
+    AttentionParams p = P(1, 9, 70, 4, 2, 7, 9, Layout::bshd, none);
+    p.k_row_stride = 2 * 7 + 1;
+    c.push_back({"k_row_stride_only", p});
+  }
+  c.push_back({"decode_sq1_gqa_causal", P(1, 1, 70, 8, 2, 16, 0, Layout::bshd, causal)});
+  c.push_back(
+      {"decode_sq1_bhsd_window", P(2, 1, 130, 4, 4, 9, 0, Layout::bhsd, sliding_window, 40)});
+  c.push_back({"window_0", P(1, 20, 20, 2, 1, 3, 0, Layout::bshd, sliding_window, 0)});
+  c.push_back({"window_ge_sk", P(1, 9, 13, 2, 2, 4, 0, Layout::bhsd, sliding_window, 100)});
+  c.push_back(
+      {"window_5_block_crossing", P(1, 70, 150, 2, 1, 17, 0, Layout::bshd, sliding_window, 5)});
+  c.push_back(
+      {"window_fully_masked_rows", P(1, 10, 4, 2, 2, 5, 0, Layout::bshd, sliding_window, 2)});
+  c.push_back({"causal_around_blocks", P(1, 65, 129, 2, 2, 16, 15, Layout::bhsd, causal)});
+  c.push_back({"causal_sq_gt_sk", P(2, 66, 20, 3, 3, 4, 0, Layout::bshd, causal)});
+  c.push_back({"key_padding", P(3, 6, 67, 2, 1, 8, 0, Layout::bshd, key_padding)});
+  c.push_back({"bias_broadcast_both", P(2, 5, 9, 4, 2, 6, 0, Layout::bhsd, bias)});
+  {
+    AttentionParams p = P(2, 5, 9, 4, 2, 6, 5, Layout::bshd, bias);
+    p.bias_batch = 2;
+    p.bias_heads = 4;
+    c.push_back({"bias_full", p});
+  }
+  {
+    AttentionParams p = P(2, 4, 70, 2, 2, 3, 0, Layout::bshd, bias);
+    p.bias_heads = 2;
+    c.push_back({"bias_heads_only", p});
+  }
+  {
+    AttentionParams p = P(1, 65, 130, 6, 3, 33, 17, Layout::bshd, causal);
+    p.scale = 0.3;
+    p.softcap = 5.0;
+    c.push_back({"softcap_scale_gqa", p});
+  }
+  {
+    AttentionParams p = P(1, 12, 12, 2, 1, 16, 0, Layout::bhsd, bias);
+    p.softcap = 2.0;
+    c.push_back({"softcap_bias", p});
+  }
+  for (std::int64_t D : {1, 15, 16, 17}) {
+    c.push_back({"lanes_D" + std::to_string(D), P(1, 63, 64, 1, 1, D, 0, Layout::bshd, none)});
+  }
+  c.push_back({"S_64_65", P(1, 64, 65, 1, 1, 8)});
+  c.push_back({"wide_D260_Dv130", P(1, 5, 9, 2, 1, 260, 130)});
+  c.push_back({"group16", P(1, 9, 33, 16, 1, 8, 0, Layout::bhsd, causal)});
+  c.push_back({"group128", P(1, 3, 5, 128, 1, 4)});
+  c.push_back({"group3_odd", P(2, 23, 31, 3, 1, 11, 0, Layout::bshd, key_padding)});
+  return c;
+}
+
+/// The inputs of one case, with the mask drawn for its kind: key_padding
+/// keeps ~70% of the keys and hides every key of the last batch; bias is
+/// random with ~20% −inf and one query row entirely −inf.
+struct Data {
+  AttentionPlan plan;
+  Vec q, k, v, mask, dout;
+  AttentionInputs<float> in() const { return {q, k, v, mask}; }
+
+  explicit Data(const AttentionParams& params, std::uint32_t seed)
+      : plan(AttentionPlan::make(params)) {
+    std::mt19937 gen(seed);
+    q = strided_tensor(plan.q, plan.B, plan.Sq, plan.H, plan.D, gen);
+    k = strided_tensor(plan.k, plan.B, plan.Sk, plan.Hkv, plan.D, gen);
+    v = strided_tensor(plan.v, plan.B, plan.Sk, plan.Hkv, plan.Dv, gen);
+    dout = strided_tensor(plan.o, plan.B, plan.Sq, plan.H, plan.Dv, gen);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    mask.resize(static_cast<std::size_t>(plan.mask_size()));
+    if (plan.mask == MaskKind::key_padding) {
+      for (std::size_t i = 0; i < mask.size(); ++i) mask[i] = u(gen) < 0.7f ? 1.0f : 0.0f;
+      for (std::int64_t j = 0; j < plan.Sk; ++j)
+        mask[static_cast<std::size_t>((plan.B - 1) * plan.Sk + j)] = 0.0f;
+    } else if (plan.mask == MaskKind::bias) {
+      for (float& x : mask) x = u(gen) < 0.2f ? -kInf : 4.0f * u(gen) - 2.0f;
+      for (std::int64_t j = 0; j < plan.Sk; ++j)
+        mask[static_cast<std::size_t>(plan.Sk + j)] = -kInf;
+    }
+  }
+};
+
+struct Forward {
+  Vec out, lse;
+};
+
+Forward run_forward(const Data& data, int threads) {
+  Guarded out(data.plan.o.extent), lse(data.plan.B * data.plan.H * data.plan.Sq);
+  opt::detail::attention_forward(data.plan, data.in(), out.view(), lse.view(), threads);
+  EXPECT_TRUE(out.guards_intact()) << "forward wrote past out";
+  EXPECT_TRUE(lse.guards_intact()) << "forward wrote past lse";
+  return {out.values(), lse.values()};
+}
+
+struct Grads {
+  Vec dq, dk, dv;
+};
+
+/// Backward with the gradients selected by which (bits dq = 1, dk = 2, dv = 4).
+Grads run_backward(const Data& data, int threads, int which) {
+  const AttentionPlan& p = data.plan;
+  Guarded dq(p.dq.extent), dk(p.dk.extent), dv(p.dv.extent);
+  AttentionGrads<float> g;
+  if (which & 1) g.dq = dq.view();
+  if (which & 2) g.dk = dk.view();
+  if (which & 4) g.dv = dv.view();
+  opt::detail::attention_backward(p, data.in(), data.dout, g, threads);
+  EXPECT_TRUE(dq.guards_intact() && dk.guards_intact() && dv.guards_intact())
+      << "backward wrote past a gradient";
+  Grads r;
+  if (which & 1) r.dq = dq.values();
+  if (which & 2) r.dk = dk.values();
+  if (which & 4) r.dv = dv.values();
+  // A gradient that was not asked for is never written.
+  if (!(which & 1)) {
+    EXPECT_TRUE(std::isnan(dq.buf[0]));
+  }
+  if (!(which & 2)) {
+    EXPECT_TRUE(std::isnan(dk.buf[0]));
+  }
+  if (!(which & 4)) {
+    EXPECT_TRUE(std::isnan(dv.buf[0]));
+  }
+  return r;
+}
+
+class OptimizedAttention : public ::testing::TestWithParam<Case> {
+ protected:
+  void TearDown() override { opt::force_target(0); }
+};
+
+TEST_P(OptimizedAttention, MatchesReferenceOnEveryTargetAndThreadCount) {
+  const Data data(GetParam().params, 1234);
+  const AttentionPlan& p = data.plan;
+  const tandem::Backend ref = tandem::reference::backend();
+
+  Vec want_out(static_cast<std::size_t>(p.o.extent));
+  ref.attention_forward(p, data.in(), want_out);
+  Vec want_dq(static_cast<std::size_t>(p.dq.extent)),
+      want_dk(static_cast<std::size_t>(p.dk.extent)),
+      want_dv(static_cast<std::size_t>(p.dv.extent));
+  ref.attention_backward(p, data.in(), data.dout, {want_dq, want_dk, want_dv});
+  const std::vector<double> want_lse = naive_lse(p, data.in());
+
+  for (const std::int64_t target : opt::supported_targets()) {
+    opt::force_target(target);
+    SCOPED_TRACE("target " + opt::target_name(target) + ", " + p.describe());
+    const Forward f1 = run_forward(data, 1);
+    EXPECT_TRUE(close(f1.out, want_out, 5e-5, 1e-5)) << "out";
+    for (std::size_t x = 0; x < want_lse.size(); ++x) {
+      if (std::isinf(want_lse[x])) {
+        EXPECT_EQ(f1.lse[x], -kInf) << "lse of a fully masked row, at " << x;
+      } else {
+        EXPECT_NEAR(f1.lse[x], want_lse[x], 1e-5 + 1e-5 * std::abs(want_lse[x])) << "lse at " << x;
+      }
+    }
+    const Grads all = run_backward(data, 1, 7);
+    EXPECT_TRUE(close(all.dq, want_dq, 1e-4, 2e-5)) << "dq";
+    EXPECT_TRUE(close(all.dk, want_dk, 1e-4, 2e-5)) << "dk";
+    EXPECT_TRUE(close(all.dv, want_dv, 1e-4, 2e-5)) << "dv";
+    // Each gradient alone is the same computation: bitwise equal to "all".
+    EXPECT_TRUE(bitwise_equal(run_backward(data, 1, 1).dq, all.dq)) << "dq alone";
+    EXPECT_TRUE(bitwise_equal(run_backward(data, 1, 2).dk, all.dk)) << "dk alone";
+    EXPECT_TRUE(bitwise_equal(run_backward(data, 1, 4).dv, all.dv)) << "dv alone";
+    const Grads dkdv = run_backward(data, 1, 6);
+    EXPECT_TRUE(bitwise_equal(dkdv.dk, all.dk) && bitwise_equal(dkdv.dv, all.dv)) << "dk+dv";
+    for (const int threads : {2, 3}) {
+      SCOPED_TRACE("threads " + std::to_string(threads));
+      const Forward f = run_forward(data, threads);
+      EXPECT_TRUE(bitwise_equal(f.out, f1.out)) << "out differs from 1 thread";
+      EXPECT_TRUE(bitwise_equal(f.lse, f1.lse)) << "lse differs from 1 thread";
+      const Grads g = run_backward(data, threads, 7);
+      EXPECT_TRUE(bitwise_equal(g.dq, all.dq)) << "dq differs from 1 thread";
+      EXPECT_TRUE(bitwise_equal(g.dk, all.dk)) << "dk differs from 1 thread";
+      EXPECT_TRUE(bitwise_equal(g.dv, all.dv)) << "dv differs from 1 thread";
+    }
+    // Runs repeat bitwise.
+    EXPECT_TRUE(bitwise_equal(run_forward(data, 2).out, f1.out)) << "second run";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, OptimizedAttention, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& pi) { return pi.param.name; });
+
+/// Rows with no visible key: output 0 and lse −inf, gradients 0 for them.
+TEST(OptimizedAttentionMasked, FullyMaskedRowsGiveZeroNeverNaN) {
+  AttentionParams params = P(2, 3, 70, 2, 1, 8, 0, Layout::bshd, MaskKind::key_padding);
+  Data data(params, 7);
+  std::fill(data.mask.begin() + 70, data.mask.end(), 0.0f);  // batch 1 sees nothing
+  const AttentionPlan& p = data.plan;
+  for (const std::int64_t target : opt::supported_targets()) {
+    opt::force_target(target);
+    SCOPED_TRACE(opt::target_name(target));
+    const Forward f = run_forward(data, 2);
+    const Grads g = run_backward(data, 2, 7);
+    for (std::int64_t i = 0; i < p.Sq; ++i)
+      for (std::int64_t h = 0; h < p.H; ++h) {
+        for (std::int64_t d = 0; d < p.Dv; ++d)
+          EXPECT_EQ(f.out[static_cast<std::size_t>(p.o.at(1, i, h) + d)], 0.0f);
+        for (std::int64_t d = 0; d < p.D; ++d)
+          EXPECT_EQ(g.dq[static_cast<std::size_t>(p.dq.at(1, i, h) + d)], 0.0f);
+        EXPECT_EQ(f.lse[static_cast<std::size_t>((p.H + h) * p.Sq + i)], -kInf);
+      }
+    for (std::int64_t j = 0; j < p.Sk; ++j) {
+      for (std::int64_t d = 0; d < p.D; ++d)
+        EXPECT_EQ(g.dk[static_cast<std::size_t>(p.dk.at(1, j, 0) + d)], 0.0f);
+      for (std::int64_t d = 0; d < p.Dv; ++d)
+        EXPECT_EQ(g.dv[static_cast<std::size_t>(p.dv.at(1, j, 0) + d)], 0.0f);
+    }
+    for (float x : f.out) EXPECT_FALSE(std::isnan(x));
+  }
+  opt::force_target(0);
+}
+
+/// Bad views are errors naming the parameter, and nothing is written.
+TEST(OptimizedAttentionValidation, BadViewsThrowBeforeWriting) {
+  const Data data(P(1, 4, 6, 2, 1, 8), 3);
+  const AttentionPlan& p = data.plan;
+  Vec out(static_cast<std::size_t>(p.o.extent), 5.0f),
+      lse(static_cast<std::size_t>(p.H * p.Sq), 5.0f);
+  const auto expect_param = [](auto&& call, const std::string& name) {
+    try {
+      call();
+      ADD_FAILURE() << "no error for " << name;
+    } catch (const tandem::Error& e) {
+      EXPECT_EQ(e.parameter(), name) << e.what();
+    }
+  };
+  Vec short_out(out.size() - 1, 5.0f);
+  expect_param([&] { opt::detail::attention_forward(p, data.in(), short_out, {}, 2); },
+               "out.size()");
+  Vec short_lse(lse.size() + 1, 5.0f);
+  expect_param([&] { opt::detail::attention_forward(p, data.in(), out, short_lse, 2); },
+               "lse.size()");
+  AttentionInputs<float> bad = data.in();
+  bad.k = bad.k.first(bad.k.size() - 1);
+  expect_param([&] { opt::detail::attention_forward(p, bad, out, lse, 2); }, "k.size()");
+  for (float x : out) EXPECT_EQ(x, 5.0f);
+  for (float x : lse) EXPECT_EQ(x, 5.0f);
+
+  Vec dq(static_cast<std::size_t>(p.dq.extent), 5.0f),
+      dk(static_cast<std::size_t>(p.dk.extent) + 1, 5.0f);
+  expect_param(
+      [&] {
+        opt::detail::attention_backward(p, data.in(), data.dout, {dq, dk, {}}, 2);
+      },
+      "dk.size()");
+  expect_param(
+      [&] {
+        opt::detail::attention_backward(p, data.in(), std::span<const float>(data.dout).first(3),
+                                        {dq, {}, {}}, 2);
+      },
+      "dout.size()");
+  expect_param([&] { opt::detail::attention_backward(p, data.in(), data.dout, {}, 2); }, "grads");
+  for (float x : dq) EXPECT_EQ(x, 5.0f);
+  for (float x : dk) EXPECT_EQ(x, 5.0f);
+}
+
+/// The backend binding: the optimized Backend gives what the detail entry
+/// points give, each gradient alone included.
+TEST(OptimizedAttentionBackend, BackendEntryPointsMatchTheKernels) {
+  AttentionParams params = P(2, 9, 11, 4, 2, 8, 6, Layout::bshd, MaskKind::causal);
+  const Data data(params, 11);
+  const AttentionPlan& p = data.plan;
+  const tandem::Backend b = opt::backend({2});
+  Vec out(static_cast<std::size_t>(p.o.extent));
+  b.attention_forward(p, data.in(), out);
+  EXPECT_TRUE(bitwise_equal(out, run_forward(data, 2).out));
+  const Grads all = run_backward(data, 2, 7);
+  Vec dq(all.dq.size()), dk(all.dk.size()), dv(all.dv.size());
+  b.attention_backward_dq(p, data.in(), data.dout, dq);
+  b.attention_backward_dk(p, data.in(), data.dout, dk);
+  b.attention_backward_dv(p, data.in(), data.dout, dv);
+  EXPECT_TRUE(bitwise_equal(dq, all.dq));
+  EXPECT_TRUE(bitwise_equal(dk, all.dk));
+  EXPECT_TRUE(bitwise_equal(dv, all.dv));
+}
+
+}  // namespace
+
+#else
+TEST(OptimizedAttention, NotBuilt) {
+  GTEST_SKIP() << "built without the optimized backend";
+}
+#endif

@@ -1,0 +1,319 @@
+// SPDX-License-Identifier: Apache-2.0
+// The case loader: case.json parsing (typed attrs, unknown and mistyped
+// fields), plans built through from_shapes with errors mapped to files,
+// output shapes, the comparison rule and running on a backend.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "case.hpp"
+
+namespace tandem::tool {
+namespace {
+
+CaseError error_of(const std::string& json) {
+  try {
+    parse_case_json(json, "c");
+  } catch (const CaseError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no error for " << json;
+  return CaseError("", "", "", "");
+}
+
+CaseError plan_error(const std::string& json, const std::map<std::string, Shape>& shapes) {
+  const CaseSpec spec = parse_case_json(json, "c");
+  try {
+    plan_case(spec, shapes);
+  } catch (const CaseError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no error for " << json;
+  return CaseError("", "", "", "");
+}
+
+const char* kAttention =
+    R"({"op": "attention", "inputs": {"q": "q.npy", "k": "k.npy", "v": "v.npy"},
+                             "attrs": {"num_heads": 4, "mask": "sliding_window", "window": 3,
+                                       "scale": 0.5, "softcap": 30, "layout": "bhsd"}})";
+
+TEST(CaseJson, ParsesTypedAttrsAndDefaults) {
+  const CaseSpec s = parse_case_json(kAttention, "dir");
+  EXPECT_EQ(s.name, "dir");
+  EXPECT_EQ(s.op, Op::attention);
+  EXPECT_EQ(s.attention.num_heads, 4);
+  EXPECT_EQ(s.attention.mask, MaskKind::sliding_window);
+  EXPECT_EQ(s.attention.window, 3);
+  ASSERT_TRUE(s.attention.scale.has_value());
+  EXPECT_EQ(*s.attention.scale, 0.5);
+  EXPECT_EQ(s.attention.softcap, 30.0);
+  ASSERT_TRUE(s.attention.layout.has_value());
+  EXPECT_EQ(*s.attention.layout, Layout::bhsd);
+  EXPECT_EQ(s.inputs.at("k"), "k.npy");
+  EXPECT_FALSE(s.tolerance_from_case);
+  EXPECT_EQ(s.tolerance.rtol, op_info(Op::attention).tolerance.rtol);
+  EXPECT_EQ(s.tolerance.atol, op_info(Op::attention).tolerance.atol);
+
+  const CaseSpec r = parse_case_json(
+      R"({"op": "rope_backward", "attrs": {"n_rot": 4, "style": "gptj", "table_rows": "token"},
+          "inputs": {"dout": "a.npy", "cos": "c.npy", "sin": "s.npy"},
+          "expected": {"dx": "e.npy"}, "tolerance": {"atol": 0.25}})",
+      "r");
+  EXPECT_FALSE(r.rope.head_dim.has_value());
+  EXPECT_EQ(r.rope.n_rot, 4);
+  EXPECT_EQ(r.rope.style, RopeStyle::gptj);
+  EXPECT_EQ(r.rope.table_rows, TableRows::token);
+  EXPECT_TRUE(r.tolerance_from_case);
+  EXPECT_EQ(r.tolerance.atol, 0.25);
+  EXPECT_EQ(r.tolerance.rtol, op_info(Op::rope_backward).tolerance.rtol);  // not given: default
+  EXPECT_EQ(r.expected.at("dx"), "e.npy");
+}
+
+TEST(CaseJson, EveryOpHasItsAttrsAndATolerance) {
+  for (const auto& op : op_table()) {
+    EXPECT_GT(op.tolerance.rtol, 0.0) << op.name;
+    EXPECT_GT(op.tolerance.atol, 0.0) << op.name;
+    EXPECT_FALSE(op.outputs.empty()) << op.name;
+    EXPECT_EQ(&op_info(op.op), &op) << op.name;
+  }
+  // Backward passes are checked more loosely than their forwards.
+  EXPECT_GT(op_info(Op::attention_backward).tolerance.rtol, op_info(Op::attention).tolerance.rtol);
+}
+
+TEST(CaseJson, ErrorsNameTheField) {
+  struct Bad {
+    const char* json;
+    const char* field;
+    const char* detail;
+  };
+  const Bad bad[] = {
+      {"{", "", "is not valid JSON"},
+      {"[]", "(top level)", "must be a JSON object"},
+      {R"({"inputs": {}})", "op", "is missing"},
+      {R"({"op": "softmax", "inputs": {}})", "op", "unknown op"},
+      {R"({"op": "swiglu", "inputs": {"x": "x.npy"}, "comment": 1})", "comment", "unknown key"},
+      {R"({"op": "rope", "attrs": {"head_dim": 4, "window": 2}, "inputs": {}})", "attrs.window",
+       "unknown attr for op rope"},
+      {R"({"op": "attention", "attrs": {"num_heads": "8"}, "inputs": {}})", "attrs.num_heads",
+       "must be an integer, got \"8\" (a string)"},
+      {R"({"op": "attention", "attrs": {"num_heads": 8.0}, "inputs": {}})", "attrs.num_heads",
+       "must be an integer"},
+      {R"({"op": "attention", "attrs": {"num_heads": true}, "inputs": {}})", "attrs.num_heads",
+       "must be an integer"},
+      {R"({"op": "attention", "attrs": {"num_heads": 9223372036854775808}, "inputs": {}})",
+       "attrs.num_heads", "does not fit"},
+      {R"({"op": "attention", "attrs": {"num_heads": 2, "layout": "BSHD"}, "inputs": {}})",
+       "attrs.layout", "must be one of \"bshd\", \"bhsd\""},
+      {R"({"op": "attention", "attrs": {"num_heads": 2, "mask": 1}, "inputs": {}})", "attrs.mask",
+       "must be one of"},
+      {R"({"op": "attention", "attrs": {"num_heads": 2, "scale": "x"}, "inputs": {}})",
+       "attrs.scale", "must be a number"},
+      {R"({"op": "attention", "attrs": {}, "inputs": {}})", "attrs.num_heads", "is required"},
+      {R"({"op": "swiglu", "attrs": {"gate_first": "yes"}, "inputs": {"x": "x"}})",
+       "attrs.gate_first", "must be true or false"},
+      {R"({"op": "axial_rope", "attrs": {"end_x": 2}, "inputs": {"x": "x"}})", "attrs.end_y",
+       "is required"},
+      {R"({"op": "swiglu", "inputs": {}})", "inputs.x", "missing input"},
+      {R"({"op": "swiglu", "inputs": {"x": "x", "w": "w"}})", "inputs.w", "unknown input"},
+      {R"({"op": "swiglu", "inputs": {"x": ""}})", "inputs.x", "non-empty file name"},
+      {R"({"op": "swiglu", "inputs": {"x": "x"}, "expected": {"dx": "d"}})", "expected.dx",
+       "unknown output"},
+      {R"({"op": "swiglu", "inputs": {"x": "x"}, "tolerance": {"rtol": -1}})", "tolerance.rtol",
+       "must be >= 0"},
+      {R"({"op": "swiglu", "inputs": {"x": "x"}, "tolerance": {"eps": 1}})", "tolerance.eps",
+       "unknown key"},
+      {R"({"op": "swiglu", "inputs": {"x": "x", "x": "y"}})", "x", "more than once"},
+  };
+  for (const auto& b : bad) {
+    const CaseError e = error_of(b.json);
+    EXPECT_EQ(e.case_name(), "c") << b.json;
+    EXPECT_EQ(e.file(), "case.json") << b.json;
+    EXPECT_EQ(e.field(), b.field) << b.json;
+    EXPECT_NE(e.detail().find(b.detail), std::string::npos) << b.json << "\n" << e.what();
+    EXPECT_NE(std::string(e.what()).find("case 'c': case.json"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CasePlan, AttentionOutputShapesFollowQ) {
+  const char* json = R"({"op": "attention", "attrs": {"num_heads": 4},
+                         "inputs": {"q": "q", "k": "k", "v": "v"}})";
+  const CaseSpec s = parse_case_json(json, "c");
+  // bshd rank 4, GQA and Dv != D.
+  PlannedCase p = plan_case(s, {{"q", {2, 5, 4, 8}}, {"k", {2, 7, 2, 8}}, {"v", {2, 7, 2, 3}}});
+  EXPECT_EQ(p.outputs.at("out"), (Shape{2, 5, 4, 3}));
+  const auto& plan = std::get<AttentionPlan>(p.plan);
+  EXPECT_EQ(plan.Hkv, 2);
+  EXPECT_EQ(plan.Dv, 3);
+  // bhsd decided by the head axis.
+  p = plan_case(s, {{"q", {2, 4, 5, 8}}, {"k", {2, 2, 7, 8}}, {"v", {2, 2, 7, 3}}});
+  EXPECT_EQ(std::get<AttentionPlan>(p.plan).layout, Layout::bhsd);
+  EXPECT_EQ(p.outputs.at("out"), (Shape{2, 4, 5, 3}));
+  // rank 3 and rank 2: [.., S, H*Dv].
+  p = plan_case(s, {{"q", {2, 5, 32}}, {"k", {2, 7, 16}}, {"v", {2, 7, 6}}});
+  EXPECT_EQ(p.outputs.at("out"), (Shape{2, 5, 12}));
+  p = plan_case(s, {{"q", {5, 32}}, {"k", {7, 16}}, {"v", {7, 6}}});
+  EXPECT_EQ(p.outputs.at("out"), (Shape{5, 12}));
+}
+
+TEST(CasePlan, BackwardOutputsAndDoutShape) {
+  const CaseSpec s = parse_case_json(
+      R"({"op": "attention_backward", "attrs": {"num_heads": 2},
+          "inputs": {"q": "q", "k": "k", "v": "v", "dout": "g.npy"}})",
+      "c");
+  const std::map<std::string, Shape> ok = {
+      {"q", {1, 3, 16}}, {"k", {1, 4, 8}}, {"v", {1, 4, 4}}, {"dout", {1, 3, 8}}};
+  const PlannedCase p = plan_case(s, ok);
+  EXPECT_EQ(p.outputs.at("dq"), (Shape{1, 3, 16}));
+  EXPECT_EQ(p.outputs.at("dk"), (Shape{1, 4, 8}));
+  EXPECT_EQ(p.outputs.at("dv"), (Shape{1, 4, 4}));
+  auto bad = ok;
+  bad["dout"] = {1, 3, 16};
+  const CaseError e = plan_error(
+      R"({"op": "attention_backward", "attrs": {"num_heads": 2},
+          "inputs": {"q": "q", "k": "k", "v": "v", "dout": "g.npy"}})",
+      bad);
+  EXPECT_EQ(e.file(), "g.npy");
+  EXPECT_EQ(e.field(), "dout.shape");
+
+  const CaseSpec sw =
+      parse_case_json(R"({"op": "swiglu_backward", "inputs": {"x": "x", "dout": "d"}})", "c");
+  EXPECT_EQ(plan_case(sw, {{"x", {3, 2, 10}}, {"dout", {3, 2, 5}}}).outputs.at("dx"),
+            (Shape{3, 2, 10}));
+}
+
+TEST(CasePlan, LibraryErrorsNameTheTensorFileOrTheAttr) {
+  const char* att = R"({"op": "attention", "attrs": {"num_heads": 4},
+                        "inputs": {"q": "q.npy", "k": "k.npy", "v": "v.npy"}})";
+  // k's last dim differs from q's: the library names k.shape.
+  CaseError e = plan_error(att, {{"q", {1, 5, 4, 8}}, {"k", {1, 5, 4, 6}}, {"v", {1, 5, 4, 6}}});
+  EXPECT_EQ(e.file(), "k.npy");
+  EXPECT_EQ(e.field(), "k.shape");
+  EXPECT_NE(e.detail().find("k.shape = [1, 5, 4, 6]"), std::string::npos) << e.what();
+  EXPECT_NE(e.detail().find("[inputs: k [1, 5, 4, 6] (k.npy)"), std::string::npos) << e.what();
+  // S == H: the layout is ambiguous, an attr question.
+  e = plan_error(att, {{"q", {1, 4, 4, 8}}, {"k", {1, 4, 4, 8}}, {"v", {1, 4, 4, 8}}});
+  EXPECT_EQ(e.file(), "case.json");
+  EXPECT_EQ(e.field(), "attrs.layout");
+  EXPECT_NE(e.detail().find("ambiguous"), std::string::npos);
+  // kv heads that do not divide H come from k.
+  e = plan_error(att, {{"q", {1, 5, 4, 8}}, {"k", {1, 5, 3, 8}}, {"v", {1, 5, 3, 8}}});
+  EXPECT_EQ(e.file(), "k.npy");
+  // A mask for a kind that takes none names the mask file.
+  e = plan_error(R"({"op": "attention", "attrs": {"num_heads": 4},
+                     "inputs": {"q": "q", "k": "k", "v": "v", "mask": "m.npy"}})",
+                 {{"q", {1, 5, 4, 8}}, {"k", {1, 5, 4, 8}}, {"v", {1, 5, 4, 8}}, {"mask", {1, 5}}});
+  EXPECT_EQ(e.file(), "m.npy");
+  EXPECT_EQ(e.field(), "mask");
+  // An attr the plan rejects.
+  e = plan_error(R"({"op": "rope", "attrs": {"head_dim": 4, "n_rot": 5},
+                     "inputs": {"x": "x", "cos": "c", "sin": "s"}})",
+                 {{"x", {1, 3, 8}}, {"cos", {3, 2}}, {"sin", {3, 2}}});
+  EXPECT_EQ(e.field(), "attrs.n_rot");
+  EXPECT_NE(e.detail().find("n_rot = 5 must be even and <= head_dim = 4"), std::string::npos);
+  // A derived size, named through the tensor it came from.
+  e = plan_error(R"({"op": "axial_rope_backward", "attrs": {"end_x": 2, "end_y": 3},
+                     "inputs": {"dout": "d.npy"}})",
+                 {{"dout", {1, 7, 8}}});
+  EXPECT_EQ(e.file(), "d.npy");
+  EXPECT_EQ(e.field(), "dout (seq)");
+  EXPECT_NE(e.detail().find("seq = 7 must equal repeat_factor*end_x*end_y = 6"), std::string::npos);
+}
+
+TEST(Compare, AppliesAtolPlusRtolTimesExpected) {
+  const Tolerance tol{0.1, 0.01};
+  // |got - exp| <= 0.01 + 0.1*|exp|: 10.0 vs 11.0 passes at the edge (1.0 <= 1.01).
+  Comparison c = compare({11.0f, 0.0f}, {10.0f, 0.0f}, tol);
+  EXPECT_TRUE(c.pass());
+  EXPECT_NEAR(c.max_abs, 1.0, 1e-6);
+  EXPECT_NEAR(c.max_rel, 0.1, 1e-6);  // elements with exp == 0 do not enter max_rel
+  c = compare({11.2f, 0.02f}, {10.0f, 0.0f}, tol);
+  EXPECT_FALSE(c.pass());
+  EXPECT_EQ(c.mismatches, 2);
+  EXPECT_EQ(c.count, 2);
+  EXPECT_EQ(c.worst, 0);  // excess 0.19 beats 0.01
+}
+
+TEST(Compare, NonFiniteValuesMatchOnlyThemselves) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const Tolerance loose{1.0, 1.0};
+  EXPECT_TRUE(compare({nan, inf, -inf}, {nan, inf, -inf}, loose).pass());
+  EXPECT_FALSE(compare({1.0f}, {nan}, loose).pass());
+  EXPECT_FALSE(compare({nan}, {1.0f}, loose).pass());
+  EXPECT_FALSE(compare({-inf}, {inf}, loose).pass());
+  EXPECT_FALSE(compare({1e30f}, {inf}, loose).pass());  // atol + rtol*inf must not excuse it
+  EXPECT_FALSE(compare({inf}, {1e30f}, loose).pass());
+  const Comparison c = compare({0.0f, 5.0f}, {0.0f, inf}, loose);
+  EXPECT_EQ(c.worst, 1);
+  EXPECT_TRUE(std::isinf(c.max_abs));
+}
+
+TEST(Compare, IndexStringIsCOrder) {
+  EXPECT_EQ(index_string({2, 3, 4}, 0), "[0, 0, 0]");
+  EXPECT_EQ(index_string({2, 3, 4}, 23), "[1, 2, 3]");
+  EXPECT_EQ(index_string({2, 3, 4}, 13), "[1, 0, 1]");
+}
+
+TEST(CaseLoad, ReadsTheExamples) {
+  const Case c = load_case(std::string(TANDEM_CASES_DIR) + "/examples/attention_gqa_causal");
+  EXPECT_EQ(c.spec.op, Op::attention);
+  EXPECT_EQ(c.inputs.at("q").array.shape, (Shape{1, 6, 4, 8}));
+  EXPECT_EQ(c.expected.at("out").array.shape, c.planned.outputs.at("out"));
+  const auto& plan = std::get<AttentionPlan>(c.planned.plan);
+  EXPECT_EQ(plan.Hkv, 2);
+  EXPECT_EQ(plan.mask, MaskKind::causal);
+}
+
+TEST(CaseLoad, MissingDirectoryAndFiles) {
+  try {
+    load_case("/nonexistent/case");
+    FAIL();
+  } catch (const CaseError& e) {
+    EXPECT_EQ(e.case_name(), "/nonexistent/case");
+  }
+}
+
+TEST(CaseRun, CallsTheBackendAndReportsMissingEntryPoints) {
+  Case c;
+  c.spec = parse_case_json(R"({"op": "swiglu", "inputs": {"x": "x.npy"}})", "c");
+  c.inputs["x"] = {"x.npy", {{2, 4}, NpyDtype::f4, {1, 2, 3, 4, 5, 6, 7, 8}}};
+  c.planned = plan_case(c.spec, {{"x", {2, 4}}});
+  Backend fake;
+  fake.name = "fake";
+  fake.swiglu_forward = [](const SwigluPlan& plan, std::span<const float> x, std::span<float> out) {
+    // Not SwiGLU: g + u, enough to see which elements arrive where.
+    for (std::int64_t r = 0; r < plan.rows; ++r) {
+      for (std::int64_t i = 0; i < plan.n; ++i) {
+        out[r * plan.n + i] = x[r * 2 * plan.n + i] + x[r * 2 * plan.n + plan.n + i];
+      }
+    }
+  };
+  const auto out = run_case(c, fake);
+  EXPECT_EQ(out.at("out"), (std::vector<float>{4, 6, 12, 14}));
+
+  Backend empty;
+  empty.name = "empty";
+  try {
+    run_case(c, empty);
+    FAIL();
+  } catch (const CaseError& e) {
+    EXPECT_NE(std::string(e.what()).find("has no swiglu_forward entry point"), std::string::npos);
+  }
+  Backend throwing;
+  throwing.name = "strict";
+  throwing.swiglu_forward = [](const SwigluPlan&, std::span<const float>, std::span<float> y) {
+    require_size(y.size(), 99, "out");
+  };
+  try {
+    run_case(c, throwing);
+    FAIL();
+  } catch (const CaseError& e) {
+    EXPECT_EQ(e.field(), "out.size()");
+    EXPECT_NE(std::string(e.what()).find("rejected the call"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace tandem::tool

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <complex>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -294,6 +295,31 @@ TEST(Rope, NRotZeroCopiesTheSource) {
   const std::vector<double> x = {1, 2, 3, kNaN, 4, 5, 6};
   expect_exact(forward(plan, x, {}, {}), {1, 2, 3, 4, 5, 6});
   expect_exact(backward(plan, x, {}, {}), {1, 2, 3, 4, 5, 6});
+}
+
+TEST(Rope, ComplexStepOfTheLinearMapIsTheMap) {
+  // RoPE is linear in x, so for complex x = a + i·b, rope(x) = rope(a) + i·rope(b):
+  // the complex instantiation (used for complex-step checks) carries the
+  // imaginary part through the same rotation.
+  using C = std::complex<double>;
+  RopeParams p;
+  p.batch = 2;
+  p.seq = 2;
+  p.width = 8;
+  p.head_dim = 4;
+  p.table_rows = 2;
+  p.style = RopeStyle::gptj;
+  const RopePlan plan = RopePlan::make(p);
+  const std::vector<double> a = random_values(32, 21), b = random_values(32, 22);
+  const std::vector<double> cos = random_values(4, 23), sin = random_values(4, 24);
+  std::vector<C> xc(32), cosc(cos.begin(), cos.end()), sinc(sin.begin(), sin.end()), yc(32);
+  for (std::size_t i = 0; i < 32; ++i) xc[i] = C(a[i], b[i]);
+  tandem::reference::rope_forward<C>(plan, xc, RopeTables<C>{cosc, sinc}, std::span<C>(yc));
+  const std::vector<double> ya = forward(plan, a, cos, sin), yb = forward(plan, b, cos, sin);
+  for (std::size_t i = 0; i < 32; ++i) {
+    EXPECT_NEAR(yc[i].real(), ya[i], 1e-15) << i;
+    EXPECT_NEAR(yc[i].imag(), yb[i], 1e-15) << i;
+  }
 }
 
 }  // namespace

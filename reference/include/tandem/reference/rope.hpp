@@ -23,7 +23,8 @@ namespace tandem::reference {
 /// The two elements of a head that pair i rotates together:
 /// neox `(i, i + m)` (rotate-half), gptj `(2i, 2i + 1)` (interleaved).
 struct RopePair {
-  std::int64_t first, second;
+  std::int64_t j;  ///< the first element: i (neox) or 2i (gptj)
+  std::int64_t k;  ///< the second element: i + m (neox) or 2i + 1 (gptj)
 };
 
 /// Pair i of a head for `style`, with m = n_rot/2.
@@ -36,10 +37,10 @@ inline RopePair rope_pair(RopeStyle style, std::int64_t i, std::int64_t m) {
 ///
 /// For every b < B', s < S, head h < W/D and i < m = n_rot/2, with
 /// `row = plan.table_row(b, s)`, `c_i = cos[row*T + i]`, `s_i = sin[row*T + i]`
-/// and the pair (p, q) = rope_pair(style, i, m) of head h:
+/// and the pair (j, k) = rope_pair(style, i, m) of head h:
 ///
-///     out[p] = x[p]·c_i − x[q]·s_i
-///     out[q] = x[q]·c_i + x[p]·s_i
+///     out[j] = x[j]·c_i − x[k]·s_i
+///     out[k] = x[k]·c_i + x[j]·s_i
 ///
 /// and `out[d] = x[d]` for n_rot <= d < D.
 ///
@@ -58,19 +59,18 @@ void rope_forward(const RopePlan& plan, std::span<const T> x, const RopeTables<T
     for (std::int64_t s = 0; s < plan.S; ++s) {
       const std::int64_t row = plan.table_row(b, s);
       for (std::int64_t h = 0; h < plan.heads(); ++h) {
-        // Head h of token (b, s): x_h = x[(b*S + s)*src_row_stride + h*D + ·],
-        // y_h = out[(b*S + s)*W + h*D + ·].
+        // x_h, y_h: where element 0 of head h of token (b, s) sits in x and out.
         const std::int64_t x_h = (b * plan.S + s) * plan.src_row_stride + h * plan.D;
         const std::int64_t y_h = (b * plan.S + s) * plan.W + h * plan.D;
-        // y[p] = x[p]·c_i − x[q]·s_i,  y[q] = x[q]·c_i + x[p]·s_i  for i < m
+        // y[j] = x[j]·c_i − x[k]·s_i,  y[k] = x[k]·c_i + x[j]·s_i  for i < m
         for (std::int64_t i = 0; i < m; ++i) {
           const Acc c_i = static_cast<Acc>(tables.cos[row * plan.T + i]);
           const Acc s_i = static_cast<Acc>(tables.sin[row * plan.T + i]);
-          const RopePair pq = rope_pair(plan.style, i, m);
-          const Acc x_p = static_cast<Acc>(x[x_h + pq.first]);
-          const Acc x_q = static_cast<Acc>(x[x_h + pq.second]);
-          out[y_h + pq.first] = static_cast<T>(x_p * c_i - x_q * s_i);
-          out[y_h + pq.second] = static_cast<T>(x_q * c_i + x_p * s_i);
+          const auto [j, k] = rope_pair(plan.style, i, m);
+          const Acc x_j = static_cast<Acc>(x[x_h + j]);
+          const Acc x_k = static_cast<Acc>(x[x_h + k]);
+          out[y_h + j] = static_cast<T>(x_j * c_i - x_k * s_i);
+          out[y_h + k] = static_cast<T>(x_k * c_i + x_j * s_i);
         }
         // y[d] = x[d]  for n_rot <= d < D
         for (std::int64_t d = plan.n_rot; d < plan.D; ++d) out[y_h + d] = x[x_h + d];
@@ -81,10 +81,10 @@ void rope_forward(const RopePlan& plan, std::span<const T> x, const RopeTables<T
 
 /// RoPE backward: the transpose of rope_forward (each pair rotated by −angle).
 ///
-/// With the same row, c_i, s_i and pair (p, q) as rope_forward:
+/// With the same row, c_i, s_i and pair (j, k) as rope_forward:
 ///
-///     dx[p] = dy[p]·c_i + dy[q]·s_i
-///     dx[q] = dy[q]·c_i − dy[p]·s_i
+///     dx[j] = dy[j]·c_i + dy[k]·s_i
+///     dx[k] = dy[k]·c_i − dy[j]·s_i
 ///
 /// and `dx[d] = dy[d]` for n_rot <= d < D, so that
 /// `<rope_forward(x), y> == <x, rope_backward(y)>` for every x and y.
@@ -108,18 +108,18 @@ void rope_backward(const RopePlan& plan, std::span<const T> dy, const RopeTables
         for (std::int64_t i = 0; i < m; ++i) {
           const Acc c_i = static_cast<Acc>(tables.cos[row * plan.T + i]);
           const Acc s_i = static_cast<Acc>(tables.sin[row * plan.T + i]);
-          const RopePair pq = rope_pair(plan.style, i, m);
-          const Acc dy_p = static_cast<Acc>(dy[dy_h + pq.first]);
-          const Acc dy_q = static_cast<Acc>(dy[dy_h + pq.second]);
-          Acc dx_p = Acc(0), dx_q = Acc(0);
-          // y[p] = x[p]·c_i − x[q]·s_i
-          dx_p += dy_p * c_i;
-          dx_q -= dy_p * s_i;
-          // y[q] = x[q]·c_i + x[p]·s_i
-          dx_q += dy_q * c_i;
-          dx_p += dy_q * s_i;
-          dx[dx_h + pq.first] = static_cast<T>(dx_p);
-          dx[dx_h + pq.second] = static_cast<T>(dx_q);
+          const auto [j, k] = rope_pair(plan.style, i, m);
+          const Acc dy_j = static_cast<Acc>(dy[dy_h + j]);
+          const Acc dy_k = static_cast<Acc>(dy[dy_h + k]);
+          Acc dx_j = Acc(0), dx_k = Acc(0);
+          // y[j] = x[j]·c_i − x[k]·s_i
+          dx_j += dy_j * c_i;
+          dx_k -= dy_j * s_i;
+          // y[k] = x[k]·c_i + x[j]·s_i
+          dx_k += dy_k * c_i;
+          dx_j += dy_k * s_i;
+          dx[dx_h + j] = static_cast<T>(dx_j);
+          dx[dx_h + k] = static_cast<T>(dx_k);
         }
         // y[d] = x[d]  for n_rot <= d < D
         for (std::int64_t d = plan.n_rot; d < plan.D; ++d) dx[dx_h + d] = dy[dy_h + d];

@@ -147,6 +147,24 @@ TEST(Conventions, CausalWithMoreQueriesThanKeysClampsTheOffset) {
     for (int64_t d = 0; d < 4; ++d) EXPECT_EQ(flash[i * 4 + d], 0.0f);
 }
 
+// JAX's local_window_size=(left, right): query i sees keys with
+// i − left <= j <= i + right, positions counted from the top-left like its
+// is_causal. (w, 0) is tandem's sliding_window(w) only when Sq == Sk.
+TEST(Conventions, JaxLocalWindowIsTopLeft) {
+  const int64_t w = 2;
+  auto jax = [&](const Attention& a) {
+    return a.bias([&](int64_t i, int64_t j) { return i <= j + w && i >= j - 0; });
+  };
+  const Attention square(5, 5);
+  EXPECT_LE(max_abs_diff(square.run(tandem::MaskKind::sliding_window, {}, w),
+                         square.run(tandem::MaskKind::bias, jax(square))),
+            1e-6);
+  const Attention wide(3, 6);
+  EXPECT_GT(max_abs_diff(wide.run(tandem::MaskKind::sliding_window, {}, w),
+                         wide.run(tandem::MaskKind::bias, jax(wide))),
+            1e-2);
+}
+
 // --- Sliding window ---------------------------------------------------------
 
 // Hugging Face (Mistral, masking_utils): key visible iff

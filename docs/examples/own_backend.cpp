@@ -1,0 +1,108 @@
+// SPDX-License-Identifier: Apache-2.0
+// Testing your own kernel with tandem's property suite (docs page "Testing
+// your own kernel with tandem"). This program is built and run by CTest
+// (docs_example_own_backend), so the page quotes code that works.
+//
+// my_attention_forward is a plain float attention written against the plan:
+// sizes and strides from tandem::AttentionPlan, visibility by SPEC §2. It
+// replaces one entry of the reference backend; the properties then compare it
+// with the double-precision reference and check the identities of the suite.
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "support.hpp"  // props/: Subject, properties(), run_property()
+#include "tandem/reference/backend.hpp"
+#include "tandem/tandem.hpp"
+
+namespace {
+
+using std::int64_t;
+
+// [my-kernel]
+void my_attention_forward(const tandem::AttentionPlan& plan,
+                          const tandem::AttentionInputs<float>& in, std::span<float> out) {
+  tandem::check_inputs(plan, in);  // validate every view before writing anything
+  tandem::require_size(out.size(), plan.o.extent, "out");
+  const int64_t off = plan.q_offset();
+  std::vector<float> p(plan.Sk);
+  for (int64_t b = 0; b < plan.B; ++b)
+    for (int64_t h = 0; h < plan.H; ++h)
+      for (int64_t i = 0; i < plan.Sq; ++i) {
+        const int64_t g = plan.kv_head(h), a = off + i;
+        float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
+        std::vector<bool> vis(plan.Sk);
+        for (int64_t j = 0; j < plan.Sk; ++j) {
+          const float* mrow = in.mask.empty() ? nullptr : &in.mask[plan.mask_row(b, h, i)];
+          switch (plan.mask) {
+            case tandem::MaskKind::none:
+              vis[j] = true;
+              break;
+            case tandem::MaskKind::causal:
+              vis[j] = j <= a;
+              break;
+            case tandem::MaskKind::sliding_window:
+              vis[j] = a - plan.window <= j && j <= a;
+              break;
+            case tandem::MaskKind::key_padding:
+              vis[j] = mrow[j] != 0.0f;
+              break;
+            case tandem::MaskKind::bias:
+              vis[j] = mrow[j] != -std::numeric_limits<float>::infinity();
+          }
+          if (!vis[j]) continue;
+          float s = 0.0f;
+          for (int64_t d = 0; d < plan.D; ++d)
+            s += in.q[plan.q.at(b, i, h) + d] * in.k[plan.k.at(b, j, g) + d];
+          s *= static_cast<float>(plan.scale);
+          if (plan.softcap > 0) s = plan.softcap * std::tanh(s / plan.softcap);
+          if (plan.mask == tandem::MaskKind::bias) s += mrow[j];
+          p[j] = s;
+          m = std::max(m, s);
+        }
+        for (int64_t j = 0; j < plan.Sk; ++j)
+          if (vis[j]) l += (p[j] = std::exp(p[j] - m));
+        for (int64_t d = 0; d < plan.Dv; ++d) {
+          float o = 0.0f;
+          for (int64_t j = 0; j < plan.Sk; ++j)
+            if (vis[j]) o += p[j] / l * in.v[plan.v.at(b, j, g) + d];
+          out[plan.o.at(b, i, h) + d] = o;  // 0 when no key is visible
+        }
+      }
+}
+// [my-kernel]
+
+}  // namespace
+
+int main() {
+  // [register]
+  tandem::Backend mine = tandem::reference::backend();  // every entry point...
+  mine.name = "mine";
+  mine.attention_forward = my_attention_forward;  // ...but the one under test
+
+  tandem::props::Subject subject;
+  subject.name = "mine";
+  subject.backend = mine;
+  subject.thread_variants = {mine};  // the same kernel at every "thread count"
+
+  int failed = 0;
+  for (const char* name :
+       {"agree_attention_forward", "attention_layouts_equivalent",
+        "attention_strided_rows_equal_contiguous", "gqa_equals_repeated_mha",
+        "bias_upper_inf_equals_causal", "key_padding_equals_bias", "fully_masked_rows_zero",
+        "masked_keys_never_read", "memory_guards_and_inputs_untouched"}) {
+    const tandem::props::Property& p = tandem::props::property(name);
+    const std::string failure = tandem::props::run_property(p, subject, 40, false);
+    std::cout << (failure.empty() ? "pass  " : "FAIL  ") << name << "\n";
+    if (!failure.empty()) {
+      std::cout << failure << "\n";
+      ++failed;
+    }
+  }
+  return failed == 0 ? 0 : 1;
+  // [register]
+}

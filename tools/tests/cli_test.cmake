@@ -38,6 +38,11 @@ expect("unknown backend" "${code}" "${text}" 2 "fastest")
 run_tandem(code text frobnicate)
 expect("unknown subcommand" "${code}" "${text}" 2)
 
+# A case directory that does not exist is a case that cannot be run.
+run_tandem(code text check --backend reference ${WORK}/no/such/case)
+expect("missing case directory" "${code}" "${text}" 2 "case '${WORK}/no/such/case'"
+       "is not a directory")
+
 # check on a good case: a table with one row per backend and output.
 run_tandem(code text check --backend reference ${CASES}/examples/swiglu)
 expect("check swiglu" "${code}" "${text}" 0 "max abs err" "max rel err" "verdict"

@@ -104,6 +104,33 @@ def rope_np(x, cos, sin, head_dim, n_rot, style):
     return ys.reshape(x.shape)
 
 
+def axial_rope_np(x, num_heads, end_x, end_y, theta=10000.0):
+    """x [B, S, W]; SPEC section 5."""
+    B, S, W = x.shape
+    D = W // num_heads
+    xs = x.astype(np.float64).reshape(B, S, num_heads, D)
+    y = xs.copy()
+    f = theta ** (-4.0 * np.arange(D // 4) / D)
+    for s in range(S):
+        p = s % (end_x * end_y)
+        px, py = p % end_x, p // end_x
+        for j in range(D // 2):
+            a = px * f[j] if j < D // 4 else py * f[j - D // 4]
+            c, sn = math.cos(a), math.sin(a)
+            y[:, s, :, 2 * j] = xs[:, s, :, 2 * j] * c - xs[:, s, :, 2 * j + 1] * sn
+            y[:, s, :, 2 * j + 1] = xs[:, s, :, 2 * j + 1] * c + xs[:, s, :, 2 * j] * sn
+    return y.reshape(B, S, W)
+
+
+def attention_block_np(x, w_qkv, b_qkv, w_out, b_out, keep, num_heads):
+    B, S, E = x.shape
+    D = E // num_heads
+    qkv = x.astype(np.float64) @ w_qkv.T.astype(np.float64) + b_qkv
+    q, k, v = (qkv[..., i * E:(i + 1) * E].reshape(B, S, num_heads, D) for i in range(3))
+    o, _ = attention_np(q, k, v, keep=keep)
+    return o.reshape(B, S, E) @ w_out.T.astype(np.float64) + b_out
+
+
 def main():
     root = SCRATCH
     shutil.rmtree(root, ignore_errors=True)
@@ -163,17 +190,34 @@ def main():
                {"q": q, "k": k, "v": v, "dout": dout}, {"dq": dq, "dk": dk, "dv": dv})
     cases.append(d)
 
+    xa = f32(2, 12, 16)
+    d = os.path.join(root, "axial_rope_two_heads")
+    write_case(d, "axial_rope", {"num_heads": 2, "end_x": 3, "end_y": 2, "repeat_factor": 2},
+               {"x": xa}, {"out": axial_rope_np(xa, 2, 3, 2)})
+    cases.append(d)
+
+    xb, w_qkv, b_qkv = f32(2, 5, 8), f32(24, 8) * 0.3, f32(24)
+    w_out, b_out = f32(8, 8) * 0.3, f32(8)
+    keep_b = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=np.int32)
+    d = os.path.join(root, "attention_block_padded")
+    write_case(d, "attention_block", {"num_heads": 2},
+               {"x": xb, "w_qkv": w_qkv, "b_qkv": b_qkv, "w_out": w_out, "b_out": b_out,
+                "mask": keep_b},
+               {"out": attention_block_np(xb, w_qkv, b_qkv, w_out, b_out, keep_b, 2)})
+    cases.append(d)
+
     for c in cases:
         code, text = tandem("check", "--backend", "all", c)
         expect(f"check {os.path.basename(c)}", code, 0, text)
 
     # run writes every output; NumPy reads it back and it matches the expected file.
     outdir = os.path.join(root, "run_out")
-    code, text = tandem("run", cases[-1], "--backend", "reference", "--out", outdir)
+    backward_case = os.path.join(root, "attention_backward_causal")
+    code, text = tandem("run", backward_case, "--backend", "reference", "--out", outdir)
     expect("run attention_backward", code, 0, text)
     for name in ["dq", "dk", "dv"]:
         got = np.load(os.path.join(outdir, f"{name}.npy"))
-        want = np.load(os.path.join(cases[-1], f"expected_{name}.npy"))
+        want = np.load(os.path.join(backward_case, f"expected_{name}.npy"))
         ok = got.dtype == np.float32 and got.shape == want.shape and np.allclose(
             got, want, rtol=1e-3, atol=1e-4)
         print(f"[{'ok' if ok else 'FAILED'}] run output {name}: {got.dtype} {got.shape}")

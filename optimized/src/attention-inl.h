@@ -29,6 +29,7 @@
 #endif
 
 #include <hwy/aligned_allocator.h>
+#include <hwy/cache_control.h>
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 #include <sys/mman.h>
@@ -53,15 +54,17 @@ using VF = hn::Vec<DF>;
 
 // Register tile of the micro-kernel: kMR broadcast rows times kNR vectors of
 // accumulators (AVX-512 has 32 vector registers, the others 16).
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-inline constexpr std::size_t kMR = 4, kNR = 4;
+#if defined(TANDEM_ATTN_MR)
+inline constexpr std::size_t kMR = TANDEM_ATTN_MR, kNR = TANDEM_ATTN_NR;
+#elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+inline constexpr std::size_t kMR = 8, kNR = 3;
 #else
-inline constexpr std::size_t kMR = 4, kNR = 2;
+inline constexpr std::size_t kMR = 6, kNR = 2;
 #endif
 
 /// Query rows per tile aimed at (the G heads of a group times the queries of a
 /// block); keys per key block.
-inline constexpr std::int64_t kRowsTarget = 64;
+inline constexpr std::int64_t kRowsTarget = 192;
 inline constexpr std::int64_t kKeyBlock = 64;
 
 inline std::int64_t RoundUp(std::int64_t x, std::int64_t m) {
@@ -257,13 +260,40 @@ struct Tile {
   std::int64_t head(std::int64_t r, std::int64_t G) const { return g * G + r % G; }
 };
 
+/// Row stride of a packed K or V block: odd, so that the rows the
+/// micro-kernel broadcasts from never share a cache set (a caller's bshd rows
+/// are often a multiple of 4 KiB apart).
+inline std::int64_t PackedStride(std::int64_t width) { return width | 1; }
+
+/// Copies rows j0 .. j0+nk−1 (row stride `stride`, `width` floats each) into
+/// dst with row stride PackedStride(width).
+inline void PackKeyRows(const float* rows, std::int64_t stride, std::int64_t width,
+                        std::int64_t j0, std::int64_t nk, float* dst) {
+  const std::int64_t ps = PackedStride(width);
+  for (std::int64_t jj = 0; jj < nk; ++jj) {
+    std::memcpy(dst + jj * ps, rows + (j0 + jj) * stride,
+                static_cast<std::size_t>(width) * sizeof(float));
+  }
+}
+
+/// Asks for rows j0 .. j0+nk−1 to be brought into the cache.
+inline void PrefetchRows(const float* rows, std::int64_t stride, std::int64_t width,
+                         std::int64_t j0, std::int64_t nk) {
+  for (std::int64_t jj = 0; jj < nk; ++jj) {
+    const float* row = rows + (j0 + jj) * stride;
+    for (std::int64_t x = 0; x < width; x += 16) hwy::Prefetch(row + x);
+  }
+}
+
 /// Per-thread scratch of the forward, sized for the largest tile.
 struct ForwardScratch {
-  Buffer Qt, St, Ot, m, l, alpha, lo, hi, gather;
+  Buffer Qt, St, Ot, m, l, alpha, lo, hi, gather, Kp, Vp;
   std::vector<std::int64_t> bias_row;
   explicit ForwardScratch(const Call& c) {
     const AttentionPlan& p = *c.plan;
     const std::int64_t R = c.max_rows_p;
+    Kp.resize(kKeyBlock * PackedStride(p.D));
+    Vp.resize(kKeyBlock * PackedStride(p.Dv));
     Qt.resize(p.D * R);
     St.resize(kKeyBlock * R);
     Ot.resize(p.Dv * R);
@@ -317,6 +347,10 @@ class ScoreTransform {
     const AttentionPlan& p = *c_.plan;
     j0_ = j0;
     bounded_ = false;
+    hidden_keys_ = false;
+    if (keep_ != nullptr) {
+      for (std::int64_t jj = 0; jj < nk; ++jj) hidden_keys_ = hidden_keys_ || keep_[j0 + jj] == 0.0f;
+    }
     if (p.mask != MaskKind::causal && p.mask != MaskKind::sliding_window) return;
     for (std::int64_t r = 0; r < t_.rows_p; ++r) {
       std::int64_t lo = -1, hi = nk;
@@ -331,6 +365,12 @@ class ScoreTransform {
       lo_[r] = static_cast<float>(lo);  // small integers: exact in float
       hi_[r] = static_cast<float>(hi);
     }
+  }
+
+  /// True when the current block needs nothing but the scale: no softcap,
+  /// no bias, no row of the tile with a hidden key in it.
+  bool plain() const {
+    return c_.softcap <= 0.0f && c_.plan->mask != MaskKind::bias && !bounded_ && !hidden_keys_;
   }
 
   /// Score of key j0 + jj for rows r0 .. r0+N−1 from the raw dot products.
@@ -358,7 +398,7 @@ class ScoreTransform {
           hn::And(hn::Ge(j, hn::LoadU(d, lo_ + r0)), hn::Le(j, hn::LoadU(d, hi_ + r0)));
       s = hn::IfThenElse(visible, s, hn::Set(d, -std::numeric_limits<float>::infinity()));
     }
-    if (keep_ != nullptr && keep_[j0_ + jj] == 0.0f) {
+    if (hidden_keys_ && keep_[j0_ + jj] == 0.0f) {
       s = hn::Set(d, -std::numeric_limits<float>::infinity());
     }
     return s;
@@ -374,6 +414,7 @@ class ScoreTransform {
   const float* keep_ = nullptr;
   std::int64_t j0_ = 0;
   bool bounded_ = false;
+  bool hidden_keys_ = false;
 };
 
 /// The FlashAttention-2 forward of one tile whose queries are packed in
@@ -403,16 +444,34 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
   const float* v_rows = c.v + p.v.at(t.b, 0, t.g);
   for (std::int64_t j0 = t.j_begin; j0 < t.j_end; j0 += kKeyBlock) {
     const std::int64_t nk = std::min(kKeyBlock, t.j_end - j0);
+    const std::int64_t ks = PackedStride(p.D), vs = PackedStride(p.Dv);
+    PackKeyRows(k_rows, p.k.seq, p.D, j0, nk, s.Kp.get());
+    if (j0 + kKeyBlock < t.j_end) {  // the next block's rows, while this one computes
+      const std::int64_t nk_next = std::min(kKeyBlock, t.j_end - j0 - kKeyBlock);
+      PrefetchRows(k_rows, p.k.seq, p.D, j0 + kKeyBlock, nk_next);
+      if (with_pv) PrefetchRows(v_rows, p.v.seq, p.Dv, j0 + kKeyBlock, nk_next);
+    }
     // S <- Q K^T (transposed: St[jj][r] = <k_{j0+jj}, q_r>)
-    Gemm(nk, R, p.D, k_rows + j0 * p.k.seq, p.k.seq, 1, s.Qt.get(), R, St, R, false);
+    Gemm(nk, R, p.D, s.Kp.get(), ks, 1, s.Qt.get(), R, St, R, false);
     score.SetBlock(j0, nk);
+    const bool plain = score.plain();
+    const VF scale = hn::Set(d, c.scale);
+    bool rescale = false;
     for (std::int64_t r0 = 0; r0 < R; r0 += N) {
       // m_new <- max(m, rowmax(S)), masked keys at −inf
       VF mx = neg_inf;
-      for (std::int64_t jj = 0; jj < nk; ++jj) {
-        const VF sc = score(hn::LoadU(d, St + jj * R + r0), jj, r0, nullptr);
-        hn::StoreU(sc, d, St + jj * R + r0);
-        mx = hn::Max(mx, sc);
+      if (plain) {
+        for (std::int64_t jj = 0; jj < nk; ++jj) {
+          const VF sc = hn::Mul(hn::LoadU(d, St + jj * R + r0), scale);
+          hn::StoreU(sc, d, St + jj * R + r0);
+          mx = hn::Max(mx, sc);
+        }
+      } else {
+        for (std::int64_t jj = 0; jj < nk; ++jj) {
+          const VF sc = score(hn::LoadU(d, St + jj * R + r0), jj, r0, nullptr);
+          hn::StoreU(sc, d, St + jj * R + r0);
+          mx = hn::Max(mx, sc);
+        }
       }
       const VF m_old = hn::LoadU(d, m + r0);
       const VF m_new = hn::Max(m_old, mx);
@@ -430,16 +489,19 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
       hn::StoreU(hn::MulAdd(hn::LoadU(d, l + r0), a, sum), d, l + r0);
       hn::StoreU(m_new, d, m + r0);
       hn::StoreU(a, d, alpha + r0);
+      rescale = rescale || !hn::AllTrue(d, hn::Eq(a, hn::Set(d, 1.0f)));
     }
     if (!with_pv) continue;
-    // O <- diag(exp(m − m_new))·O + P V (transposed: Ot[dv][r])
-    for (std::int64_t dv = 0; dv < p.Dv; ++dv) {
+    PackKeyRows(v_rows, p.v.seq, p.Dv, j0, nk, s.Vp.get());
+    // O <- diag(exp(m − m_new))·O + P V (transposed: Ot[dv][r]); the
+    // rescale is skipped when no row's max moved (every factor exactly 1)
+    for (std::int64_t dv = 0; rescale && dv < p.Dv; ++dv) {
       for (std::int64_t r0 = 0; r0 < R; r0 += N) {
         hn::StoreU(hn::Mul(hn::LoadU(d, Ot + dv * R + r0), hn::LoadU(d, alpha + r0)), d,
                    Ot + dv * R + r0);
       }
     }
-    Gemm(p.Dv, R, nk, v_rows + j0 * p.v.seq, 1, p.v.seq, St, R, Ot, R, true);
+    Gemm(p.Dv, R, nk, s.Vp.get(), 1, vs, St, R, Ot, R, true);
   }
 }
 

@@ -133,8 +133,12 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
     float* T = c.softcap > 0.0f && need_ds ? s.T.get() : nullptr;
     for (std::int64_t j0 = t.j_begin; j0 < t.j_end; j0 += attn::kKeyBlock) {
       const std::int64_t nk = std::min(attn::kKeyBlock, t.j_end - j0);
+      const std::int64_t ks = attn::PackedStride(p.D), vs = attn::PackedStride(p.Dv);
+      float* Kp = s.fwd.Kp.get();
+      float* Vp = s.fwd.Vp.get();
+      attn::PackKeyRows(k_rows, p.k.seq, p.D, j0, nk, Kp);
       // S <- Q K^T (transposed: St[jj][r])
-      attn::Gemm(nk, R, p.D, k_rows + j0 * p.k.seq, p.k.seq, 1, s.fwd.Qt.get(), R, Pt, R, false);
+      attn::Gemm(nk, R, p.D, Kp, ks, 1, s.fwd.Qt.get(), R, Pt, R, false);
       score.SetBlock(j0, nk);
       // P <- exp(S - lse); a row with no visible key (lse = −inf) gets
       // exp(s − inf) = 0 for every key instead of exp(−inf − (−inf)).
@@ -152,8 +156,9 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
                    true);
       }
       if (!need_ds) continue;
+      attn::PackKeyRows(v_rows, p.v.seq, p.Dv, j0, nk, Vp);
       // dP <- dO V^T (transposed: dPt[jj][r])
-      attn::Gemm(nk, R, p.Dv, v_rows + j0 * p.v.seq, p.v.seq, 1, s.dOt.get(), R, dSt, R, false);
+      attn::Gemm(nk, R, p.Dv, Vp, vs, 1, s.dOt.get(), R, dSt, R, false);
       // dS <- P * (dP - dsum) * (1 - tanh^2) * scale   (the softcap factor
       // only when softcap > 0; scale folded in here for dQ and dK)
       for (std::int64_t r0 = 0; r0 < R; r0 += N) {
@@ -175,7 +180,7 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
       }
       // dQ <- dQ + scale * dS K (transposed: dQt[d][r])
       if (want_dq) {
-        attn::Gemm(p.D, R, nk, k_rows + j0 * p.k.seq, 1, p.k.seq, dSt, R, s.dQt.get(), R, true);
+        attn::Gemm(p.D, R, nk, Kp, 1, ks, dSt, R, s.dQt.get(), R, true);
       }
     }
     if (want_dq) {

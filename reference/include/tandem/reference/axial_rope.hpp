@@ -3,8 +3,8 @@
 /// @brief Reference axial 2-D RoPE (vision transformers, as in SAM 2),
 ///        forward and backward (SPEC §5), as plain per-element loops.
 ///
-/// The source is folded to `[B', S, W]` and read with the plan's row stride;
-/// the output is contiguous `[B', S, W]`, with num_heads heads of width D per
+/// The source is folded to `[B′, S, W]` and read with the plan's row stride;
+/// the output is contiguous `[B′, S, W]`, with num_heads heads of width D per
 /// row. Token s sits at `p = s mod (end_x·end_y)` on an end_x × end_y grid,
 /// column `px = p mod end_x`, row `py = p div end_x`. With the frequencies
 /// `f_k = theta^(−4k/D)`, k < D/4, the pair `(x[2j], x[2j+1])`, j < D/2,
@@ -48,7 +48,7 @@ inline double axial_rope_angle(const AxialRopePlan& plan, const std::vector<doub
 
 /// Axial 2-D RoPE forward.
 ///
-/// For every b < B', s < S, head h < num_heads and j < D/2, with
+/// For every b < B′, s < S, head h < num_heads and j < D/2, with
 /// `a_j = axial_rope_angle(plan, f, s, j)`, `c_j = cos(a_j)`, `s_j = sin(a_j)`:
 ///
 ///     out[2j]   = x[2j]·c_j − x[2j+1]·s_j
@@ -58,8 +58,8 @@ inline double axial_rope_angle(const AxialRopePlan& plan, const std::vector<doub
 /// `x[(b*S + s)*src_row_stride + h*D + d]`, `out[(b*S + s)*W + h*D + d]`).
 ///
 /// @param plan a validated AxialRopePlan
-/// @param x    source `[B', S, W]` read with src_row_stride
-/// @param out  contiguous `[B', S, W]`
+/// @param x    source `[B′, S, W]` read with src_row_stride
+/// @param out  contiguous `[B′, S, W]`
 /// @throws tandem::Error (before writing anything) when a view does not fit
 template <class T, class Acc = accumulator_t<T>>
 void axial_rope_forward(const AxialRopePlan& plan, std::span<const T> x, std::span<T> out) {
@@ -92,8 +92,8 @@ void axial_rope_forward(const AxialRopePlan& plan, std::span<const T> x, std::sp
 ///     dx[2j+1] = dy[2j+1]·c_j − dy[2j]·s_j
 ///
 /// @param plan a validated AxialRopePlan
-/// @param dy   gradient of out `[B', S, W]` read with src_row_stride
-/// @param dx   contiguous `[B', S, W]`
+/// @param dy   gradient of out `[B′, S, W]` read with src_row_stride
+/// @param dx   contiguous `[B′, S, W]`
 /// @throws tandem::Error (before writing anything) when a view does not fit
 template <class T, class Acc = accumulator_t<T>>
 void axial_rope_backward(const AxialRopePlan& plan, std::span<const T> dy, std::span<T> dx) {

@@ -3,8 +3,8 @@
 /// @brief Reference RoPE (rotary position embedding), forward and backward
 ///        (SPEC §4), as plain per-element loops.
 ///
-/// The source (x forward, dy backward) is folded to `[B', S, W]` and read with
-/// the plan's row stride; the output is contiguous `[B', S, W]`. Each row
+/// The source (x forward, dy backward) is folded to `[B′, S, W]` and read with
+/// the plan's row stride; the output is contiguous `[B′, S, W]`. Each row
 /// holds W/D heads of width D. Token (b, s) reads table row
 /// `row = plan.table_row(b, s)`; with `c_i = cos[row*T + i]`,
 /// `s_i = sin[row*T + i]` and `m = n_rot/2`, pair i (i < m) of every head is
@@ -35,7 +35,7 @@ inline RopePair rope_pair(RopeStyle style, std::int64_t i, std::int64_t m) {
 
 /// RoPE forward.
 ///
-/// For every b < B', s < S, head h < W/D and i < m = n_rot/2, with
+/// For every b < B′, s < S, head h < W/D and i < m = n_rot/2, with
 /// `row = plan.table_row(b, s)`, `c_i = cos[row*T + i]`, `s_i = sin[row*T + i]`
 /// and the pair (j, k) = rope_pair(style, i, m) of head h:
 ///
@@ -45,10 +45,10 @@ inline RopePair rope_pair(RopeStyle style, std::int64_t i, std::int64_t m) {
 /// and `out[d] = x[d]` for n_rot <= d < D.
 ///
 /// @param plan   a validated RopePlan
-/// @param x      source `[B', S, W]`, row (b, s) at `(b*S + s)*src_row_stride`;
+/// @param x      source `[B′, S, W]`, row (b, s) at `(b*S + s)*src_row_stride`;
 ///               elements between rows are never read
 /// @param tables cos and sin `[R, T]`; only columns < n_rot/2 are read
-/// @param out    contiguous `[B', S, W]`
+/// @param out    contiguous `[B′, S, W]`
 /// @throws tandem::Error (before writing anything) when a view does not fit
 template <class T, class Acc = accumulator_t<T>>
 void rope_forward(const RopePlan& plan, std::span<const T> x, const RopeTables<T>& tables,
@@ -90,9 +90,9 @@ void rope_forward(const RopePlan& plan, std::span<const T> x, const RopeTables<T
 /// `<rope_forward(x), y> == <x, rope_backward(y)>` for every x and y.
 ///
 /// @param plan   a validated RopePlan
-/// @param dy     gradient of out `[B', S, W]`, read with src_row_stride
+/// @param dy     gradient of out `[B′, S, W]`, read with src_row_stride
 /// @param tables cos and sin `[R, T]`, as for the forward
-/// @param dx     contiguous `[B', S, W]`
+/// @param dx     contiguous `[B′, S, W]`
 /// @throws tandem::Error (before writing anything) when a view does not fit
 template <class T, class Acc = accumulator_t<T>>
 void rope_backward(const RopePlan& plan, std::span<const T> dy, const RopeTables<T>& tables,

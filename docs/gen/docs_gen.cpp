@@ -27,6 +27,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -416,6 +417,34 @@ void attention_pages(const Backend& ref, const fs::path& out) {
     << "∂L/∂q_0[0] ≈ " << num(fd_q00, 6) << ", ∂L/∂k_1[1] ≈ " << num(fd_k11, 6) << ", ∂L/∂v_2[1] ≈ "
     << num(fd_v21, 6) << ". The docs build checks all three.\n";
   write_file(out / "worked_backward.md", g.str());
+
+  // Online softmax over query 1's keys in two blocks, {0, 1} then {2}.
+  {
+    const int64_t i = 1;
+    const double s0 = w.x[i][0], s1 = w.x[i][1], s2 = w.x[i][2];
+    const double m1 = std::max(s0, s1);
+    const double l1 = std::exp(s0 - m1) + std::exp(s1 - m1);
+    std::vector<double> o1(2), o2(2), fin(2);
+    for (int d = 0; d < 2; ++d) o1[d] = std::exp(s0 - m1) * v[0][d] + std::exp(s1 - m1) * v[1][d];
+    const double m2 = std::max(m1, s2), alpha = std::exp(m1 - m2);
+    const double l2 = alpha * l1 + std::exp(s2 - m2);
+    for (int d = 0; d < 2; ++d) {
+      o2[d] = alpha * o1[d] + std::exp(s2 - m2) * v[2][d];
+      fin[d] = o2[d] / l2;
+      expect_close(fin[d], w.o[i][d], 1e-12, "online softmax of the worked example");
+    }
+    std::ostringstream os;
+    os << "Query 1 of the worked example in @ref attention_from_scratch, its three keys taken in "
+       << "two blocks:\n\n"
+       << "| after | running max m | running sum l | unnormalized output O |\n|---|---:|---:|---|\n"
+       << "| block {0, 1} | " << num(m1) << " | " << num(l1) << " | " << vec(o1) << " |\n"
+       << "| block {2}: rescale by α = exp(m_old − m_new) = " << num(alpha) << ", add key 2 | "
+       << num(m2) << " | " << num(l2) << " | " << vec(o2) << " |\n\n"
+       << "and `O / l` = " << vec(fin)
+       << ", the o_1 of the one-pass softmax (the docs build checks "
+       << "they agree to 1e-12).\n";
+    write_file(out / "online_softmax.md", os.str());
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -738,11 +767,13 @@ void mask_pictures(const Backend& ref, const fs::path& out) {
                       "top-left causal (a bias), Sq = 3, Sk = 7", "j <= i: not tandem's causal"));
 }
 
-// Tiles of a causal Sq × Sk score matrix, classified by the visibility rule
-// of the reference: every element visible (no mask work), some visible
-// (element-wise mask), none visible (skipped without reading k or v).
-void tiling_picture(const fs::path& out, int64_t S, int64_t Br, int64_t Bc, int64_t window,
-                    const std::string& name) {
+// Tiles of an S × S score matrix (one head, G = 1), classified by the
+// visibility rule of the reference: every element visible (no mask work),
+// some visible (element-wise mask), none visible (skipped without reading k
+// or v). Returns {tiles visited, tiles in all}.
+std::pair<int, int> tiling_picture(const fs::path& out, int64_t S, int64_t Br, int64_t Bc,
+                                   int64_t window, const std::string& name,
+                                   const std::string& source) {
   tandem::AttentionParams p;
   p.seq_q = p.seq_k = S;
   p.heads = 1;
@@ -750,40 +781,160 @@ void tiling_picture(const fs::path& out, int64_t S, int64_t Br, int64_t Bc, int6
   p.mask = window > 0 ? tandem::MaskKind::sliding_window : tandem::MaskKind::causal;
   p.window = window;
   const auto plan = tandem::AttentionPlan::make(p);
-  const double c = 14, x0 = 40, y0 = 50;
-  Svg s(x0 + S * c + 200, y0 + S * c + 30);
-  s.text(x0 + S * c / 2, 20,
+  const int64_t nr = (S + Br - 1) / Br, nc = (S + Bc - 1) / Bc;
+  const double c = std::min(40.0, 360.0 / static_cast<double>(std::max(nr, nc)));
+  const double x0 = 50, y0 = 56;
+  Svg s(x0 + nc * c + 210, y0 + nr * c + 40);
+  s.text(x0 + nc * c / 2, 20,
          std::string(window > 0 ? "sliding_window(w = " + std::to_string(window) + ")" : "causal") +
-             ", S = " + std::to_string(S) + ", tiles " + std::to_string(Br) + " × " +
-             std::to_string(Bc),
+             ", Sq = Sk = " + std::to_string(S) + ", tiles of " + std::to_string(Br) +
+             " queries × " + std::to_string(Bc) + " keys",
          13);
+  s.text(x0 + nc * c / 2, 40, "key blocks →", 11);
   int full = 0, partial = 0, empty = 0;
-  for (int64_t ti = 0; ti < S; ti += Br)
-    for (int64_t tj = 0; tj < S; tj += Bc) {
+  for (int64_t ti = 0; ti < nr; ++ti)
+    for (int64_t tj = 0; tj < nc; ++tj) {
       int64_t vis = 0, n = 0;
-      for (int64_t i = ti; i < std::min(S, ti + Br); ++i)
-        for (int64_t j = tj; j < std::min(S, tj + Bc); ++j) {
+      for (int64_t i = ti * Br; i < std::min(S, (ti + 1) * Br); ++i)
+        for (int64_t j = tj * Bc; j < std::min(S, (tj + 1) * Bc); ++j) {
           ++n;
           vis += tandem::reference::key_visible(plan, {}, 0, 0, i, j) ? 1 : 0;
         }
       const std::string fill = vis == n ? "#3b7dd8" : vis > 0 ? "#9cc3f0" : "#f4f4f4";
       (vis == n ? full : vis > 0 ? partial : empty)++;
-      for (int64_t i = ti; i < std::min(S, ti + Br); ++i)
-        for (int64_t j = tj; j < std::min(S, tj + Bc); ++j) {
-          const bool v = tandem::reference::key_visible(plan, {}, 0, 0, i, j);
-          s.rect(x0 + j * c, y0 + i * c, c, c, v ? fill : "#f4f4f4", "#dddddd", 0.5);
-        }
-      s.rect(x0 + tj * c, y0 + ti * c, std::min(Bc, S - tj) * c, std::min(Br, S - ti) * c, "none",
-             "#333", 1.5);
+      s.rect(x0 + tj * c, y0 + ti * c, c, c, fill, "#666", 1);
     }
-  const double lx = x0 + S * c + 20;
+  // The visible band's edges, in element coordinates.
+  const double scale_x = c / Bc, scale_y = c / Br;
+  s.line(x0, y0, x0 + S * scale_x, y0 + S * scale_y, "#d62728", 1.5);
+  if (window > 0)
+    s.line(x0, y0 + window * scale_y, x0 + (S - window) * scale_x, y0 + S * scale_y, "#d62728",
+           1.5);
+  const double lx = x0 + nc * c + 20;
   s.rect(lx, y0, 14, 14, "#3b7dd8");
   s.text(lx + 20, y0 + 12, "all visible: " + std::to_string(full), 12, "start");
   s.rect(lx, y0 + 24, 14, 14, "#9cc3f0");
   s.text(lx + 20, y0 + 36, "masked inside: " + std::to_string(partial), 12, "start");
   s.rect(lx, y0 + 48, 14, 14, "#f4f4f4");
   s.text(lx + 20, y0 + 60, "skipped: " + std::to_string(empty), 12, "start");
+  s.text(lx, y0 + 90, source, 10, "start", "#555");
   write_file(out / name, s.str());
+  return {full + partial, full + partial + empty};
+}
+
+// The block sizes of the optimized attention, read from its source so that
+// the page shows what the code uses.
+std::optional<int64_t> constant_in(const fs::path& file, const std::string& name) {
+  if (!fs::exists(file)) return std::nullopt;
+  const std::string text = read_file(file);
+  const auto at = text.find(name + " = ");
+  if (at == std::string::npos) return std::nullopt;
+  return std::atoll(text.c_str() + at + name.size() + 3);
+}
+
+void fast_page(const fs::path& src, const fs::path& out) {
+  const fs::path inl = src / "optimized/src/attention-inl.h";
+  const auto rows = constant_in(inl, "kRowsTarget");
+  const auto keys = constant_in(inl, "kKeyBlock");
+  std::ostringstream f;
+  int64_t Br = 64, Bc = 64;
+  std::string source;
+  if (rows && keys) {
+    Br = *rows;
+    Bc = *keys;
+    source = "block sizes from optimized/src/attention-inl.h";
+    f << "The optimized attention (optimized/src/attention-inl.h) packs `kRowsTarget = " << Br
+      << "` query rows per tile — `block_q = kRowsTarget / G` queries of each of the G = H/Hkv "
+      << "query heads that share a kv head, so a GQA group reads its K and V rows once — and "
+      << "walks the keys in blocks of `kKeyBlock = " << Bc << "`. The pictures use these sizes "
+      << "with G = 1.\n";
+  } else {
+    source = "illustrative block sizes";
+    f << "The optimized attention sources are not part of this tree; the pictures use "
+      << "illustrative 64 × 64 tiles.\n";
+  }
+  const auto [causal_visited, causal_all] =
+      tiling_picture(out, 512, Br, Bc, 0, "tiling_causal.svg", source);
+  const auto [window_visited, window_all] =
+      tiling_picture(out, 512, Br, Bc, 96, "tiling_sliding.svg", source);
+  f << "\nAt Sq = Sk = 512 a causal mask leaves " << causal_visited << " of " << causal_all
+    << " tiles to compute; a sliding window of 96 keys leaves " << window_visited << " of "
+    << window_all << ": the work grows with S·w instead of S².\n";
+  write_file(out / "tiling.md", f.str());
+}
+
+// The broken fixtures of props/ and the properties that must reject each,
+// read from props/broken/broken.hpp (the bug and its comment) and
+// props/test_fixtures.cpp (the expectation table the fixture test enforces).
+void fixture_table(const fs::path& src, const fs::path& out) {
+  const fs::path hpp = src / "props/broken/broken.hpp", cpp = src / "props/test_fixtures.cpp";
+  if (!fs::exists(hpp) || !fs::exists(cpp)) {
+    write_file(out / "fixtures.md",
+               "(The property suite is not part of this tree: no fixture table.)\n");
+    return;
+  }
+  // enum class Bug { name, ///< what it does
+  std::map<std::string, std::string> what;
+  std::vector<std::string> order;
+  {
+    std::istringstream in(read_file(hpp));
+    std::string line;
+    bool in_enum = false;
+    while (std::getline(in, line)) {
+      if (line.find("enum class Bug") != std::string::npos)
+        in_enum = true;
+      else if (in_enum && line.find("};") != std::string::npos)
+        break;
+      else if (in_enum) {
+        const auto comma = line.find(',');
+        const auto doc = line.find("///<");
+        if (comma == std::string::npos || doc == std::string::npos) continue;
+        const std::string name = trim(line.substr(0, comma));
+        if (name == "none") continue;
+        what[name] = trim(line.substr(doc + 4));
+        order.push_back(name);
+      }
+    }
+  }
+  // {Bug::name, {"property", ...}},
+  std::map<std::string, std::vector<std::string>> caught;
+  {
+    const std::string text = read_file(cpp);
+    std::size_t at = 0;
+    while ((at = text.find("{Bug::", at)) != std::string::npos) {
+      const auto name_end = text.find(',', at);
+      const std::string name = trim(text.substr(at + 6, name_end - at - 6));
+      const auto open = text.find('{', name_end);
+      const auto close = text.find('}', open);
+      std::string list = text.substr(open + 1, close - open - 1);
+      std::vector<std::string> props;
+      std::size_t q = 0;
+      while ((q = list.find('"', q)) != std::string::npos) {
+        const auto e = list.find('"', q + 1);
+        props.push_back(list.substr(q + 1, e - q - 1));
+        q = e + 1;
+      }
+      caught[name] = props;
+      at = close;
+    }
+  }
+  if (order.empty() || caught.empty()) fail("could not read the fixture table from props/");
+  std::ostringstream f;
+  f << "| fixture | planted bug | rejected by |\n|---|---|---|\n";
+  for (const auto& name : order) {
+    const auto it = caught.find(name);
+    if (it == caught.end())
+      fail("fixture " + name + " has no expectation in props/test_fixtures.cpp");
+    std::string props;
+    for (const auto& p : it->second) props += (props.empty() ? "`" : ", `") + p + "`";
+    std::string bug = what[name];
+    for (std::size_t i = 0; i < bug.size(); ++i)
+      if (bug[i] == '|') bug.replace(i, 1, "\\|");
+    f << "| `broken_" << name << "` | " << bug << " | " << props << " |\n";
+  }
+  f << "\nRead from props/broken/broken.hpp and the expectation table of "
+    << "props/test_fixtures.cpp when this site was built (" << order.size() << " fixtures).\n";
+  write_file(out / "fixtures.md", f.str());
 }
 
 // ---------------------------------------------------------------------------
@@ -892,6 +1043,32 @@ void code_links(const fs::path& src, const fs::path& out) {
   write_file(out / "links.txt", links.str());
 }
 
+// The pages as Doxygen reads them: docs/pages/*.md with every line
+// `\include{doc} FILE` replaced by the generated FILE. (Doxygen's own
+// \include{doc} joins the paragraphs of the included text into one.)
+void expand_pages(const fs::path& src, const fs::path& out) {
+  const fs::path dir = out / "pages";
+  fs::create_directories(dir);
+  const std::string directive = "\\include{doc} ";
+  for (const auto& e : fs::directory_iterator(src / "docs/pages")) {
+    if (e.path().extension() != ".md") continue;
+    std::istringstream in(read_file(e.path()));
+    std::ostringstream page;
+    std::string line;
+    while (std::getline(in, line)) {
+      const std::string t = trim(line);
+      if (t.rfind(directive, 0) == 0) {
+        const fs::path part = out / trim(t.substr(directive.size()));
+        if (!fs::exists(part)) fail(e.path().string() + ": no generated " + part.string());
+        page << read_file(part) << "\n";
+      } else {
+        page << line << "\n";
+      }
+    }
+    write_file(dir / e.path().filename(), page.str());
+  }
+}
+
 int check_links(const fs::path& html, const fs::path& out) {
   std::istringstream in(read_file(out / "links.txt"));
   std::string t;
@@ -931,9 +1108,10 @@ int main(int argc, char** argv) {
     rope_page(ref, out);
     layout_page(out);
     mask_pictures(ref, out);
-    tiling_picture(out, 24, 8, 8, 0, "tiling_causal.svg");
-    tiling_picture(out, 24, 4, 4, 5, "tiling_sliding.svg");
+    fast_page(src, out);
+    fixture_table(src, out);
     code_links(src, out);
+    expand_pages(src, out);
   } catch (const std::exception& e) {
     fail(std::string("unexpected error: ") + e.what());
   }

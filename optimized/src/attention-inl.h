@@ -66,6 +66,8 @@ inline constexpr std::size_t kMR = 6, kNR = 2;
 /// block); keys per key block.
 inline constexpr std::int64_t kRowsTarget = 192;
 inline constexpr std::int64_t kKeyBlock = 64;
+/// How far ahead of the block being computed K and V rows are prefetched.
+inline constexpr std::int64_t kPrefetchKeys = 4 * kKeyBlock;
 
 inline std::int64_t RoundUp(std::int64_t x, std::int64_t m) {
   return (x + m - 1) / m * m;
@@ -442,15 +444,19 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
   ScoreTransform score(c, t, s);
   const float* k_rows = c.k + p.k.at(t.b, 0, t.g);
   const float* v_rows = c.v + p.v.at(t.b, 0, t.g);
+  std::int64_t prefetched = t.j_begin + kKeyBlock;
   for (std::int64_t j0 = t.j_begin; j0 < t.j_end; j0 += kKeyBlock) {
     const std::int64_t nk = std::min(kKeyBlock, t.j_end - j0);
     const std::int64_t ks = PackedStride(p.D), vs = PackedStride(p.Dv);
-    PackKeyRows(k_rows, p.k.seq, p.D, j0, nk, s.Kp.get());
-    if (j0 + kKeyBlock < t.j_end) {  // the next block's rows, while this one computes
-      const std::int64_t nk_next = std::min(kKeyBlock, t.j_end - j0 - kKeyBlock);
-      PrefetchRows(k_rows, p.k.seq, p.D, j0 + kKeyBlock, nk_next);
-      if (with_pv) PrefetchRows(v_rows, p.v.seq, p.Dv, j0 + kKeyBlock, nk_next);
+    // Keep the rows of the next kPrefetchKeys keys on their way into the
+    // cache while this block computes (decode steps are pure streaming).
+    const std::int64_t ahead = std::min(t.j_end, j0 + kKeyBlock + kPrefetchKeys);
+    if (ahead > prefetched) {
+      PrefetchRows(k_rows, p.k.seq, p.D, prefetched, ahead - prefetched);
+      if (with_pv) PrefetchRows(v_rows, p.v.seq, p.Dv, prefetched, ahead - prefetched);
+      prefetched = ahead;
     }
+    PackKeyRows(k_rows, p.k.seq, p.D, j0, nk, s.Kp.get());
     // S <- Q K^T (transposed: St[jj][r] = <k_{j0+jj}, q_r>)
     Gemm(nk, R, p.D, s.Kp.get(), ks, 1, s.Qt.get(), R, St, R, false);
     score.SetBlock(j0, nk);

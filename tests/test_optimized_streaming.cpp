@@ -411,6 +411,7 @@ TEST(OptimizedAttentionBlock, AgreesWithTheReference) {
   check_block({3, 9, 40, 5, true, true, true, true}, seed += 10);
   check_block({1, 17, 72, 4, true, true, false, true}, seed += 10);  // K = 72: a K tail
   check_block({2, 5, 33, 3, true, true, true, false}, seed += 10);   // odd E, M, N
+  check_block({2, 53, 24, 3, true, true, true, true}, seed += 10);   // 106 rows: 3 row blocks
 }
 
 // ---------------------------------------------------------------------------

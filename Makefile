@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test report docs clean
+.PHONY: all deps configure build test report report-quick peers docs clean
 
 all: build
 
@@ -20,6 +20,28 @@ build: configure
 ## Install, configure, build and run every test.
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
+
+## The performance comparison report: report/report.md (+ report.html, plots).
+## Options: OPS=a,b SEQS=1024,2048 DIMS=64,128 THREADS=N SCALING_THREADS=1,2
+##          PEERS=torch,openvino,onnxruntime,jax|none REPORT_FLAGS='...' (see bench/report/report.py -h)
+REPORT_OUT ?= report
+REPORT_OPTS = --build $(BUILD) --out $(REPORT_OUT) \
+  $(if $(OPS),--ops $(OPS)) $(if $(SEQS),--seqs $(SEQS)) $(if $(DIMS),--dims $(DIMS)) \
+  $(if $(THREADS),--threads $(THREADS)) $(if $(SCALING_THREADS),--scaling-threads $(SCALING_THREADS)) \
+  $(if $(PEERS),--peers $(PEERS)) $(REPORT_FLAGS)
+
+report: configure
+	cmake --build $(BUILD) -j$(JOBS) --target tandem_report_programs
+	/usr/bin/python3 bench/report/report.py --preset standard $(REPORT_OPTS)
+
+## The quick preset (about 2 minutes after the build); CI runs it so the report cannot rot.
+report-quick: configure
+	cmake --build $(BUILD) -j$(JOBS) --target tandem_report_programs
+	/usr/bin/python3 bench/report/report.py --preset quick $(REPORT_OPTS)
+
+## The peer libraries the report compares against, in .venv-peers/ (from PyPI).
+peers:
+	bench/peers/setup.sh .venv-peers
 
 docs: configure
 	cmake --build $(BUILD) --target docs

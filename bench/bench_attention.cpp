@@ -388,7 +388,11 @@ void register_attention() {
     const auto caches =
         static_cast<std::size_t>(std::max(2.0, (quick ? 256.0 : 512.0) * 1048576.0 / cache_bytes));
     for (const auto& bu : backends_at(c.threads, true)) {
-      add_decode(bu, d, bu.name == "reference" ? 2 : caches, {"main", "peer"});
+      if (bu.name == "reference") {
+        add_decode(bu, d, 2, {"small"});
+      } else {
+        add_decode(bu, d, caches, {"main", "peer"});
+      }
     }
   }
 }

@@ -137,9 +137,11 @@ double peak_gflops(int threads);
 /// --roofline value, else measured now and remembered.
 double copy_gbs(int threads);
 
-/// Runs `seconds` of independent FMA chains on `threads` threads with the
-/// Highway target dynamic dispatch picks; returns GFLOP/s.
-double measure_fma_gflops(int threads, double seconds);
+/// Runs about `seconds` of independent FMA chains on `threads` threads with
+/// the Highway target dynamic dispatch picks; returns GFLOP/s counted against
+/// each thread's own CPU time (the cores' capability, unaffected by other
+/// processes) and, in *wall_gflops when given, against wall time.
+double measure_fma_gflops(int threads, double seconds, double* wall_gflops = nullptr);
 /// Copies `bytes` between two resident arrays `passes` times on `threads`
 /// threads; returns GB/s counting bytes read + bytes written.
 double measure_copy_gbs(int threads, std::size_t bytes, int passes);

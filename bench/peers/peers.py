@@ -1,0 +1,633 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Measures tandem's peers on the shapes and thread counts of a tandem_bench plan.
+
+Run inside the peer environment (`make peers` creates .venv-peers/):
+
+    .venv-peers/bin/python bench/peers/peers.py --plan plan.json --out peers.json
+    .venv-peers/bin/python bench/peers/peers.py --list      # which peers are importable
+
+The plan is `tandem_bench --plan` output; every benchmark tagged `peer` is
+measured with each peer implementation of its op, at the benchmark's thread
+count. Each (library, thread count) runs in its own subprocess whose CPU
+affinity and library thread settings are restricted to that many cores, so
+thread settings never leak between measurements; a peer that is missing or
+fails is reported, never fatal.
+
+Peers (each only where importable):
+  torch_eager    PyTorch eager ops: QKᵀ, softmax, PV; HF rotate-half RoPE;
+                 SAM 2's complex-multiply axial RoPE; silu(g)*u
+  torch_sdpa     torch.nn.functional.scaled_dot_product_attention (flash path on CPU)
+  torch_mha      torch.nn.MultiheadAttention (the BERT block), eval + inference mode
+  openvino_sdpa  OpenVINO ScaledDotProductAttention-13 compiled for CPU
+  onnxruntime_attention  ONNX Runtime, ONNX Attention-23 (else com.microsoft MultiHeadAttention)
+  jax_dpa        jax.nn.dot_product_attention, jitted, XLA CPU
+
+Backward of the torch peers times autograd's backward alone (the forward graph
+is built once and kept: torch is not charged for recomputing its forward,
+which tandem's backward does). JAX's jitted vjp includes its forward.
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+LIBRARIES = ("torch", "openvino", "onnxruntime", "jax")
+PIP_NAMES = {"torch": "torch", "openvino": "openvino", "onnxruntime": "onnxruntime onnx",
+             "jax": "jax"}
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------
+# Availability
+
+
+def library_version(lib):
+    """Version string of an importable library, else None (no import side effects kept)."""
+    code = {
+        "torch": "import torch; print(torch.__version__)",
+        "openvino": "import openvino as ov; print(ov.get_version())",
+        "onnxruntime": "import onnxruntime, onnx; print(onnxruntime.__version__ + ' (onnx ' + onnx.__version__ + ')')",
+        "jax": "import jax, jaxlib; print(jax.__version__ + ' (jaxlib ' + jaxlib.__version__ + ')')",
+    }[lib]
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else None
+
+
+def list_peers():
+    return {lib: library_version(lib) for lib in LIBRARIES}
+
+
+# ---------------------------------------------------------------------------
+# Timing
+
+
+def clear_peak_rss():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def rss_bytes():
+    rss = hwm = None
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) * 1024
+            elif line.startswith("VmHWM:"):
+                hwm = int(line.split()[1]) * 1024
+    return rss, hwm
+
+
+def measure(fn, min_time, measure_memory=False):
+    """Mean seconds per call over at least min_time after one warm-up call
+    (which also compiles, for JIT peers). With measure_memory, the warm-up's
+    peak RSS growth in bytes (or None)."""
+    extra = None
+    if measure_memory and clear_peak_rss():
+        rss0, _ = rss_bytes()
+        fn()
+        _, hwm = rss_bytes()
+        extra = max(0, hwm - rss0)
+    else:
+        fn()
+    reps, total = 0, 0.0
+    # Like Google Benchmark: grow the repetition count until min_time is covered.
+    n = 1
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        dt = time.perf_counter() - t0
+        reps += n
+        total += dt
+        if total >= min_time:
+            break
+        per = total / reps
+        n = max(1, min(1000, int((min_time - total) / max(per, 1e-9) * 1.2) + 1))
+    return total / reps, reps, extra
+
+
+# ---------------------------------------------------------------------------
+# Inputs
+
+
+def rng_arrays(np, shapes, seed=0, lo=-1.0, hi=1.0):
+    g = np.random.default_rng(seed)
+    return [g.uniform(lo, hi, size=s).astype(np.float32) for s in shapes]
+
+
+def attn_dims(p):
+    return (int(p["B"]), int(p["H"]), int(p["Hkv"]), int(p["Sq"]), int(p["Sk"]), int(p["D"]),
+            int(p["Dv"]), bool(p["causal"]))
+
+
+# ---------------------------------------------------------------------------
+# torch
+
+
+def torch_impls(task, threads):
+    """Yields (peer, callable, info) for one task."""
+    import torch
+    import torch.nn.functional as F
+    np = __import__("numpy")
+    torch.set_num_threads(threads)
+    op, p = task["op"], task["params"]
+    impls = []
+    if op in ("attention_forward", "attention_backward", "decode"):
+        B, H, Hkv, Sq, Sk, D, Dv, causal = attn_dims(p)
+        g = H // Hkv
+        caches = int(p.get("caches", 1)) if op == "decode" else 1
+        q = torch.from_numpy(rng_arrays(np, [(B, H, Sq, D)], 1)[0])
+        ks = [torch.from_numpy(a) for a in rng_arrays(np, [(B, Hkv, Sk, D)] * caches, 2)]
+        vs = [torch.from_numpy(a) for a in rng_arrays(np, [(B, Hkv, Sk, Dv)] * caches, 3)]
+        scale = 1.0 / math.sqrt(D)
+        off = max(Sk - Sq, 0)
+        hidden = None
+        if causal:
+            i = torch.arange(Sq).unsqueeze(1) + off
+            j = torch.arange(Sk).unsqueeze(0)
+            hidden = j > i  # bottom-right aligned, as tandem's causal
+
+        def eager(q_, k_, v_):
+            if g > 1:  # GQA without copying K and V: group the query heads
+                qg = q_.view(B, Hkv, g * Sq, D)
+                s = torch.matmul(qg, k_.transpose(-1, -2)) * scale
+                s = s.view(B, Hkv, g, Sq, Sk)
+            else:
+                s = torch.matmul(q_, k_.transpose(-1, -2)) * scale
+            if hidden is not None:
+                s = s.masked_fill(hidden, float("-inf"))
+            pr = torch.softmax(s, dim=-1)
+            if g > 1:
+                return torch.matmul(pr.view(B, Hkv, g * Sq, Sk), v_).view(B, H, Sq, Dv)
+            return torch.matmul(pr, v_)
+
+        def sdpa(q_, k_, v_):
+            kw = {}
+            if g > 1:
+                kw["enable_gqa"] = True
+            if causal and Sq != Sk:
+                return F.scaled_dot_product_attention(q_, k_, v_, attn_mask=~hidden, **kw)
+            return F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal, **kw)
+
+        if op in ("attention_forward", "decode"):
+            state = {"c": 0}
+
+            def fwd(f):
+                def call():
+                    c = state["c"]
+                    state["c"] = (c + 1) % caches
+                    with torch.inference_mode():
+                        return f(q, ks[c], vs[c])
+                return call
+            impls.append(("torch_eager", fwd(eager), {}))
+            impls.append(("torch_sdpa", fwd(sdpa), {}))
+        else:
+            dout = torch.from_numpy(rng_arrays(np, [(B, H, Sq, Dv)], 4)[0])
+
+            def bwd(f):
+                qq = q.clone().requires_grad_(True)
+                kk = ks[0].clone().requires_grad_(True)
+                vv = vs[0].clone().requires_grad_(True)
+                out = f(qq, kk, vv)
+
+                def call():
+                    return torch.autograd.grad(out, (qq, kk, vv), dout, retain_graph=True)
+                return call
+            impls.append(("torch_sdpa", bwd(sdpa), {"note": "autograd backward only"}))
+            impls.append(("torch_eager", bwd(eager), {"note": "autograd backward only"}))
+    elif op in ("rope_forward", "rope_backward"):
+        B, S, H, D = (int(p[k]) for k in ("B", "S", "H", "D"))
+        x = torch.from_numpy(rng_arrays(np, [(B, S, H, D)], 5)[0])
+        m = D // 2
+        inv = 10000.0 ** (-torch.arange(0, m, dtype=torch.float64) * 2.0 / D)
+        ang = torch.arange(S, dtype=torch.float64).unsqueeze(1) * inv
+        emb = torch.cat([ang, ang], dim=-1)  # HF: cos/sin [S, D]
+        cos = emb.cos().float().view(1, S, 1, D)
+        sin = emb.sin().float().view(1, S, 1, D)
+
+        def rope(x_):
+            x1, x2 = x_[..., :m], x_[..., m:]
+            return x_ * cos + torch.cat((-x2, x1), dim=-1) * sin
+        if op == "rope_forward":
+            def call():
+                with torch.inference_mode():
+                    return rope(x)
+            impls.append(("torch_eager", call, {}))
+        else:
+            xx = x.clone().requires_grad_(True)
+            y = rope(xx)
+            dy = torch.from_numpy(rng_arrays(np, [(B, S, H, D)], 6)[0])
+
+            def call():
+                return torch.autograd.grad(y, xx, dy, retain_graph=True)
+            impls.append(("torch_eager", call, {"note": "autograd backward only"}))
+    elif op in ("axial_rope_forward", "axial_rope_backward"):
+        B, S, W, H = (int(p[k]) for k in ("B", "S", "W", "H"))
+        D = W // H
+        side = int(round(math.sqrt(S)))
+        x = torch.from_numpy(rng_arrays(np, [(B, H, S, D)], 7)[0])
+        # SAM 2's compute_axial_cis / apply_rotary_enc: complex multiply.
+        freqs = 1.0 / (10000.0 ** (torch.arange(0, D, 4)[: D // 4].float() / D))
+        t = torch.arange(side * side, dtype=torch.float32)
+        tx, ty = t % side, torch.div(t, side, rounding_mode="floor")
+        fx = torch.outer(tx, freqs)
+        fy = torch.outer(ty, freqs)
+        cis = torch.cat([torch.polar(torch.ones_like(fx), fx),
+                         torch.polar(torch.ones_like(fy), fy)], dim=-1)  # [S, D/2]
+
+        def axial(x_):
+            xc = torch.view_as_complex(x_.reshape(*x_.shape[:-1], -1, 2))
+            return torch.view_as_real(xc * cis).flatten(3)
+        if op == "axial_rope_forward":
+            def call():
+                with torch.inference_mode():
+                    return axial(x)
+            impls.append(("torch_eager", call, {}))
+        else:
+            xx = x.clone().requires_grad_(True)
+            y = axial(xx)
+            dy = torch.from_numpy(rng_arrays(np, [tuple(y.shape)], 8)[0])
+
+            def call():
+                return torch.autograd.grad(y, xx, dy, retain_graph=True)
+            impls.append(("torch_eager", call, {"note": "autograd backward only"}))
+    elif op in ("swiglu_forward", "swiglu_backward"):
+        rows, n = int(p["rows"]), int(p["n"])
+        x = torch.from_numpy(rng_arrays(np, [(rows, 2 * n)], 9, -4, 4)[0])
+
+        def swiglu(x_):
+            return F.silu(x_[:, :n]) * x_[:, n:]
+        if op == "swiglu_forward":
+            def call():
+                with torch.inference_mode():
+                    return swiglu(x)
+            impls.append(("torch_eager", call, {}))
+        else:
+            xx = x.clone().requires_grad_(True)
+            y = swiglu(xx)
+            dy = torch.from_numpy(rng_arrays(np, [(rows, n)], 10)[0])
+
+            def call():
+                return torch.autograd.grad(y, xx, dy, retain_graph=True)
+            impls.append(("torch_eager", call, {"note": "autograd backward only"}))
+    elif op == "attention_block":
+        B, S, E, H = (int(p[k]) for k in ("B", "S", "E", "H"))
+        mha = torch.nn.MultiheadAttention(E, H, bias=True, batch_first=True).eval()
+        x = torch.from_numpy(rng_arrays(np, [(B, S, E)], 11)[0])
+
+        def call():
+            with torch.inference_mode():
+                return mha(x, x, x, need_weights=False)[0]
+        impls.append(("torch_mha", call, {}))
+    return impls
+
+
+# ---------------------------------------------------------------------------
+# OpenVINO
+
+
+def openvino_impls(task, threads):
+    if task["op"] != "attention_forward":
+        return []
+    import numpy as np
+    import openvino as ov
+    import openvino.opset13 as ops
+    B, H, Hkv, Sq, Sk, D, Dv, causal = attn_dims(task["params"])
+    if Hkv != H or (causal and Sq != Sk):
+        return []
+    q = ops.parameter([B, H, Sq, D], np.float32, name="q")
+    k = ops.parameter([B, H, Sk, D], np.float32, name="k")
+    v = ops.parameter([B, H, Sk, Dv], np.float32, name="v")
+    out = ops.scaled_dot_product_attention(q, k, v, causal=causal)
+    model = ov.Model([out], [q, k, v], "sdpa")
+    core = ov.Core()
+    compiled = core.compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                                 "INFERENCE_PRECISION_HINT": "f32",
+                                                 "PERFORMANCE_HINT": "LATENCY"})
+    req = compiled.create_infer_request()
+    arrays = rng_arrays(np, [(B, H, Sq, D), (B, H, Sk, D), (B, H, Sk, Dv)], 1)
+    for i, a in enumerate(arrays):
+        req.set_input_tensor(i, ov.Tensor(a, shared_memory=True))
+
+    keep = (core, compiled, model, arrays)  # the request needs them alive
+
+    def call():
+        req.infer()
+        return keep
+    return [("openvino_sdpa", call, {})]
+
+
+# ---------------------------------------------------------------------------
+# ONNX Runtime
+
+
+def onnxruntime_impls(task, threads):
+    if task["op"] != "attention_forward":
+        return []
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+    B, H, Hkv, Sq, Sk, D, Dv, causal = attn_dims(task["params"])
+    if Hkv != H or (causal and Sq != Sk):
+        return []
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+
+    def session(model):
+        return ort.InferenceSession(model.SerializeToString(), so,
+                                    providers=["CPUExecutionProvider"])
+
+    errors = []
+    # ONNX Attention-23: 4-D [B, H, S, D] inputs.
+    try:
+        node = helper.make_node("Attention", ["q", "k", "v"], ["o"], is_causal=int(causal))
+        graph = helper.make_graph(
+            [node], "attn",
+            [helper.make_tensor_value_info("q", TensorProto.FLOAT, [B, H, Sq, D]),
+             helper.make_tensor_value_info("k", TensorProto.FLOAT, [B, H, Sk, D]),
+             helper.make_tensor_value_info("v", TensorProto.FLOAT, [B, H, Sk, Dv])],
+            [helper.make_tensor_value_info("o", TensorProto.FLOAT, [B, H, Sq, Dv])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+        model.ir_version = min(model.ir_version, 10)
+        sess = session(model)
+        q, k, v = rng_arrays(np, [(B, H, Sq, D), (B, H, Sk, D), (B, H, Sk, Dv)], 1)
+        feeds = {"q": q, "k": k, "v": v}
+        return [("onnxruntime_attention", lambda: sess.run(None, feeds), {"note": "ONNX Attention-23"})]
+    except Exception as e:  # noqa: BLE001 - fall back to the contrib op
+        errors.append(f"Attention-23: {e}")
+    try:
+        attrs = {"num_heads": H}
+        if causal:
+            attrs["unidirectional"] = 1
+        node = helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["o"],
+                                domain="com.microsoft", **attrs)
+        graph = helper.make_graph(
+            [node], "mha",
+            [helper.make_tensor_value_info("q", TensorProto.FLOAT, [B, Sq, H * D]),
+             helper.make_tensor_value_info("k", TensorProto.FLOAT, [B, Sk, H * D]),
+             helper.make_tensor_value_info("v", TensorProto.FLOAT, [B, Sk, H * Dv])],
+            [helper.make_tensor_value_info("o", TensorProto.FLOAT, [B, Sq, H * Dv])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                        helper.make_opsetid("com.microsoft", 1)])
+        model.ir_version = min(model.ir_version, 9)
+        sess = session(model)
+        q, k, v = rng_arrays(np, [(B, Sq, H * D), (B, Sk, H * D), (B, Sk, H * Dv)], 1)
+        feeds = {"q": q, "k": k, "v": v}
+        return [("onnxruntime_attention", lambda: sess.run(None, feeds),
+                 {"note": "com.microsoft MultiHeadAttention"})]
+    except Exception as e:  # noqa: BLE001
+        errors.append(f"MultiHeadAttention: {e}")
+    raise RuntimeError("; ".join(errors))
+
+
+# ---------------------------------------------------------------------------
+# JAX
+
+
+def jax_impls(task, threads):
+    op = task["op"]
+    if op not in ("attention_forward", "attention_backward"):
+        return []
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    B, H, Hkv, Sq, Sk, D, Dv, causal = attn_dims(task["params"])
+    if Hkv != H or Dv != D or (causal and Sq != Sk):
+        return []
+    q, k, v, do = (jnp.asarray(a) for a in rng_arrays(
+        np, [(B, Sq, H, D), (B, Sk, H, D), (B, Sk, H, Dv), (B, Sq, H, Dv)], 1))
+
+    def f(q_, k_, v_):
+        return jax.nn.dot_product_attention(q_, k_, v_, is_causal=causal, implementation="xla")
+    if op == "attention_forward":
+        fj = jax.jit(f)
+        return [("jax_dpa", lambda: fj(q, k, v).block_until_ready(), {})]
+
+    def fb(q_, k_, v_, do_):
+        _, vjp = jax.vjp(f, q_, k_, v_)
+        return vjp(do_)
+    fbj = jax.jit(fb)
+    return [("jax_dpa", lambda: jax.block_until_ready(fbj(q, k, v, do)),
+             {"note": "jitted vjp, includes its forward"})]
+
+
+IMPLS = {"torch": torch_impls, "openvino": openvino_impls, "onnxruntime": onnxruntime_impls,
+         "jax": jax_impls}
+
+
+# ---------------------------------------------------------------------------
+# Worker: one library, one thread count
+
+
+def flops_or_bytes(task, seconds):
+    p = task["params"]
+    r = {}
+    if task["op"] == "decode":
+        r["GB/s"] = p["bytes"] / seconds / 1e9
+        r["GFLOP/s"] = p["flop"] / seconds / 1e9
+    elif "flop" in p:
+        r["GFLOP/s"] = p["flop"] / seconds / 1e9
+    elif "bytes" in p:
+        r["GB/s"] = p["bytes"] / seconds / 1e9
+    return r
+
+
+def worker(lib, threads, tasks, out_path, min_time, deadline, memory):
+    version = library_version_inproc(lib)
+    with open(out_path, "a") as out:
+        for task in tasks:
+            base = {"op": task["op"], "shape": task["shape"], "threads": threads, "library": lib,
+                    "version": version, "tandem_name": task["name"]}
+            if time.time() > deadline:
+                out.write(json.dumps({**base, "peer": lib, "error": "skipped: peer time budget spent"}) + "\n")
+                out.flush()
+                continue
+            try:
+                impls = IMPLS[lib](task, threads)
+            except Exception as e:  # noqa: BLE001 - report and go on
+                out.write(json.dumps({**base, "peer": lib, "error": f"{type(e).__name__}: {e}"[:400]}) + "\n")
+                out.flush()
+                continue
+            for peer, fn, info in impls:
+                rec = {**base, "peer": peer, **info}
+                if time.time() > deadline:
+                    rec["error"] = "skipped: peer time budget spent"
+                else:
+                    try:
+                        want_mem = memory and task["op"] == "attention_forward" and lib == "torch"
+                        sec, reps, extra = measure(fn, min_time, want_mem)
+                        rec.update({"seconds": sec, "reps": reps, **flops_or_bytes(task, sec)})
+                        if extra is not None:
+                            p = task["params"]
+                            out_bytes = 4 * p["B"] * p["H"] * p["Sq"] * p["Dv"]
+                            rec["extra_MiB"] = max(0.0, extra - out_bytes) / 2**20
+                        log(f"  {peer:22s} {task['op']}/{task['shape']} t={threads}: {sec*1e3:9.2f} ms")
+                    except Exception as e:  # noqa: BLE001
+                        rec["error"] = f"{type(e).__name__}: {e}"[:400]
+                        log(f"  {peer:22s} {task['op']}/{task['shape']} t={threads}: failed ({rec['error'][:120]})")
+                out.write(json.dumps(rec) + "\n")
+                out.flush()
+            del impls
+
+
+def library_version_inproc(lib):
+    try:
+        if lib == "torch":
+            import torch
+            return torch.__version__
+        if lib == "openvino":
+            import openvino as ov
+            return ov.get_version()
+        if lib == "onnxruntime":
+            import onnxruntime
+            return onnxruntime.__version__
+        if lib == "jax":
+            import jax
+            return jax.__version__
+    except Exception:  # noqa: BLE001
+        return None
+    return None
+
+
+def limit_threads_env(threads):
+    """Environment and affinity for a worker restricted to `threads` cores."""
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[var] = str(threads)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                        f" --xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'}"
+                        f" intra_op_parallelism_threads={threads}").strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    return env
+
+
+# ---------------------------------------------------------------------------
+# Driver
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--plan", help="tandem_bench --plan output (JSON)")
+    ap.add_argument("--out", help="where to write the peer results (JSON)")
+    ap.add_argument("--peers", default=",".join(LIBRARIES),
+                    help="libraries to try (default: %(default)s)")
+    ap.add_argument("--min-time", type=float, default=0.3, help="seconds per measurement")
+    ap.add_argument("--budget", type=float, default=600.0,
+                    help="seconds for all peers together; later measurements are skipped")
+    ap.add_argument("--list", action="store_true", help="print which peers are importable")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--tasks", help=argparse.SUPPRESS)
+    ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--memory", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.worker:
+        if args.threads and hasattr(os, "sched_setaffinity"):
+            cpus = sorted(os.sched_getaffinity(0))
+            os.sched_setaffinity(0, set(cpus[: args.threads]))
+        with open(args.tasks) as f:
+            tasks = json.load(f)
+        worker(args.worker, args.threads, tasks, args.out, args.min_time, args.deadline,
+               args.memory)
+        return 0
+
+    if args.list:
+        avail = list_peers()
+        print(json.dumps(avail, indent=1))
+        return 0
+
+    if not args.plan or not args.out:
+        ap.error("--plan and --out are required (or --list)")
+    with open(args.plan) as f:
+        plan = json.load(f)
+    wanted = [p for p in args.peers.split(",") if p]
+    versions = {lib: library_version(lib) for lib in wanted}
+    for lib, v in versions.items():
+        log(f"peers: {lib}: {v if v else 'not installed'}")
+
+    # One task per distinct (op, shape, threads) tagged peer.
+    tasks, seen = [], set()
+    for b in plan["benchmarks"]:
+        if "peer" not in b["tags"] or b["backend"] == "probe":
+            continue
+        key = (b["op"], b["shape"], b["threads"])
+        if key in seen:
+            continue
+        seen.add(key)
+        tasks.append(b)
+    by_threads = {}
+    for t in tasks:
+        by_threads.setdefault(t["threads"], []).append(t)
+
+    results = []
+    tmpdir = os.path.dirname(os.path.abspath(args.out))
+    start = time.time()
+    deadline = start + args.budget
+    groups = [(lib, th) for lib in wanted if versions.get(lib) for th in sorted(by_threads, reverse=True)]
+    for gi, (lib, th) in enumerate(groups):
+        ts = by_threads[th]
+        log(f"peers: [{gi + 1}/{len(groups)}] {lib} with {th} thread(s): {len(ts)} shape(s), "
+            f"{max(0, deadline - time.time()):.0f} s of peer budget left")
+        task_file = os.path.join(tmpdir, f".peer-tasks-{lib}-{th}.json")
+        part_file = os.path.join(tmpdir, f".peer-results-{lib}-{th}.jsonl")
+        with open(task_file, "w") as f:
+            json.dump(ts, f)
+        if os.path.exists(part_file):
+            os.remove(part_file)
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", lib, "--threads", str(th),
+               "--tasks", task_file, "--out", part_file, "--min-time", str(args.min_time),
+               "--deadline", str(deadline), "--memory"]
+        try:
+            proc = subprocess.run(cmd, env=limit_threads_env(th),
+                                  timeout=max(30.0, deadline - time.time() + 120))
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        got = []
+        if os.path.exists(part_file):
+            with open(part_file) as f:
+                got = [json.loads(line) for line in f if line.strip()]
+            os.remove(part_file)
+        os.remove(task_file)
+        if rc != 0:
+            log(f"peers: {lib} worker ended with {rc}; {len(got)} result(s) kept")
+            results.append({"library": lib, "threads": th, "peer": lib,
+                            "error": f"worker exited with {rc} after {len(got)} result(s)"})
+        results.extend(got)
+
+    doc = {"versions": versions,
+           "missing": [lib for lib in wanted if not versions.get(lib)],
+           "install": "make peers",
+           "pip": {lib: PIP_NAMES[lib] for lib in wanted},
+           "results": results,
+           "seconds": time.time() - start}
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1116 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
+"""tandem's performance comparison report.
+
+Runs tandem_bench (one process per benchmark, so one failure cannot take the
+rest down and every memory figure starts from a fresh process), the peers
+(where .venv-peers/ has them) and tandem_accuracy, then writes
+report/report.md, report/report.html, report/*.png and the raw results
+under report/raw/.
+
+    make report                 # the default set (about 10 minutes on 2 cores)
+    make report-quick           # the quick preset (CI: about 2 minutes)
+    bench/report/report.py --build build --preset standard --ops attention_forward,decode \\
+        --seqs 1024,2048 --threads 2 --scaling-threads 1,2 --peers torch
+
+Every figure is a ratio within this one run: GFLOP/s and GB/s are divided by
+the FMA peak and copy bandwidth that tandem_bench's roofline probe measures at
+the start of the same run, and speed-ups compare measurements taken minutes
+apart on the same machine.
+"""
+import argparse
+import datetime
+import html
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+# ---------------------------------------------------------------------------
+# Small helpers
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def fmt_dur(s):
+    s = int(round(s))
+    return f"{s // 60}:{s % 60:02d}"
+
+
+def run_text(cmd, **kw):
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, **kw)
+        return out.stdout.strip() if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def dpkg_version(pkg):
+    return run_text(["dpkg-query", "-W", "-f=${Version}", pkg])
+
+
+def load_avg():
+    try:
+        return os.getloadavg()
+    except OSError:
+        return None
+
+
+def fnum(x, digits=3):
+    """Human number: 3 significant digits, or '–'."""
+    if x is None or (isinstance(x, float) and (math.isnan(x) or math.isinf(x))):
+        return "–"
+    if x == 0:
+        return "0"
+    mag = abs(x)
+    if mag >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{max(0, digits - 1 - int(math.floor(math.log10(mag))))}f}"
+
+
+def fpct(x):
+    return "–" if x is None else f"{100 * x:.0f} %"
+
+
+def fratio(x):
+    return "–" if x is None else f"{x:.2f}×"
+
+
+def fms(seconds):
+    if seconds is None:
+        return "–"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} µs"
+
+
+# ---------------------------------------------------------------------------
+# Machine description
+
+
+def machine_info(plan, build):
+    info = {}
+    cpu = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    info["cpu_model"] = cpu or platform.processor() or "unknown"
+    info["cores"] = plan.get("cores")
+    lscpu = run_text(["lscpu"]) or ""
+    for key in ("L2 cache", "L3 cache", "Hypervisor vendor", "Thread(s) per core"):
+        m = re.search(rf"^{re.escape(key)}:\s*(.+)$", lscpu, re.M)
+        if m:
+            info[key] = m.group(1).strip()
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = line
+                    break
+    except OSError:
+        pass
+    info["simd_flags"] = " ".join(x for x in ("avx512f", "avx512bw", "avx512vl", "avx512_bf16",
+                                              "avx2", "fma", "sse4_2", "neon", "sve")
+                                  if re.search(rf"\b{x}\b", flags))
+    try:
+        with open("/proc/meminfo") as f:
+            kb = int(f.readline().split()[1])
+        info["memory_gib"] = round(kb / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    info["kernel"] = platform.release()
+    info["optimized_target"] = plan.get("optimized_target")
+    info["roofline_target"] = plan.get("roofline_target")
+    info["compiler"] = plan.get("compiler")
+    info["highway"] = plan.get("highway_version")
+    info["tandem"] = plan.get("tandem_version")
+    info["google_benchmark"] = dpkg_version("libbenchmark-dev")
+    info["openmp"] = dpkg_version("libgomp1")
+    info["python"] = platform.python_version()
+    try:
+        import numpy
+        info["numpy"] = numpy.__version__
+    except ImportError:
+        pass
+    try:
+        import matplotlib
+        info["matplotlib"] = matplotlib.__version__
+    except ImportError:
+        pass
+    info["git_commit"] = run_text(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"])
+    dirty = run_text(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"])
+    info["git_dirty"] = bool(dirty)
+    info["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    info["build"] = build
+    return info
+
+
+# ---------------------------------------------------------------------------
+# Running tandem_bench
+
+
+def bench_args(a):
+    args = [f"--preset={a.preset}"]
+    if a.ops:
+        args.append(f"--ops={a.ops}")
+    if a.seqs:
+        args.append(f"--seqs={a.seqs}")
+    if a.dims:
+        args.append(f"--dims={a.dims}")
+    if a.threads:
+        args.append(f"--threads={a.threads}")
+    if a.scaling_threads:
+        args.append(f"--scaling_threads={a.scaling_threads}")
+    if a.backends:
+        args.append(f"--backends={a.backends}")
+    if a.min_time:
+        args.append(f"--min_time={a.min_time}")
+    return args
+
+
+def name_filter(name):
+    return "^" + re.escape(name).replace("\\/", "/") + "(/min_time:[0-9.]+)?/real_time$"
+
+
+def run_one(exe, args, name, out_json, timeout):
+    cmd = [exe, *args, f"--benchmark_filter={name_filter(name)}",
+           f"--benchmark_out={out_json}", "--benchmark_out_format=json"]
+    t0 = time.time()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        rc, tail = proc.returncode, (proc.stderr or "")[-400:]
+    except subprocess.TimeoutExpired:
+        rc, tail = "timeout", f"stopped after {timeout:.0f} s"
+    dt = time.time() - t0
+    results, context = [], {}
+    if os.path.exists(out_json):
+        try:
+            with open(out_json) as f:
+                doc = json.load(f)
+            results = doc.get("benchmarks", [])
+            context = doc.get("context", {})
+        except (OSError, json.JSONDecodeError):
+            pass
+        os.remove(out_json)
+    if rc != 0 and not results:
+        results = [{"name": name, "error_occurred": True,
+                    "error_message": f"tandem_bench exited with {rc}: {tail.strip()}"}]
+    return results, context, dt
+
+
+class Eta:
+    """Remaining-time estimate from each benchmark's work and the rates seen so far."""
+
+    def __init__(self, specs, min_time, peaks):
+        self.min_time = min_time
+        self.peaks = peaks
+        self.rate = {}  # (op kind, backend) -> measured GFLOP/s or GB/s
+        self.specs = specs
+        self.scale = 1.0
+        self.spent_est = 0.0
+        self.spent = 0.0
+
+    def guess(self, s):
+        p = s["params"]
+        if s["op"].startswith("roofline"):
+            return 3.0
+        reps = 1 if "memory" in s["tags"] else 2
+        by_flop = "flop" in p and s["op"] != "decode"
+        work = p.get("flop") if by_flop else p.get("bytes", 0)
+        rate = self.rate.get((s["op"], s["backend"], s["threads"]))
+        if rate is None:
+            peak, copy = self.peaks.get(s["threads"], (100.0, 10.0))
+            if s["backend"] == "reference":
+                rate = 0.5e9 if by_flop else 1e9
+            else:
+                rate = (0.3 * peak if by_flop else 0.5 * copy) * 1e9
+        call = (work or 0) / rate
+        # process start and buffer set-up, the warm-up call, then min_time worth of calls
+        return 0.4 + reps * call + max(self.min_time, call) + 1e-9 * 4 * (p.get("io_bytes", 0) or 0)
+
+    def learn(self, s, result, seconds_taken, estimated):
+        if result and not result.get("error_occurred"):
+            key = (s["op"], s["backend"], s["threads"])
+            by_flop = "flop" in s["params"] and s["op"] != "decode"
+            rate = result.get("GFLOP/s") if by_flop else result.get("GB/s")
+            if rate:
+                # larger shapes run faster: keep the best rate seen for this op
+                self.rate[key] = max(self.rate.get(key, 0.0), rate * 1e9)
+        self.spent += seconds_taken
+        self.spent_est += estimated
+        if self.spent_est > 0:
+            self.scale = min(3.0, max(0.5, self.spent / self.spent_est))
+
+    def remaining(self, rest):
+        return self.scale * sum(self.guess(s) for s in rest)
+
+
+def run_benchmarks(a, exe, plan, raw_dir):
+    args = bench_args(a)
+    specs = plan["benchmarks"]
+    roof = [s for s in specs if s["op"].startswith("roofline")]
+    rest = [s for s in specs if not s["op"].startswith("roofline")]
+    results, context = [], {}
+    start = time.time()
+    total = len(specs)
+    log(f"report: {total} benchmarks to run ({len(roof)} roofline probes first)")
+    tmp = os.path.join(raw_dir, ".one.json")
+    # Roofline first: its peaks are handed to every later process.
+    peaks = {}
+    for i, s in enumerate(roof):
+        log(f"[{i + 1:3d}/{total}] {s['name']}")
+        got, ctx, _ = run_one(exe, args, s["name"], tmp, 300)
+        context = context or ctx
+        for r in got:
+            r["_spec"] = s
+            results.append(r)
+            t = s["threads"]
+            g, c = peaks.get(t, (None, None))
+            if s["op"] == "roofline_fma" and "GFLOP/s" in r:
+                g = r["GFLOP/s"]
+            if s["op"] == "roofline_copy" and "GB/s" in r:
+                c = r["GB/s"]
+            peaks[t] = (g, c)
+    complete = {t: v for t, v in peaks.items() if v[0] and v[1]}
+    if complete:
+        args = args + ["--roofline=" + ",".join(f"{t}:{g:.6g}:{c:.6g}" for t, (g, c) in sorted(complete.items()))]
+    eta = Eta(rest, a.min_time or {"quick": 0.05, "standard": 0.3, "full": 0.5}[a.preset], complete)
+    for i, s in enumerate(rest):
+        est = eta.guess(s)
+        left = eta.remaining(rest[i:])
+        log(f"[{len(roof) + i + 1:3d}/{total}] {s['name']}  "
+            f"(elapsed {fmt_dur(time.time() - start)}, about {fmt_dur(left)} left)")
+        got, ctx, dt = run_one(exe, args, s["name"], tmp, max(180.0, 20 * est))
+        context = context or ctx
+        for r in got:
+            r["_spec"] = s
+            results.append(r)
+            if r.get("error_occurred"):
+                log(f"      failed: {r.get('error_message', '')[:200]}")
+        eta.learn(s, got[0] if got else None, dt, est)
+    log(f"report: benchmarks done in {fmt_dur(time.time() - start)}")
+    return results, context
+
+
+# ---------------------------------------------------------------------------
+# Peers and accuracy
+
+
+def peer_plan(plan, preset):
+    """The benchmarks the peers measure: every `peer` tag; in the quick preset
+    only attention at S = 2048, D = 128 without mask at the main thread count
+    and the first shape of every other op."""
+    out = []
+    seen_ops = set()
+    for b in plan["benchmarks"]:
+        if "peer" not in b["tags"]:
+            continue
+        if preset == "quick":
+            if b["threads"] != plan["threads"] or b["op"] in seen_ops:
+                continue
+            if b["op"] in ("attention_forward", "attention_backward") and b["shape"] != "B1_H8_S2048_D128":
+                continue
+        seen_ops.add(b["op"])
+        out.append(b)
+    return dict(plan, benchmarks=out)
+
+
+def run_peers(a, plan, raw_dir):
+    venv_py = os.path.join(ROOT, a.venv, "bin", "python")
+    peers_out = os.path.join(raw_dir, "peers.json")
+    wanted = [p for p in (a.peers or "torch,openvino,onnxruntime,jax").split(",") if p and p != "none"]
+    if not wanted:
+        return {"missing": [], "versions": {}, "results": [], "disabled": True}
+    if not os.path.exists(venv_py):
+        log(f"report: no peer environment ({a.venv}/); create it with `make peers`")
+        return {"missing": wanted, "versions": {}, "results": [], "no_venv": True}
+    pp = peer_plan(plan, a.preset)
+    plan_file = os.path.join(raw_dir, "peer-plan.json")
+    with open(plan_file, "w") as f:
+        json.dump(pp, f)
+    n = len(pp["benchmarks"])
+    budget = a.peer_budget or (75 if a.preset == "quick" else 420)
+    log(f"report: peers on {n} shape(s), at most {budget:.0f} s")
+    cmd = [venv_py, os.path.join(ROOT, "bench", "peers", "peers.py"), "--plan", plan_file,
+           "--out", peers_out, "--peers", ",".join(wanted),
+           "--min-time", str(a.min_time or (0.05 if a.preset == "quick" else 0.3)),
+           "--budget", str(budget)]
+    try:
+        subprocess.run(cmd, timeout=budget + 600)
+    except subprocess.TimeoutExpired:
+        log("report: the peer run overran its budget and was stopped")
+    try:
+        with open(peers_out) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return {"missing": wanted, "versions": {}, "results": [], "failed": True}
+
+
+def run_accuracy(a, build, raw_dir):
+    exe = os.path.join(build, "bench", "tandem_accuracy")
+    out = os.path.join(raw_dir, "accuracy.json")
+    if not os.path.exists(exe):
+        return {"results": [], "error": f"{exe} not built"}
+    log("report: errors against the reference in double (tandem_accuracy)")
+    cmd = [exe, f"--out={out}"]
+    if a.preset == "quick":
+        cmd.append("--quick")
+    if a.threads:
+        cmd.append(f"--threads={a.threads}")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            return {"results": [], "error": proc.stderr[-400:]}
+        with open(out) as f:
+            return json.load(f)
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
+        return {"results": [], "error": str(e)}
+
+
+# ---------------------------------------------------------------------------
+# Analysis
+
+
+class Data:
+    def __init__(self, bench, peers, accuracy, info, plan):
+        self.info, self.plan, self.accuracy = info, plan, accuracy
+        self.peers_doc = peers
+        self.rows = []  # tandem results
+        self.errors = []
+        self.peak = {}  # threads -> GFLOP/s
+        self.copy = {}  # threads -> GB/s
+        self.read = {}
+        self.peak_wall = {}
+        for r in bench:
+            s = r.get("_spec", {})
+            if r.get("error_occurred"):
+                self.errors.append((r.get("name"), r.get("error_message", "")))
+                continue
+            if r.get("run_type", "iteration") != "iteration":
+                continue
+            unit = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}[r.get("time_unit", "ns")]
+            row = {"name": r["name"], "op": s.get("op"), "backend": s.get("backend"),
+                   "shape": s.get("shape"), "threads": s.get("threads", int(r.get("threads", 1))),
+                   "params": s.get("params", {}), "tags": s.get("tags", []),
+                   "seconds": r["real_time"] * unit,
+                   "gflops": r.get("GFLOP/s"), "gbs": r.get("GB/s"),
+                   "frac_peak": r.get("frac_peak"), "frac_copy": r.get("frac_copy"),
+                   "extra_mib": r.get("extra_MiB"), "iterations": r.get("iterations"),
+                   "gflops_wall": r.get("GFLOP/s_wall")}
+            if row["op"] == "roofline_fma":
+                self.peak[row["threads"]] = row["gflops"]
+                self.peak_wall[row["threads"]] = row["gflops_wall"]
+            elif row["op"] == "roofline_copy":
+                self.copy[row["threads"]] = row["gbs"]
+            elif row["op"] == "roofline_read":
+                self.read[row["threads"]] = row["gbs"]
+            else:
+                self.rows.append(row)
+        self.peer_rows = [p for p in peers.get("results", []) if "seconds" in p]
+        self.peer_errors = [p for p in peers.get("results", []) if "error" in p]
+        self.main_threads = plan.get("threads")
+
+    def find(self, op, shape, backend="optimized", threads=None):
+        threads = self.main_threads if threads is None else threads
+        for r in self.rows:
+            if r["op"] == op and r["shape"] == shape and r["backend"] == backend and r["threads"] == threads:
+                return r
+        return None
+
+    def find_any_threads(self, op, shape, backend="reference"):
+        for r in self.rows:
+            if r["op"] == op and r["shape"] == shape and r["backend"] == backend:
+                return r
+        return None
+
+    def peer(self, op, shape, peer, threads=None):
+        threads = self.main_threads if threads is None else threads
+        for p in self.peer_rows:
+            if p["op"] == op and p["shape"] == shape and p["peer"] == peer and p["threads"] == threads:
+                return p
+        return None
+
+    def peer_names(self, op=None):
+        names = []
+        for p in self.peer_rows:
+            if (op is None or p["op"] == op) and p["peer"] not in names:
+                names.append(p["peer"])
+        return names
+
+
+# ---------------------------------------------------------------------------
+# Targets
+
+
+def evaluate_targets(d):
+    """[(target, measured text, status)] with status met / not met / not measured."""
+    T = []
+    mt = d.main_threads
+
+    def add(name, ok, measured):
+        T.append((name, measured, "not measured" if ok is None else ("met" if ok else "not met")))
+
+    for D, need in ((128, 0.75), (64, 0.70)):
+        r = d.find("attention_forward", f"B1_H8_S2048_D{D}")
+        add(f"attention forward B=1 H=8 S=2048 D={D}, no mask: ≥ {need:.0%} of FMA peak",
+            None if not r else r["frac_peak"] >= need,
+            "–" if not r else f"{fpct(r['frac_peak'])} ({fnum(r['gflops'])} GFLOP/s of {fnum(d.peak.get(mt))})")
+    for D in (128, 64):
+        a, c = d.find("attention_forward", f"B1_H8_S2048_D{D}"), d.find("attention_forward", f"B1_H8_S2048_D{D}_causal")
+        ratio = c["seconds"] / a["seconds"] if a and c else None
+        add(f"causal forward (S=2048, D={D}) ≤ 0.55× the unmasked time",
+            None if ratio is None else ratio <= 0.55, "–" if ratio is None else f"{ratio:.2f}×")
+    r = None
+    for row in d.rows:
+        if row["op"] == "decode" and row["backend"] == "optimized" and row["threads"] == mt:
+            r = row
+    add("decode (Sq=1, Sk=4096, H=32, Hkv=8, D=128) ≥ 70 % of copy bandwidth",
+        None if not r else r["frac_copy"] >= 0.70,
+        "–" if not r else f"{fpct(r['frac_copy'])} ({fnum(r['gbs'])} GB/s of K and V, copy {fnum(d.copy.get(mt))} GB/s)")
+    for D in (128,):
+        r = d.find("attention_backward", f"B1_H8_S2048_D{D}")
+        add(f"attention backward (all three, S=2048, D={D}) ≥ 50 % of FMA peak (FLOPs = 2.5× forward)",
+            None if not r else r["frac_peak"] >= 0.50,
+            "–" if not r else f"{fpct(r['frac_peak'])} ({fnum(r['gflops'])} GFLOP/s)")
+    for op, need in (("attention_forward", 4.0), ("attention_backward", 2.0)):
+        shape = "B1_H8_S4096_D128_causal"
+        r, p = d.find(op, shape), d.peer(op, shape, "torch_sdpa")
+        sp = p["seconds"] / r["seconds"] if r and p else None
+        what = "forward" if op == "attention_forward" else "backward"
+        add(f"{what} vs PyTorch SDPA at B=1 H=8 S=4096 D=128 causal: ≥ {need:g}× faster",
+            None if sp is None else sp >= need,
+            "–" if sp is None else f"{sp:.2f}× ({fms(r['seconds'])} vs {fms(p['seconds'])})")
+    r = d.find("attention_forward", "B1_H8_S4096_D128")
+    add("vs ggml CPU flash attention (118 GFLOP/s, quoted, D=128, S=4096, no mask): ≥ 2.5×",
+        None if not r else r["gflops"] / 118.0 >= 2.5,
+        "–" if not r else f"{r['gflops'] / 118.0:.2f}× ({fnum(r['gflops'])} GFLOP/s)")
+    streaming = [r for r in d.rows if r["backend"] == "optimized" and "main" in r["tags"]
+                 and r["op"].split("_")[0] in ("rope", "axial", "swiglu") and r["threads"] == mt]
+    if streaming:
+        worst = min(streaming, key=lambda r: r["frac_copy"])
+        add("streaming ops (RoPE, axial RoPE, SwiGLU, forward and backward, ≥ 64 MiB) ≥ 80 % of copy bandwidth",
+            all(r["frac_copy"] >= 0.80 for r in streaming),
+            f"lowest {worst['op']} {fpct(worst['frac_copy'])}; " +
+            ", ".join(f"{r['op'].replace('_forward', ' fwd').replace('_backward', ' bwd')} {fpct(r['frac_copy'])}"
+                      for r in streaming))
+    else:
+        add("streaming ops ≥ 80 % of copy bandwidth", None, "–")
+    blk = block_split(d)
+    add("attention block projections (B=8, S=512, E=768, H=12) ≥ 70 % of FMA peak",
+        None if not blk or blk.get("proj_frac") is None else blk["proj_frac"] >= 0.70,
+        "–" if not blk else (f"projections ≈ {fpct(blk.get('proj_frac'))} (block − its attention), "
+                             f"whole block {fpct(blk['block']['frac_peak'])}"))
+    for op in ("attention_forward", "attention_backward"):
+        r = d.find(op, "B1_H8_S16384_D128")
+        add(f"{op.replace('attention_', '')} extra memory at S=16384, D=128 ≤ 64 MiB beyond inputs/outputs",
+            None if not r or r["extra_mib"] is None or r["extra_mib"] < 0 else r["extra_mib"] <= 64,
+            "–" if not r else f"{fnum(r['extra_mib'])} MiB (a materialized score matrix: "
+                              f"{fnum(r['params'].get('scores_bytes', 0) / 2**20)} MiB)")
+    for op in ("attention_forward", "attention_backward"):
+        for shape in ("B1_H8_S2048_D128", "B1_H8_S2048_D128_causal"):
+            one, two = d.find(op, shape, threads=1), d.find(op, shape, threads=2)
+            sp = one["seconds"] / two["seconds"] if one and two else None
+            add(f"{op.replace('attention_', '')} {shape}: 2 threads ≥ 1.8× 1 thread",
+                None if sp is None else sp >= 1.8, "–" if sp is None else f"{sp:.2f}×")
+    return T
+
+
+def block_split(d):
+    blk = None
+    for r in d.rows:
+        if r["op"] == "attention_block" and r["backend"] == "optimized" and "main" in r["tags"] and r["threads"] == d.main_threads:
+            blk = r
+    if not blk:
+        return None
+    p = blk["params"]
+    attn_shape = f"B{int(p['B'])}_H{int(p['H'])}_S{int(p['S'])}_D{int(p['D'])}"
+    attn = d.find("attention_forward", attn_shape)
+    out = {"block": blk, "attn": attn}
+    if attn and blk["seconds"] > attn["seconds"]:
+        t = blk["seconds"] - attn["seconds"]
+        out["proj_gflops"] = p["proj_flop"] / t / 1e9
+        peak = d.peak.get(d.main_threads)
+        out["proj_frac"] = out["proj_gflops"] / peak if peak else None
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Plots
+
+
+def plots(d, out_dir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    made = {}
+    mt = d.main_threads
+    colors = {"optimized": "C0", "reference": "C7", "torch_sdpa": "C1", "torch_eager": "C2",
+              "openvino_sdpa": "C3", "onnxruntime_attention": "C4", "jax_dpa": "C5", "torch_mha": "C6"}
+    markers = {"optimized": "o", "torch_sdpa": "s", "torch_eager": "^", "openvino_sdpa": "D",
+               "onnxruntime_attention": "v", "jax_dpa": "P"}
+
+    def series(op, D, causal, who):
+        pts = []
+        suffix = "_causal" if causal else ""
+        for r in d.rows if who == "optimized" else d.peer_rows:
+            if r["op"] != op or r["threads"] != mt:
+                continue
+            if who == "optimized" and r["backend"] != "optimized":
+                continue
+            if who != "optimized" and r["peer"] != who:
+                continue
+            m = re.fullmatch(rf"B1_H8_S(\d+)_D{D}{suffix}", r["shape"])
+            if m:
+                g = r.get("gflops") if who == "optimized" else r.get("GFLOP/s")
+                pts.append((int(m.group(1)), g))
+        return sorted(pts)
+
+    # 1. GFLOP/s against sequence length.
+    for op in ("attention_forward", "attention_backward"):
+        fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
+        any_pts = False
+        for i, D in enumerate((64, 128)):
+            for j, causal in enumerate((False, True)):
+                ax = axes[i][j]
+                for who in ["optimized"] + d.peer_names(op):
+                    pts = series(op, D, causal, who)
+                    if pts:
+                        any_pts = True
+                        label = "tandem optimized" if who == "optimized" else who
+                        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=markers.get(who, "x"),
+                                color=colors.get(who), label=label)
+                if d.peak.get(mt):
+                    ax.axhline(d.peak[mt], color="k", ls="--", lw=0.8, label=f"FMA peak ({mt} threads)")
+                ax.set_xscale("log", base=2)
+                ax.set_title(f"D = {D}, {'causal' if causal else 'no mask'}")
+                ax.set_ylim(bottom=0)
+                ax.grid(alpha=0.3)
+                if i == 1:
+                    ax.set_xlabel("sequence length S (B=1, H=8)")
+                if j == 0:
+                    ax.set_ylabel("GFLOP/s")
+        if any_pts:
+            handles, labels = [], []
+            for ax in axes.flat:
+                for h, l in zip(*ax.get_legend_handles_labels()):
+                    if l not in labels:
+                        handles.append(h)
+                        labels.append(l)
+            fig.legend(handles, labels, loc="lower center", ncol=4)
+            fig.suptitle(f"{op.replace('_', ' ')}: GFLOP/s against sequence length, {mt} threads"
+                         + (" (backward = 2.5× forward FLOPs)" if op == "attention_backward" else ""))
+            fig.tight_layout(rect=(0, 0.07, 1, 0.96))
+            fn = f"{op}_gflops_vs_seq.png"
+            fig.savefig(os.path.join(out_dir, fn), dpi=110)
+            made[op] = fn
+        plt.close(fig)
+
+    # 2. Fraction of the roofline per op.
+    bars = []
+    for r in d.rows:
+        if r["backend"] != "optimized" or r["threads"] != mt:
+            continue
+        if not ("main" in r["tags"] or "memory" in r["tags"]):
+            continue
+        frac = r["frac_peak"] if r["frac_copy"] is None else r["frac_copy"]
+        if frac is None:
+            continue
+        if r["op"].startswith("attention_") and r["op"] != "attention_block":
+            if not re.fullmatch(r"B1_H8_S2048_D(64|128)(_causal)?", r["shape"]):
+                continue
+        bars.append((f"{r['op']}\n{r['shape']}", frac, r["frac_copy"] is not None))
+    if bars:
+        fig, ax = plt.subplots(figsize=(11, max(4, 0.38 * len(bars) + 1)))
+        y = list(range(len(bars)))
+        ax.barh(y, [b[1] for b in bars], color=["C1" if b[2] else "C0" for b in bars])
+        ax.set_yticks(y)
+        ax.set_yticklabels([b[0].replace("\n", "  ") for b in bars], fontsize=8)
+        ax.invert_yaxis()
+        ax.axvline(1.0, color="k", lw=0.8)
+        for yy, b in zip(y, bars):
+            ax.text(b[1] + 0.01, yy, f"{b[1]:.0%}", va="center", fontsize=8)
+        ax.set_xlabel("fraction of this machine's limit (blue: of FMA peak; orange: of copy bandwidth)")
+        ax.set_title(f"tandem optimized against the roofline measured in this run ({mt} threads)")
+        ax.set_xlim(0, max(1.1, max(b[1] for b in bars) + 0.1))
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "roofline_fraction.png"), dpi=110)
+        made["roofline"] = "roofline_fraction.png"
+        plt.close(fig)
+
+    # 3. Thread scaling.
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    any_pts = False
+    for op in ("attention_forward", "attention_backward"):
+        for shape in ("B1_H8_S2048_D128", "B1_H8_S2048_D128_causal"):
+            pts = sorted((r["threads"], r["seconds"]) for r in d.rows
+                         if r["op"] == op and r["shape"] == shape and r["backend"] == "optimized")
+            if len(pts) >= 2 and pts[0][0] == 1:
+                any_pts = True
+                ax.plot([p[0] for p in pts], [pts[0][1] / p[1] for p in pts], marker="o",
+                        label=f"tandem {op.replace('attention_', '')} {shape.replace('B1_H8_S2048_D128', 'S2048 D128').replace('_', ' ')}")
+            for peer in d.peer_names(op):
+                pp = sorted((p["threads"], p["seconds"]) for p in d.peer_rows
+                            if p["op"] == op and p["shape"] == shape and p["peer"] == peer)
+                if len(pp) >= 2 and pp[0][0] == 1 and "causal" not in shape:
+                    ax.plot([p[0] for p in pp], [pp[0][1] / p[1] for p in pp], marker="x", ls=":",
+                            label=f"{peer} {op.replace('attention_', '')} {shape.replace('B1_H8_S2048_D128', 'S2048 D128').replace('_', ' ')}")
+    if any_pts:
+        top = max(d.plan.get("scaling_threads", [1, 2]) + [mt])
+        ax.plot([1, top], [1, top], color="k", ls="--", lw=0.8, label="ideal")
+        ax.set_xlabel("threads")
+        ax.set_ylabel("speed-up over 1 thread")
+        ax.set_title("Thread scaling, attention at B=1 H=8 S=2048 D=128")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "scaling.png"), dpi=110)
+        made["scaling"] = "scaling.png"
+    plt.close(fig)
+
+    # 4. Extra memory against sequence length.
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    any_pts = False
+    for op, mk in (("attention_forward", "o"), ("attention_backward", "s")):
+        pts = sorted((int(r["params"]["Sq"]), r["extra_mib"]) for r in d.rows
+                     if r["op"] == op and r["backend"] == "optimized" and r["threads"] == mt
+                     and r["extra_mib"] is not None and r["extra_mib"] >= 0
+                     and re.fullmatch(r"B1_H8_S\d+_D128", r["shape"]))
+        if pts:
+            any_pts = True
+            ax.plot([p[0] for p in pts], [max(p[1], 1e-2) for p in pts], marker=mk,
+                    label=f"tandem {op.replace('attention_', '')} (measured peak-RSS growth)")
+    peer_pts = sorted((int(re.search(r"_S(\d+)_", p["shape"]).group(1)), p["extra_MiB"]) for p in d.peer_rows
+                      if p["op"] == "attention_forward" and p.get("extra_MiB") is not None
+                      and p["peer"] == "torch_eager" and p["threads"] == mt
+                      and re.fullmatch(r"B1_H8_S\d+_D128", p["shape"]))
+    if peer_pts:
+        ax.plot([p[0] for p in peer_pts], [max(p[1], 1e-2) for p in peer_pts], marker="^", color="C2",
+                label="torch eager forward (measured)")
+    sdpa_pts = sorted((int(re.search(r"_S(\d+)_", p["shape"]).group(1)), p["extra_MiB"]) for p in d.peer_rows
+                      if p["op"] == "attention_forward" and p.get("extra_MiB") is not None
+                      and p["peer"] == "torch_sdpa" and p["threads"] == mt
+                      and re.fullmatch(r"B1_H8_S\d+_D128", p["shape"]))
+    if sdpa_pts:
+        ax.plot([p[0] for p in sdpa_pts], [max(p[1], 1e-2) for p in sdpa_pts], marker="s", color="C1",
+                label="torch SDPA forward (measured)")
+    if any_pts:
+        xs = sorted({int(r["params"]["Sq"]) for r in d.rows if r["op"].startswith("attention_")
+                     and re.fullmatch(r"B1_H8_S\d+_D128", r["shape"])})
+        ax.plot(xs, [8 * s * s * 4 / 2**20 for s in xs], "k--", lw=0.9,
+                label="materialized scores, all heads: B·H·S²·4 bytes")
+        ax.plot(xs, [s * s * 4 / 2**20 for s in xs], "k:", lw=0.9, label="one head's scores: S²·4 bytes")
+        ax.axhline(64, color="C3", lw=0.8, label="target: 64 MiB")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length S (B=1, H=8, D=128, no mask)")
+        ax.set_ylabel("extra memory beyond inputs and outputs (MiB)")
+        ax.set_title("Memory a call needs")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "memory.png"), dpi=110)
+        made["memory"] = "memory.png"
+    plt.close(fig)
+
+    # 5. Error against reference<double>.
+    acc = [r for r in d.accuracy.get("results", []) if "outputs" in r]
+    if acc:
+        labels, vals = [], {}
+        for r in acc:
+            label = f"{r['op']} {r['shape']}"
+            if label not in labels:
+                labels.append(label)
+            worst = max((o["rel_max"] for o in r["outputs"].values() if o.get("rel_max") is not None),
+                        default=None)
+            vals[(label, r["backend"])] = worst
+        backends = sorted({r["backend"] for r in acc}, key=lambda b: (b != "reference", b))
+        fig, ax = plt.subplots(figsize=(11, max(4, 0.3 * len(labels) + 1.5)))
+        h = 0.8 / max(1, len(backends))
+        for k, be in enumerate(backends):
+            ys = [i + k * h for i in range(len(labels))]
+            xs = [max(vals.get((l, be)) or 1e-17, 1e-17) for l in labels]
+            ax.barh(ys, xs, height=h, label=be, color=colors.get(be, f"C{k}"))
+        ax.set_yticks([i + 0.4 - h / 2 for i in range(len(labels))])
+        ax.set_yticklabels(labels, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.axvline(2.0 ** -24, color="k", ls=":", lw=0.8, label="float32 unit roundoff 2⁻²⁴")
+        ax.set_xlabel("max |got − exact| / max |exact|   (exact = reference in double)")
+        ax.set_title("Error against the reference run in double")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3, axis="x")
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "accuracy.png"), dpi=110)
+        made["accuracy"] = "accuracy.png"
+        plt.close(fig)
+    return made
+
+
+# ---------------------------------------------------------------------------
+# Report text
+
+
+class Doc:
+    """Blocks rendered to both Markdown and HTML."""
+
+    def __init__(self):
+        self.blocks = []
+
+    def h(self, level, text):
+        self.blocks.append(("h", level, text))
+
+    def p(self, text):
+        self.blocks.append(("p", text))
+
+    def ul(self, items):
+        self.blocks.append(("ul", items))
+
+    def table(self, head, rows):
+        self.blocks.append(("table", head, rows))
+
+    def img(self, path, alt):
+        self.blocks.append(("img", path, alt))
+
+    def code(self, text):
+        self.blocks.append(("code", text))
+
+    def markdown(self):
+        out = []
+        for b in self.blocks:
+            if b[0] == "h":
+                out.append("#" * b[1] + " " + b[2])
+            elif b[0] == "p":
+                out.append(b[1])
+            elif b[0] == "ul":
+                out.append("\n".join(f"- {i}" for i in b[1]))
+            elif b[0] == "table":
+                out.append("| " + " | ".join(b[1]) + " |")
+                out[-1] += "\n|" + "|".join("---" for _ in b[1]) + "|"
+                for r in b[2]:
+                    out[-1] += "\n| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |"
+            elif b[0] == "img":
+                out.append(f"![{b[2]}]({b[1]})")
+            elif b[0] == "code":
+                out.append("```\n" + b[1] + "\n```")
+        return "\n\n".join(out) + "\n"
+
+    def html(self):
+        def inline(t):
+            t = html.escape(t)
+            t = re.sub(r"`([^`]+)`", r"<code>\1</code>", t)
+            t = re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", t)
+            return t
+        out = ["<!doctype html><html><head><meta charset='utf-8'><title>tandem performance report</title>",
+               "<style>body{font-family:sans-serif;max-width:1150px;margin:2em auto;padding:0 1em}"
+               "table{border-collapse:collapse;margin:1em 0;font-size:90%}td,th{border:1px solid #ccc;"
+               "padding:3px 7px;text-align:left}th{background:#f0f0f0}img{max-width:100%}"
+               "code,pre{background:#f6f6f6}</style></head><body>"]
+        for b in self.blocks:
+            if b[0] == "h":
+                out.append(f"<h{b[1]}>{inline(b[2])}</h{b[1]}>")
+            elif b[0] == "p":
+                out.append(f"<p>{inline(b[1])}</p>")
+            elif b[0] == "ul":
+                out.append("<ul>" + "".join(f"<li>{inline(i)}</li>" for i in b[1]) + "</ul>")
+            elif b[0] == "table":
+                out.append("<table><tr>" + "".join(f"<th>{inline(h)}</th>" for h in b[1]) + "</tr>" +
+                           "".join("<tr>" + "".join(f"<td>{inline(str(c))}</td>" for c in r) + "</tr>"
+                                   for r in b[2]) + "</table>")
+            elif b[0] == "img":
+                out.append(f"<p><img src='{html.escape(b[1])}' alt='{html.escape(b[2])}'></p>")
+            elif b[0] == "code":
+                out.append(f"<pre>{html.escape(b[1])}</pre>")
+        out.append("</body></html>")
+        return "\n".join(out)
+
+
+OP_ORDER = ["attention_forward", "attention_backward", "attention_backward_dq", "attention_backward_dk",
+            "attention_backward_dv", "decode", "rope_forward", "rope_backward", "axial_rope_forward",
+            "axial_rope_backward", "swiglu_forward", "swiglu_backward", "attention_block"]
+
+
+def write_report(d, made, out_dir, a, run_seconds):
+    doc = Doc()
+    info = d.info
+    mt = d.main_threads
+    doc.h(1, "tandem performance report")
+    doc.p(f"{info.get('date')} · commit `{info.get('git_commit')}`{' (with local changes)' if info.get('git_dirty') else ''}"
+          f" · preset `{a.preset}` · {mt} thread(s) · run took {fmt_dur(run_seconds)}")
+    la0, la1 = info.get("load_before"), info.get("load_after")
+    cores = info.get("cores") or 1
+    if la0 and la1 and max(la0[0], la1[0]) > 0.5 * cores:
+        doc.p(f"**Warning: the machine was busy** (1-minute load average {la0[0]:.1f} before, {la1[0]:.1f} after, "
+              f"on {cores} cores): other work shared the cores, so figures are low and noisy; ratios within "
+              f"the run are affected too. Re-run on a quiet machine for numbers to quote.")
+
+    doc.h(2, "Summary: targets on this machine")
+    targets = evaluate_targets(d)
+    met = sum(1 for t in targets if t[2] == "met")
+    notm = sum(1 for t in targets if t[2] == "not met")
+    nm = sum(1 for t in targets if t[2] == "not measured")
+    doc.p(f"**{met} met, {notm} not met, {nm} not measured** in this run"
+          + (" (the quick preset leaves out the large shapes; `make report` measures them)" if nm and a.preset == "quick" else "")
+          + ". Fractions are of the FMA peak and copy bandwidth measured at the start of this run.")
+    doc.table(["target", "measured", "status"],
+              [(t[0], t[1], {"met": "✅ met", "not met": "❌ not met", "not measured": "– not measured"}[t[2]])
+               for t in targets])
+
+    doc.h(2, "Machine")
+    doc.table(["", ""], [
+        ("CPU", f"{info.get('cpu_model')} ({info.get('cores')} cores available"
+                f"{', ' + info['Hypervisor vendor'] + ' guest' if info.get('Hypervisor vendor') else ''})"),
+        ("caches", f"L2 {info.get('L2 cache', '?')}, L3 {info.get('L3 cache', '?')}"),
+        ("memory", f"{info.get('memory_gib', '?')} GiB"),
+        ("SIMD", info.get("simd_flags") or "?"),
+        ("Highway target chosen", f"optimized backend: **{info.get('optimized_target')}**; roofline probe: {info.get('roofline_target')}"),
+        ("compiler", info.get("compiler")),
+        ("libraries", f"Highway {info.get('highway')}, Google Benchmark {info.get('google_benchmark')}, "
+                      f"libgomp {info.get('openmp')}, Python {info.get('python')}, numpy {info.get('numpy')}, "
+                      f"matplotlib {info.get('matplotlib')}"),
+        ("peers", ", ".join(f"{k} {v}" for k, v in (d.peers_doc.get("versions") or {}).items() if v) or "none"),
+        ("kernel", info.get("kernel")),
+        ("load average", f"{la0[0]:.2f} before, {la1[0]:.2f} after" if la0 and la1 else "?"),
+    ])
+
+    doc.h(2, "Roofline measured in this run")
+    doc.p("FMA peak: 12 independent fp32 FMA chains per thread with the Highway target dynamic dispatch "
+          "picks, best of three trials; each thread's FLOPs are divided by its own CPU time, so the peak is "
+          "what the cores can do even if other processes share them (the wall-clock figure beside it drops "
+          "when they do). Copy: 2 × 256 MiB arrays, bytes read + written, best of four passes (wall clock). "
+          "Read: one 256 MiB array summed.")
+    doc.table(["threads", "FMA peak (GFLOP/s)", "FMA, wall clock", "copy (GB/s)", "read (GB/s)"],
+              [(t, fnum(d.peak.get(t)), fnum(d.peak_wall.get(t)), fnum(d.copy.get(t)), fnum(d.read.get(t)))
+               for t in sorted(set(d.peak) | set(d.copy))])
+
+    # Missing peers.
+    pd = d.peers_doc
+    missing = pd.get("missing") or []
+    if pd.get("disabled"):
+        doc.p("Peers were not measured (`--peers none`).")
+    elif missing:
+        doc.p(f"**Peers not measured: {', '.join(missing)}** — "
+              + ("no peer environment exists; " if pd.get("no_venv") else "not installed in `.venv-peers/`; ")
+              + "create it with `make peers` (a `python3 -m venv` + pip install from PyPI; torch's Linux wheel brings "
+                "several GiB of CUDA libraries) and run the report again.")
+
+    doc.h(2, "Results per op")
+    doc.p("Time is the mean wall time of one call. Fraction: of the FMA peak (GFLOP/s ops) or of the copy "
+          "bandwidth (GB/s ops) at the same thread count. ×ref: the reference's time ÷ this time (same shape; "
+          "the reference is measured at small shapes only and is single-threaded). ×peer: the peer's time ÷ "
+          "tandem's time on the same shape and thread count (> 1: tandem is faster). Attention FLOPs: "
+          "2·D + 2·Dv per visible (query, key) pair and head (causal counts only the visible pairs); "
+          "backward = 2.5× forward. Streaming ops: bytes read + written.")
+    peers_all = d.peer_names()
+    for op in OP_ORDER + sorted({r["op"] for r in d.rows} - set(OP_ORDER)):
+        rows = [r for r in d.rows if r["op"] == op]
+        if not rows:
+            continue
+        peers = [p for p in peers_all if any(x["op"] == op for x in d.peer_rows if x["peer"] == p)]
+        doc.h(3, op)
+        rate_col = "GB/s" if rows[0]["gbs"] is not None else "GFLOP/s"
+        head = ["backend", "shape", "threads", "time", rate_col, "fraction", "×ref"] + [f"×{p}" for p in peers]
+        if op in ("attention_forward", "attention_backward"):
+            head.append("extra MiB")
+        body = []
+        for r in sorted(rows, key=lambda r: (r["backend"] != "optimized", "small" in r["tags"],
+                                            r["threads"] != mt, r["params"].get("D", 0),
+                                            r["params"].get("causal", 0), r["params"].get("Sq", 0), r["shape"])):
+            ref = d.find_any_threads(op, r["shape"], "reference") if r["backend"] != "reference" else None
+            rate = r["gbs"] if rate_col == "GB/s" else r["gflops"]
+            frac = r["frac_copy"] if rate_col == "GB/s" else r["frac_peak"]
+            line = [r["backend"], r["shape"], r["threads"], fms(r["seconds"]), fnum(rate), fpct(frac),
+                    fratio(ref["seconds"] / r["seconds"]) if ref else "–"]
+            for p in peers:
+                pr = d.peer(op, r["shape"], p, r["threads"]) if r["backend"] == "optimized" else None
+                line.append(fratio(pr["seconds"] / r["seconds"]) if pr else "–")
+            if op in ("attention_forward", "attention_backward"):
+                line.append(fnum(r["extra_mib"]) if r["extra_mib"] is not None and r["extra_mib"] >= 0 else "–")
+            body.append(line)
+        doc.table(head, body)
+        prs = [p for p in d.peer_rows if p["op"] == op]
+        if prs:
+            notes = sorted({f"{p['peer']}: {p['note']}" for p in prs if p.get("note")})
+            doc.p("Peer figures: " + "; ".join(
+                f"{p['peer']} {p['shape']} t={p['threads']}: {fms(p['seconds'])}"
+                + (f" ({fnum(p.get('GFLOP/s'))} GFLOP/s)" if p.get("GFLOP/s") and op != "decode"
+                   else (f" ({fnum(p.get('GB/s'))} GB/s)" if p.get("GB/s") else ""))
+                for p in prs) + ("." if not notes else ". Notes: " + "; ".join(notes) + "."))
+        if op == "attention_block":
+            blk = block_split(d)
+            if blk and blk.get("proj_gflops"):
+                doc.p(f"Block split: its attention alone (attention_forward/{blk['attn']['shape']}) takes "
+                      f"{fms(blk['attn']['seconds'])} of the block's {fms(blk['block']['seconds'])}; the rest, "
+                      f"{fms(blk['block']['seconds'] - blk['attn']['seconds'])}, is the projections (and the bias adds): "
+                      f"{fnum(blk['proj_gflops'])} GFLOP/s = {fpct(blk.get('proj_frac'))} of peak.")
+
+    doc.h(2, "Plots")
+    captions = {
+        "attention_forward": "Attention forward, GFLOP/s against sequence length, tandem and each peer.",
+        "attention_backward": "Attention backward (dQ, dK, dV), GFLOP/s against sequence length.",
+        "roofline": "Fraction of this machine's limits per op (attention at S=2048).",
+        "scaling": "Speed-up from 1 thread to all.",
+        "memory": "Extra memory of one call against sequence length, against a materialized score matrix.",
+        "accuracy": "Error against the reference run in double, per op and backend.",
+    }
+    for key in ("attention_forward", "attention_backward", "roofline", "scaling", "memory", "accuracy"):
+        if key in made:
+            doc.h(3, captions[key])
+            doc.img(made[key], captions[key])
+
+    # Accuracy table.
+    acc = d.accuracy.get("results", [])
+    if acc:
+        doc.h(2, "Error against the reference in double")
+        doc.p("Same float32 inputs; exact = the reference templated at double (the attention block: the float "
+              "reference, which keeps every intermediate in double). rel = max |got − exact| / max |exact| "
+              "(worst output of the op).")
+        body = []
+        for r in acc:
+            if "outputs" not in r:
+                body.append((r["op"], r["shape"], r["backend"], "failed: " + r.get("error", "")[:80], "–"))
+                continue
+            worst = max(r["outputs"].items(), key=lambda kv: kv[1].get("rel_max") or 0)
+            o = worst[1]
+            body.append((r["op"], r["shape"], r["backend"],
+                         f"{o['rel_max']:.2e} ({worst[0]})" if o.get("rel_max") is not None else "non-finite",
+                         f"{o['max_abs']:.2e}" if o.get("max_abs") is not None else "–"))
+        doc.table(["op", "shape", "backend", "rel", "max abs"], body)
+    elif d.accuracy.get("error"):
+        doc.p(f"Accuracy not measured: {d.accuracy['error']}")
+
+    if d.errors or d.peer_errors:
+        doc.h(2, "What failed or was skipped")
+        doc.ul([f"`{n}`: {m[:300]}" for n, m in d.errors] +
+               [f"peer {p.get('peer')} {p.get('op', '')} {p.get('shape', '')} t={p.get('threads')}: {p['error'][:300]}"
+                for p in d.peer_errors])
+
+    doc.h(2, "How this was measured")
+    doc.ul([
+        "tandem_bench (Google Benchmark) runs each benchmark in its own process, wall-clock time, buffers "
+        "allocated, filled and first-touched once before timing and reused across iterations; a warm-up call "
+        "precedes the timed ones.",
+        "Extra memory: the growth of the peak RSS (reset through /proc/self/clear_refs) during the first call "
+        "of a fresh process, after the inputs and outputs are resident.",
+        "Decode reads K and V from memory: the benchmark cycles through enough caches (512 MiB together) that "
+        "none stays in the last-level cache between its calls.",
+        "Peers run in `.venv-peers/` with their CPU affinity and thread settings restricted to the same thread "
+        "count, each library in its own process, on the same shapes (in each library's natural layout). Torch's "
+        "backward is autograd's backward alone (the forward graph is built once and kept), so torch is not "
+        "charged for the forward that tandem's backward recomputes; JAX's jitted vjp includes its forward.",
+        "The ggml figure (118 GFLOP/s) is quoted, not measured here.",
+    ])
+    doc.p("Reproduce:")
+    doc.code("make peers          # once: the peer environment (.venv-peers/)\n"
+             "make report         # the default set, report/report.md\n"
+             "make report-quick   # the quick preset (CI)\n"
+             "make report OPS=attention_forward,decode SEQS=1024,4096 THREADS=1 PEERS=torch")
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write(doc.markdown())
+    with open(os.path.join(out_dir, "report.html"), "w") as f:
+        f.write(doc.html())
+    return targets
+
+
+# ---------------------------------------------------------------------------
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build", help="CMake build directory (default %(default)s)")
+    ap.add_argument("--out", default="report", help="output directory (default %(default)s)")
+    ap.add_argument("--preset", default="standard", choices=("quick", "standard", "full"))
+    ap.add_argument("--ops", help="comma-separated ops (attention_forward, attention_backward, "
+                                  "attention_backward_dq/dk/dv, attention_memory, decode, rope_forward, "
+                                  "rope_backward, axial_rope_forward, axial_rope_backward, swiglu_forward, "
+                                  "swiglu_backward, attention_block, roofline); default all")
+    ap.add_argument("--seqs", help="attention sequence lengths, e.g. 1024,2048,4096")
+    ap.add_argument("--dims", help="attention head widths, e.g. 64,128")
+    ap.add_argument("--threads", help="threads of the optimized backend (default: every core)")
+    ap.add_argument("--scaling-threads", help="thread counts of the scaling runs (default 1,2,4,...,all)")
+    ap.add_argument("--backends", help="reference,optimized (default both)")
+    ap.add_argument("--min-time", type=float, help="minimum seconds per benchmark")
+    ap.add_argument("--peers", help="torch,openvino,onnxruntime,jax (default) or none")
+    ap.add_argument("--peer-budget", type=float, help="seconds for all peers (default 420; quick 90)")
+    ap.add_argument("--venv", default=".venv-peers", help="peer environment (default %(default)s)")
+    ap.add_argument("--no-accuracy", action="store_true", help="skip tandem_accuracy")
+    ap.add_argument("--from-raw", action="store_true",
+                    help="only re-render report.md and the plots from OUT/raw/")
+    a = ap.parse_args()
+    if a.ops and "roofline" not in a.ops.split(","):
+        a.ops += ",roofline"  # fractions need the roofline
+    build = os.path.abspath(os.path.join(ROOT, a.build) if not os.path.isabs(a.build) else a.build)
+    out_dir = os.path.abspath(os.path.join(ROOT, a.out) if not os.path.isabs(a.out) else a.out)
+    raw_dir = os.path.join(out_dir, "raw")
+    os.makedirs(raw_dir, exist_ok=True)
+
+    if a.from_raw:
+        with open(os.path.join(raw_dir, "run.json")) as f:
+            run = json.load(f)
+        a.preset = run["preset"]
+        d = Data(run["bench"], run["peers"], run["accuracy"], run["info"], run["plan"])
+        made = plots(d, out_dir)
+        targets = write_report(d, made, out_dir, a, run["seconds"])
+        print_summary(targets, out_dir)
+        return 0
+
+    exe = os.path.join(build, "bench", "tandem_bench")
+    if not os.path.exists(exe):
+        log(f"report: {exe} is missing; build it with `make report` (or cmake --build {a.build} --target tandem_report_programs)")
+        return 1
+    for old in os.listdir(out_dir):
+        if old.endswith(".png") or old in ("report.md", "report.html"):
+            os.remove(os.path.join(out_dir, old))
+    start = time.time()
+    plan_text = run_text([exe, *bench_args(a), "--plan"])
+    if not plan_text:
+        log("report: tandem_bench --plan failed")
+        return 1
+    plan = json.loads(plan_text)
+    info = machine_info(plan, build)
+    info["load_before"] = load_avg()
+    log(f"report: {info['cpu_model']}, {plan['cores']} cores, optimized target {plan['optimized_target']}, "
+        f"preset {a.preset}, load average {info['load_before'][0]:.2f}")
+    bench, context = run_benchmarks(a, exe, plan, raw_dir)
+    peers = run_peers(a, plan, raw_dir)
+    accuracy = {"results": []} if a.no_accuracy else run_accuracy(a, build, raw_dir)
+    info["load_after"] = load_avg()
+    info["benchmark_context"] = context
+    seconds = time.time() - start
+    with open(os.path.join(raw_dir, "run.json"), "w") as f:
+        json.dump({"preset": a.preset, "plan": plan, "info": info, "bench": bench, "peers": peers,
+                   "accuracy": accuracy, "seconds": seconds}, f, indent=1)
+    d = Data(bench, peers, accuracy, info, plan)
+    made = plots(d, out_dir)
+    targets = write_report(d, made, out_dir, a, seconds)
+    print_summary(targets, out_dir)
+    return 0
+
+
+def print_summary(targets, out_dir):
+    log("")
+    log("Targets on this machine:")
+    for name, measured, status in targets:
+        log(f"  [{status:12s}] {name}: {measured}")
+    log(f"report: wrote {os.path.relpath(os.path.join(out_dir, 'report.md'), ROOT)} "
+        f"(and report.html, plots, raw/)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -832,6 +832,65 @@ std::optional<int64_t> constant_in(const fs::path& file, const std::string& name
   return std::atoll(text.c_str() + at + name.size() + 3);
 }
 
+// Figures from the performance report (report/report.md, written by
+// `make report`), when one exists: its provenance line, its warning if the
+// machine was busy, and the rows of its summary table that bear on the
+// optimizations of the page — copied, never recomputed. Without a report the
+// page keeps a table that points to it.
+void report_figures(const fs::path& src, const fs::path& out) {
+  const fs::path md = src / "report/report.md";
+  std::ostringstream f;
+  if (!fs::exists(md)) {
+    f << "**No performance report was found when this site was built** (`report/report.md` "
+      << "is written by `make report`; rebuild the docs after it to see its figures here).\n\n"
+      << "| optimization | figure in the report |\n|---|---|\n"
+      << "| tiling, online softmax, SIMD | attention forward and backward GFLOP/s and fraction of "
+      << "the FMA peak: see `report/report.md` |\n"
+      << "| skipping hidden tiles | causal time ÷ unmasked time: see `report/report.md` |\n"
+      << "| threads | speed-up from 1 thread to all: see `report/report.md` |\n"
+      << "| never forming `[Sq, Sk]` | extra memory of one call: see `report/report.md` |\n";
+    write_file(out / "report_figures.md", f.str());
+    return;
+  }
+  std::istringstream in(read_file(md));
+  std::string line, provenance, warning, header;
+  std::vector<std::string> rows;
+  bool in_summary = false;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (n <= 4 && provenance.empty() && line.find("UTC") != std::string::npos) provenance = line;
+    if (line.rfind("**Warning", 0) == 0) warning = line;
+    if (line.rfind("## ", 0) == 0) in_summary = line.find("Summary") != std::string::npos;
+    if (!in_summary || line.rfind("|", 0) != 0) continue;
+    if (header.empty()) {
+      header = line;
+      continue;
+    }
+    if (line.rfind("|---", 0) == 0) continue;
+    for (const char* key : {"attention forward", "causal forward", "attention backward", "decode",
+                            "2 threads", "extra memory"}) {
+      if (line.find(key) != std::string::npos) {
+        rows.push_back(line);
+        break;
+      }
+    }
+  }
+  if (header.empty() || rows.empty()) fail("report/report.md has no summary table to quote");
+  f << "From `report/report.md` (" << provenance << "), its summary rows for attention, "
+    << "copied as they are:\n\n";
+  if (!warning.empty()) f << warning << "\n\n";
+  f << header << "\n";
+  const auto columns = std::count(header.begin(), header.end(), '|') - 1;
+  f << "|";
+  for (int c = 0; c < columns; ++c) f << "---|";
+  f << "\n";
+  for (const auto& r : rows) f << r << "\n";
+  f << "\nThe whole report (every op, both backends, the peers, the roofline and the plots) is "
+    << "`report/report.html`.\n";
+  write_file(out / "report_figures.md", f.str());
+}
+
 void fast_page(const fs::path& src, const fs::path& out) {
   const fs::path inl = src / "optimized/src/attention-inl.h";
   const auto rows = constant_in(inl, "kRowsTarget");
@@ -1109,6 +1168,7 @@ int main(int argc, char** argv) {
     layout_page(out);
     mask_pictures(ref, out);
     fast_page(src, out);
+    report_figures(src, out);
     fixture_table(src, out);
     code_links(src, out);
     expand_pages(src, out);

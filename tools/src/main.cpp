@@ -64,16 +64,16 @@ std::string help_footer() {
       "An output passes when every element has |got - exp| <= atol + rtol*|exp|;\n"
       "NaN matches only NaN, +-inf only itself. A case's \"tolerance\" overrides\n"
       "the defaults, which are (float32):\n\n";
-  s += fmt::format("  {:<20} {:>7} {:>7}  {:<28} {}\n", "op", "rtol", "atol", "inputs ([optional])",
-                   "outputs");
+  s += fmt::format("  {:<20} {:>7} {:>7}  {:<9} {}\n", "op", "rtol", "atol", "outputs",
+                   "inputs ([optional])");
   for (const auto& op : op_table()) {
     std::string inputs;
     for (const auto& n : op.required_inputs) inputs += (inputs.empty() ? "" : ",") + n;
     for (const auto& n : op.optional_inputs) inputs += (inputs.empty() ? "[" : ",[") + n + "]";
     std::string outputs;
     for (const auto& n : op.outputs) outputs += (outputs.empty() ? "" : ",") + n;
-    s += fmt::format("  {:<20} {:>7.0e} {:>7.0e}  {:<28} {}\n", op.name, op.tolerance.rtol,
-                     op.tolerance.atol, inputs, outputs);
+    s += fmt::format("  {:<20} {:>7.0e} {:>7.0e}  {:<9} {}\n", op.name, op.tolerance.rtol,
+                     op.tolerance.atol, outputs, inputs);
   }
   s += "\nAttrs (default):\n"
        "  attention*       num_heads (required), layout bshd|bhsd (from shapes),\n"

@@ -397,26 +397,26 @@ std::function<void(const Subject&)> on_backend() {
 }  // namespace
 
 void register_attention_properties(std::vector<Property>& v) {
-  v.push_back({"agree_attention_forward", "agreement", 150, on_backend<agree_forward>()});
-  v.push_back({"agree_attention_backward", "agreement", 100, on_backend<agree_backward>()});
-  v.push_back({"agree_attention_backward_separate", "agreement", 60,
+  v.push_back({"agree_attention_forward", "agreement", 300, on_backend<agree_forward>()});
+  v.push_back({"agree_attention_backward", "agreement", 200, on_backend<agree_backward>()});
+  v.push_back({"agree_attention_backward_separate", "agreement", 100,
                on_backend<agree_backward_separate>()});
-  v.push_back({"attention_one_call_backward_equals_separate", "transpose", 60,
+  v.push_back({"attention_one_call_backward_equals_separate", "transpose", 100,
                on_backend<one_call_equals_separate>()});
   v.push_back(
-      {"attention_gradient_complex_step", "gradient", 60, on_backend<attention_gradient>()});
-  v.push_back({"attention_layouts_equivalent", "layout", 60, on_backend<layouts_equivalent>()});
+      {"attention_gradient_complex_step", "gradient", 150, on_backend<attention_gradient>()});
+  v.push_back({"attention_layouts_equivalent", "layout", 100, on_backend<layouts_equivalent>()});
   v.push_back(
-      {"attention_strided_rows_equal_contiguous", "layout", 60, on_backend<strided_rows>()});
-  v.push_back({"gqa_equals_repeated_mha", "semantic", 60, on_backend<gqa_equals_mha>()});
+      {"attention_strided_rows_equal_contiguous", "layout", 100, on_backend<strided_rows>()});
+  v.push_back({"gqa_equals_repeated_mha", "semantic", 100, on_backend<gqa_equals_mha>()});
   v.push_back(
-      {"wide_window_equals_causal", "semantic", 60, on_backend<wide_window_equals_causal>()});
-  v.push_back({"bias_upper_inf_equals_causal", "semantic", 60, on_backend<bias_equals_causal>()});
-  v.push_back({"key_padding_equals_bias", "semantic", 60, on_backend<key_padding_equals_bias>()});
-  v.push_back({"huge_softcap_equals_none", "semantic", 60, on_backend<huge_softcap_equals_none>()});
-  v.push_back({"key_permutation_invariance", "semantic", 60, on_backend<key_permutation>()});
-  v.push_back({"masked_keys_never_read", "semantic", 60, on_backend<masked_keys_ignored>()});
-  v.push_back({"fully_masked_rows_zero", "semantic", 60, on_backend<fully_masked_rows>()});
+      {"wide_window_equals_causal", "semantic", 100, on_backend<wide_window_equals_causal>()});
+  v.push_back({"bias_upper_inf_equals_causal", "semantic", 100, on_backend<bias_equals_causal>()});
+  v.push_back({"key_padding_equals_bias", "semantic", 100, on_backend<key_padding_equals_bias>()});
+  v.push_back({"huge_softcap_equals_none", "semantic", 100, on_backend<huge_softcap_equals_none>()});
+  v.push_back({"key_permutation_invariance", "semantic", 100, on_backend<key_permutation>()});
+  v.push_back({"masked_keys_never_read", "semantic", 150, on_backend<masked_keys_ignored>()});
+  v.push_back({"fully_masked_rows_zero", "semantic", 150, on_backend<fully_masked_rows>()});
 }
 
 }  // namespace tandem::props

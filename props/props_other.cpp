@@ -158,7 +158,9 @@ std::vector<std::vector<float>> call(const Backend& be, int op, std::uint64_t sa
   std::vector<Guarded> outs;
   outs.reserve(3);
   if (op <= kAttnDv) {
-    const AttentionData d = make_data(*gen_attention());
+    const AttentionCase c = *gen_attention();
+    RC_LOG() << c << "\n";
+    const AttentionData d = make_data(c);
     const AttentionPlan& p = d.plan;
     const auto q = in.add(place<float, float>(p.q, p.B, p.Sq, p.H, p.D, cspan(d.q)));
     const auto k = in.add(place<float, float>(p.k, p.B, p.Sk, p.Hkv, p.D, cspan(d.k)));
@@ -187,18 +189,24 @@ std::vector<std::vector<float>> call(const Backend& be, int op, std::uint64_t sa
       }
     }
   } else if (op <= kRopeBwd) {
-    const RopeData d = make_data(*gen_rope());
+    const RopeCase c = *gen_rope();
+    RC_LOG() << c << "\n";
+    const RopeData d = make_data(c);
     const auto src = in.add(rope_source(d.plan, op == kRopeFwd ? d.x : d.dy));
     const auto cs = in.add(d.cos), sn = in.add(d.sin);
     outs.emplace_back(d.plan.out_size());
     (op == kRopeFwd ? be.rope_forward : be.rope_backward)(d.plan, src, {cs, sn}, outs[0].span());
   } else if (op <= kAxialBwd) {
-    const AxialData d = make_data(*gen_axial());
+    const AxialCase c = *gen_axial();
+    RC_LOG() << c << "\n";
+    const AxialData d = make_data(c);
     const auto src = in.add(axial_source(d.plan, op == kAxialFwd ? d.x : d.dy));
     outs.emplace_back(d.plan.out_size());
     (op == kAxialFwd ? be.axial_rope_forward : be.axial_rope_backward)(d.plan, src, outs[0].span());
   } else if (op <= kSwigluBwd) {
-    const SwigluData d = make_data(*gen_swiglu());
+    const SwigluCase c = *gen_swiglu();
+    RC_LOG() << c << "\n";
+    const SwigluData d = make_data(c);
     const auto x = in.add(d.x);
     if (op == kSwigluFwd) {
       outs.emplace_back(d.plan.out_size());
@@ -209,7 +217,9 @@ std::vector<std::vector<float>> call(const Backend& be, int op, std::uint64_t sa
       be.swiglu_backward(d.plan, x, dy, outs[0].span());
     }
   } else {
-    const BlockData d = make_data(*gen_block());
+    const BlockCase c = *gen_block();
+    RC_LOG() << c << "\n";
+    const BlockData d = make_data(c);
     AttentionBlockInputs bi;
     bi.x = in.add(d.x);
     bi.w_qkv = in.add(d.w_qkv);
@@ -342,14 +352,14 @@ std::function<void(const Subject&)> on_backend() {
 }  // namespace
 
 void register_other_properties(std::vector<Property>& v) {
-  v.push_back({"agree_swiglu", "agreement", 150, on_backend<agree_swiglu>()});
-  v.push_back({"swiglu_gradient_complex_step", "gradient", 150, on_backend<swiglu_gradient>()});
-  v.push_back({"agree_attention_block", "agreement", 60, on_backend<agree_block>()});
-  v.push_back({"attention_block_equals_composition", "semantic", 60,
+  v.push_back({"agree_swiglu", "agreement", 300, on_backend<agree_swiglu>()});
+  v.push_back({"swiglu_gradient_complex_step", "gradient", 300, on_backend<swiglu_gradient>()});
+  v.push_back({"agree_attention_block", "agreement", 100, on_backend<agree_block>()});
+  v.push_back({"attention_block_equals_composition", "semantic", 100,
                on_backend<block_equals_composition>()});
-  v.push_back({"memory_guards_and_inputs_untouched", "memory", 150, on_backend<memory_guards>()});
-  v.push_back({"deterministic_across_calls_and_threads", "determinism", 100, determinism});
-  v.push_back({"accuracy_within_2x_single_precision", "accuracy", 150, on_backend<accuracy>()});
+  v.push_back({"memory_guards_and_inputs_untouched", "memory", 300, on_backend<memory_guards>()});
+  v.push_back({"deterministic_across_calls_and_threads", "determinism", 150, determinism});
+  v.push_back({"accuracy_within_2x_single_precision", "accuracy", 300, on_backend<accuracy>()});
 }
 
 }  // namespace tandem::props

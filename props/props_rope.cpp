@@ -291,19 +291,19 @@ std::function<void(const Subject&)> on_backend() {
 }  // namespace
 
 void register_rope_properties(std::vector<Property>& v) {
-  v.push_back({"agree_rope", "agreement", 150, on_backend<agree_rope>()});
-  v.push_back({"agree_axial_rope", "agreement", 100, on_backend<agree_axial>()});
-  v.push_back({"rope_adjoint", "transpose", 100, on_backend<rope_adjoint>()});
-  v.push_back({"axial_rope_adjoint", "transpose", 100, on_backend<axial_adjoint>()});
-  v.push_back({"rope_backward_inverts_forward", "transpose", 100, on_backend<rope_inverse>()});
-  v.push_back({"rope_strided_rows_equal_contiguous", "layout", 100, on_backend<strided_rows>()});
-  v.push_back({"rope_table_junk_ignored", "layout", 100, on_backend<table_junk>()});
-  v.push_back({"rope_token_table_equals_position_table", "layout", 100,
+  v.push_back({"agree_rope", "agreement", 300, on_backend<agree_rope>()});
+  v.push_back({"agree_axial_rope", "agreement", 200, on_backend<agree_axial>()});
+  v.push_back({"rope_adjoint", "transpose", 200, on_backend<rope_adjoint>()});
+  v.push_back({"axial_rope_adjoint", "transpose", 200, on_backend<axial_adjoint>()});
+  v.push_back({"rope_backward_inverts_forward", "transpose", 200, on_backend<rope_inverse>()});
+  v.push_back({"rope_strided_rows_equal_contiguous", "layout", 200, on_backend<strided_rows>()});
+  v.push_back({"rope_table_junk_ignored", "layout", 200, on_backend<table_junk>()});
+  v.push_back({"rope_token_table_equals_position_table", "layout", 200,
                on_backend<token_equals_position>()});
-  v.push_back({"rope_rank4_equals_per_head", "layout", 100, on_backend<rank4_equals_per_head>()});
+  v.push_back({"rope_rank4_equals_per_head", "layout", 200, on_backend<rank4_equals_per_head>()});
   v.push_back(
-      {"rope_relative_position_and_norm", "semantic", 100, on_backend<relative_position>()});
-  v.push_back({"rope_neox_equals_permuted_gptj", "semantic", 100, on_backend<neox_equals_gptj>()});
+      {"rope_relative_position_and_norm", "semantic", 200, on_backend<relative_position>()});
+  v.push_back({"rope_neox_equals_permuted_gptj", "semantic", 200, on_backend<neox_equals_gptj>()});
 }
 
 }  // namespace tandem::props

@@ -48,7 +48,9 @@ struct Attention {
     const i64 base = bug == Bug::attn_batch_offset_units
                          ? b * p.v.batch / static_cast<i64>(sizeof(float))
                          : b * p.v.batch;
-    return base + j * p.v.seq + g * p.v.head;
+    const i64 seq =
+        bug == Bug::v_row_stride_ignored && p.layout == Layout::bshd ? p.Hkv * p.Dv : p.v.seq;
+    return base + j * seq + g * p.v.head;
   }
 
   bool visible(i64 b, i64 h, i64 i, i64 j) const {
@@ -394,6 +396,8 @@ const char* to_string(Bug bug) {
       return "thread_dependent_sum";
     case Bug::coarse_exp:
       return "coarse_exp";
+    case Bug::v_row_stride_ignored:
+      return "v_row_stride_ignored";
   }
   return "?";
 }
@@ -401,7 +405,7 @@ const char* to_string(Bug bug) {
 std::vector<Bug> all_bugs() {
   std::vector<Bug> v;
   for (int b = static_cast<int>(Bug::rope_table_stride_half_nrot);
-       b <= static_cast<int>(Bug::coarse_exp); ++b) {
+       b <= static_cast<int>(Bug::v_row_stride_ignored); ++b) {
     v.push_back(static_cast<Bug>(b));
   }
   return v;

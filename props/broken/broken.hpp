@@ -44,6 +44,7 @@ enum class Bug {
   block_out_bias_dropped,       ///< attention block ignores b_out
   thread_dependent_sum,         ///< o sums keys in `threads` float partial sums
   coarse_exp,                   ///< exp rounded to 12 mantissa bits
+  v_row_stride_ignored,         ///< V rows read Hkv·Dv apart, not v_row_stride (bshd)
 };
 
 /// The bug's name, e.g. "gqa_mod".

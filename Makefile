@@ -37,7 +37,7 @@ report: configure
 ## The quick preset (about 2 minutes after the build); CI runs it so the report cannot rot.
 report-quick: configure
 	cmake --build $(BUILD) -j$(JOBS) --target tandem_report_programs
-	/usr/bin/python3 bench/report/report.py --preset quick $(REPORT_OPTS)
+	/usr/bin/python3 bench/report/report.py --preset quick --strict $(REPORT_OPTS)
 
 ## The peer libraries the report compares against, in .venv-peers/ (from PyPI).
 peers:

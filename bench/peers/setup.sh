@@ -5,11 +5,14 @@
 # stop the others; the report names whatever is missing.
 #
 #   usage: bench/peers/setup.sh [VENV_DIR]        (default: .venv-peers)
-#   env:   PEERS="torch openvino onnxruntime onnx jax"  to choose the set
+#   env:   PEERS=torch,openvino,onnxruntime,jax  to choose the set (commas or spaces)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 venv="${1:-.venv-peers}"
-peers="${PEERS:-torch openvino onnxruntime onnx jax}"
+peers="${PEERS:-torch openvino onnxruntime jax}"
+peers="${peers//,/ }"
+# ONNX Runtime's peer builds its model with the onnx package.
+case " $peers " in *" onnxruntime "*) case " $peers " in *" onnx "*) ;; *) peers="$peers onnx" ;; esac ;; esac
 python="${PYTHON:-/usr/bin/python3}"
 
 if [ ! -x "$venv/bin/python" ]; then

@@ -674,6 +674,7 @@ def plots(d, out_dir):
     if any_pts:
         top = max(d.plan.get("scaling_threads", [1, 2]) + [mt])
         ax.plot([1, top], [1, top], color="k", ls="--", lw=0.8, label="ideal")
+        ax.set_xticks(sorted({r["threads"] for r in d.rows if r["op"].startswith("attention_")}))
         ax.set_xlabel("threads")
         ax.set_ylabel("speed-up over 1 thread")
         ax.set_title("Thread scaling, attention at B=1 H=8 S=2048 D=128")
@@ -687,14 +688,14 @@ def plots(d, out_dir):
     # 4. Extra memory against sequence length.
     fig, ax = plt.subplots(figsize=(8, 5.5))
     any_pts = False
-    for op, mk in (("attention_forward", "o"), ("attention_backward", "s")):
+    for op, mk, col in (("attention_forward", "o", "C0"), ("attention_backward", "s", "C9")):
         pts = sorted((int(r["params"]["Sq"]), r["extra_mib"]) for r in d.rows
                      if r["op"] == op and r["backend"] == "optimized" and r["threads"] == mt
                      and r["extra_mib"] is not None and r["extra_mib"] >= 0
                      and re.fullmatch(r"B1_H8_S\d+_D128", r["shape"]))
         if pts:
             any_pts = True
-            ax.plot([p[0] for p in pts], [max(p[1], 1e-2) for p in pts], marker=mk,
+            ax.plot([p[0] for p in pts], [max(p[1], 1e-2) for p in pts], marker=mk, color=col,
                     label=f"tandem {op.replace('attention_', '')} (measured peak-RSS growth)")
     peer_pts = sorted((int(re.search(r"_S(\d+)_", p["shape"]).group(1)), p["extra_MiB"]) for p in d.peer_rows
                       if p["op"] == "attention_forward" and p.get("extra_MiB") is not None
@@ -743,10 +744,17 @@ def plots(d, out_dir):
         backends = sorted({r["backend"] for r in acc}, key=lambda b: (b != "reference", b))
         fig, ax = plt.subplots(figsize=(11, max(4, 0.3 * len(labels) + 1.5)))
         h = 0.8 / max(1, len(backends))
+        floor = 1e-12
         for k, be in enumerate(backends):
             ys = [i + k * h for i in range(len(labels))]
-            xs = [max(vals.get((l, be)) or 1e-17, 1e-17) for l in labels]
+            xs = [max(vals.get((l, be)) or floor, floor) for l in labels]
             ax.barh(ys, xs, height=h, label=be, color=colors.get(be, f"C{k}"))
+            for yy, l in zip(ys, labels):
+                v = vals.get((l, be))
+                if v is not None and v < floor:
+                    ax.text(floor * 1.5, yy, "0 (exact is this backend's own output)" if v == 0 else "< 1e-12",
+                            va="center", fontsize=6)
+        ax.set_xlim(left=floor)
         ax.set_yticks([i + 0.4 - h / 2 for i in range(len(labels))])
         ax.set_yticklabels(labels, fontsize=7)
         ax.invert_yaxis()
@@ -1050,6 +1058,8 @@ def main():
     ap.add_argument("--peer-budget", type=float, help="seconds for all peers (default 420; quick 90)")
     ap.add_argument("--venv", default=".venv-peers", help="peer environment (default %(default)s)")
     ap.add_argument("--no-accuracy", action="store_true", help="skip tandem_accuracy")
+    ap.add_argument("--strict", action="store_true",
+                    help="exit 1 when a tandem benchmark or the accuracy run failed (CI); peers never fail a run")
     ap.add_argument("--from-raw", action="store_true",
                     help="only re-render report.md and the plots from OUT/raw/")
     a = ap.parse_args()
@@ -1100,7 +1110,14 @@ def main():
     made = plots(d, out_dir)
     targets = write_report(d, made, out_dir, a, seconds)
     print_summary(targets, out_dir)
-    return 0
+    problems = [f"benchmark {n} failed: {m[:200]}" for n, m in d.errors]
+    if not a.no_accuracy and (accuracy.get("error") or any("error" in r for r in accuracy.get("results", []))):
+        problems.append("accuracy: " + (accuracy.get("error") or "a backend failed an accuracy case"))
+    if not d.rows:
+        problems.append("no benchmark produced a result")
+    for p in problems:
+        log(f"report: {p}")
+    return 1 if a.strict and problems else 0
 
 
 def print_summary(targets, out_dir):

@@ -63,11 +63,13 @@ inline constexpr std::size_t kMR = 6, kNR = 2;
 #endif
 
 /// Query rows per tile aimed at (the G heads of a group times the queries of a
-/// block); keys per key block.
-inline constexpr std::int64_t kRowsTarget = 192;
+/// block): large tiles read each K/V block for more rows; with causal or
+/// sliding-window masks smaller ones waste less work on the diagonal.
+inline constexpr std::int64_t kRowsTarget = 384;
+inline constexpr std::int64_t kRowsTargetBanded = 384;
 inline constexpr std::int64_t kKeyBlock = 64;
 /// How far ahead of the block being computed K and V rows are prefetched.
-inline constexpr std::int64_t kPrefetchKeys = 4 * kKeyBlock;
+inline constexpr std::int64_t kPrefetchKeys = 256;
 
 inline std::int64_t RoundUp(std::int64_t x, std::int64_t m) {
   return (x + m - 1) / m * m;
@@ -151,8 +153,8 @@ HWY_INLINE void MicroTileCols(std::size_t nr, std::size_t mr, const float* A, st
 /// multiple of the lane count. Each element of C is one chain of fused
 /// multiply-adds in k order, whatever M, NC and the tiling are.
 inline HWY_NOINLINE void Gemm(std::int64_t M, std::int64_t NC, std::int64_t K, const float* A,
-                       std::int64_t ars, std::int64_t aks, const float* B, std::int64_t bs,
-                       float* C, std::int64_t cs, bool accumulate) {
+                              std::int64_t ars, std::int64_t aks, const float* B, std::int64_t bs,
+                              float* C, std::int64_t cs, bool accumulate) {
   const std::int64_t N = Lanes();
   for (std::int64_t c0 = 0; c0 < NC; c0 += static_cast<std::int64_t>(kNR) * N) {
     const auto nr = static_cast<std::size_t>(std::min<std::int64_t>(kNR, (NC - c0) / N));
@@ -224,7 +226,8 @@ struct Call {
     mask = in.mask.empty() ? nullptr : in.mask.data();
     G = p.group();
     q_offset = p.q_offset();
-    block_q = std::max<std::int64_t>(1, kRowsTarget / G);
+    const bool banded = p.mask == MaskKind::causal || p.mask == MaskKind::sliding_window;
+    block_q = std::max<std::int64_t>(1, (banded ? kRowsTargetBanded : kRowsTarget) / G);
     block_q = std::min(block_q, p.Sq);
     n_qblocks = (p.Sq + block_q - 1) / block_q;
     max_rows = G * block_q;
@@ -258,6 +261,26 @@ struct Tile {
     if (p.mask == MaskKind::sliding_window) j_begin = std::max<std::int64_t>(0, a_first - p.window);
     if (j_begin > j_end) j_begin = j_end;
   }
+  /// The columns [lo, hi) of the tile's buffers (whole vectors) holding every
+  /// row that may see a key of block [j0, j0 + nk): with causal and
+  /// sliding-window masks the rows of a tile see a band of keys, so blocks
+  /// near the diagonal need only part of the tile (rows are in query order).
+  void ActiveColumns(const Call& c, std::int64_t j0, std::int64_t nk, std::int64_t& lo,
+                     std::int64_t& hi) const {
+    const AttentionPlan& p = *c.plan;
+    const std::int64_t N = Lanes();
+    std::int64_t qi_lo = 0, qi_hi = nq;
+    if (p.mask == MaskKind::causal || p.mask == MaskKind::sliding_window) {
+      // row sees the block iff a >= j0 (and a − w <= j0 + nk − 1), a = q_offset + i0 + qi
+      qi_lo = std::clamp<std::int64_t>(j0 - c.q_offset - i0, 0, nq);
+    }
+    if (p.mask == MaskKind::sliding_window) {
+      qi_hi = std::clamp<std::int64_t>(j0 + nk - 1 + p.window - c.q_offset - i0 + 1, 0, nq);
+    }
+    lo = qi_lo * c.G / N * N;
+    hi = std::min(rows_p, RoundUp(qi_hi * c.G, N));
+    if (hi < lo) hi = lo;
+  }
   std::int64_t query(std::int64_t r, std::int64_t G) const { return i0 + r / G; }
   std::int64_t head(std::int64_t r, std::int64_t G) const { return g * G + r % G; }
 };
@@ -265,12 +288,14 @@ struct Tile {
 /// Row stride of a packed K or V block: odd, so that the rows the
 /// micro-kernel broadcasts from never share a cache set (a caller's bshd rows
 /// are often a multiple of 4 KiB apart).
-inline std::int64_t PackedStride(std::int64_t width) { return width | 1; }
+inline std::int64_t PackedStride(std::int64_t width) {
+  return width | 1;
+}
 
 /// Copies rows j0 .. j0+nk−1 (row stride `stride`, `width` floats each) into
 /// dst with row stride PackedStride(width).
-inline void PackKeyRows(const float* rows, std::int64_t stride, std::int64_t width,
-                        std::int64_t j0, std::int64_t nk, float* dst) {
+inline void PackKeyRows(const float* rows, std::int64_t stride, std::int64_t width, std::int64_t j0,
+                        std::int64_t nk, float* dst) {
   const std::int64_t ps = PackedStride(width);
   for (std::int64_t jj = 0; jj < nk; ++jj) {
     std::memcpy(dst + jj * ps, rows + (j0 + jj) * stride,
@@ -283,7 +308,7 @@ inline void PrefetchRows(const float* rows, std::int64_t stride, std::int64_t wi
                          std::int64_t j0, std::int64_t nk) {
   for (std::int64_t jj = 0; jj < nk; ++jj) {
     const float* row = rows + (j0 + jj) * stride;
-    for (std::int64_t x = 0; x < width; x += 16) hwy::Prefetch(row + x);
+    for (std::int64_t x = 0; x < width; x += 16) __builtin_prefetch(row + x, 0, 2);
   }
 }
 
@@ -351,7 +376,8 @@ class ScoreTransform {
     bounded_ = false;
     hidden_keys_ = false;
     if (keep_ != nullptr) {
-      for (std::int64_t jj = 0; jj < nk; ++jj) hidden_keys_ = hidden_keys_ || keep_[j0 + jj] == 0.0f;
+      for (std::int64_t jj = 0; jj < nk; ++jj)
+        hidden_keys_ = hidden_keys_ || keep_[j0 + jj] == 0.0f;
     }
     if (p.mask != MaskKind::causal && p.mask != MaskKind::sliding_window) return;
     for (std::int64_t r = 0; r < t_.rows_p; ++r) {
@@ -373,6 +399,17 @@ class ScoreTransform {
   /// no bias, no row of the tile with a hidden key in it.
   bool plain() const {
     return c_.softcap <= 0.0f && c_.plan->mask != MaskKind::bias && !bounded_ && !hidden_keys_;
+  }
+  /// True when the block needs the scale and the causal / sliding-window
+  /// band only (the diagonal blocks of a plain causal call).
+  bool band_only() const {
+    return c_.softcap <= 0.0f && c_.plan->mask != MaskKind::bias && bounded_ && !hidden_keys_;
+  }
+  /// The band of visible keys of rows r0 .. r0+N−1, relative to j0.
+  HWY_INLINE void Band(std::int64_t r0, VF& lo, VF& hi) const {
+    const DF d;
+    lo = hn::LoadU(d, lo_ + r0);
+    hi = hn::LoadU(d, hi_ + r0);
   }
 
   /// Score of key j0 + jj for rows r0 .. r0+N−1 from the raw dot products.
@@ -456,19 +493,33 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
       if (with_pv) PrefetchRows(v_rows, p.v.seq, p.Dv, prefetched, ahead - prefetched);
       prefetched = ahead;
     }
+    std::int64_t lo, hi;
+    t.ActiveColumns(c, j0, nk, lo, hi);
+    if (lo == hi) continue;
     PackKeyRows(k_rows, p.k.seq, p.D, j0, nk, s.Kp.get());
-    // S <- Q K^T (transposed: St[jj][r] = <k_{j0+jj}, q_r>)
-    Gemm(nk, R, p.D, s.Kp.get(), ks, 1, s.Qt.get(), R, St, R, false);
+    // S <- Q K^T (transposed: St[jj][r] = <k_{j0+jj}, q_r>, rows lo .. hi−1)
+    Gemm(nk, hi - lo, p.D, s.Kp.get(), ks, 1, s.Qt.get() + lo, R, St + lo, R, false);
     score.SetBlock(j0, nk);
-    const bool plain = score.plain();
+    const bool plain = score.plain(), band_only = score.band_only();
     const VF scale = hn::Set(d, c.scale);
     bool rescale = false;
-    for (std::int64_t r0 = 0; r0 < R; r0 += N) {
+    for (std::int64_t r0 = lo; r0 < hi; r0 += N) {
       // m_new <- max(m, rowmax(S)), masked keys at −inf
       VF mx = neg_inf;
       if (plain) {
         for (std::int64_t jj = 0; jj < nk; ++jj) {
           const VF sc = hn::Mul(hn::LoadU(d, St + jj * R + r0), scale);
+          hn::StoreU(sc, d, St + jj * R + r0);
+          mx = hn::Max(mx, sc);
+        }
+      } else if (band_only) {
+        VF band_lo, band_hi;
+        score.Band(r0, band_lo, band_hi);
+        for (std::int64_t jj = 0; jj < nk; ++jj) {
+          const VF j = hn::Set(d, static_cast<float>(jj));
+          const auto visible = hn::And(hn::Ge(j, band_lo), hn::Le(j, band_hi));
+          const VF sc =
+              hn::IfThenElse(visible, hn::Mul(hn::LoadU(d, St + jj * R + r0), scale), neg_inf);
           hn::StoreU(sc, d, St + jj * R + r0);
           mx = hn::Max(mx, sc);
         }
@@ -502,12 +553,12 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
     // O <- diag(exp(m − m_new))·O + P V (transposed: Ot[dv][r]); the
     // rescale is skipped when no row's max moved (every factor exactly 1)
     for (std::int64_t dv = 0; rescale && dv < p.Dv; ++dv) {
-      for (std::int64_t r0 = 0; r0 < R; r0 += N) {
+      for (std::int64_t r0 = lo; r0 < hi; r0 += N) {
         hn::StoreU(hn::Mul(hn::LoadU(d, Ot + dv * R + r0), hn::LoadU(d, alpha + r0)), d,
                    Ot + dv * R + r0);
       }
     }
-    Gemm(p.Dv, R, nk, s.Vp.get(), 1, vs, St, R, Ot, R, true);
+    Gemm(p.Dv, hi - lo, nk, s.Vp.get(), 1, vs, St + lo, R, Ot + lo, R, true);
   }
 }
 

@@ -136,13 +136,18 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
       const std::int64_t ks = attn::PackedStride(p.D), vs = attn::PackedStride(p.Dv);
       float* Kp = s.fwd.Kp.get();
       float* Vp = s.fwd.Vp.get();
+      // only the rows lo .. hi−1 may see a key of this block
+      std::int64_t lo, hi;
+      t.ActiveColumns(c, j0, nk, lo, hi);
+      const std::int64_t k_rows_active = std::min(hi, t.rows) - lo;
+      if (k_rows_active <= 0) continue;
       attn::PackKeyRows(k_rows, p.k.seq, p.D, j0, nk, Kp);
       // S <- Q K^T (transposed: St[jj][r])
-      attn::Gemm(nk, R, p.D, Kp, ks, 1, s.fwd.Qt.get(), R, Pt, R, false);
+      attn::Gemm(nk, hi - lo, p.D, Kp, ks, 1, s.fwd.Qt.get() + lo, R, Pt + lo, R, false);
       score.SetBlock(j0, nk);
       // P <- exp(S - lse); a row with no visible key (lse = −inf) gets
       // exp(s − inf) = 0 for every key instead of exp(−inf − (−inf)).
-      for (std::int64_t r0 = 0; r0 < R; r0 += N) {
+      for (std::int64_t r0 = lo; r0 < hi; r0 += N) {
         const VF lse = hn::LoadU(d, s.lse.get() + r0);
         const VF lse_use = hn::IfThenElse(hn::Eq(lse, neg_inf), pos_inf, lse);
         for (std::int64_t jj = 0; jj < nk; ++jj) {
@@ -152,16 +157,16 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
       }
       // dV <- dV + P^T dO
       if (want_dv) {
-        attn::Gemm(nk, s.Dvp, t.rows, Pt, R, 1, s.dOp.get(), s.Dvp, s.dV.get() + j0 * s.Dvp, s.Dvp,
-                   true);
+        attn::Gemm(nk, s.Dvp, k_rows_active, Pt + lo, R, 1, s.dOp.get() + lo * s.Dvp, s.Dvp,
+                   s.dV.get() + j0 * s.Dvp, s.Dvp, true);
       }
       if (!need_ds) continue;
       attn::PackKeyRows(v_rows, p.v.seq, p.Dv, j0, nk, Vp);
       // dP <- dO V^T (transposed: dPt[jj][r])
-      attn::Gemm(nk, R, p.Dv, Vp, vs, 1, s.dOt.get(), R, dSt, R, false);
+      attn::Gemm(nk, hi - lo, p.Dv, Vp, vs, 1, s.dOt.get() + lo, R, dSt + lo, R, false);
       // dS <- P * (dP - dsum) * (1 - tanh^2) * scale   (the softcap factor
       // only when softcap > 0; scale folded in here for dQ and dK)
-      for (std::int64_t r0 = 0; r0 < R; r0 += N) {
+      for (std::int64_t r0 = lo; r0 < hi; r0 += N) {
         const VF dsum = hn::LoadU(d, Drow + r0);
         for (std::int64_t jj = 0; jj < nk; ++jj) {
           const std::int64_t at = jj * R + r0;
@@ -175,12 +180,12 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
       }
       // dK <- dK + scale * dS^T Q
       if (want_dk) {
-        attn::Gemm(nk, s.Dp, t.rows, dSt, R, 1, s.Qp.get(), s.Dp, s.dK.get() + j0 * s.Dp, s.Dp,
-                   true);
+        attn::Gemm(nk, s.Dp, k_rows_active, dSt + lo, R, 1, s.Qp.get() + lo * s.Dp, s.Dp,
+                   s.dK.get() + j0 * s.Dp, s.Dp, true);
       }
       // dQ <- dQ + scale * dS K (transposed: dQt[d][r])
       if (want_dq) {
-        attn::Gemm(p.D, R, nk, Kp, 1, ks, dSt, R, s.dQt.get(), R, true);
+        attn::Gemm(p.D, hi - lo, nk, Kp, 1, ks, dSt + lo, R, s.dQt.get() + lo, R, true);
       }
     }
     if (want_dq) {

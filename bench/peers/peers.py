@@ -578,6 +578,10 @@ def main():
             continue
         seen.add(key)
         tasks.append(b)
+    # The shapes the report's targets name first, then the rest from small to large,
+    # so a spent budget costs the least important measurements.
+    first = {"B1_H8_S4096_D128_causal": 0, "B1_H8_S4096_D128": 1, "B1_H8_S2048_D128": 2}
+    tasks.sort(key=lambda t: (first.get(t["shape"], 3), t["params"].get("flop", t["params"].get("bytes", 0))))
     by_threads = {}
     for t in tasks:
         by_threads.setdefault(t["threads"], []).append(t)
@@ -586,11 +590,21 @@ def main():
     tmpdir = os.path.dirname(os.path.abspath(args.out))
     start = time.time()
     deadline = start + args.budget
-    groups = [(lib, th) for lib in wanted if versions.get(lib) for th in sorted(by_threads, reverse=True)]
+    main_threads = plan.get("threads")
+    groups = [(lib, th) for th in sorted(by_threads, key=lambda t: (t != main_threads, -t))
+              for lib in wanted if versions.get(lib)]
+
+    def weight(lib, th):
+        # torch measures two implementations of most ops and every op; the others attention only.
+        w = 2.0 if lib == "torch" else 0.6
+        return w * len(by_threads[th]) * (1.0 if th == main_threads else 0.5)
     for gi, (lib, th) in enumerate(groups):
         ts = by_threads[th]
+        share = weight(lib, th) / sum(weight(*g) for g in groups[gi:])
+        left = max(0.0, deadline - time.time())
+        group_deadline = time.time() + share * left
         log(f"peers: [{gi + 1}/{len(groups)}] {lib} with {th} thread(s): {len(ts)} shape(s), "
-            f"{max(0, deadline - time.time()):.0f} s of peer budget left")
+            f"{share * left:.0f} s of the {left:.0f} s peer budget left")
         task_file = os.path.join(tmpdir, f".peer-tasks-{lib}-{th}.json")
         part_file = os.path.join(tmpdir, f".peer-results-{lib}-{th}.jsonl")
         with open(task_file, "w") as f:
@@ -599,10 +613,10 @@ def main():
             os.remove(part_file)
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", lib, "--threads", str(th),
                "--tasks", task_file, "--out", part_file, "--min-time", str(args.min_time),
-               "--deadline", str(deadline), "--memory"]
+               "--deadline", str(group_deadline), "--memory"]
         try:
             proc = subprocess.run(cmd, env=limit_threads_env(th),
-                                  timeout=max(30.0, deadline - time.time() + 120))
+                                  timeout=max(60.0, group_deadline - time.time() + 120))
             rc = proc.returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"

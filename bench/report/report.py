@@ -231,7 +231,6 @@ class Eta:
         p = s["params"]
         if s["op"].startswith("roofline"):
             return 3.0
-        reps = 1 if "memory" in s["tags"] else 2
         by_flop = "flop" in p and s["op"] != "decode"
         work = p.get("flop") if by_flop else p.get("bytes", 0)
         rate = self.rate.get((s["op"], s["backend"], s["threads"]))
@@ -242,8 +241,11 @@ class Eta:
             else:
                 rate = (0.3 * peak if by_flop else 0.5 * copy) * 1e9
         call = (work or 0) / rate
+        setup = 0.4 + 1e-9 * 4 * (p.get("io_bytes", 0) or 0)
+        if "memory" in s["tags"]:
+            return setup + call  # one timed call
         # process start and buffer set-up, the warm-up call, then min_time worth of calls
-        return 0.4 + reps * call + max(self.min_time, call) + 1e-9 * 4 * (p.get("io_bytes", 0) or 0)
+        return setup + call + max(self.min_time, call)
 
     def learn(self, s, result, seconds_taken, estimated):
         if result and not result.get("error_occurred"):

@@ -342,7 +342,6 @@ def onnxruntime_impls(task, threads):
     if task["op"] != "attention_forward":
         return []
     import numpy as np
-    import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper
     B, H, Hkv, Sq, Sk, D, Dv, causal = attn_dims(task["params"])
@@ -515,9 +514,9 @@ def limit_threads_env(threads):
     env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env[var] = str(threads)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                        f" --xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'}"
-                        f" intra_op_parallelism_threads={threads}").strip()
+    # XLA sizes its CPU thread pool by the schedulable CPUs (the worker's affinity).
+    if threads == 1:
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
     env["JAX_PLATFORMS"] = "cpu"
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     return env

@@ -26,7 +26,6 @@ import math
 import os
 import platform
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -340,9 +339,16 @@ def run_peers(a, plan, raw_dir):
     wanted = [p for p in (a.peers or "torch,openvino,onnxruntime,jax").split(",") if p and p != "none"]
     if not wanted:
         return {"missing": [], "versions": {}, "results": [], "disabled": True}
+    system_note = None
     if not os.path.exists(venv_py):
-        log(f"report: no peer environment ({a.venv}/); create it with `make peers`")
-        return {"missing": wanted, "versions": {}, "results": [], "no_venv": True}
+        # Debian's python3-torch (older) where that is what is installed.
+        if "torch" in wanted and run_text(["/usr/bin/python3", "-c", "import torch"]) is not None:
+            venv_py = "/usr/bin/python3"
+            system_note = "no .venv-peers/: peers from the system Python (Debian packages)"
+            log(f"report: {system_note}")
+        else:
+            log(f"report: no peer environment ({a.venv}/); create it with `make peers`")
+            return {"missing": wanted, "versions": {}, "results": [], "no_venv": True}
     pp = peer_plan(plan, a.preset)
     plan_file = os.path.join(raw_dir, "peer-plan.json")
     with open(plan_file, "w") as f:
@@ -360,7 +366,10 @@ def run_peers(a, plan, raw_dir):
         log("report: the peer run overran its budget and was stopped")
     try:
         with open(peers_out) as f:
-            return json.load(f)
+            doc = json.load(f)
+        if system_note:
+            doc["note"] = system_note
+        return doc
     except (OSError, json.JSONDecodeError):
         return {"missing": wanted, "versions": {}, "results": [], "failed": True}
 
@@ -912,6 +921,8 @@ def write_report(d, made, out_dir, a, run_seconds):
     # Missing peers.
     pd = d.peers_doc
     missing = pd.get("missing") or []
+    if pd.get("note"):
+        doc.p(f"Peers: {pd['note']}.")
     if pd.get("disabled"):
         doc.p("Peers were not measured (`--peers none`).")
     elif missing:

@@ -314,11 +314,18 @@ inline void PrefetchRows(const float* rows, std::int64_t stride, std::int64_t wi
 
 /// Per-thread scratch of the forward, sized for the largest tile.
 struct ForwardScratch {
-  Buffer Qt, St, Ot, m, l, alpha, lo, hi, gather, Kp, Vp;
+  Buffer Qt, St, Ot, m, l, alpha, lo, hi, gather, Kp, Vp, Qn, Kn, Vn, On;
   std::vector<std::int64_t> bias_row;
   explicit ForwardScratch(const Call& c) {
     const AttentionPlan& p = *c.plan;
     const std::int64_t R = c.max_rows_p;
+    if (R == Lanes()) {  // narrow tiles (decode): rows along vectors of d
+      const std::int64_t Dp = RoundUp(p.D, Lanes()), Dvp = RoundUp(p.Dv, Lanes());
+      Qn.resize(R * Dp);
+      Kn.resize(kKeyBlock * Dp);
+      Vn.resize(kKeyBlock * Dvp);
+      On.resize(R * Dvp);
+    }
     Kp.resize(kKeyBlock * PackedStride(p.D));
     Vp.resize(kKeyBlock * PackedStride(p.Dv));
     Qt.resize(p.D * R);
@@ -456,6 +463,35 @@ class ScoreTransform {
   bool hidden_keys_ = false;
 };
 
+/// Copies rows j0 .. j0+nk−1 into dst with row stride wp (a whole number of
+/// vectors), zero beyond `width`.
+inline void PackKeyRowsPadded(const float* rows, std::int64_t stride, std::int64_t width,
+                              std::int64_t wp, std::int64_t j0, std::int64_t nk, float* dst) {
+  for (std::int64_t jj = 0; jj < nk; ++jj) {
+    std::memcpy(dst + jj * wp, rows + (j0 + jj) * stride,
+                static_cast<std::size_t>(width) * sizeof(float));
+    std::fill(dst + jj * wp + width, dst + (jj + 1) * wp, 0.0f);
+  }
+}
+
+/// out[r] = <Qn row r0 + r, krow> for kRows rows, vectors along d (wp floats).
+template <std::size_t kRows>
+HWY_INLINE void DotRows(const float* HWY_RESTRICT Qn, std::int64_t r0,
+                        const float* HWY_RESTRICT krow, std::int64_t wp, float* out) {
+  const DF d;
+  const std::int64_t N = Lanes();
+  VF acc[kRows];
+  for (std::size_t r = 0; r < kRows; ++r) acc[r] = hn::Zero(d);
+  for (std::int64_t x = 0; x < wp; x += N) {
+    const VF kv = hn::LoadU(d, krow + x);
+    for (std::size_t r = 0; r < kRows; ++r) {
+      acc[r] =
+          hn::MulAdd(hn::LoadU(d, Qn + (r0 + static_cast<std::int64_t>(r)) * wp + x), kv, acc[r]);
+    }
+  }
+  for (std::size_t r = 0; r < kRows; ++r) out[r] = hn::GetLane(hn::SumOfLanes(d, acc[r]));
+}
+
 /// The FlashAttention-2 forward of one tile whose queries are packed in
 /// s.Qt: over the key blocks the tile may see, St = K·Qt, then the online
 /// softmax (m, l per row), then Ot = diag(alpha)·Ot + V^T·P. With with_pv
@@ -478,6 +514,19 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
     hn::StoreU(hn::Zero(d), d, l + r);
   }
   if (with_pv) std::fill(Ot, Ot + p.Dv * R, 0.0f);
+  // Narrow tiles (one vector of rows, e.g. a decode step: one query of the G
+  // heads of a group) would waste most lanes of the broadcast micro-kernel
+  // and load every K and V element on its own; they take vectors along d
+  // instead: S by dot products, O = P V with rows in registers.
+  const bool narrow = R == N;
+  const std::int64_t Dp = RoundUp(p.D, N), Dvp = RoundUp(p.Dv, N);
+  if (narrow) {
+    for (std::int64_t r = 0; r < R; ++r) {
+      for (std::int64_t x = 0; x < Dp; ++x)
+        s.Qn.get()[r * Dp + x] = x < p.D ? s.Qt.get()[x * R + r] : 0.0f;
+    }
+    if (with_pv) std::fill(s.On.get(), s.On.get() + R * Dvp, 0.0f);
+  }
   ScoreTransform score(c, t, s);
   const float* k_rows = c.k + p.k.at(t.b, 0, t.g);
   const float* v_rows = c.v + p.v.at(t.b, 0, t.g);
@@ -496,9 +545,21 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
     std::int64_t lo, hi;
     t.ActiveColumns(c, j0, nk, lo, hi);
     if (lo == hi) continue;
-    PackKeyRows(k_rows, p.k.seq, p.D, j0, nk, s.Kp.get());
-    // S <- Q K^T (transposed: St[jj][r] = <k_{j0+jj}, q_r>, rows lo .. hi−1)
-    Gemm(nk, hi - lo, p.D, s.Kp.get(), ks, 1, s.Qt.get() + lo, R, St + lo, R, false);
+    if (narrow) {
+      // S <- Q K^T by dot products along d, St[jj][r]
+      PackKeyRowsPadded(k_rows, p.k.seq, p.D, Dp, j0, nk, s.Kn.get());
+      for (std::int64_t jj = 0; jj < nk; ++jj) {
+        const float* krow = s.Kn.get() + jj * Dp;
+        std::int64_t r = 0;
+        for (; r + 4 <= t.rows; r += 4) DotRows<4>(s.Qn.get(), r, krow, Dp, St + jj * R + r);
+        for (; r < t.rows; ++r) DotRows<1>(s.Qn.get(), r, krow, Dp, St + jj * R + r);
+        for (; r < R; ++r) St[jj * R + r] = 0.0f;  // padding rows, never stored
+      }
+    } else {
+      PackKeyRows(k_rows, p.k.seq, p.D, j0, nk, s.Kp.get());
+      // S <- Q K^T (transposed: St[jj][r] = <k_{j0+jj}, q_r>, rows lo .. hi−1)
+      Gemm(nk, hi - lo, p.D, s.Kp.get(), ks, 1, s.Qt.get() + lo, R, St + lo, R, false);
+    }
     score.SetBlock(j0, nk);
     const bool plain = score.plain(), band_only = score.band_only();
     const VF scale = hn::Set(d, c.scale);
@@ -549,6 +610,18 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
       rescale = rescale || !hn::AllTrue(d, hn::Eq(a, hn::Set(d, 1.0f)));
     }
     if (!with_pv) continue;
+    if (narrow) {
+      // O <- diag(exp(m − m_new))·O + P V, On[r][dv] natural, rows as broadcasts
+      PackKeyRowsPadded(v_rows, p.v.seq, p.Dv, Dvp, j0, nk, s.Vn.get());
+      float* On = s.On.get();
+      for (std::int64_t r = 0; rescale && r < t.rows; ++r) {
+        const VF a = hn::Set(d, alpha[r]);
+        for (std::int64_t x = 0; x < Dvp; x += N)
+          hn::StoreU(hn::Mul(hn::LoadU(d, On + r * Dvp + x), a), d, On + r * Dvp + x);
+      }
+      Gemm(t.rows, Dvp, nk, St, 1, R, s.Vn.get(), Dvp, On, Dvp, true);
+      continue;
+    }
     PackKeyRows(v_rows, p.v.seq, p.Dv, j0, nk, s.Vp.get());
     // O <- diag(exp(m − m_new))·O + P V (transposed: Ot[dv][r]); the
     // rescale is skipped when no row's max moved (every factor exactly 1)
@@ -559,6 +632,11 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
       }
     }
     Gemm(p.Dv, hi - lo, nk, s.Vp.get(), 1, vs, St + lo, R, Ot + lo, R, true);
+  }
+  if (narrow && with_pv) {  // back to the transposed layout the callers read
+    for (std::int64_t r = 0; r < R; ++r) {
+      for (std::int64_t dv = 0; dv < p.Dv; ++dv) Ot[dv * R + r] = s.On.get()[r * Dvp + dv];
+    }
   }
 }
 

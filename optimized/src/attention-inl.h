@@ -547,9 +547,11 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
     if (lo == hi) continue;
     if (narrow) {
       // S <- Q K^T by dot products along d, St[jj][r]
-      PackKeyRowsPadded(k_rows, p.k.seq, p.D, Dp, j0, nk, s.Kn.get());
+      // Rows whose width is a whole number of vectors are read in place.
+      const bool k_in_place = p.D == Dp;
+      if (!k_in_place) PackKeyRowsPadded(k_rows, p.k.seq, p.D, Dp, j0, nk, s.Kn.get());
       for (std::int64_t jj = 0; jj < nk; ++jj) {
-        const float* krow = s.Kn.get() + jj * Dp;
+        const float* krow = k_in_place ? k_rows + (j0 + jj) * p.k.seq : s.Kn.get() + jj * Dp;
         std::int64_t r = 0;
         for (; r + 4 <= t.rows; r += 4) DotRows<4>(s.Qn.get(), r, krow, Dp, St + jj * R + r);
         for (; r < t.rows; ++r) DotRows<1>(s.Qn.get(), r, krow, Dp, St + jj * R + r);
@@ -612,14 +614,19 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
     if (!with_pv) continue;
     if (narrow) {
       // O <- diag(exp(m − m_new))·O + P V, On[r][dv] natural, rows as broadcasts
-      PackKeyRowsPadded(v_rows, p.v.seq, p.Dv, Dvp, j0, nk, s.Vn.get());
+      const bool v_in_place = p.Dv == Dvp;
+      if (!v_in_place) PackKeyRowsPadded(v_rows, p.v.seq, p.Dv, Dvp, j0, nk, s.Vn.get());
       float* On = s.On.get();
       for (std::int64_t r = 0; rescale && r < t.rows; ++r) {
         const VF a = hn::Set(d, alpha[r]);
         for (std::int64_t x = 0; x < Dvp; x += N)
           hn::StoreU(hn::Mul(hn::LoadU(d, On + r * Dvp + x), a), d, On + r * Dvp + x);
       }
-      Gemm(t.rows, Dvp, nk, St, 1, R, s.Vn.get(), Dvp, On, Dvp, true);
+      if (v_in_place) {
+        Gemm(t.rows, Dvp, nk, St, 1, R, v_rows + j0 * p.v.seq, p.v.seq, On, Dvp, true);
+      } else {
+        Gemm(t.rows, Dvp, nk, St, 1, R, s.Vn.get(), Dvp, On, Dvp, true);
+      }
       continue;
     }
     PackKeyRows(v_rows, p.v.seq, p.Dv, j0, nk, s.Vp.get());

@@ -289,6 +289,12 @@ def run_benchmarks(a, exe, plan, raw_dir):
             if s["op"] == "roofline_copy" and "GB/s" in r:
                 c = r["GB/s"]
             peaks[t] = (g, c)
+            if r.get("error_occurred"):
+                log(f"      failed: {r.get('error_message', '')[:200]}")
+            elif "GFLOP/s" in r:
+                log(f"      {fnum(r['GFLOP/s'])} GFLOP/s ({fnum(r.get('GFLOP/s_wall'))} by the wall clock)")
+            elif "GB/s" in r:
+                log(f"      {fnum(r['GB/s'])} GB/s")
     complete = {t: v for t, v in peaks.items() if v[0] and v[1]}
     if complete:
         args = args + ["--roofline=" + ",".join(f"{t}:{g:.6g}:{c:.6g}" for t, (g, c) in sorted(complete.items()))]
@@ -305,6 +311,14 @@ def run_benchmarks(a, exe, plan, raw_dir):
             results.append(r)
             if r.get("error_occurred"):
                 log(f"      failed: {r.get('error_message', '')[:200]}")
+            elif "real_time" in r:
+                unit = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}[r.get("time_unit", "ns")]
+                if "GFLOP/s" in r and s["op"] != "decode":
+                    rate = f"{fnum(r['GFLOP/s'])} GFLOP/s = {fpct(r.get('frac_peak'))} of peak"
+                else:
+                    rate = f"{fnum(r.get('GB/s'))} GB/s = {fpct(r.get('frac_copy'))} of copy"
+                mem = f", +{fnum(r['extra_MiB'])} MiB" if r.get("extra_MiB", -1) >= 0 else ""
+                log(f"      {fms(r['real_time'] * unit)}, {rate}{mem}")
         eta.learn(s, got[0] if got else None, dt, est)
     log(f"report: benchmarks done in {fmt_dur(time.time() - start)}")
     return results, context
@@ -1113,8 +1127,11 @@ def main():
     info["load_before"] = load_avg()
     log(f"report: {info['cpu_model']}, {plan['cores']} cores, optimized target {plan['optimized_target']}, "
         f"preset {a.preset}, load average {info['load_before'][0]:.2f}")
+    log("report: step 1 of 3: tandem's benchmarks")
     bench, context = run_benchmarks(a, exe, plan, raw_dir)
+    log(f"report: step 2 of 3: peers (elapsed {fmt_dur(time.time() - start)})")
     peers = run_peers(a, plan, raw_dir)
+    log(f"report: step 3 of 3: accuracy (elapsed {fmt_dur(time.time() - start)})")
     accuracy = {"results": []} if a.no_accuracy else run_accuracy(a, build, raw_dir)
     info["load_after"] = load_avg()
     info["benchmark_context"] = context

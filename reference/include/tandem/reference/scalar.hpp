@@ -18,12 +18,14 @@ namespace tandem::reference {
 /// The default accumulator of scalar type T: double for float, T otherwise.
 template <class T>
 struct accumulator {
-  using type = T;
+  using type = T;  ///< sums of T run in T
 };
+/// float sums run in double: the reference backend rounds once per output.
 template <>
 struct accumulator<float> {
-  using type = double;
+  using type = double;  ///< sums of float run in double
 };
+/// Shorthand for accumulator<T>::type.
 template <class T>
 using accumulator_t = typename accumulator<T>::type;
 

@@ -152,7 +152,7 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
         const VF lse_use = hn::IfThenElse(hn::Eq(lse, neg_inf), pos_inf, lse);
         for (std::int64_t jj = 0; jj < nk; ++jj) {
           const VF sc = score(hn::LoadU(d, Pt + jj * R + r0), jj, r0, T);
-          hn::StoreU(hn::Exp(d, hn::Sub(sc, lse_use)), d, Pt + jj * R + r0);
+          hn::StoreU(attn::SoftmaxExp(d, hn::Sub(sc, lse_use)), d, Pt + jj * R + r0);
         }
       }
       // dV <- dV + P^T dO

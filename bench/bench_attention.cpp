@@ -192,6 +192,7 @@ void run_attention(benchmark::State& st, const Backend& be, const AttnShape& sha
     st.SkipWithError(e.what());
     return;
   }
+  const auto loop_start = std::chrono::steady_clock::now();
   for (auto _ : st) {
     if (measure_in_loop) {
       f.extra_bytes = extra_memory_bytes(call);
@@ -201,7 +202,7 @@ void run_attention(benchmark::State& st, const Backend& be, const AttnShape& sha
     }
     benchmark::ClobberMemory();
   }
-  set_flop_counters(st, pass_flops(pass, shape), threads);
+  set_flop_counters(st, pass_flops(pass, shape), threads, seconds_since(loop_start));
   st.counters["extra_MiB"] = f.extra_bytes < 0 ? -1.0 : f.extra_bytes / (1024.0 * 1024.0);
 }
 
@@ -283,15 +284,18 @@ void add_decode(const BackendUnderTest& bu, const AttnShape& shape, std::size_t 
       return;
     }
     DecodeFixture& f = *fx;
+    const auto loop_start = std::chrono::steady_clock::now();
     for (auto _ : st) {
       const std::size_t c = f.next;
       f.next = (f.next + 1) % caches;
       be->attention_forward(f.plan, {f.q, f.k[c], f.v[c], {}}, f.out);
       benchmark::ClobberMemory();
     }
-    set_byte_counters(st, kv_bytes, threads);
-    st.counters["GFLOP/s"] = benchmark::Counter(shape.forward_flops() / 1e9,
-                                                benchmark::Counter::kIsIterationInvariantRate);
+    const double seconds = seconds_since(loop_start);
+    set_byte_counters(st, kv_bytes, threads, seconds);
+    st.counters["GFLOP/s"] =
+        seconds > 0 ? shape.forward_flops() * static_cast<double>(st.iterations()) / seconds / 1e9
+                    : 0;
   });
 }
 

@@ -68,11 +68,12 @@ void add_block(const BackendUnderTest& bu, std::int64_t B, std::int64_t S, std::
       return;
     }
     const AttentionBlockInputs in = fx->inputs();
+    const auto loop_start = std::chrono::steady_clock::now();
     for (auto _ : st) {
       be->attention_block(fx->plan, in, fx->out);
       benchmark::ClobberMemory();
     }
-    set_flop_counters(st, proj + attn, threads);
+    set_flop_counters(st, proj + attn, threads, seconds_since(loop_start));
   });
 }
 

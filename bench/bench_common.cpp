@@ -7,6 +7,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -161,20 +162,22 @@ double copy_gbs(int threads) {
   return g;
 }
 
-void set_flop_counters(benchmark::State& state, double flops, int threads) {
-  using benchmark::Counter;
-  state.counters["GFLOP/s"] = Counter(flops / 1e9, Counter::kIsIterationInvariantRate);
-  state.counters["frac_peak"] =
-      Counter(flops / 1e9 / peak_gflops(threads), Counter::kIsIterationInvariantRate);
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void set_flop_counters(benchmark::State& state, double flops, int threads, double seconds) {
+  const double rate = seconds > 0 ? flops * static_cast<double>(state.iterations()) / seconds : 0;
+  state.counters["GFLOP/s"] = rate / 1e9;
+  state.counters["frac_peak"] = rate / 1e9 / peak_gflops(threads);
   state.counters["threads"] = threads;
   state.counters["flop"] = flops;
 }
 
-void set_byte_counters(benchmark::State& state, double bytes, int threads) {
-  using benchmark::Counter;
-  state.counters["GB/s"] = Counter(bytes / 1e9, Counter::kIsIterationInvariantRate);
-  state.counters["frac_copy"] =
-      Counter(bytes / 1e9 / copy_gbs(threads), Counter::kIsIterationInvariantRate);
+void set_byte_counters(benchmark::State& state, double bytes, int threads, double seconds) {
+  const double rate = seconds > 0 ? bytes * static_cast<double>(state.iterations()) / seconds : 0;
+  state.counters["GB/s"] = rate / 1e9;
+  state.counters["frac_copy"] = rate / 1e9 / copy_gbs(threads);
   state.counters["threads"] = threads;
   state.counters["bytes"] = bytes;
 }

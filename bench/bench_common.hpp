@@ -8,6 +8,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -150,11 +151,14 @@ double measure_read_gbs(int threads, std::size_t bytes, int passes);
 /// The Highway target the roofline probe runs (HWY_DYNAMIC_DISPATCH's choice).
 std::string roofline_target();
 
-/// Sets GFLOP/s and frac_peak (or GB/s and frac_copy) rate counters for a
-/// benchmark doing `flops` floating-point operations (or moving `bytes`)
-/// per iteration on `threads` threads.
-void set_flop_counters(benchmark::State& state, double flops, int threads);
-void set_byte_counters(benchmark::State& state, double bytes, int threads);
+/// Seconds elapsed since t0 (wall clock).
+double seconds_since(std::chrono::steady_clock::time_point t0);
+
+/// Sets GFLOP/s and frac_peak (or GB/s and frac_copy) for a benchmark doing
+/// `flops` floating-point operations (or moving `bytes`) per iteration on
+/// `threads` threads, whose timed loop took `seconds` of wall time in all.
+void set_flop_counters(benchmark::State& state, double flops, int threads, double seconds);
+void set_byte_counters(benchmark::State& state, double bytes, int threads, double seconds);
 
 // ---- memory ---------------------------------------------------------------------
 

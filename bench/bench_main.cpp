@@ -165,7 +165,8 @@ std::string optimized_supported() {
 #ifdef TANDEM_HAVE_OPTIMIZED
   std::string s;
   for (std::int64_t t : tandem::optimized::supported_targets()) {
-    s += (s.empty() ? "" : ",") + tandem::optimized::target_name(t);
+    if (!s.empty()) s += ',';
+    s += tandem::optimized::target_name(t);
   }
   return s;
 #else

@@ -49,11 +49,12 @@ void add_stream(const std::string& op, const BackendUnderTest& bu, const std::st
       st.SkipWithError(e.what());
       return;
     }
+    const auto loop_start = std::chrono::steady_clock::now();
     for (auto _ : st) {
       call(*be, *fx);
       benchmark::ClobberMemory();
     }
-    set_byte_counters(st, bytes, threads);
+    set_byte_counters(st, bytes, threads, seconds_since(loop_start));
   });
 }
 

@@ -413,6 +413,8 @@ class ScoreTransform {
         hidden_keys_ = hidden_keys_ || keep_[j0 + jj] == 0.0f;
     }
     if (p.mask != MaskKind::causal && p.mask != MaskKind::sliding_window) return;
+    const std::int64_t N = Lanes();
+    vec_bounded_.assign(static_cast<std::size_t>(t_.rows_p / N), 0);
     for (std::int64_t r = 0; r < t_.rows_p; ++r) {
       std::int64_t lo = -1, hi = nk;
       if (r < t_.rows) {
@@ -421,7 +423,10 @@ class ScoreTransform {
         if (p.mask == MaskKind::sliding_window) {
           lo = std::clamp<std::int64_t>(a - p.window - j0, -1, nk);
         }
-        if (lo > 0 || hi < nk - 1) bounded_ = true;
+        if (lo > 0 || hi < nk - 1) {
+          bounded_ = true;
+          vec_bounded_[static_cast<std::size_t>(r / N)] = 1;
+        }
       }
       lo_[r] = static_cast<float>(lo);  // small integers: exact in float
       hi_[r] = static_cast<float>(hi);
@@ -432,6 +437,11 @@ class ScoreTransform {
   /// no bias, no row of the tile with a hidden key in it.
   bool plain() const {
     return c_.softcap <= 0.0f && c_.plan->mask != MaskKind::bias && !bounded_ && !hidden_keys_;
+  }
+  /// As plain(), for the rows r0 .. r0+N−1 alone.
+  bool plain_at(std::int64_t r0) const {
+    return c_.softcap <= 0.0f && c_.plan->mask != MaskKind::bias && !hidden_keys_ &&
+           (!bounded_ || vec_bounded_[static_cast<std::size_t>(r0 / Lanes())] == 0);
   }
   /// True when the block needs the scale and the causal / sliding-window
   /// band only (the diagonal blocks of a plain causal call).
@@ -486,6 +496,7 @@ class ScoreTransform {
   const float* keep_ = nullptr;
   std::int64_t j0_ = 0;
   bool bounded_ = false;
+  std::vector<char> vec_bounded_;  ///< per vector of rows: some row sees part of the block
   bool hidden_keys_ = false;
 };
 
@@ -595,7 +606,7 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
     for (std::int64_t r0 = lo; r0 < hi; r0 += N) {
       // m_new <- max(m, rowmax(S)), masked keys at −inf
       VF mx = neg_inf;
-      if (plain) {
+      if (plain || score.plain_at(r0)) {
         for (std::int64_t jj = 0; jj < nk; ++jj) {
           const VF sc = hn::Mul(hn::LoadU(d, St + jj * R + r0), scale);
           hn::StoreU(sc, d, St + jj * R + r0);

@@ -66,7 +66,7 @@ inline constexpr std::size_t kMR = 6, kNR = 2;
 /// block): large tiles read each K/V block for more rows; with causal or
 /// sliding-window masks smaller ones waste less work on the diagonal.
 inline constexpr std::int64_t kRowsTarget = 384;
-inline constexpr std::int64_t kRowsTargetBanded = 384;
+inline constexpr std::int64_t kRowsTargetBanded = 192;
 inline constexpr std::int64_t kKeyBlock = 64;
 /// How far ahead of the block being computed K and V rows are prefetched.
 inline constexpr std::int64_t kPrefetchKeys = 256;

@@ -112,7 +112,8 @@ def machine_info(plan, build):
     info["cpu_model"] = cpu or platform.processor() or "unknown"
     info["cores"] = plan.get("cores")
     lscpu = run_text(["lscpu"]) or ""
-    for key in ("L2 cache", "L3 cache", "Hypervisor vendor", "Thread(s) per core"):
+    for key in ("L2 cache", "L3 cache", "Hypervisor vendor", "Thread(s) per core", "CPU family", "Model",
+                "CPU max MHz"):
         m = re.search(rf"^{re.escape(key)}:\s*(.+)$", lscpu, re.M)
         if m:
             info[key] = m.group(1).strip()
@@ -910,7 +911,9 @@ def write_report(d, made, out_dir, a, run_seconds):
 
     doc.h(2, "Machine")
     doc.table(["", ""], [
-        ("CPU", f"{info.get('cpu_model')} ({info.get('cores')} cores available"
+        ("CPU", f"{info.get('cpu_model')} (family {info.get('CPU family', '?')}, model {info.get('Model', '?')}; "
+                f"{info.get('cores')} cores available"
+                f"{', max ' + info['CPU max MHz'] + ' MHz' if info.get('CPU max MHz') else ''}"
                 f"{', ' + info['Hypervisor vendor'] + ' guest' if info.get('Hypervisor vendor') else ''})"),
         ("caches", f"L2 {info.get('L2 cache', '?')}, L3 {info.get('L3 cache', '?')}"),
         ("memory", f"{info.get('memory_gib', '?')} GiB"),

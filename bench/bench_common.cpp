@@ -157,7 +157,7 @@ double copy_gbs(int threads) {
   auto& m = config().copy_gbs;
   auto it = m.find(threads);
   if (it != m.end()) return it->second;
-  const double g = measure_copy_gbs(threads, kCopyBytes, 4);
+  const double g = measure_copy_gbs(threads, kCopyBytes, 8);
   m[threads] = g;
   return g;
 }

@@ -281,7 +281,7 @@ void register_roofline() {
         copy,
         [t, bytes](benchmark::State& st) {
           double g = 0.0;
-          for (auto _ : st) g = measure_copy_gbs(t, bytes, 4);
+          for (auto _ : st) g = measure_copy_gbs(t, bytes, 8);
           st.counters["GB/s"] = g;
           st.counters["threads"] = t;
         },
@@ -298,7 +298,7 @@ void register_roofline() {
         read,
         [t, bytes](benchmark::State& st) {
           double g = 0.0;
-          for (auto _ : st) g = measure_read_gbs(t, bytes, 4);
+          for (auto _ : st) g = measure_read_gbs(t, bytes, 8);
           st.counters["GB/s"] = g;
           st.counters["threads"] = t;
         },

@@ -932,7 +932,7 @@ def write_report(d, made, out_dir, a, run_seconds):
     doc.p("FMA peak: 12 independent fp32 FMA chains per thread with the Highway target dynamic dispatch "
           "picks, best of three trials; each thread's FLOPs are divided by its own CPU time, so the peak is "
           "what the cores can do even if other processes share them (the wall-clock figure beside it drops "
-          "when they do). Copy: 2 × 256 MiB arrays, bytes read + written, best of four passes (wall clock). "
+          "when they do). Copy: 2 × 256 MiB arrays, bytes read + written, best of eight passes (wall clock). "
           "Read: one 256 MiB array summed.")
     doc.table(["threads", "FMA peak (GFLOP/s)", "FMA, wall clock", "copy (GB/s)", "read (GB/s)"],
               [(t, fnum(d.peak.get(t)), fnum(d.peak_wall.get(t)), fnum(d.copy.get(t)), fnum(d.read.get(t)))

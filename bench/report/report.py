@@ -957,7 +957,8 @@ def write_report(d, made, out_dir, a, run_seconds):
           "the reference is measured at small shapes only and is single-threaded). ×peer: the peer's time ÷ "
           "tandem's time on the same shape and thread count (> 1: tandem is faster). Attention FLOPs: "
           "2·D + 2·Dv per visible (query, key) pair and head (causal counts only the visible pairs); "
-          "backward = 2.5× forward. Streaming ops: bytes read + written.")
+          "backward = 2.5× forward. Streaming ops: bytes read + written. A fraction above 100 % means "
+          "the data sat in cache (small shapes) or the limit was measured low (a busy machine).")
     peers_all = d.peer_names()
     for op in OP_ORDER + sorted({r["op"] for r in d.rows} - set(OP_ORDER)):
         rows = [r for r in d.rows if r["op"] == op]

@@ -14,12 +14,14 @@
 //     St[jj][r]  scores of key j0 + jj against row r (then probabilities)
 //     Ot[dv][r]  unnormalized output accumulator
 //
-// K and V are never packed or transposed: the micro-kernel broadcasts their
-// elements straight from the caller's rows (any row stride, any D), and the
-// running max / sum of the online softmax are vectors over 16 rows (AVX-512),
-// so no horizontal reduction is ever needed. Only buffers owned here are
-// loaded or stored as whole vectors, so there are no tails to mask: widths
-// are rounded up to whole vectors and the padding is zero.
+// K and V are never transposed: the micro-kernel broadcasts their elements
+// from a copy of the key block's rows (an odd row stride, so the rows it
+// reads together never share a cache set), the running max / sum of the
+// online softmax are vectors over N rows, and no horizontal reduction is
+// needed. Tiles of a single vector of rows (decode steps) take vectors along
+// d instead (see ForwardTile). Only buffers owned here, or caller rows whose
+// width is a whole number of vectors, are loaded as whole vectors, so there
+// are no tails to mask: owned widths are rounded up and the padding is zero.
 
 #if defined(TANDEM_OPTIMIZED_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef TANDEM_OPTIMIZED_ATTENTION_INL_H_
@@ -54,9 +56,7 @@ using VF = hn::Vec<DF>;
 
 // Register tile of the micro-kernel: kMR broadcast rows times kNR vectors of
 // accumulators (AVX-512 has 32 vector registers, the others 16).
-#if defined(TANDEM_ATTN_MR)
-inline constexpr std::size_t kMR = TANDEM_ATTN_MR, kNR = TANDEM_ATTN_NR;
-#elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 inline constexpr std::size_t kMR = 8, kNR = 3;
 #else
 inline constexpr std::size_t kMR = 6, kNR = 2;

@@ -28,7 +28,11 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 
 failed=()
 for p in $peers; do
-  echo "peers: pip install $p (torch's Linux wheel brings CUDA libraries: several GiB)"
+  if [ "$p" = torch ]; then
+    echo "peers: pip install torch (its Linux wheel brings CUDA libraries: several GiB, minutes to download)"
+  else
+    echo "peers: pip install $p"
+  fi
   if "${pip[@]}" install -q "$p"; then
     echo "peers: $p installed"
   else

@@ -369,9 +369,8 @@ void register_attention() {
     for (std::int64_t S : mem_seqs) {
       for (Pass pass : {Pass::forward, Pass::backward}) {
         if (!op_selected(op_name(pass))) continue;
-        if (std::find(pass == Pass::forward ? fwd_seqs.begin() : bwd_seqs.begin(),
-                      pass == Pass::forward ? fwd_seqs.end() : bwd_seqs.end(),
-                      S) != (pass == Pass::forward ? fwd_seqs.end() : bwd_seqs.end())) {
+        const auto& seqs = pass == Pass::forward ? fwd_seqs : bwd_seqs;
+        if (std::find(seqs.begin(), seqs.end(), S) != seqs.end()) {
           continue;  // already measured by the main set
         }
         for (const auto& bu : main_backends) {
@@ -382,7 +381,7 @@ void register_attention() {
   }
   // Attention as it runs inside the BERT block (to separate the block's
   // projections from its attention).
-  if (op_selected("attention_block") && op_selected("attention_forward")) {
+  if (op_selected("attention_block")) {
     for (const auto& bu : main_backends) {
       add_attention(Pass::forward, bu, square(512, 64, false, quick ? 2 : 8, 12), {"block_part"},
                     false);

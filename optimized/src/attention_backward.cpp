@@ -150,9 +150,16 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
       for (std::int64_t r0 = lo; r0 < hi; r0 += N) {
         const VF lse = hn::LoadU(d, s.lse.get() + r0);
         const VF lse_use = hn::IfThenElse(hn::Eq(lse, neg_inf), pos_inf, lse);
-        for (std::int64_t jj = 0; jj < nk; ++jj) {
-          const VF sc = score(hn::LoadU(d, Pt + jj * R + r0), jj, r0, T);
-          hn::StoreU(attn::SoftmaxExp(d, hn::Sub(sc, lse_use)), d, Pt + jj * R + r0);
+        if (score.plain_at(r0)) {  // scale only
+          for (std::int64_t jj = 0; jj < nk; ++jj) {
+            const VF sc = hn::Mul(hn::LoadU(d, Pt + jj * R + r0), scale);
+            hn::StoreU(attn::SoftmaxExp(d, hn::Sub(sc, lse_use)), d, Pt + jj * R + r0);
+          }
+        } else {
+          for (std::int64_t jj = 0; jj < nk; ++jj) {
+            const VF sc = score(hn::LoadU(d, Pt + jj * R + r0), jj, r0, T);
+            hn::StoreU(attn::SoftmaxExp(d, hn::Sub(sc, lse_use)), d, Pt + jj * R + r0);
+          }
         }
       }
       // dV <- dV + P^T dO

@@ -34,6 +34,32 @@ struct AttentionGen {
   bool strides = true;           ///< padded bshd row strides
   bool softcap = true;           ///< softcap > 0 sometimes
   int max_dim = 33;
+
+  AttentionGen with_mask(MaskKind m) const {
+    AttentionGen g = *this;
+    g.mask = m;
+    return g;
+  }
+  AttentionGen with_layout(Layout l) const {
+    AttentionGen g = *this;
+    g.layout = l;
+    return g;
+  }
+  AttentionGen no_strides() const {
+    AttentionGen g = *this;
+    g.strides = false;
+    return g;
+  }
+  AttentionGen no_softcap() const {
+    AttentionGen g = *this;
+    g.softcap = false;
+    return g;
+  }
+  AttentionGen with_max_dim(int d) const {
+    AttentionGen g = *this;
+    g.max_dim = d;
+    return g;
+  }
 };
 rc::Gen<AttentionCase> gen_attention(AttentionGen g = {});
 
@@ -90,6 +116,27 @@ struct RopeGen {
   std::optional<bool> true_tables;
   std::optional<RopeStyle> style;
   bool full_rot = false;  ///< n_rot = D
+
+  RopeGen no_strides() const {
+    RopeGen g = *this;
+    g.strides = false;
+    return g;
+  }
+  RopeGen with_rows(TableRows r) const {
+    RopeGen g = *this;
+    g.rows = r;
+    return g;
+  }
+  RopeGen with_true_tables() const {
+    RopeGen g = *this;
+    g.true_tables = true;
+    return g;
+  }
+  RopeGen with_style(RopeStyle s) const {
+    RopeGen g = *this;
+    g.style = s;
+    return g;
+  }
 };
 rc::Gen<RopeCase> gen_rope(RopeGen g = {});
 

@@ -60,7 +60,7 @@ void one_call_equals_separate(const Backend& be) {
 /// directional derivative d/dt <dO, O(x + t·u)> of reference<complex<double>>,
 /// for u on q, on k and on v in turn.
 void attention_gradient(const Backend& be) {
-  const AttentionCase c = *gen_attention(AttentionGen{.max_dim = 17});
+  const AttentionCase c = *gen_attention(AttentionGen{}.with_max_dim(17));
   const AttentionData d = make_data(c);
   const AttentionScales sc = scales(d);
   const Grads g = run_backward(be, d);
@@ -106,7 +106,7 @@ void attention_gradient(const Backend& be) {
 
 /// bshd ≡ bhsd ≡ rank 3 ≡ rank 4 from shapes, after transposition.
 void layouts_equivalent(const Backend& be) {
-  const AttentionCase c = *gen_attention({.layout = Layout::bshd, .strides = false});
+  const AttentionCase c = *gen_attention(AttentionGen{}.with_layout(Layout::bshd).no_strides());
   const AttentionData d = make_data(c);
   const AttentionPlan& p = d.plan;
   const AttentionScales sc = scales(d);
@@ -138,7 +138,7 @@ void layouts_equivalent(const Backend& be) {
 
 /// Rows read out of a wider parent (junk NaN in the gaps) ≡ contiguous copies.
 void strided_rows(const Backend& be) {
-  AttentionCase c = *gen_attention({.layout = Layout::bshd, .strides = false});
+  AttentionCase c = *gen_attention(AttentionGen{}.with_layout(Layout::bshd).no_strides());
   AttentionParams& p = c.params;
   const i64 dv = p.v_head_dim == 0 ? p.head_dim : p.v_head_dim;
   p.q_row_stride = p.heads * p.head_dim + *rc::gen::inRange<i64>(1, 6);
@@ -208,7 +208,7 @@ void gqa_equals_mha(const Backend& be) {
 /// sliding_window(w) with w >= max(Sq, Sk) − 1 ≡ causal. (With Sq > Sk + 1,
 /// w = Sk is not enough: query i sits at key position i and sees i − w.. i.)
 void wide_window_equals_causal(const Backend& be) {
-  const AttentionCase c = *gen_attention({.mask = MaskKind::causal});
+  const AttentionCase c = *gen_attention(AttentionGen{}.with_mask(MaskKind::causal));
   const AttentionData d = make_data(c);
   AttentionParams pw = c.params;
   pw.mask = MaskKind::sliding_window;
@@ -218,7 +218,7 @@ void wide_window_equals_causal(const Backend& be) {
 
 /// A [1,1,Sq,Sk] bias of 0 on and below the (bottom-right) diagonal and −inf above ≡ causal.
 void bias_equals_causal(const Backend& be) {
-  const AttentionCase c = *gen_attention({.mask = MaskKind::causal});
+  const AttentionCase c = *gen_attention(AttentionGen{}.with_mask(MaskKind::causal));
   const AttentionData d = make_data(c);
   AttentionParams pb = c.params;
   pb.mask = MaskKind::bias;
@@ -233,7 +233,7 @@ void bias_equals_causal(const Backend& be) {
 
 /// key_padding ≡ a [B,1,Sq,Sk] bias with −inf on the padded keys.
 void key_padding_equals_bias(const Backend& be) {
-  const AttentionCase c = *gen_attention({.mask = MaskKind::key_padding});
+  const AttentionCase c = *gen_attention(AttentionGen{}.with_mask(MaskKind::key_padding));
   const AttentionData d = make_data(c);
   AttentionParams pb = c.params;
   pb.mask = MaskKind::bias;
@@ -251,7 +251,7 @@ void key_padding_equals_bias(const Backend& be) {
 
 /// softcap c >= 1e4·(1 + L) ≡ no softcap.
 void huge_softcap_equals_none(const Backend& be) {
-  const AttentionCase c = *gen_attention({.softcap = false});
+  const AttentionCase c = *gen_attention(AttentionGen{}.no_softcap());
   const AttentionData d = make_data(c);
   AttentionParams pc = c.params;
   pc.softcap = 1e4 * (1 + logit_bound(d));
@@ -262,7 +262,7 @@ void huge_softcap_equals_none(const Backend& be) {
 /// non-causal attention unchanged (and permutes dK, dV).
 void key_permutation(const Backend& be) {
   const MaskKind mk = *rc::gen::element(MaskKind::none, MaskKind::key_padding, MaskKind::bias);
-  const AttentionCase c = *gen_attention({.mask = mk});
+  const AttentionCase c = *gen_attention(AttentionGen{}.with_mask(mk));
   const AttentionData d = make_data(c);
   const AttentionPlan& p = d.plan;
   const AttentionScales sc = scales(d);
@@ -297,7 +297,7 @@ void key_permutation(const Backend& be) {
 void masked_keys_ignored(const Backend& be) {
   const MaskKind mk = *rc::gen::element(MaskKind::causal, MaskKind::sliding_window,
                                         MaskKind::key_padding, MaskKind::bias);
-  const AttentionCase c = *gen_attention({.mask = mk});
+  const AttentionCase c = *gen_attention(AttentionGen{}.with_mask(mk));
   const AttentionData d = make_data(c);
   const AttentionPlan& p = d.plan;
   std::vector<std::pair<i64, i64>> hidden;  // (b, j) hidden from at least one query row
@@ -341,7 +341,7 @@ void masked_keys_ignored(const Backend& be) {
 void fully_masked_rows(const Backend& be) {
   const MaskKind mk =
       *rc::gen::element(MaskKind::key_padding, MaskKind::bias, MaskKind::sliding_window);
-  AttentionCase c = *gen_attention({.mask = mk});
+  AttentionCase c = *gen_attention(AttentionGen{}.with_mask(mk));
   if (mk == MaskKind::sliding_window) {
     c.params.window = std::min<i64>(c.params.window, 3);
     c.params.seq_q = c.params.seq_k + c.params.window + 1 + *rc::gen::inRange<i64>(0, 3);
@@ -413,7 +413,8 @@ void register_attention_properties(std::vector<Property>& v) {
       {"wide_window_equals_causal", "semantic", 100, on_backend<wide_window_equals_causal>()});
   v.push_back({"bias_upper_inf_equals_causal", "semantic", 100, on_backend<bias_equals_causal>()});
   v.push_back({"key_padding_equals_bias", "semantic", 100, on_backend<key_padding_equals_bias>()});
-  v.push_back({"huge_softcap_equals_none", "semantic", 100, on_backend<huge_softcap_equals_none>()});
+  v.push_back(
+      {"huge_softcap_equals_none", "semantic", 100, on_backend<huge_softcap_equals_none>()});
   v.push_back({"key_permutation_invariance", "semantic", 100, on_backend<key_permutation>()});
   v.push_back({"masked_keys_never_read", "semantic", 150, on_backend<masked_keys_ignored>()});
   v.push_back({"fully_masked_rows_zero", "semantic", 150, on_backend<fully_masked_rows>()});

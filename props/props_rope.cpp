@@ -80,7 +80,7 @@ void axial_adjoint(const Backend& be) {
 /// rope_backward(rope(x)) = x for true cos/sin tables; the same for axial RoPE.
 void rope_inverse(const Backend& be) {
   if (*rc::gen::arbitrary<bool>()) {
-    const RopeData d = make_data(*gen_rope({.true_tables = true}));
+    const RopeData d = make_data(*gen_rope(RopeGen{}.with_true_tables()));
     RopePlan pc = d.plan;
     pc.src_row_stride = pc.W;  // the output of the forward is contiguous
     const auto back = bwd(be, d, pc, fwd(be, d, d.plan, d.x));
@@ -100,7 +100,7 @@ void rope_inverse(const Backend& be) {
 void strided_rows(const Backend& be) {
   const i64 pad = *rc::gen::inRange<i64>(1, 6);
   if (*rc::gen::arbitrary<bool>()) {
-    const RopeData d = make_data(*gen_rope({.strides = false}));
+    const RopeData d = make_data(*gen_rope(RopeGen{}.no_strides()));
     RopePlan ps = d.plan;
     ps.src_row_stride = ps.W + pad;
     for (bool back : {false, true}) {
@@ -147,7 +147,7 @@ void table_junk(const Backend& be) {
 
 /// A per-token table whose row b'·S + s repeats position row s ≡ the per-position table.
 void token_equals_position(const Backend& be) {
-  const RopeData d = make_data(*gen_rope({.rows = TableRows::position}));
+  const RopeData d = make_data(*gen_rope(RopeGen{}.with_rows(TableRows::position)));
   const RopePlan& p = d.plan;
   RopeParams pt;
   pt.batch = p.B;
@@ -178,7 +178,7 @@ void token_equals_position(const Backend& be) {
 
 /// RoPE of x [B, H, S, D] (rank 4, from shapes) ≡ RoPE of every [S, D] head alone.
 void rank4_equals_per_head(const Backend& be) {
-  const RopeCase c = *gen_rope({.strides = false, .rows = TableRows::position});
+  const RopeCase c = *gen_rope(RopeGen{}.no_strides().with_rows(TableRows::position));
   const i64 B = *rc::gen::inRange<i64>(1, 3), H = *rc::gen::inRange<i64>(1, 4);
   const i64 S = c.params.seq, D = c.params.head_dim;
   RopeCase c1 = c;
@@ -218,7 +218,7 @@ void rank4_equals_per_head(const Backend& be) {
 /// With true tables, <rope_m(a), rope_n(b)> depends only on m − n, and every
 /// head keeps its norm.
 void relative_position(const Backend& be) {
-  const RopeCase c = *gen_rope({.true_tables = true});
+  const RopeCase c = *gen_rope(RopeGen{}.with_true_tables());
   const RopeData d = make_data(c);
   const RopePlan& p = d.plan;
   const auto y = fwd(be, d, p, d.x);
@@ -259,7 +259,7 @@ void relative_position(const Backend& be) {
 /// NeoX ≡ GPT-J under the pair permutation: gptj(P x) = P neox(x), with
 /// (P x)[2i] = x[i], (P x)[2i+1] = x[i + n_rot/2] in every head.
 void neox_equals_gptj(const Backend& be) {
-  const RopeData d = make_data(*gen_rope({.style = RopeStyle::neox}));
+  const RopeData d = make_data(*gen_rope(RopeGen{}.with_style(RopeStyle::neox)));
   const RopePlan& p = d.plan;
   RopePlan pg = p;
   pg.style = RopeStyle::gptj;

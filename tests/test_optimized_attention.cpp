@@ -394,6 +394,46 @@ TEST(OptimizedAttentionMasked, FullyMaskedRowsGiveZeroNeverNaN) {
   opt::force_target(0);
 }
 
+/// A padding key (keep = 0) is never used: NaN in its k and v rows must not
+/// reach the output or any gradient (the reference never reads them).
+TEST(OptimizedAttentionMasked, PaddingKeysAreNeverUsed) {
+  for (const std::int64_t D : {16, 7}) {  // rows read in place, and packed
+    AttentionParams params = P(2, 1, 70, 4, 1, D, 0, Layout::bshd, MaskKind::key_padding);
+    if (D == 7) params.seq_q = 9;
+    Data data(params, 5);
+    const AttentionPlan& p = data.plan;
+    for (std::int64_t b = 0; b < p.B; ++b)
+      for (std::int64_t j = 0; j < p.Sk; ++j) {
+        if (data.mask[static_cast<std::size_t>(b * p.Sk + j)] != 0.0f) continue;
+        for (std::int64_t x = 0; x < p.D; ++x) {
+          data.k[static_cast<std::size_t>(p.k.at(b, j, 0) + x)] =
+              std::numeric_limits<float>::quiet_NaN();
+        }
+        for (std::int64_t x = 0; x < p.Dv; ++x) {
+          data.v[static_cast<std::size_t>(p.v.at(b, j, 0) + x)] =
+              std::numeric_limits<float>::quiet_NaN();
+        }
+      }
+    const tandem::Backend ref = tandem::reference::backend();
+    Vec want_out(static_cast<std::size_t>(p.o.extent));
+    ref.attention_forward(p, data.in(), want_out);
+    Vec want_dq(static_cast<std::size_t>(p.dq.extent)),
+        want_dk(static_cast<std::size_t>(p.dk.extent)),
+        want_dv(static_cast<std::size_t>(p.dv.extent));
+    ref.attention_backward(p, data.in(), data.dout, {want_dq, want_dk, want_dv});
+    for (const std::int64_t target : opt::supported_targets()) {
+      opt::force_target(target);
+      SCOPED_TRACE(opt::target_name(target) + " D=" + std::to_string(D));
+      EXPECT_TRUE(close(run_forward(data, 2).out, want_out, 5e-5, 1e-5)) << "out";
+      const Grads g = run_backward(data, 2, 7);
+      EXPECT_TRUE(close(g.dq, want_dq, 1e-4, 2e-5)) << "dq";
+      EXPECT_TRUE(close(g.dk, want_dk, 1e-4, 2e-5)) << "dk";
+      EXPECT_TRUE(close(g.dv, want_dv, 1e-4, 2e-5)) << "dv";
+    }
+    opt::force_target(0);
+  }
+}
+
 /// Bad views are errors naming the parameter, and nothing is written.
 TEST(OptimizedAttentionValidation, BadViewsThrowBeforeWriting) {
   const Data data(P(1, 4, 6, 2, 1, 8), 3);

@@ -433,6 +433,19 @@ class ScoreTransform {
     }
   }
 
+  /// Whether key j0 + jj of the current block is padding (keep = 0).
+  bool key_hidden(std::int64_t jj) const { return hidden_keys_ && keep_[j0_ + jj] == 0.0f; }
+  /// Zeroes the packed rows (row stride ws) of the padding keys of the
+  /// current block: a padding key's k and v are never used, so whatever they
+  /// hold (NaN included) must not reach 0·v or 0·k in any sum.
+  void ZeroHiddenRows(float* rows, std::int64_t ws, std::int64_t nk) const {
+    if (!hidden_keys_) return;
+    for (std::int64_t jj = 0; jj < nk; ++jj) {
+      if (key_hidden(jj)) std::fill(rows + jj * ws, rows + (jj + 1) * ws, 0.0f);
+    }
+  }
+  bool any_hidden() const { return hidden_keys_; }
+
   /// True when the current block needs nothing but the scale: no softcap,
   /// no bias, no row of the tile with a hidden key in it.
   bool plain() const {
@@ -472,7 +485,10 @@ class ScoreTransform {
         const std::int64_t row = bias_row_[r0 + n];
         gather_[n] = row >= 0 ? c_.mask[row + j0_ + jj] : 0.0f;
       }
-      s = hn::Add(s, hn::LoadU(d, gather_));
+      // s + bias, and −inf where the bias hides the key (whatever s is)
+      const VF bias = hn::LoadU(d, gather_);
+      s = hn::IfThenElse(hn::Eq(bias, hn::Set(d, -std::numeric_limits<float>::infinity())), bias,
+                         hn::Add(s, bias));
     }
     if (bounded_) {
       const VF j = hn::Set(d, static_cast<float>(jj));
@@ -582,11 +598,15 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
     std::int64_t lo, hi;
     t.ActiveColumns(c, j0, nk, lo, hi);
     if (lo == hi) continue;
+    score.SetBlock(j0, nk);
     if (narrow) {
       // S <- Q K^T by dot products along d, St[jj][r]
       // Rows whose width is a whole number of vectors are read in place.
-      const bool k_in_place = p.D == Dp;
-      if (!k_in_place) PackKeyRowsPadded(k_rows, p.k.seq, p.D, Dp, j0, nk, s.Kn.get());
+      const bool k_in_place = p.D == Dp && !score.any_hidden();
+      if (!k_in_place) {
+        PackKeyRowsPadded(k_rows, p.k.seq, p.D, Dp, j0, nk, s.Kn.get());
+        score.ZeroHiddenRows(s.Kn.get(), Dp, nk);
+      }
       for (std::int64_t jj = 0; jj < nk; ++jj) {
         const float* krow = k_in_place ? k_rows + (j0 + jj) * p.k.seq : s.Kn.get() + jj * Dp;
         std::int64_t r = 0;
@@ -596,10 +616,10 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
       }
     } else {
       PackKeyRows(k_rows, p.k.seq, p.D, j0, nk, s.Kp.get());
+      score.ZeroHiddenRows(s.Kp.get(), ks, nk);
       // S <- Q K^T (transposed: St[jj][r] = <k_{j0+jj}, q_r>, rows lo .. hi−1)
       Gemm(nk, hi - lo, p.D, s.Kp.get(), ks, 1, s.Qt.get() + lo, R, St + lo, R, false);
     }
-    score.SetBlock(j0, nk);
     const bool plain = score.plain(), band_only = score.band_only();
     const VF scale = hn::Set(d, c.scale);
     bool rescale = false;
@@ -651,8 +671,11 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
     if (!with_pv) continue;
     if (narrow) {
       // O <- diag(exp(m − m_new))·O + P V, On[r][dv] natural, rows as broadcasts
-      const bool v_in_place = p.Dv == Dvp;
-      if (!v_in_place) PackKeyRowsPadded(v_rows, p.v.seq, p.Dv, Dvp, j0, nk, s.Vn.get());
+      const bool v_in_place = p.Dv == Dvp && !score.any_hidden();
+      if (!v_in_place) {
+        PackKeyRowsPadded(v_rows, p.v.seq, p.Dv, Dvp, j0, nk, s.Vn.get());
+        score.ZeroHiddenRows(s.Vn.get(), Dvp, nk);
+      }
       float* On = s.On.get();
       for (std::int64_t r = 0; rescale && r < t.rows; ++r) {
         const VF a = hn::Set(d, alpha[r]);
@@ -667,6 +690,7 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
       continue;
     }
     PackKeyRows(v_rows, p.v.seq, p.Dv, j0, nk, s.Vp.get());
+    score.ZeroHiddenRows(s.Vp.get(), vs, nk);
     // O <- diag(exp(m − m_new))·O + P V (transposed: Ot[dv][r]); the
     // rescale is skipped when no row's max moved (every factor exactly 1)
     for (std::int64_t dv = 0; rescale && dv < p.Dv; ++dv) {

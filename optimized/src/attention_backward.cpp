@@ -141,10 +141,11 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
       t.ActiveColumns(c, j0, nk, lo, hi);
       const std::int64_t k_rows_active = std::min(hi, t.rows) - lo;
       if (k_rows_active <= 0) continue;
+      score.SetBlock(j0, nk);
       attn::PackKeyRows(k_rows, p.k.seq, p.D, j0, nk, Kp);
+      score.ZeroHiddenRows(Kp, ks, nk);
       // S <- Q K^T (transposed: St[jj][r])
       attn::Gemm(nk, hi - lo, p.D, Kp, ks, 1, s.fwd.Qt.get() + lo, R, Pt + lo, R, false);
-      score.SetBlock(j0, nk);
       // P <- exp(S - lse); a row with no visible key (lse = −inf) gets
       // exp(s − inf) = 0 for every key instead of exp(−inf − (−inf)).
       for (std::int64_t r0 = lo; r0 < hi; r0 += N) {
@@ -169,6 +170,7 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
       }
       if (!need_ds) continue;
       attn::PackKeyRows(v_rows, p.v.seq, p.Dv, j0, nk, Vp);
+      score.ZeroHiddenRows(Vp, vs, nk);
       // dP <- dO V^T (transposed: dPt[jj][r])
       attn::Gemm(nk, hi - lo, p.Dv, Vp, vs, 1, s.dOt.get() + lo, R, dSt + lo, R, false);
       // dS <- P * (dP - dsum) * (1 - tanh^2) * scale   (the softcap factor

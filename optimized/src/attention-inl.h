@@ -590,7 +590,7 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
     // Keep the rows of the next kPrefetchKeys keys on their way into the
     // cache while this block computes (decode steps are pure streaming).
     const std::int64_t ahead = std::min(t.j_end, j0 + kKeyBlock + kPrefetchKeys);
-    if (ahead > prefetched) {
+    if (!narrow && ahead > prefetched) {
       PrefetchRows(k_rows, p.k.seq, p.D, prefetched, ahead - prefetched);
       if (with_pv) PrefetchRows(v_rows, p.v.seq, p.Dv, prefetched, ahead - prefetched);
       prefetched = ahead;
@@ -608,6 +608,12 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
         score.ZeroHiddenRows(s.Kn.get(), Dp, nk);
       }
       for (std::int64_t jj = 0; jj < nk; ++jj) {
+        // a narrow tile computes little per key: spread the prefetches over
+        // the keys instead of issuing a block's worth at once
+        if (j0 + jj + kPrefetchKeys < t.j_end) {
+          PrefetchRows(k_rows, p.k.seq, p.D, j0 + jj + kPrefetchKeys, 1);
+          if (with_pv) PrefetchRows(v_rows, p.v.seq, p.Dv, j0 + jj + kPrefetchKeys, 1);
+        }
         const float* krow = k_in_place ? k_rows + (j0 + jj) * p.k.seq : s.Kn.get() + jj * Dp;
         std::int64_t r = 0;
         for (; r + 4 <= t.rows; r += 4) DotRows<4>(s.Qn.get(), r, krow, Dp, St + jj * R + r);

@@ -209,9 +209,9 @@ def run_one(exe, args, name, out_json, timeout):
         except (OSError, json.JSONDecodeError):
             pass
         os.remove(out_json)
-    if rc != 0 and not results:
-        results = [{"name": name, "error_occurred": True,
-                    "error_message": f"tandem_bench exited with {rc}: {tail.strip()}"}]
+    if not results:
+        why = f"tandem_bench exited with {rc}: {tail.strip()}" if rc != 0 else "tandem_bench produced no result"
+        results = [{"name": name, "error_occurred": True, "error_message": why}]
     return results, context, dt
 
 

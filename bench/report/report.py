@@ -495,7 +495,7 @@ def evaluate_targets(d):
 
     for D, need in ((128, 0.75), (64, 0.70)):
         r = d.find("attention_forward", f"B1_H8_S2048_D{D}")
-        add(f"attention forward B=1 H=8 S=2048 D={D}, no mask: ≥ {need:.0%} of FMA peak",
+        add(f"attention forward B=1 H=8 S=2048 D={D}, no mask: ≥ {need * 100:.0f} % of FMA peak",
             None if not r else r["frac_peak"] >= need,
             "–" if not r else f"{fpct(r['frac_peak'])} ({fnum(r['gflops'])} GFLOP/s of {fnum(d.peak.get(mt))})")
     for D in (128, 64):

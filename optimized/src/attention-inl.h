@@ -68,6 +68,9 @@ inline constexpr std::size_t kMR = 6, kNR = 2;
 inline constexpr std::int64_t kRowsTarget = 384;
 inline constexpr std::int64_t kRowsTargetBanded = 192;
 inline constexpr std::int64_t kKeyBlock = 64;
+/// Keys per block where a causal or sliding-window edge crosses the tile:
+/// only some rows see such a block, and a short block wastes less on the rest.
+inline constexpr std::int64_t kEdgeBlock = 16;
 /// How far ahead of the block being computed K and V rows are prefetched.
 inline constexpr std::int64_t kPrefetchKeys = 256;
 
@@ -306,6 +309,17 @@ struct Tile {
     lo = qi_lo * c.G / N * N;
     hi = std::min(rows_p, RoundUp(qi_hi * c.G, N));
     if (hi < lo) hi = lo;
+  }
+  /// Keys in the block starting at j0: kKeyBlock, or kEdgeBlock where the
+  /// causal or sliding-window edge runs through the tile's rows.
+  std::int64_t BlockSize(const Call& c, std::int64_t j0) const {
+    const AttentionPlan& p = *c.plan;
+    const std::int64_t nk = std::min(kKeyBlock, j_end - j0);
+    if (p.mask != MaskKind::causal && p.mask != MaskKind::sliding_window) return nk;
+    const std::int64_t a_first = c.q_offset + i0, a_last = a_first + nq - 1;
+    const bool edge =
+        j0 + nk - 1 > a_first || (p.mask == MaskKind::sliding_window && j0 < a_last - p.window);
+    return edge ? std::min(nk, kEdgeBlock) : nk;
   }
   std::int64_t query(std::int64_t r, std::int64_t G) const { return i0 + r / G; }
   std::int64_t head(std::int64_t r, std::int64_t G) const { return g * G + r % G; }
@@ -584,8 +598,8 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
   const float* k_rows = c.k + p.k.at(t.b, 0, t.g);
   const float* v_rows = c.v + p.v.at(t.b, 0, t.g);
   std::int64_t prefetched = t.j_begin + kKeyBlock;
-  for (std::int64_t j0 = t.j_begin; j0 < t.j_end; j0 += kKeyBlock) {
-    const std::int64_t nk = std::min(kKeyBlock, t.j_end - j0);
+  for (std::int64_t j0 = t.j_begin, nk = 0; j0 < t.j_end; j0 += nk) {
+    nk = t.BlockSize(c, j0);
     const std::int64_t ks = PackedStride(p.D), vs = PackedStride(p.Dv);
     // Keep the rows of the next kPrefetchKeys keys on their way into the
     // cache while this block computes (decode steps are pure streaming).

@@ -131,8 +131,8 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
     float* HWY_RESTRICT Pt = s.fwd.St.get();
     float* HWY_RESTRICT dSt = s.dPt.get();
     float* T = c.softcap > 0.0f && need_ds ? s.T.get() : nullptr;
-    for (std::int64_t j0 = t.j_begin; j0 < t.j_end; j0 += attn::kKeyBlock) {
-      const std::int64_t nk = std::min(attn::kKeyBlock, t.j_end - j0);
+    for (std::int64_t j0 = t.j_begin, nk = 0; j0 < t.j_end; j0 += nk) {
+      nk = t.BlockSize(c, j0);
       const std::int64_t ks = attn::PackedStride(p.D), vs = attn::PackedStride(p.Dv);
       float* Kp = s.fwd.Kp.get();
       float* Vp = s.fwd.Vp.get();

@@ -245,6 +245,7 @@ struct Call {
   std::int64_t max_rows = 1;    ///< G·block_q
   std::int64_t max_rows_p = 1;  ///< max_rows rounded up to whole vectors
   std::int64_t n_qblocks = 1;   ///< ceil(Sq / block_q)
+  std::int64_t window = 0;      ///< w, capped at Sk + Sq (no key lies further back)
   float scale = 1.0f;
   float softcap = 0.0f;
 
@@ -255,6 +256,9 @@ struct Call {
     mask = in.mask.empty() ? nullptr : in.mask.data();
     G = p.group();
     q_offset = p.q_offset();
+    // a − w <= 0 <= j for every query position a < Sk + Sq: a larger window
+    // changes nothing, and the cap keeps a − w − j0 far from overflow.
+    window = std::min(p.window, p.Sk + p.Sq);
     const bool banded = p.mask == MaskKind::causal || p.mask == MaskKind::sliding_window;
     block_q = std::max<std::int64_t>(1, (banded ? kRowsTargetBanded : kRowsTarget) / G);
     block_q = std::min(block_q, p.Sq);
@@ -287,7 +291,7 @@ struct Tile {
     if (p.mask == MaskKind::causal || p.mask == MaskKind::sliding_window) {
       j_end = std::min(p.Sk, a_last + 1);
     }
-    if (p.mask == MaskKind::sliding_window) j_begin = std::max<std::int64_t>(0, a_first - p.window);
+    if (p.mask == MaskKind::sliding_window) j_begin = std::max<std::int64_t>(0, a_first - c.window);
     if (j_begin > j_end) j_begin = j_end;
   }
   /// The columns [lo, hi) of the tile's buffers (whole vectors) holding every
@@ -304,7 +308,7 @@ struct Tile {
       qi_lo = std::clamp<std::int64_t>(j0 - c.q_offset - i0, 0, nq);
     }
     if (p.mask == MaskKind::sliding_window) {
-      qi_hi = std::clamp<std::int64_t>(j0 + nk - 1 + p.window - c.q_offset - i0 + 1, 0, nq);
+      qi_hi = std::clamp<std::int64_t>(j0 + nk - 1 + c.window - c.q_offset - i0 + 1, 0, nq);
     }
     lo = qi_lo * c.G / N * N;
     hi = std::min(rows_p, RoundUp(qi_hi * c.G, N));
@@ -318,7 +322,7 @@ struct Tile {
     if (p.mask != MaskKind::causal && p.mask != MaskKind::sliding_window) return nk;
     const std::int64_t a_first = c.q_offset + i0, a_last = a_first + nq - 1;
     const bool edge =
-        j0 + nk - 1 > a_first || (p.mask == MaskKind::sliding_window && j0 < a_last - p.window);
+        j0 + nk - 1 > a_first || (p.mask == MaskKind::sliding_window && j0 < a_last - c.window);
     return edge ? std::min(nk, kEdgeBlock) : nk;
   }
   std::int64_t query(std::int64_t r, std::int64_t G) const { return i0 + r / G; }
@@ -435,7 +439,7 @@ class ScoreTransform {
         const std::int64_t a = c_.q_offset + t_.query(r, c_.G);
         hi = std::clamp<std::int64_t>(a - j0, -1, nk);
         if (p.mask == MaskKind::sliding_window) {
-          lo = std::clamp<std::int64_t>(a - p.window - j0, -1, nk);
+          lo = std::clamp<std::int64_t>(a - c_.window - j0, -1, nk);
         }
         if (lo > 0 || hi < nk - 1) {
           bounded_ = true;

@@ -192,6 +192,8 @@ std::vector<Case> cases() {
       {"decode_sq1_bhsd_window", P(2, 1, 130, 4, 4, 9, 0, Layout::bhsd, sliding_window, 40)});
   c.push_back({"window_0", P(1, 20, 20, 2, 1, 3, 0, Layout::bshd, sliding_window, 0)});
   c.push_back({"window_ge_sk", P(1, 9, 13, 2, 2, 4, 0, Layout::bhsd, sliding_window, 100)});
+  c.push_back({"window_int64_max", P(1, 9, 70, 2, 1, 4, 0, Layout::bshd, sliding_window,
+                                     std::numeric_limits<std::int64_t>::max())});
   c.push_back(
       {"window_5_block_crossing", P(1, 70, 150, 2, 1, 17, 0, Layout::bshd, sliding_window, 5)});
   c.push_back(

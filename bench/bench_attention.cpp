@@ -322,8 +322,11 @@ void register_attention() {
     }
   }
   // Shapes the peers are measured on too (the report compares there).
+  // (Every length given with --seqs; else the middle of the preset's range.)
   const std::set<std::int64_t> peer_seqs =
-      quick ? std::set<std::int64_t>{512, 2048} : std::set<std::int64_t>{1024, 2048, 4096};
+      !c.seqs.empty() ? std::set<std::int64_t>(c.seqs.begin(), c.seqs.end())
+      : quick         ? std::set<std::int64_t>{512, 2048}
+                      : std::set<std::int64_t>{1024, 2048, 4096};
   const std::int64_t ref_seq = quick ? 128 : 256;
   const std::int64_t scaling_seq = 2048;
   const auto main_backends = backends_at(c.threads, false);
@@ -359,8 +362,12 @@ void register_attention() {
   // Each gradient alone.
   for (Pass pass : {Pass::backward_dq, Pass::backward_dk, Pass::backward_dv}) {
     if (!op_selected(op_name(pass)) || quick) continue;
-    for (const auto& bu : main_backends)
+    for (const auto& bu : main_backends) {
       add_attention(pass, bu, square(2048, 128, false), {"main"}, false);
+    }
+    for (const auto& bu : backends_at(c.threads, true)) {
+      add_attention(pass, bu, square(ref_seq, 128, false), {"small"}, false);
+    }
   }
   // Extra memory against sequence length (the largest only once: seconds a call).
   if (op_selected("attention_memory")) {

@@ -54,14 +54,14 @@ std::vector<std::string> split(const std::string& s, char sep) {
   std::exit(2);
 }
 
-int parse_int(const std::string& s, const std::string& flag) {
+int parse_int(const std::string& s, const std::string& flag, long max = 4096) {
   try {
     std::size_t pos = 0;
     const long v = std::stol(s, &pos);
-    if (pos != s.size() || v < 1 || v > 4096) throw std::invalid_argument(s);
+    if (pos != s.size() || v < 1 || v > max) throw std::invalid_argument(s);
     return static_cast<int>(v);
   } catch (const std::exception&) {
-    usage_error(flag + " = " + s + " must be a positive integer");
+    usage_error(flag + " = " + s + " must be an integer in [1, " + std::to_string(max) + "]");
   }
 }
 
@@ -107,9 +107,9 @@ void parse_flags(int* argc, char** argv) {
     } else if (name == "--backends") {
       c.backends = split(v, ',');
     } else if (name == "--seqs") {
-      for (const auto& s : split(v, ',')) c.seqs.push_back(parse_int(s, "--seqs"));
+      for (const auto& s : split(v, ',')) c.seqs.push_back(parse_int(s, "--seqs", 1L << 30));
     } else if (name == "--dims") {
-      for (const auto& s : split(v, ',')) c.dims.push_back(parse_int(s, "--dims"));
+      for (const auto& s : split(v, ',')) c.dims.push_back(parse_int(s, "--dims", 1L << 20));
     } else if (name == "--min_time") {
       c.min_time = parse_double(v, "--min_time");
     } else if (name == "--roofline") {

@@ -791,7 +791,7 @@ def plots(d, out_dir):
         ax.axvline(2.0 ** -24, color="k", ls=":", lw=0.8, label="float32 unit roundoff 2⁻²⁴")
         ax.set_xlabel("max |got − exact| / max |exact|   (exact = reference in double)")
         ax.set_title("Error against the reference run in double")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=3)
         ax.grid(alpha=0.3, axis="x")
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, "accuracy.png"), dpi=110)

@@ -23,6 +23,10 @@
 #define HWY_TARGET_INCLUDE "attention_backward.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+#include <omp.h>
+
+#include <memory>
+#include <vector>
 
 #include "attention-inl.h"
 
@@ -222,9 +226,16 @@ void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<fl
   const std::int64_t n_tasks = plan.B * plan.Hkv;
   const int nt =
       static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, n_tasks)));
+  // Scratch for every thread, allocated before any output is written (an
+  // allocation failure is an exception here, not inside the parallel region).
+  std::vector<std::unique_ptr<BackwardScratch>> scratch;
+  for (int i = 0; i < nt; ++i) {
+    scratch.push_back(std::make_unique<BackwardScratch>(c, !grads.dq.empty(), !grads.dk.empty(),
+                                                        !grads.dv.empty()));
+  }
 #pragma omp parallel num_threads(nt)
   {
-    BackwardScratch s(c, !grads.dq.empty(), !grads.dk.empty(), !grads.dv.empty());
+    BackwardScratch& s = *scratch[static_cast<std::size_t>(omp_get_thread_num())];
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t task = 0; task < n_tasks; ++task) {
       BackwardTask(c, task / plan.Hkv, task % plan.Hkv, dout.data(), grads, s);
@@ -236,8 +247,6 @@ void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<fl
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-#include <omp.h>
-
 #include "attention.hpp"
 
 namespace tandem::optimized {

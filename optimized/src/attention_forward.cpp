@@ -21,6 +21,10 @@
 #define HWY_TARGET_INCLUDE "attention_forward.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+#include <omp.h>
+
+#include <memory>
+#include <vector>
 
 #include "attention-inl.h"
 
@@ -37,10 +41,22 @@ void AttentionForwardTarget(const AttentionPlan& plan, const AttentionInputs<flo
       static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, n_tiles)));
   float* o = out.data();
   float* lse_out = lse.empty() ? nullptr : lse.data();
+  // Scratch for every thread, allocated before any output is written (an
+  // allocation failure is an exception here, not inside the parallel region).
+  struct Scratch {
+    attn::ForwardScratch tile;
+    attn::Buffer inv, lse_rows;
+    explicit Scratch(const attn::Call& call)
+        : tile(call), inv(call.max_rows_p), lse_rows(call.max_rows_p) {}
+  };
+  std::vector<std::unique_ptr<Scratch>> scratch;
+  for (int i = 0; i < nt; ++i) scratch.push_back(std::make_unique<Scratch>(c));
 #pragma omp parallel num_threads(nt)
   {
-    attn::ForwardScratch s(c);
-    attn::Buffer inv(c.max_rows_p), lse_rows(c.max_rows_p);
+    Scratch& mine = *scratch[static_cast<std::size_t>(omp_get_thread_num())];
+    attn::ForwardScratch& s = mine.tile;
+    attn::Buffer& inv = mine.inv;
+    attn::Buffer& lse_rows = mine.lse_rows;
     // Tiles are independent and each is computed by one thread alone, so
     // dynamic scheduling (which balances causal tiles) cannot change results.
 #pragma omp for schedule(dynamic, 1)
@@ -69,8 +85,6 @@ void AttentionForwardTarget(const AttentionPlan& plan, const AttentionInputs<flo
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-#include <omp.h>
-
 #include "attention.hpp"
 
 namespace tandem::optimized {

@@ -11,7 +11,8 @@
 //    [Sq, Sk] score matrix is ever formed (memory O(tile) per thread);
 //  - tiling: <q_i, k_j> and Σ_j p_ij v_j are float fused multiply-add chains
 //    in the micro-kernel's order (d, then j), where the reference sums in
-//    double; exp, tanh and log are Highway's float approximations (≤ 4 ulp);
+//    double; exp is a polynomial on 2^f (attn::SoftmaxExp, ~1e-7 relative),
+//    tanh and log are Highway's float approximations (≤ 4 ulp);
 //  - the query heads of a GQA group share one pass over their K/V rows, and
 //    key blocks that causal or sliding-window masks hide are never visited.
 // The result of every tile depends only on the plan, never on the thread

@@ -237,17 +237,15 @@ void relative_position(const Backend& be) {
   const i64 m = rng.index(p.S - 1), n = rng.index(p.S - 1);
   const i64 t = 1 + rng.index(p.S - 1 - std::max(m, n));
   const auto a = rng.values(p.D, 1.0), b = rng.values(p.D, 1.0);
-  const auto at = [&](i64 pos, const std::vector<float>& u, const std::vector<float>& v, i64 pu,
-                      i64 pv) {
+  const auto at = [&](const std::vector<float>& u, const std::vector<float>& v, i64 pu, i64 pv) {
     std::vector<float> x = d.x;
     std::copy(u.begin(), u.end(), x.begin() + pu * p.W);
     std::copy(v.begin(), v.end(), x.begin() + pv * p.W);
     const auto yy = fwd(be, d, p, x);
-    (void)pos;
     return dot(std::span<const float>(yy.data() + pu * p.W, p.D),
                std::span<const float>(yy.data() + pv * p.W, p.D));
   };
-  const double d1 = at(0, a, b, m, n), d2 = at(0, a, b, m + t, n + t);
+  const double d1 = at(a, b, m, n), d2 = at(a, b, m + t, n + t);
   const double tol = 64 * kEps * std::sqrt(dot(a, a) * dot(b, b));
   if (!(std::abs(d1 - d2) <= tol)) {
     RC_FAIL("<rope_" + std::to_string(m) + "(a), rope_" + std::to_string(n) +

@@ -37,6 +37,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -110,13 +111,36 @@ HWY_INLINE VF SoftmaxExp(DF d, VF x) {
 // ---------------------------------------------------------------------------
 // The micro-kernel and the matrix product built from it.
 
-/// C[i][c] (+)= Σ_k A[i·ars + k·aks] · B[k·bs + c] for i < MR, c < NR·N.
+/// Which products a Gemm leaves out. A key hidden from a query row has
+/// probability 0 there, but 0·v is NaN when v holds a NaN or an infinity,
+/// while SPEC §2 excludes a hidden key from every sum (its k and v are never
+/// read). Key blocks whose k or v hold such a value take a careful path (see
+/// ForwardTile): there the probability of a hidden entry is stored as −0.0,
+/// which no visible probability ever is (exp gives +0 at the least), and the
+/// products whose probability entry is −0.0 are left out; every other product
+/// is formed as usual, so a NaN in a visible key still reaches its rows.
+enum class Skip {
+  none,  ///< every product (the all-finite case)
+  by_a,  ///< leaves out A[i][k]·B[k][c] where H[i·ars + k·aks] is −0.0 (H laid out like A)
+  by_b,  ///< leaves out A[i][k]·B[k][c] where H[k·bs + c] is −0.0 (H laid out like B)
+};
+
+/// Lanes of v that are not −0.0 (the careful path's mark of a hidden entry).
+HWY_INLINE hn::Mask<DF> NotHiddenMark(DF d, VF v) {
+  const hn::RebindToSigned<DF> di;
+  return hn::RebindMask(
+      d, hn::Ne(hn::BitCast(di, v), hn::Set(di, std::numeric_limits<std::int32_t>::min())));
+}
+
+/// C[i][c] (+)= Σ_k A[i·ars + k·aks] · B[k·bs + c] for i < MR, c < NR·N,
+/// leaving out the products kSkip names (H: their marks, see Skip).
 /// A is read by scalar broadcasts (in place, any strides), B and C by whole
 /// vectors (owned, padded buffers).
-template <std::size_t MR, std::size_t NR>
+template <Skip kSkip, std::size_t MR, std::size_t NR>
 HWY_INLINE void MicroTile(const float* HWY_RESTRICT A, std::int64_t ars, std::int64_t aks,
                           const float* HWY_RESTRICT B, std::int64_t bs, float* HWY_RESTRICT C,
-                          std::int64_t cs, std::int64_t K, bool accumulate) {
+                          std::int64_t cs, std::int64_t K, bool accumulate,
+                          const float* HWY_RESTRICT H) {
   const DF d;
   const std::size_t N = hn::Lanes(d);
   VF c[MR][NR];
@@ -129,18 +153,38 @@ HWY_INLINE void MicroTile(const float* HWY_RESTRICT A, std::int64_t ars, std::in
     }
   }
   const float* a[MR];
+  const float* h[MR];
 #pragma GCC unroll 8
-  for (std::size_t i = 0; i < MR; ++i) a[i] = A + static_cast<std::int64_t>(i) * ars;
+  for (std::size_t i = 0; i < MR; ++i) {
+    a[i] = A + static_cast<std::int64_t>(i) * ars;
+    h[i] = kSkip == Skip::by_a ? H + static_cast<std::int64_t>(i) * ars : nullptr;
+  }
   for (std::int64_t k = 0; k < K; ++k) {
     const float* HWY_RESTRICT b = B + k * bs;
     VF bv[NR];
+    hn::Mask<DF> keep_b[NR];  // Skip::by_b: the lanes whose product is formed
 #pragma GCC unroll 8
-    for (std::size_t n = 0; n < NR; ++n) bv[n] = hn::LoadU(d, b + n * N);
+    for (std::size_t n = 0; n < NR; ++n) {
+      bv[n] = hn::LoadU(d, b + n * N);
+      if constexpr (kSkip == Skip::by_b)
+        keep_b[n] = NotHiddenMark(d, hn::LoadU(d, H + k * bs + n * N));
+    }
 #pragma GCC unroll 8
     for (std::size_t i = 0; i < MR; ++i) {
       const VF av = hn::Set(d, a[i][k * aks]);
+      if constexpr (kSkip == Skip::none) {
 #pragma GCC unroll 8
-      for (std::size_t n = 0; n < NR; ++n) c[i][n] = hn::MulAdd(av, bv[n], c[i][n]);
+        for (std::size_t n = 0; n < NR; ++n) c[i][n] = hn::MulAdd(av, bv[n], c[i][n]);
+      } else if constexpr (kSkip == Skip::by_a) {
+        const auto keep_a = NotHiddenMark(d, hn::Set(d, h[i][k * aks]));
+#pragma GCC unroll 8
+        for (std::size_t n = 0; n < NR; ++n)
+          c[i][n] = hn::IfThenElse(keep_a, hn::MulAdd(av, bv[n], c[i][n]), c[i][n]);
+      } else {
+#pragma GCC unroll 8
+        for (std::size_t n = 0; n < NR; ++n)
+          c[i][n] = hn::IfThenElse(keep_b[n], hn::MulAdd(av, bv[n], c[i][n]), c[i][n]);
+      }
     }
   }
 #pragma GCC unroll 8
@@ -152,47 +196,73 @@ HWY_INLINE void MicroTile(const float* HWY_RESTRICT A, std::int64_t ars, std::in
   }
 }
 
-template <std::size_t NR, std::size_t MR = kMR>
+template <Skip kSkip, std::size_t NR, std::size_t MR = kMR>
 HWY_INLINE void MicroTileRows(std::size_t mr, const float* A, std::int64_t ars, std::int64_t aks,
                               const float* B, std::int64_t bs, float* C, std::int64_t cs,
-                              std::int64_t K, bool accumulate) {
+                              std::int64_t K, bool accumulate, const float* H) {
   if constexpr (MR > 0) {
     if (mr == MR) {
-      MicroTile<MR, NR>(A, ars, aks, B, bs, C, cs, K, accumulate);
+      MicroTile<kSkip, MR, NR>(A, ars, aks, B, bs, C, cs, K, accumulate, H);
     } else {
-      MicroTileRows<NR, MR - 1>(mr, A, ars, aks, B, bs, C, cs, K, accumulate);
+      MicroTileRows<kSkip, NR, MR - 1>(mr, A, ars, aks, B, bs, C, cs, K, accumulate, H);
     }
   }
 }
 
-template <std::size_t NR = kNR>
+template <Skip kSkip, std::size_t NR = kNR>
 HWY_INLINE void MicroTileCols(std::size_t nr, std::size_t mr, const float* A, std::int64_t ars,
                               std::int64_t aks, const float* B, std::int64_t bs, float* C,
-                              std::int64_t cs, std::int64_t K, bool accumulate) {
+                              std::int64_t cs, std::int64_t K, bool accumulate, const float* H) {
   if constexpr (NR > 0) {
     if (nr == NR) {
-      MicroTileRows<NR>(mr, A, ars, aks, B, bs, C, cs, K, accumulate);
+      MicroTileRows<kSkip, NR>(mr, A, ars, aks, B, bs, C, cs, K, accumulate, H);
     } else {
-      MicroTileCols<NR - 1>(nr, mr, A, ars, aks, B, bs, C, cs, K, accumulate);
+      MicroTileCols<kSkip, NR - 1>(nr, mr, A, ars, aks, B, bs, C, cs, K, accumulate, H);
     }
   }
 }
 
 /// C[i][c] (+)= Σ_{k<K} A[i·ars + k·aks] · B[k·bs + c] for i < M, c < NC, NC a
-/// multiple of the lane count. Each element of C is one chain of fused
-/// multiply-adds in k order, whatever M, NC and the tiling are.
+/// multiple of the lane count, leaving out the products kSkip names (their
+/// marks in H, laid out like A or like B; see Skip). Each element of C is
+/// one chain of fused multiply-adds in k order, whatever M, NC and the
+/// tiling are.
+template <Skip kSkip = Skip::none>
 inline HWY_NOINLINE void Gemm(std::int64_t M, std::int64_t NC, std::int64_t K, const float* A,
                               std::int64_t ars, std::int64_t aks, const float* B, std::int64_t bs,
-                              float* C, std::int64_t cs, bool accumulate) {
+                              float* C, std::int64_t cs, bool accumulate,
+                              const float* H = nullptr) {
   const std::int64_t N = Lanes();
   for (std::int64_t c0 = 0; c0 < NC; c0 += static_cast<std::int64_t>(kNR) * N) {
     const auto nr = static_cast<std::size_t>(std::min<std::int64_t>(kNR, (NC - c0) / N));
     for (std::int64_t i0 = 0; i0 < M; i0 += static_cast<std::int64_t>(kMR)) {
       const auto mr = static_cast<std::size_t>(std::min<std::int64_t>(kMR, M - i0));
-      MicroTileCols(nr, mr, A + i0 * ars, ars, aks, B + c0, bs, C + i0 * cs + c0, cs, K,
-                    accumulate);
+      const float* h = kSkip == Skip::by_a ? H + i0 * ars : kSkip == Skip::by_b ? H + c0 : nullptr;
+      MicroTileCols<kSkip>(nr, mr, A + i0 * ars, ars, aks, B + c0, bs, C + i0 * cs + c0, cs, K,
+                           accumulate, h);
     }
   }
+}
+
+/// Whether rows 0 .. n−1 (row stride `stride`, `width` floats each) hold
+/// finite values only: the largest exponent field over the rows (one integer
+/// max per vector, no branch) must stay below the all-ones one of inf and NaN.
+inline bool RowsFinite(const float* rows, std::int64_t stride, std::int64_t width, std::int64_t n) {
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  const std::int64_t N = Lanes();
+  const auto exponent = hn::Set(di, 0x7f800000);
+  auto top = hn::Zero(di);
+  bool finite = true;
+  for (std::int64_t j = 0; j < n; ++j) {
+    const float* row = rows + j * stride;
+    std::int64_t x = 0;
+    for (; x + N <= width; x += N) {
+      top = hn::Max(top, hn::And(hn::BitCast(di, hn::LoadU(d, row + x)), exponent));
+    }
+    for (; x < width; ++x) finite = finite && std::isfinite(row[x]);
+  }
+  return finite && hn::AllFalse(di, hn::Eq(top, exponent));
 }
 
 // ---------------------------------------------------------------------------
@@ -498,21 +568,13 @@ class ScoreTransform {
       s = hn::Mul(hn::Set(d, c_.softcap), t);
     }
     if (p.mask == MaskKind::bias) {
-      const std::int64_t N = Lanes();
-      for (std::int64_t n = 0; n < N; ++n) {
-        const std::int64_t row = bias_row_[r0 + n];
-        gather_[n] = row >= 0 ? c_.mask[row + j0_ + jj] : 0.0f;
-      }
       // s + bias, and −inf where the bias hides the key (whatever s is)
-      const VF bias = hn::LoadU(d, gather_);
+      const VF bias = Bias(jj, r0);
       s = hn::IfThenElse(hn::Eq(bias, hn::Set(d, -std::numeric_limits<float>::infinity())), bias,
                          hn::Add(s, bias));
     }
     if (bounded_) {
-      const VF j = hn::Set(d, static_cast<float>(jj));
-      const auto visible =
-          hn::And(hn::Ge(j, hn::LoadU(d, lo_ + r0)), hn::Le(j, hn::LoadU(d, hi_ + r0)));
-      s = hn::IfThenElse(visible, s, hn::Set(d, -std::numeric_limits<float>::infinity()));
+      s = hn::IfThenElse(InBand(jj, r0), s, hn::Set(d, -std::numeric_limits<float>::infinity()));
     }
     if (hidden_keys_ && keep_[j0_ + jj] == 0.0f) {
       s = hn::Set(d, -std::numeric_limits<float>::infinity());
@@ -520,7 +582,54 @@ class ScoreTransform {
     return s;
   }
 
+  /// Whether a key of the current block may be hidden from some rows of the
+  /// tile and seen by others (a causal or sliding-window edge runs through
+  /// the block, or a bias): only then can 0·v or 0·k of a hidden entry meet a
+  /// sum, as padding keys are zeroed when packed (ZeroHiddenRows).
+  bool hides_per_row() const { return bounded_ || c_.plan->mask == MaskKind::bias; }
+
+  /// Lanes of the rows r0 .. r0+N−1 from which key j0 + jj is hidden (the
+  /// mask of SPEC §2, exactly: a score of −inf does not make a key hidden).
+  HWY_INLINE hn::Mask<DF> Hidden(std::int64_t jj, std::int64_t r0) const {
+    const DF d;
+    auto hidden = hn::FirstN(d, 0);
+    if (c_.plan->mask == MaskKind::bias) {
+      hidden = hn::Eq(Bias(jj, r0), hn::Set(d, -std::numeric_limits<float>::infinity()));
+    }
+    if (bounded_) hidden = hn::Or(hidden, hn::Not(InBand(jj, r0)));
+    if (key_hidden(jj)) hidden = hn::FirstN(d, hn::Lanes(d));
+    return hidden;
+  }
+
+  /// Rewrites the probabilities P[jj][r] (row stride rows_p) of key j0 + jj,
+  /// jj < nk, for the rows r0 .. r0+N−1 with −0.0 where the key is hidden:
+  /// the careful path's mark of a product to leave out (see Skip).
+  HWY_INLINE void MarkHidden(float* P, std::int64_t nk, std::int64_t r0) const {
+    const DF d;
+    for (std::int64_t jj = 0; jj < nk; ++jj) {
+      float* at = P + jj * t_.rows_p + r0;
+      hn::StoreU(hn::IfThenElse(Hidden(jj, r0), hn::Set(d, -0.0f), hn::LoadU(d, at)), d, at);
+    }
+  }
+
  private:
+  /// bias[row r][j0 + jj] for the rows r0 .. r0+N−1 (0 in the padding rows).
+  HWY_INLINE VF Bias(std::int64_t jj, std::int64_t r0) const {
+    const std::int64_t N = Lanes();
+    for (std::int64_t n = 0; n < N; ++n) {
+      const std::int64_t row = bias_row_[r0 + n];
+      gather_[n] = row >= 0 ? c_.mask[row + j0_ + jj] : 0.0f;
+    }
+    return hn::LoadU(DF(), gather_);
+  }
+  /// Lanes of the rows r0 .. r0+N−1 whose causal / sliding-window band holds
+  /// key j0 + jj (only when bounded_).
+  HWY_INLINE hn::Mask<DF> InBand(std::int64_t jj, std::int64_t r0) const {
+    const DF d;
+    const VF j = hn::Set(d, static_cast<float>(jj));
+    return hn::And(hn::Ge(j, hn::LoadU(d, lo_ + r0)), hn::Le(j, hn::LoadU(d, hi_ + r0)));
+  }
+
   const Call& c_;
   const Tile& t_;
   float* lo_;
@@ -644,6 +753,37 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
       // S <- Q K^T (transposed: St[jj][r] = <k_{j0+jj}, q_r>, rows lo .. hi−1)
       Gemm(nk, hi - lo, p.D, s.Kp.get(), ks, 1, s.Qt.get() + lo, R, St + lo, R, false);
     }
+    // The block's V rows: packed (Vp, or Vn for a narrow tile), or in place
+    // when whole vectors wide and no padding key needs zeroing.
+    const float* v_block = nullptr;
+    std::int64_t v_stride = 0;
+    if (with_pv) {
+      if (!narrow) {
+        PackKeyRows(v_rows, p.v.seq, p.Dv, j0, nk, s.Vp.get());
+        score.ZeroHiddenRows(s.Vp.get(), vs, nk);
+        v_block = s.Vp.get();
+        v_stride = vs;
+      } else if (p.Dv == Dvp && !score.any_hidden()) {
+        v_block = v_rows + j0 * p.v.seq;
+        v_stride = p.v.seq;
+      } else {
+        PackKeyRowsPadded(v_rows, p.v.seq, p.Dv, Dvp, j0, nk, s.Vn.get());
+        score.ZeroHiddenRows(s.Vn.get(), Dvp, nk);
+        v_block = s.Vn.get();
+        v_stride = Dvp;
+      }
+    }
+    // Careful path. A key hidden from a row gets probability 0 there, and
+    // 0·v is NaN when v holds a NaN or an infinity: in a block where some
+    // rows may not see a key that others see (a causal / sliding-window edge,
+    // a bias) and whose V rows are not all finite, the hidden entries of P
+    // are marked −0.0 and P·V leaves their products out (Skip), so that such
+    // a key reaches no row it is hidden from. The all-finite case (checked
+    // here, one integer max per vector of V) keeps the plain product.
+    // (The scores of hidden keys are −inf whatever k holds; see
+    // ScoreTransform.)
+    const bool careful =
+        with_pv && score.hides_per_row() && !RowsFinite(v_block, v_stride, p.Dv, nk);
     const bool plain = score.plain(), band_only = score.band_only();
     const VF scale = hn::Set(d, c.scale);
     bool rescale = false;
@@ -691,30 +831,25 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
       hn::StoreU(m_new, d, m + r0);
       hn::StoreU(a, d, alpha + r0);
       rescale = rescale || !hn::AllTrue(d, hn::Eq(a, hn::Set(d, 1.0f)));
+      // the sum above is unchanged by the marks (+0 and −0 add alike)
+      if (careful && !score.plain_at(r0)) score.MarkHidden(St, nk, r0);
     }
     if (!with_pv) continue;
     if (narrow) {
       // O <- diag(exp(m − m_new))·O + P V, On[r][dv] natural, rows as broadcasts
-      const bool v_in_place = p.Dv == Dvp && !score.any_hidden();
-      if (!v_in_place) {
-        PackKeyRowsPadded(v_rows, p.v.seq, p.Dv, Dvp, j0, nk, s.Vn.get());
-        score.ZeroHiddenRows(s.Vn.get(), Dvp, nk);
-      }
       float* On = s.On.get();
       for (std::int64_t r = 0; rescale && r < t.rows; ++r) {
         const VF a = hn::Set(d, alpha[r]);
         for (std::int64_t x = 0; x < Dvp; x += N)
           hn::StoreU(hn::Mul(hn::LoadU(d, On + r * Dvp + x), a), d, On + r * Dvp + x);
       }
-      if (v_in_place) {
-        Gemm(t.rows, Dvp, nk, St, 1, R, v_rows + j0 * p.v.seq, p.v.seq, On, Dvp, true);
+      if (careful) {  // P is A here: leave out the products its marks name
+        Gemm<Skip::by_a>(t.rows, Dvp, nk, St, 1, R, v_block, v_stride, On, Dvp, true, St);
       } else {
-        Gemm(t.rows, Dvp, nk, St, 1, R, s.Vn.get(), Dvp, On, Dvp, true);
+        Gemm(t.rows, Dvp, nk, St, 1, R, v_block, v_stride, On, Dvp, true);
       }
       continue;
     }
-    PackKeyRows(v_rows, p.v.seq, p.Dv, j0, nk, s.Vp.get());
-    score.ZeroHiddenRows(s.Vp.get(), vs, nk);
     // O <- diag(exp(m − m_new))·O + P V (transposed: Ot[dv][r]); the
     // rescale is skipped when no row's max moved (every factor exactly 1)
     for (std::int64_t dv = 0; rescale && dv < p.Dv; ++dv) {
@@ -723,7 +858,12 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
                    Ot + dv * R + r0);
       }
     }
-    Gemm(p.Dv, hi - lo, nk, s.Vp.get(), 1, vs, St + lo, R, Ot + lo, R, true);
+    if (careful) {  // P is B here: leave out the products its marks name
+      Gemm<Skip::by_b>(p.Dv, hi - lo, nk, v_block, 1, v_stride, St + lo, R, Ot + lo, R, true,
+                       St + lo);
+    } else {
+      Gemm(p.Dv, hi - lo, nk, v_block, 1, v_stride, St + lo, R, Ot + lo, R, true);
+    }
   }
   if (narrow && with_pv) {  // back to the transposed layout the callers read
     for (std::int64_t r = 0; r < R; ++r) {

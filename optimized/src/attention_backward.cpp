@@ -149,6 +149,20 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
       score.SetBlock(j0, nk);
       attn::PackKeyRows(k_rows, p.k.seq, p.D, j0, nk, Kp);
       score.ZeroHiddenRows(Kp, ks, nk);
+      if (need_ds) {
+        attn::PackKeyRows(v_rows, p.v.seq, p.Dv, j0, nk, Vp);
+        score.ZeroHiddenRows(Vp, vs, nk);
+      }
+      // Careful path (as in attn::ForwardTile): where a key may be hidden
+      // from some rows of the block, a NaN or an infinity in its v would
+      // reach dS through 0·(dP − dsum) and one in its k would reach dQ
+      // through 0·k. For such blocks the hidden entries of P are marked −0.0,
+      // dS is set to 0 there, and dQ leaves their products out (attn::Skip);
+      // dK and dV then only meet a hidden entry as 0·q or ±0·dO. The
+      // all-finite case (checked here) keeps the plain products.
+      const bool careful =
+          need_ds && score.hides_per_row() &&
+          !((!want_dq || attn::RowsFinite(Kp, ks, p.D, nk)) && attn::RowsFinite(Vp, vs, p.Dv, nk));
       // S <- Q K^T (transposed: St[jj][r])
       attn::Gemm(nk, hi - lo, p.D, Kp, ks, 1, s.fwd.Qt.get() + lo, R, Pt + lo, R, false);
       // P <- exp(S - lse); a row with no visible key (lse = −inf) gets
@@ -166,6 +180,7 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
             const VF sc = score(hn::LoadU(d, Pt + jj * R + r0), jj, r0, T);
             hn::StoreU(attn::SoftmaxExp(d, hn::Sub(sc, lse_use)), d, Pt + jj * R + r0);
           }
+          if (careful) score.MarkHidden(Pt, nk, r0);
         }
       }
       // dV <- dV + P^T dO
@@ -174,8 +189,6 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
                    s.dV.get() + j0 * s.Dvp, s.Dvp, true);
       }
       if (!need_ds) continue;
-      attn::PackKeyRows(v_rows, p.v.seq, p.Dv, j0, nk, Vp);
-      score.ZeroHiddenRows(Vp, vs, nk);
       // dP <- dO V^T (transposed: dPt[jj][r])
       attn::Gemm(nk, hi - lo, p.Dv, Vp, vs, 1, s.dOt.get() + lo, R, dSt + lo, R, false);
       // dS <- P * (dP - dsum) * (1 - tanh^2) * scale   (the softcap factor
@@ -191,6 +204,13 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
           }
           hn::StoreU(hn::Mul(ds, scale), d, dSt + at);
         }
+        // ds = 0 exactly where the key is hidden (dP, tanh may be NaN there)
+        for (std::int64_t jj = 0; careful && jj < nk; ++jj) {
+          const std::int64_t at = jj * R + r0;
+          hn::StoreU(hn::IfThenElseZero(attn::NotHiddenMark(d, hn::LoadU(d, Pt + at)),
+                                        hn::LoadU(d, dSt + at)),
+                     d, dSt + at);
+        }
       }
       // dK <- dK + scale * dS^T Q
       if (want_dk) {
@@ -198,7 +218,10 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
                    s.dK.get() + j0 * s.Dp, s.Dp, true);
       }
       // dQ <- dQ + scale * dS K (transposed: dQt[d][r])
-      if (want_dq) {
+      if (want_dq && careful) {  // dS is B here: leave out the products P marks
+        attn::Gemm<attn::Skip::by_b>(p.D, hi - lo, nk, Kp, 1, ks, dSt + lo, R, s.dQt.get() + lo, R,
+                                     true, Pt + lo);
+      } else if (want_dq) {
         attn::Gemm(p.D, hi - lo, nk, Kp, 1, ks, dSt + lo, R, s.dQt.get() + lo, R, true);
       }
     }

@@ -436,6 +436,146 @@ TEST(OptimizedAttentionMasked, PaddingKeysAreNeverUsed) {
   }
 }
 
+/// As close() where the reference is finite; where it is not (a row that
+/// sees a key holding NaN or inf), got must not be finite either.
+::testing::AssertionResult close_or_nonfinite(const Vec& got, const Vec& want, double rtol,
+                                              double atol) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size differs";
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double g = got[i], w = want[i];
+    const bool ok = std::isfinite(w)
+                        ? std::isfinite(g) && std::abs(g - w) <= atol + rtol * std::abs(w)
+                        : !std::isfinite(g);
+    if (!ok) {
+      if (bad == 0) first = i;
+      ++bad;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << bad << " of " << want.size() << " elements differ; first at " << first << ": got "
+         << got[first] << ", want " << want[first];
+}
+
+std::size_t count_finite(const Vec& x) {
+  return static_cast<std::size_t>(
+      std::count_if(x.begin(), x.end(), [](float y) { return std::isfinite(y); }));
+}
+
+/// A key that causal, sliding-window or bias masks hide from some query rows
+/// and show to others, with NaN, +inf or −inf in its k or its v: the rows it
+/// is hidden from must come out as the reference gives them (finite: the
+/// reference never reads a hidden key), forward and every gradient, on every
+/// target, and rows that see it must not turn finite. Wide tiles, narrow
+/// (decode-like) tiles, rows read in place and packed, softcap.
+TEST(OptimizedAttentionMasked, HiddenKeysWithNaNOrInfAreNeverRead) {
+  using enum MaskKind;
+  struct Poisoned {
+    std::string name;
+    AttentionParams params;
+    std::vector<std::int64_t> keys;  ///< keys given non-finite k or v
+  };
+  std::vector<Poisoned> cases;
+  cases.push_back({"causal_wide", P(1, 70, 70, 4, 2, 16, 0, Layout::bshd, causal), {25, 40, 69}});
+  cases.push_back(
+      {"causal_sq_lt_sk_packed", P(2, 33, 80, 2, 1, 7, 9, Layout::bhsd, causal), {50, 63, 79}});
+  cases.push_back({"causal_narrow", P(1, 2, 70, 4, 2, 16, 0, Layout::bshd, causal), {69}});
+  cases.push_back({"causal_narrow_packed", P(1, 2, 70, 4, 2, 9, 5, Layout::bshd, causal), {69}});
+  cases.push_back(
+      {"window_wide", P(1, 70, 150, 2, 1, 17, 0, Layout::bshd, sliding_window, 5), {82, 100, 140}});
+  cases.push_back(
+      {"window_gqa", P(2, 40, 40, 6, 2, 16, 8, Layout::bhsd, sliding_window, 9), {3, 20, 39}});
+  {
+    AttentionParams p = P(2, 20, 70, 4, 2, 8, 0, Layout::bhsd, bias);
+    p.bias_batch = 2;
+    p.bias_heads = 4;
+    cases.push_back({"bias_wide", p, {3, 30, 66}});
+  }
+  {
+    AttentionParams p = P(1, 1, 70, 8, 2, 16, 0, Layout::bshd, bias);
+    p.bias_heads = 8;
+    cases.push_back({"bias_narrow", p, {10, 64}});
+  }
+  {
+    AttentionParams p = P(1, 12, 40, 2, 1, 16, 0, Layout::bhsd, bias);
+    p.softcap = 2.0;
+    cases.push_back({"bias_softcap", p, {5, 39}});
+  }
+  {
+    AttentionParams p = P(1, 30, 30, 2, 2, 12, 0, Layout::bshd, causal);
+    p.softcap = 3.0;
+    cases.push_back({"causal_softcap", p, {17}});
+  }
+  const tandem::Backend ref = tandem::reference::backend();
+  for (const Poisoned& pc : cases) {
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(), kInf, -kInf}) {
+      for (const bool in_v : {false, true}) {
+        Data data(pc.params, 21);
+        const AttentionPlan& p = data.plan;
+        if (p.mask == bias) {
+          // the poisoned keys: hidden where (b + h + i) is even, seen elsewhere
+          for (std::int64_t b = 0; b < p.B; ++b)
+            for (std::int64_t h = 0; h < p.H; ++h)
+              for (std::int64_t i = 0; i < p.Sq; ++i)
+                for (const std::int64_t j : pc.keys) {
+                  data.mask[static_cast<std::size_t>(p.mask_row(b, h, i) + j)] =
+                      (b + h + i) % 2 == 0 ? -kInf : 0.5f;
+                }
+        }
+        for (std::int64_t b = 0; b < p.B; ++b)
+          for (std::int64_t g = 0; g < p.Hkv; ++g)
+            for (const std::int64_t j : pc.keys) {
+              if (in_v) {
+                for (std::int64_t x = 0; x < p.Dv; ++x)
+                  data.v[static_cast<std::size_t>(p.v.at(b, j, g) + x)] = bad;
+              } else {
+                for (std::int64_t x = 0; x < p.D; ++x)
+                  data.k[static_cast<std::size_t>(p.k.at(b, j, g) + x)] = bad;
+              }
+            }
+        Vec want_out(static_cast<std::size_t>(p.o.extent));
+        ref.attention_forward(p, data.in(), want_out);
+        Vec want_dq(static_cast<std::size_t>(p.dq.extent)),
+            want_dk(static_cast<std::size_t>(p.dk.extent)),
+            want_dv(static_cast<std::size_t>(p.dv.extent));
+        ref.attention_backward(p, data.in(), data.dout, {want_dq, want_dk, want_dv});
+        const std::string what = pc.name + (in_v ? ", v = " : ", k = ") + std::to_string(bad);
+        // The case means something: some rows never see a poisoned key
+        // (finite in the reference), and some see one (not finite there).
+        ASSERT_GT(count_finite(want_out), 0u) << what;
+        ASSERT_GT(count_finite(want_dq), 0u) << what;
+        if (!(in_v || bad == -kInf)) {
+          ASSERT_LT(count_finite(want_out), want_out.size()) << what;
+        }
+        for (const std::int64_t target : opt::supported_targets()) {
+          opt::force_target(target);
+          SCOPED_TRACE(opt::target_name(target) + ", " + what);
+          const Forward f = run_forward(data, 1);
+          EXPECT_TRUE(close_or_nonfinite(f.out, want_out, 5e-5, 1e-5)) << "out";
+          EXPECT_TRUE(bitwise_equal(run_forward(data, 3).out, f.out)) << "out, 3 threads";
+          const Grads all = run_backward(data, 1, 7);
+          EXPECT_TRUE(close_or_nonfinite(all.dq, want_dq, 1e-4, 2e-5)) << "dq";
+          EXPECT_TRUE(close_or_nonfinite(all.dk, want_dk, 1e-4, 2e-5)) << "dk";
+          EXPECT_TRUE(close_or_nonfinite(all.dv, want_dv, 1e-4, 2e-5)) << "dv";
+          const Grads all3 = run_backward(data, 3, 7);
+          EXPECT_TRUE(bitwise_equal(all3.dq, all.dq) && bitwise_equal(all3.dk, all.dk) &&
+                      bitwise_equal(all3.dv, all.dv))
+              << "gradients, 3 threads";
+          // each gradient alone (the careful path depends on which are asked for)
+          const Vec dq = run_backward(data, 1, 1).dq;
+          const Vec dk = run_backward(data, 1, 2).dk;
+          const Vec dv = run_backward(data, 1, 4).dv;
+          EXPECT_TRUE(close_or_nonfinite(dq, want_dq, 1e-4, 2e-5)) << "dq alone";
+          EXPECT_TRUE(close_or_nonfinite(dk, want_dk, 1e-4, 2e-5)) << "dk alone";
+          EXPECT_TRUE(close_or_nonfinite(dv, want_dv, 1e-4, 2e-5)) << "dv alone";
+        }
+        opt::force_target(0);
+      }
+    }
+  }
+}
+
 /// Bad views are errors naming the parameter, and nothing is written.
 TEST(OptimizedAttentionValidation, BadViewsThrowBeforeWriting) {
   const Data data(P(1, 4, 6, 2, 1, 8), 3);

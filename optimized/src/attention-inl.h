@@ -873,22 +873,25 @@ inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool wi
 }
 
 /// inv[r] = 1/l[r] (0 for a row with no visible key) and, when lse is given,
-/// lse[r] = m[r] + log(l[r]) (−inf for such a row).
+/// lse[r] = m[r] + log(l[r]) (−inf for such a row). A row that sees a key
+/// with a NaN score has l = NaN: it counts as seen (NaN, as in the
+/// reference), not as a row with no visible key (0, no gradient).
 inline void FinishRows(const Tile& t, const ForwardScratch& s, float* inv, float* lse) {
   const DF d;
   const std::int64_t N = Lanes();
   const VF zero = hn::Zero(d);
   for (std::int64_t r0 = 0; r0 < t.rows_p; r0 += N) {
     const VF l = hn::LoadU(d, s.l.get() + r0);
-    const auto seen = hn::Gt(l, zero);
+    const auto seen = hn::Not(hn::Eq(l, zero));
     hn::StoreU(hn::IfThenElseZero(seen, hn::Div(hn::Set(d, 1.0f), l)), d, inv + r0);
     if (lse != nullptr) {
       const VF m = hn::LoadU(d, s.m.get() + r0);
-      // Log of the masked-out lanes is never used; feed it 1 to keep it quiet.
-      const VF lg = hn::Log(d, hn::IfThenElse(seen, l, hn::Set(d, 1.0f)));
-      hn::StoreU(
-          hn::IfThenElse(seen, hn::Add(m, lg), hn::Set(d, -std::numeric_limits<float>::infinity())),
-          d, lse + r0);
+      // Log of the other lanes is never used; feed it 1 to keep it quiet.
+      const auto positive = hn::Gt(l, zero);
+      const VF lg = hn::Log(d, hn::IfThenElse(positive, l, hn::Set(d, 1.0f)));
+      // l = 0 (no visible key): −inf; l = NaN: NaN
+      const VF other = hn::IfThenElse(seen, l, hn::Set(d, -std::numeric_limits<float>::infinity()));
+      hn::StoreU(hn::IfThenElse(positive, hn::Add(m, lg), other), d, lse + r0);
     }
   }
 }

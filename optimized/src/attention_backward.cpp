@@ -26,6 +26,8 @@
 #include <hwy/highway.h>
 #include <omp.h>
 
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -131,6 +133,17 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
       }
     }
     if (want_dq) std::fill(s.dQt.get(), s.dQt.get() + p.D * R, 0.0f);
+    // Whether every row has a finite lse (or −inf: no visible key) and a
+    // finite dsum. A row that sees a key holding NaN or inf may not: then
+    // exp(−inf − lse) and 0·(dP − dsum) are NaN even for the keys hidden
+    // from it, which must not reach their dK and dV (see careful below).
+    bool rows_finite = true;
+    for (std::int64_t r = 0; r < t.rows; ++r) {
+      const float x = s.lse.get()[r];
+      rows_finite =
+          rows_finite && (std::isfinite(x) || x == -std::numeric_limits<float>::infinity());
+      rows_finite = rows_finite && (!need_ds || std::isfinite(Drow[r]));
+    }
 
     attn::ScoreTransform score(c, t, s.fwd);
     float* HWY_RESTRICT Pt = s.fwd.St.get();
@@ -153,16 +166,20 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
         attn::PackKeyRows(v_rows, p.v.seq, p.Dv, j0, nk, Vp);
         score.ZeroHiddenRows(Vp, vs, nk);
       }
-      // Careful path (as in attn::ForwardTile): where a key may be hidden
-      // from some rows of the block, a NaN or an infinity in its v would
-      // reach dS through 0·(dP − dsum) and one in its k would reach dQ
-      // through 0·k. For such blocks the hidden entries of P are marked −0.0,
-      // dS is set to 0 there, and dQ leaves their products out (attn::Skip);
-      // dK and dV then only meet a hidden entry as 0·q or ±0·dO. The
-      // all-finite case (checked here) keeps the plain products.
-      const bool careful =
-          need_ds && score.hides_per_row() &&
-          !((!want_dq || attn::RowsFinite(Kp, ks, p.D, nk)) && attn::RowsFinite(Vp, vs, p.Dv, nk));
+      // Careful path (as in attn::ForwardTile). Where a key of the block is
+      // hidden from some rows, its entry of P must be exactly 0 and never
+      // meet its k or v: a NaN or an infinity in its v would reach dS through
+      // 0·(dP − dsum), one in its k would reach dQ through 0·k, and a row
+      // with a non-finite lse or dsum (it sees such a key elsewhere) would
+      // make exp(−inf − lse) and 0·(dP − dsum) NaN for the keys hidden from
+      // it, reaching their dV and dK. For such blocks the hidden entries of P
+      // are set to −0.0 (whatever exp gave), dS to 0 there, and dQ leaves
+      // their products out (attn::Skip); dK and dV then meet a hidden entry
+      // only as 0·q and ±0·dO. The all-finite case (checked here, one integer
+      // max per vector of K and V) keeps the plain products.
+      const bool careful = (score.hides_per_row() || score.any_hidden()) &&
+                           !(rows_finite && (!want_dq || attn::RowsFinite(Kp, ks, p.D, nk)) &&
+                             (!need_ds || attn::RowsFinite(Vp, vs, p.Dv, nk)));
       // S <- Q K^T (transposed: St[jj][r])
       attn::Gemm(nk, hi - lo, p.D, Kp, ks, 1, s.fwd.Qt.get() + lo, R, Pt + lo, R, false);
       // P <- exp(S - lse); a row with no visible key (lse = −inf) gets

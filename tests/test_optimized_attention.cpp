@@ -7,7 +7,9 @@
 // broadcast), scale and softcap. Threads 1, 2 and 3 must give bitwise
 // identical results, nothing may be written past an output, the elements
 // between strided rows must never be read (they hold NaN), and a row with no
-// visible key must give 0 (and log-sum-exp −inf), never NaN.
+// visible key must give 0 (and log-sum-exp −inf), never NaN, and NaN or inf
+// in k or v of a hidden key (causal, sliding window, bias, key padding) must
+// not reach the rows or gradients it is hidden from.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -22,6 +22,13 @@
 // d instead (see ForwardTile). Only buffers owned here, or caller rows whose
 // width is a whole number of vectors, are loaded as whole vectors, so there
 // are no tails to mask: owned widths are rounded up and the padding is zero.
+//
+// A hidden (masked) key is excluded from every sum, as in the reference,
+// which never reads its k or v: its score is −inf and its probability 0, but
+// 0·NaN and 0·inf are NaN. Key blocks that may hide a key from some rows and
+// whose K or V rows are not all finite (or, in the backward, whose rows have
+// a non-finite lse or dsum) take a careful path that leaves the products of
+// hidden entries out (Skip); the all-finite case pays one check per block.
 
 #if defined(TANDEM_OPTIMIZED_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef TANDEM_OPTIMIZED_ATTENTION_INL_H_

@@ -234,6 +234,30 @@ std::vector<Case> cases() {
   c.push_back({"group16", P(1, 9, 33, 16, 1, 8, 0, Layout::bhsd, causal)});
   c.push_back({"group128", P(1, 3, 5, 128, 1, 4)});
   c.push_back({"group3_odd", P(2, 23, 31, 3, 1, 11, 0, Layout::bshd, key_padding)});
+  // Decode steps with long caches: the keys are split into chunks (their size
+  // set by the shape: 128, 256 or 512 keys here) whose partial results are
+  // merged; Sk is not a multiple of the chunk.
+  c.push_back({"decode_split_gqa", P(1, 1, 1000, 32, 8, 128)});
+  c.push_back({"decode_split_causal_dv", P(2, 1, 1300, 16, 4, 64, 48, Layout::bshd, causal)});
+  c.push_back({"decode_split_mha_window_packed",
+               P(1, 1, 1100, 4, 4, 100, 0, Layout::bhsd, sliding_window, 300)});
+  c.push_back({"decode_split_key_padding", P(3, 1, 1500, 8, 4, 64, 0, Layout::bshd, key_padding)});
+  {
+    AttentionParams p = P(2, 1, 600, 8, 8, 64, 0, Layout::bshd, bias);
+    p.bias_batch = 2;
+    p.bias_heads = 8;
+    p.scale = 0.2;
+    p.softcap = 4.0;
+    c.push_back({"decode_split_bias_softcap", p});
+  }
+  c.push_back({"decode_split_sq2_causal", P(1, 2, 1100, 16, 4, 64, 0, Layout::bshd, causal)});
+  {
+    AttentionParams p = P(1, 1, 700, 8, 8, 64);
+    p.q_row_stride = 3 * 8 * 64 + 5;  // q, k, v out of one fused row
+    p.k_row_stride = 3 * 8 * 64 + 5;
+    p.v_row_stride = 3 * 8 * 64 + 5;
+    c.push_back({"decode_split_fused_rows", p});
+  }
   return c;
 }
 
@@ -508,6 +532,17 @@ TEST(OptimizedAttentionMasked, HiddenKeysWithNaNOrInfAreNeverRead) {
     AttentionParams p = P(1, 30, 30, 2, 2, 12, 0, Layout::bshd, causal);
     p.softcap = 3.0;
     cases.push_back({"causal_softcap", p, {17}});
+  }
+  // decode steps with long caches (split into key chunks)
+  cases.push_back({"window_narrow_split",
+                   P(1, 2, 1100, 4, 4, 100, 0, Layout::bhsd, sliding_window, 300),
+                   {100, 798}});
+  cases.push_back(
+      {"causal_narrow_split", P(1, 2, 1100, 16, 4, 64, 0, Layout::bshd, causal), {1099}});
+  {
+    AttentionParams p = P(1, 1, 600, 8, 8, 64, 0, Layout::bshd, bias);
+    p.bias_heads = 8;
+    cases.push_back({"bias_narrow_split", p, {10, 300, 599}});
   }
   const tandem::Backend ref = tandem::reference::backend();
   for (const Poisoned& pc : cases) {

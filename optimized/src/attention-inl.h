@@ -353,6 +353,12 @@ struct Call {
 struct Tile {
   std::int64_t b = 0, g = 0, i0 = 0, nq = 0, rows = 0, rows_p = 0;
   std::int64_t j_begin = 0, j_end = 0;  ///< keys any row of the tile may see
+  /// Narrow tiles prefetch the K and V rows of key j + pf_ahead, moved by
+  /// pf_k / pf_v floats, while computing key j, as long as
+  /// j + pf_ahead < pf_end (a split-key call aims at the next kv head's rows
+  /// of the same keys, or from the last head at the first head's rows of the
+  /// next chunk).
+  std::int64_t pf_ahead = kPrefetchKeys, pf_end = 0, pf_k = 0, pf_v = 0;
 
   Tile(const Call& c, std::int64_t b_, std::int64_t g_, std::int64_t qblock) : b(b_), g(g_) {
     const AttentionPlan& p = *c.plan;
@@ -369,6 +375,14 @@ struct Tile {
       j_end = std::min(p.Sk, a_last + 1);
     }
     if (p.mask == MaskKind::sliding_window) j_begin = std::max<std::int64_t>(0, a_first - c.window);
+    if (j_begin > j_end) j_begin = j_end;
+    pf_end = j_end;
+  }
+  /// Restricts the tile to the keys [k_begin, k_end) (one chunk of a
+  /// split-key call); rows then see no key outside that range.
+  void ClipKeys(std::int64_t k_begin, std::int64_t k_end) {
+    j_begin = std::max(j_begin, k_begin);
+    j_end = std::min(j_end, k_end);
     if (j_begin > j_end) j_begin = j_end;
   }
   /// The columns [lo, hi) of the tile's buffers (whole vectors) holding every
@@ -685,198 +699,273 @@ HWY_INLINE void DotRows(const float* HWY_RESTRICT Qn, std::int64_t r0,
 /// false only m and l are formed (the backward's dV-only path).
 /// On return s.m and s.l hold the row max and the row sum of exp(s − m) (both
 /// −inf / 0 for a row with no visible key) and s.Ot the unnormalized output.
-inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool with_pv) {
-  const DF d;
-  const std::int64_t N = Lanes();
-  const AttentionPlan& p = *c.plan;
-  const std::int64_t R = t.rows_p;
-  const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-  float* HWY_RESTRICT m = s.m.get();
-  float* HWY_RESTRICT l = s.l.get();
-  float* HWY_RESTRICT alpha = s.alpha.get();
-  float* HWY_RESTRICT St = s.St.get();
-  float* HWY_RESTRICT Ot = s.Ot.get();
-  for (std::int64_t r = 0; r < R; r += N) {
-    hn::StoreU(neg_inf, d, m + r);
-    hn::StoreU(hn::Zero(d), d, l + r);
+/// With `natural` (narrow tiles only) the caller has put the queries in s.Qn
+/// (row r at r·Dp, Dp = D rounded up to whole vectors, zero beyond D) instead
+/// of s.Qt, and the unnormalized output is left in s.On (row r at r·Dvp)
+/// instead of s.Ot: neither transposed buffer is touched.
+class TileForward {
+ public:
+  /// Starts the tile: m = −inf, l = 0, output 0 (and the queries of a narrow
+  /// tile in s.Qn unless `natural`).
+  TileForward(const Call& c, const Tile& t, ForwardScratch& s, bool with_pv, bool natural = false)
+      : c_(c), t_(t), s_(s), with_pv_(with_pv), natural_(natural), score_(c, t_, s) {
+    const DF d;
+    const std::int64_t N = Lanes();
+    const AttentionPlan& p = *c.plan;
+    const std::int64_t R = t.rows_p;
+    const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+    float* HWY_RESTRICT m = s.m.get();
+    float* HWY_RESTRICT l = s.l.get();
+    float* HWY_RESTRICT alpha = s.alpha.get();
+    float* HWY_RESTRICT St = s.St.get();
+    float* HWY_RESTRICT Ot = s.Ot.get();
+    for (std::int64_t r = 0; r < R; r += N) {
+      hn::StoreU(neg_inf, d, m + r);
+      hn::StoreU(hn::Zero(d), d, l + r);
+    }
+    // Narrow tiles (one vector of rows, e.g. a decode step: one query of the G
+    // heads of a group) would waste most lanes of the broadcast micro-kernel
+    // and load every K and V element on its own; they take vectors along d
+    // instead: S by dot products, O = P V with rows in registers.
+    const bool narrow = R == N;
+    const std::int64_t Dp = RoundUp(p.D, N), Dvp = RoundUp(p.Dv, N);
+    if (with_pv && !narrow) std::fill(Ot, Ot + p.Dv * R, 0.0f);
+    if (narrow && !natural) {
+      for (std::int64_t r = 0; r < R; ++r) {
+        for (std::int64_t x = 0; x < Dp; ++x)
+          s.Qn.get()[r * Dp + x] = x < p.D ? s.Qt.get()[x * R + r] : 0.0f;
+      }
+    }
+    if (narrow && with_pv) std::fill(s.On.get(), s.On.get() + R * Dvp, 0.0f);
+    prefetched_ = t.j_begin + kKeyBlock;
+    (void)Ot, (void)alpha, (void)St;
   }
-  if (with_pv) std::fill(Ot, Ot + p.Dv * R, 0.0f);
-  // Narrow tiles (one vector of rows, e.g. a decode step: one query of the G
-  // heads of a group) would waste most lanes of the broadcast micro-kernel
-  // and load every K and V element on its own; they take vectors along d
-  // instead: S by dot products, O = P V with rows in registers.
-  const bool narrow = R == N;
-  const std::int64_t Dp = RoundUp(p.D, N), Dvp = RoundUp(p.Dv, N);
-  if (narrow) {
-    for (std::int64_t r = 0; r < R; ++r) {
-      for (std::int64_t x = 0; x < Dp; ++x)
-        s.Qn.get()[r * Dp + x] = x < p.D ? s.Qt.get()[x * R + r] : 0.0f;
-    }
-    if (with_pv) std::fill(s.On.get(), s.On.get() + R * Dvp, 0.0f);
-  }
-  ScoreTransform score(c, t, s);
-  const float* k_rows = c.k + p.k.at(t.b, 0, t.g);
-  const float* v_rows = c.v + p.v.at(t.b, 0, t.g);
-  std::int64_t prefetched = t.j_begin + kKeyBlock;
-  for (std::int64_t j0 = t.j_begin, nk = 0; j0 < t.j_end; j0 += nk) {
-    nk = t.BlockSize(c, j0);
-    const std::int64_t ks = PackedStride(p.D), vs = PackedStride(p.Dv);
-    // Keep the rows of the next kPrefetchKeys keys on their way into the
-    // cache while this block computes (decode steps are pure streaming).
-    const std::int64_t ahead = std::min(t.j_end, j0 + kKeyBlock + kPrefetchKeys);
-    if (!narrow && ahead > prefetched) {
-      PrefetchRows(k_rows, p.k.seq, p.D, prefetched, ahead - prefetched);
-      if (with_pv) PrefetchRows(v_rows, p.v.seq, p.Dv, prefetched, ahead - prefetched);
-      prefetched = ahead;
-    }
-    std::int64_t lo, hi;
-    t.ActiveColumns(c, j0, nk, lo, hi);
-    if (lo == hi) continue;
-    score.SetBlock(j0, nk);
-    if (narrow) {
-      // S <- Q K^T by dot products along d, St[jj][r]
-      // Rows whose width is a whole number of vectors are read in place.
-      const bool k_in_place = p.D == Dp && !score.any_hidden();
-      if (!k_in_place) {
-        PackKeyRowsPadded(k_rows, p.k.seq, p.D, Dp, j0, nk, s.Kn.get());
-        score.ZeroHiddenRows(s.Kn.get(), Dp, nk);
+  TileForward(const TileForward&) = delete;
+  TileForward& operator=(const TileForward&) = delete;
+
+  /// Adds the keys of [j_from, j_to) that the tile may see, in blocks (call
+  /// with consecutive ranges; the blocks depend on the ranges given).
+  void Run(std::int64_t j_from, std::int64_t j_to) {
+    ScoreTransform& score = score_;
+    const Call& c = c_;
+    const Tile& t = t_;
+    ForwardScratch& s = s_;
+    const bool with_pv = with_pv_, natural = natural_;
+    const DF d;
+    const std::int64_t N = Lanes();
+    const AttentionPlan& p = *c.plan;
+    const std::int64_t R = t.rows_p;
+    const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+    float* HWY_RESTRICT m = s.m.get();
+    float* HWY_RESTRICT l = s.l.get();
+    float* HWY_RESTRICT alpha = s.alpha.get();
+    float* HWY_RESTRICT St = s.St.get();
+    float* HWY_RESTRICT Ot = s.Ot.get();
+    const bool narrow = R == N;
+    const std::int64_t Dp = RoundUp(p.D, N), Dvp = RoundUp(p.Dv, N);
+    const float* k_rows = c.k + p.k.at(t.b, 0, t.g);
+    const float* v_rows = c.v + p.v.at(t.b, 0, t.g);
+    std::int64_t& prefetched = prefetched_;
+    const std::int64_t j_lo = std::max(j_from, t.j_begin), j_hi = std::min(j_to, t.j_end);
+    for (std::int64_t j0 = j_lo, nk = 0; j0 < j_hi; j0 += nk) {
+      nk = std::min(t.BlockSize(c, j0), j_hi - j0);
+      const std::int64_t ks = PackedStride(p.D), vs = PackedStride(p.Dv);
+      // Keep the rows of the next kPrefetchKeys keys on their way into the
+      // cache while this block computes (decode steps are pure streaming).
+      const std::int64_t ahead = std::min(t.j_end, j0 + kKeyBlock + kPrefetchKeys);
+      if (!narrow && ahead > prefetched) {
+        PrefetchRows(k_rows, p.k.seq, p.D, prefetched, ahead - prefetched);
+        if (with_pv) PrefetchRows(v_rows, p.v.seq, p.Dv, prefetched, ahead - prefetched);
+        prefetched = ahead;
       }
-      for (std::int64_t jj = 0; jj < nk; ++jj) {
-        // a narrow tile computes little per key: spread the prefetches over
-        // the keys instead of issuing a block's worth at once
-        if (j0 + jj + kPrefetchKeys < t.j_end) {
-          PrefetchRows(k_rows, p.k.seq, p.D, j0 + jj + kPrefetchKeys, 1);
-          if (with_pv) PrefetchRows(v_rows, p.v.seq, p.Dv, j0 + jj + kPrefetchKeys, 1);
+      std::int64_t lo, hi;
+      t.ActiveColumns(c, j0, nk, lo, hi);
+      if (lo == hi) continue;
+      score.SetBlock(j0, nk);
+      if (narrow) {
+        // S <- Q K^T by dot products along d, St[jj][r]
+        // Rows whose width is a whole number of vectors are read in place.
+        const bool k_in_place = p.D == Dp && !score.any_hidden();
+        if (!k_in_place) {
+          PackKeyRowsPadded(k_rows, p.k.seq, p.D, Dp, j0, nk, s.Kn.get());
+          score.ZeroHiddenRows(s.Kn.get(), Dp, nk);
         }
-        const float* krow = k_in_place ? k_rows + (j0 + jj) * p.k.seq : s.Kn.get() + jj * Dp;
-        std::int64_t r = 0;
-        for (; r + 4 <= t.rows; r += 4) DotRows<4>(s.Qn.get(), r, krow, Dp, St + jj * R + r);
-        for (; r < t.rows; ++r) DotRows<1>(s.Qn.get(), r, krow, Dp, St + jj * R + r);
-        for (; r < R; ++r) St[jj * R + r] = 0.0f;  // padding rows, never stored
-      }
-    } else {
-      PackKeyRows(k_rows, p.k.seq, p.D, j0, nk, s.Kp.get());
-      score.ZeroHiddenRows(s.Kp.get(), ks, nk);
-      // S <- Q K^T (transposed: St[jj][r] = <k_{j0+jj}, q_r>, rows lo .. hi−1)
-      Gemm(nk, hi - lo, p.D, s.Kp.get(), ks, 1, s.Qt.get() + lo, R, St + lo, R, false);
-    }
-    // The block's V rows: packed (Vp, or Vn for a narrow tile), or in place
-    // when whole vectors wide and no padding key needs zeroing.
-    const float* v_block = nullptr;
-    std::int64_t v_stride = 0;
-    if (with_pv) {
-      if (!narrow) {
-        PackKeyRows(v_rows, p.v.seq, p.Dv, j0, nk, s.Vp.get());
-        score.ZeroHiddenRows(s.Vp.get(), vs, nk);
-        v_block = s.Vp.get();
-        v_stride = vs;
-      } else if (p.Dv == Dvp && !score.any_hidden()) {
-        v_block = v_rows + j0 * p.v.seq;
-        v_stride = p.v.seq;
-      } else {
-        PackKeyRowsPadded(v_rows, p.v.seq, p.Dv, Dvp, j0, nk, s.Vn.get());
-        score.ZeroHiddenRows(s.Vn.get(), Dvp, nk);
-        v_block = s.Vn.get();
-        v_stride = Dvp;
-      }
-    }
-    // Careful path. A key hidden from a row gets probability 0 there, and
-    // 0·v is NaN when v holds a NaN or an infinity: in a block where some
-    // rows may not see a key that others see (a causal / sliding-window edge,
-    // a bias) and whose V rows are not all finite, the hidden entries of P
-    // are marked −0.0 and P·V leaves their products out (Skip), so that such
-    // a key reaches no row it is hidden from. The all-finite case (checked
-    // here, one integer max per vector of V) keeps the plain product.
-    // (The scores of hidden keys are −inf whatever k holds; see
-    // ScoreTransform.)
-    const bool careful =
-        with_pv && score.hides_per_row() && !RowsFinite(v_block, v_stride, p.Dv, nk);
-    const bool plain = score.plain(), band_only = score.band_only();
-    const VF scale = hn::Set(d, c.scale);
-    bool rescale = false;
-    for (std::int64_t r0 = lo; r0 < hi; r0 += N) {
-      // m_new <- max(m, rowmax(S)), masked keys at −inf
-      VF mx = neg_inf;
-      if (plain || score.plain_at(r0)) {
         for (std::int64_t jj = 0; jj < nk; ++jj) {
-          const VF sc = hn::Mul(hn::LoadU(d, St + jj * R + r0), scale);
-          hn::StoreU(sc, d, St + jj * R + r0);
-          mx = hn::Max(mx, sc);
-        }
-      } else if (band_only) {
-        VF band_lo, band_hi;
-        score.Band(r0, band_lo, band_hi);
-        for (std::int64_t jj = 0; jj < nk; ++jj) {
-          const VF j = hn::Set(d, static_cast<float>(jj));
-          const auto visible = hn::And(hn::Ge(j, band_lo), hn::Le(j, band_hi));
-          const VF sc =
-              hn::IfThenElse(visible, hn::Mul(hn::LoadU(d, St + jj * R + r0), scale), neg_inf);
-          hn::StoreU(sc, d, St + jj * R + r0);
-          mx = hn::Max(mx, sc);
+          // a narrow tile computes little per key: spread the prefetches over
+          // the keys instead of issuing a block's worth at once
+          if (j0 + jj + t.pf_ahead < t.pf_end) {
+            PrefetchRows(k_rows + t.pf_k, p.k.seq, p.D, j0 + jj + t.pf_ahead, 1);
+            if (with_pv) PrefetchRows(v_rows + t.pf_v, p.v.seq, p.Dv, j0 + jj + t.pf_ahead, 1);
+          }
+          const float* krow = k_in_place ? k_rows + (j0 + jj) * p.k.seq : s.Kn.get() + jj * Dp;
+          std::int64_t r = 0;
+          for (; r + 4 <= t.rows; r += 4) DotRows<4>(s.Qn.get(), r, krow, Dp, St + jj * R + r);
+          for (; r < t.rows; ++r) DotRows<1>(s.Qn.get(), r, krow, Dp, St + jj * R + r);
+          for (; r < R; ++r) St[jj * R + r] = 0.0f;  // padding rows, never stored
         }
       } else {
-        for (std::int64_t jj = 0; jj < nk; ++jj) {
-          const VF sc = score(hn::LoadU(d, St + jj * R + r0), jj, r0, nullptr);
-          hn::StoreU(sc, d, St + jj * R + r0);
-          mx = hn::Max(mx, sc);
+        PackKeyRows(k_rows, p.k.seq, p.D, j0, nk, s.Kp.get());
+        score.ZeroHiddenRows(s.Kp.get(), ks, nk);
+        // S <- Q K^T (transposed: St[jj][r] = <k_{j0+jj}, q_r>, rows lo .. hi−1)
+        Gemm(nk, hi - lo, p.D, s.Kp.get(), ks, 1, s.Qt.get() + lo, R, St + lo, R, false);
+      }
+      // The block's V rows: packed (Vp, or Vn for a narrow tile), or in place
+      // when whole vectors wide and no padding key needs zeroing.
+      const float* v_block = nullptr;
+      std::int64_t v_stride = 0;
+      if (with_pv) {
+        if (!narrow) {
+          PackKeyRows(v_rows, p.v.seq, p.Dv, j0, nk, s.Vp.get());
+          score.ZeroHiddenRows(s.Vp.get(), vs, nk);
+          v_block = s.Vp.get();
+          v_stride = vs;
+        } else if (p.Dv == Dvp && !score.any_hidden()) {
+          v_block = v_rows + j0 * p.v.seq;
+          v_stride = p.v.seq;
+        } else {
+          PackKeyRowsPadded(v_rows, p.v.seq, p.Dv, Dvp, j0, nk, s.Vn.get());
+          score.ZeroHiddenRows(s.Vn.get(), Dvp, nk);
+          v_block = s.Vn.get();
+          v_stride = Dvp;
         }
       }
-      const VF m_old = hn::LoadU(d, m + r0);
-      const VF m_new = hn::Max(m_old, mx);
-      // A row that has seen no visible key yet keeps m = −inf; subtract 0
-      // there so that exp(−inf − (−inf)) is never formed.
-      const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
-      // P <- exp(S − m_new); l <- exp(m − m_new)·l + rowsum(P)
-      const VF a = SoftmaxExp(d, hn::Sub(m_old, m_use));
-      VF sum = hn::Zero(d);
-      for (std::int64_t jj = 0; jj < nk; ++jj) {
-        const VF pr = SoftmaxExp(d, hn::Sub(hn::LoadU(d, St + jj * R + r0), m_use));
-        hn::StoreU(pr, d, St + jj * R + r0);
-        sum = hn::Add(sum, pr);
-      }
-      hn::StoreU(hn::MulAdd(hn::LoadU(d, l + r0), a, sum), d, l + r0);
-      hn::StoreU(m_new, d, m + r0);
-      hn::StoreU(a, d, alpha + r0);
-      rescale = rescale || !hn::AllTrue(d, hn::Eq(a, hn::Set(d, 1.0f)));
-      // the sum above is unchanged by the marks (+0 and −0 add alike)
-      if (careful && !score.plain_at(r0)) score.MarkHidden(St, nk, r0);
-    }
-    if (!with_pv) continue;
-    if (narrow) {
-      // O <- diag(exp(m − m_new))·O + P V, On[r][dv] natural, rows as broadcasts
-      float* On = s.On.get();
-      for (std::int64_t r = 0; rescale && r < t.rows; ++r) {
-        const VF a = hn::Set(d, alpha[r]);
-        for (std::int64_t x = 0; x < Dvp; x += N)
-          hn::StoreU(hn::Mul(hn::LoadU(d, On + r * Dvp + x), a), d, On + r * Dvp + x);
-      }
-      if (careful) {  // P is A here: leave out the products its marks name
-        Gemm<Skip::by_a>(t.rows, Dvp, nk, St, 1, R, v_block, v_stride, On, Dvp, true, St);
-      } else {
-        Gemm(t.rows, Dvp, nk, St, 1, R, v_block, v_stride, On, Dvp, true);
-      }
-      continue;
-    }
-    // O <- diag(exp(m − m_new))·O + P V (transposed: Ot[dv][r]); the
-    // rescale is skipped when no row's max moved (every factor exactly 1)
-    for (std::int64_t dv = 0; rescale && dv < p.Dv; ++dv) {
+      // Careful path. A key hidden from a row gets probability 0 there, and
+      // 0·v is NaN when v holds a NaN or an infinity: in a block where some
+      // rows may not see a key that others see (a causal / sliding-window edge,
+      // a bias) and whose V rows are not all finite, the hidden entries of P
+      // are marked −0.0 and P·V leaves their products out (Skip), so that such
+      // a key reaches no row it is hidden from. The all-finite case (checked
+      // here, one integer max per vector of V) keeps the plain product.
+      // (The scores of hidden keys are −inf whatever k holds; see
+      // ScoreTransform.)
+      const bool careful =
+          with_pv && score.hides_per_row() && !RowsFinite(v_block, v_stride, p.Dv, nk);
+      const bool plain = score.plain(), band_only = score.band_only();
+      const VF scale = hn::Set(d, c.scale);
+      bool rescale = false;
       for (std::int64_t r0 = lo; r0 < hi; r0 += N) {
-        hn::StoreU(hn::Mul(hn::LoadU(d, Ot + dv * R + r0), hn::LoadU(d, alpha + r0)), d,
-                   Ot + dv * R + r0);
+        // m_new <- max(m, rowmax(S)), masked keys at −inf
+        VF mx = neg_inf;
+        if (plain || score.plain_at(r0)) {
+          for (std::int64_t jj = 0; jj < nk; ++jj) {
+            const VF sc = hn::Mul(hn::LoadU(d, St + jj * R + r0), scale);
+            hn::StoreU(sc, d, St + jj * R + r0);
+            mx = hn::Max(mx, sc);
+          }
+        } else if (band_only) {
+          VF band_lo, band_hi;
+          score.Band(r0, band_lo, band_hi);
+          for (std::int64_t jj = 0; jj < nk; ++jj) {
+            const VF j = hn::Set(d, static_cast<float>(jj));
+            const auto visible = hn::And(hn::Ge(j, band_lo), hn::Le(j, band_hi));
+            const VF sc =
+                hn::IfThenElse(visible, hn::Mul(hn::LoadU(d, St + jj * R + r0), scale), neg_inf);
+            hn::StoreU(sc, d, St + jj * R + r0);
+            mx = hn::Max(mx, sc);
+          }
+        } else {
+          for (std::int64_t jj = 0; jj < nk; ++jj) {
+            const VF sc = score(hn::LoadU(d, St + jj * R + r0), jj, r0, nullptr);
+            hn::StoreU(sc, d, St + jj * R + r0);
+            mx = hn::Max(mx, sc);
+          }
+        }
+        const VF m_old = hn::LoadU(d, m + r0);
+        const VF m_new = hn::Max(m_old, mx);
+        // A row that has seen no visible key yet keeps m = −inf; subtract 0
+        // there so that exp(−inf − (−inf)) is never formed.
+        const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
+        // P <- exp(S − m_new); l <- exp(m − m_new)·l + rowsum(P)
+        const VF a = SoftmaxExp(d, hn::Sub(m_old, m_use));
+        VF sum = hn::Zero(d);
+        for (std::int64_t jj = 0; jj < nk; ++jj) {
+          const VF pr = SoftmaxExp(d, hn::Sub(hn::LoadU(d, St + jj * R + r0), m_use));
+          hn::StoreU(pr, d, St + jj * R + r0);
+          sum = hn::Add(sum, pr);
+        }
+        hn::StoreU(hn::MulAdd(hn::LoadU(d, l + r0), a, sum), d, l + r0);
+        hn::StoreU(m_new, d, m + r0);
+        hn::StoreU(a, d, alpha + r0);
+        rescale = rescale || !hn::AllTrue(d, hn::Eq(a, hn::Set(d, 1.0f)));
+        // the sum above is unchanged by the marks (+0 and −0 add alike)
+        if (careful && !score.plain_at(r0)) score.MarkHidden(St, nk, r0);
+      }
+      if (!with_pv) continue;
+      if (narrow) {
+        // O <- diag(exp(m − m_new))·O + P V, On[r][dv] natural, rows as broadcasts
+        float* On = s.On.get();
+        for (std::int64_t r = 0; rescale && r < t.rows; ++r) {
+          const VF a = hn::Set(d, alpha[r]);
+          for (std::int64_t x = 0; x < Dvp; x += N)
+            hn::StoreU(hn::Mul(hn::LoadU(d, On + r * Dvp + x), a), d, On + r * Dvp + x);
+        }
+        if (careful) {  // P is A here: leave out the products its marks name
+          Gemm<Skip::by_a>(t.rows, Dvp, nk, St, 1, R, v_block, v_stride, On, Dvp, true, St);
+        } else {
+          Gemm(t.rows, Dvp, nk, St, 1, R, v_block, v_stride, On, Dvp, true);
+        }
+        continue;
+      }
+      // O <- diag(exp(m − m_new))·O + P V (transposed: Ot[dv][r]); the
+      // rescale is skipped when no row's max moved (every factor exactly 1)
+      for (std::int64_t dv = 0; rescale && dv < p.Dv; ++dv) {
+        for (std::int64_t r0 = lo; r0 < hi; r0 += N) {
+          hn::StoreU(hn::Mul(hn::LoadU(d, Ot + dv * R + r0), hn::LoadU(d, alpha + r0)), d,
+                     Ot + dv * R + r0);
+        }
+      }
+      if (careful) {  // P is B here: leave out the products its marks name
+        Gemm<Skip::by_b>(p.Dv, hi - lo, nk, v_block, 1, v_stride, St + lo, R, Ot + lo, R, true,
+                         St + lo);
+      } else {
+        Gemm(p.Dv, hi - lo, nk, v_block, 1, v_stride, St + lo, R, Ot + lo, R, true);
       }
     }
-    if (careful) {  // P is B here: leave out the products its marks name
-      Gemm<Skip::by_b>(p.Dv, hi - lo, nk, v_block, 1, v_stride, St + lo, R, Ot + lo, R, true,
-                       St + lo);
-    } else {
-      Gemm(p.Dv, hi - lo, nk, v_block, 1, v_stride, St + lo, R, Ot + lo, R, true);
+  }
+
+  /// Ends the tile: a narrow one goes back to the transposed s.Ot unless
+  /// `natural`.
+  void Finish() {
+    const Call& c = c_;
+    const Tile& t = t_;
+    ForwardScratch& s = s_;
+    const bool with_pv = with_pv_, natural = natural_;
+    const DF d;
+    const std::int64_t N = Lanes();
+    const AttentionPlan& p = *c.plan;
+    const std::int64_t R = t.rows_p;
+    const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+    float* HWY_RESTRICT m = s.m.get();
+    float* HWY_RESTRICT l = s.l.get();
+    float* HWY_RESTRICT alpha = s.alpha.get();
+    float* HWY_RESTRICT St = s.St.get();
+    float* HWY_RESTRICT Ot = s.Ot.get();
+    const bool narrow = R == N;
+    const std::int64_t Dp = RoundUp(p.D, N), Dvp = RoundUp(p.Dv, N);
+    if (narrow && with_pv && !natural) {  // back to the transposed layout the callers read
+      for (std::int64_t r = 0; r < R; ++r) {
+        for (std::int64_t dv = 0; dv < p.Dv; ++dv) Ot[dv * R + r] = s.On.get()[r * Dvp + dv];
+      }
     }
   }
-  if (narrow && with_pv) {  // back to the transposed layout the callers read
-    for (std::int64_t r = 0; r < R; ++r) {
-      for (std::int64_t dv = 0; dv < p.Dv; ++dv) Ot[dv * R + r] = s.On.get()[r * Dvp + dv];
-    }
-  }
+
+  const Tile& tile() const { return t_; }
+
+ private:
+  const Call& c_;
+  const Tile t_;
+  ForwardScratch& s_;
+  bool with_pv_, natural_;
+  ScoreTransform score_;
+  std::int64_t prefetched_ = 0;
+};
+
+/// The whole forward of one tile (see TileForward).
+inline void ForwardTile(const Call& c, const Tile& t, ForwardScratch& s, bool with_pv,
+                        bool natural = false) {
+  TileForward f(c, t, s, with_pv, natural);
+  f.Run(t.j_begin, t.j_end);
+  f.Finish();
 }
 
 /// inv[r] = 1/l[r] (0 for a row with no visible key) and, when lse is given,

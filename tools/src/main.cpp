@@ -280,9 +280,7 @@ int run(const std::string& dir, const std::string& which, const std::string& out
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run_cli(int argc, char** argv) {
   CLI::App app{"tandem: check the attention-family kernels against case files"};
   app.set_version_flag("--version", std::string(tandem::version));
   app.require_subcommand(1);
@@ -323,4 +321,16 @@ int main(int argc, char** argv) {
     return kCannotRun;
   }
   return kCannotRun;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Setting up the command line can itself throw (std::bad_alloc): exit 2, never abort.
+  try {
+    return run_cli(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem: error: %s\n", e.what());
+    return kCannotRun;
+  }
 }

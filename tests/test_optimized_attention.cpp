@@ -234,13 +234,16 @@ std::vector<Case> cases() {
   c.push_back({"group16", P(1, 9, 33, 16, 1, 8, 0, Layout::bhsd, causal)});
   c.push_back({"group128", P(1, 3, 5, 128, 1, 4)});
   c.push_back({"group3_odd", P(2, 23, 31, 3, 1, 11, 0, Layout::bshd, key_padding)});
+  // the last query block holds one vector of rows or less (taken as narrow)
+  c.push_back({"last_block_one_vector", P(1, 385, 400, 1, 1, 16)});
   // Decode steps with long caches: the keys are split into chunks (their size
   // set by the shape: 128, 256 or 512 keys here) whose partial results are
-  // merged; Sk is not a multiple of the chunk.
+  // merged; Sk is not a multiple of the chunk. bhsd splits only with few
+  // (batch, kv head) pairs.
   c.push_back({"decode_split_gqa", P(1, 1, 1000, 32, 8, 128)});
   c.push_back({"decode_split_causal_dv", P(2, 1, 1300, 16, 4, 64, 48, Layout::bshd, causal)});
   c.push_back({"decode_split_mha_window_packed",
-               P(1, 1, 1100, 4, 4, 100, 0, Layout::bhsd, sliding_window, 300)});
+               P(1, 1, 1100, 2, 2, 100, 0, Layout::bhsd, sliding_window, 300)});
   c.push_back({"decode_split_key_padding", P(3, 1, 1500, 8, 4, 64, 0, Layout::bshd, key_padding)});
   {
     AttentionParams p = P(2, 1, 600, 8, 8, 64, 0, Layout::bshd, bias);
@@ -535,7 +538,7 @@ TEST(OptimizedAttentionMasked, HiddenKeysWithNaNOrInfAreNeverRead) {
   }
   // decode steps with long caches (split into key chunks)
   cases.push_back({"window_narrow_split",
-                   P(1, 2, 1100, 4, 4, 100, 0, Layout::bhsd, sliding_window, 300),
+                   P(1, 2, 1100, 2, 2, 100, 0, Layout::bhsd, sliding_window, 300),
                    {100, 798}});
   cases.push_back(
       {"causal_narrow_split", P(1, 2, 1100, 16, 4, 64, 0, Layout::bshd, causal), {1099}});

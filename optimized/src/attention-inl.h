@@ -353,12 +353,10 @@ struct Call {
 struct Tile {
   std::int64_t b = 0, g = 0, i0 = 0, nq = 0, rows = 0, rows_p = 0;
   std::int64_t j_begin = 0, j_end = 0;  ///< keys any row of the tile may see
-  /// Narrow tiles prefetch the K and V rows of key j + pf_ahead, moved by
-  /// pf_k / pf_v floats, while computing key j, as long as
-  /// j + pf_ahead < pf_end (a split-key call aims at the next kv head's rows
-  /// of the same keys, or from the last head at the first head's rows of the
-  /// next chunk).
-  std::int64_t pf_ahead = kPrefetchKeys, pf_end = 0, pf_k = 0, pf_v = 0;
+  /// Narrow tiles prefetch their K and V rows of key j + pf_ahead while
+  /// computing key j, as long as j + pf_ahead < pf_end (a split-key call,
+  /// which steps through every kv head in turn, aims one step ahead).
+  std::int64_t pf_ahead = kPrefetchKeys, pf_end = 0;
 
   Tile(const Call& c, std::int64_t b_, std::int64_t g_, std::int64_t qblock) : b(b_), g(g_) {
     const AttentionPlan& p = *c.plan;
@@ -447,25 +445,32 @@ inline void PrefetchRows(const float* rows, std::int64_t stride, std::int64_t wi
   }
 }
 
-/// Per-thread scratch of the forward, sized for the largest tile.
+/// Per-thread scratch of the forward, sized for the largest tile. With
+/// `natural` (narrow tiles run in the natural layout only, see TileForward)
+/// the transposed and wide-tile buffers Qt, Ot, Kp, Vp are left empty.
 struct ForwardScratch {
   Buffer Qt, St, Ot, m, l, alpha, lo, hi, gather, Kp, Vp, Qn, Kn, Vn, On;
   std::vector<std::int64_t> bias_row;
-  explicit ForwardScratch(const Call& c) {
+  explicit ForwardScratch(const Call& c, bool natural = false) {
     const AttentionPlan& p = *c.plan;
     const std::int64_t R = c.max_rows_p;
     if (R == Lanes()) {  // narrow tiles (decode): rows along vectors of d
       const std::int64_t Dp = RoundUp(p.D, Lanes()), Dvp = RoundUp(p.Dv, Lanes());
       Qn.resize(R * Dp);
-      Kn.resize(kKeyBlock * Dp);
-      Vn.resize(kKeyBlock * Dvp);
+      // K and V rows are packed only when not whole vectors wide, or when
+      // padding keys must be zeroed (see TileForward::Run)
+      const bool padding = p.mask == MaskKind::key_padding;
+      if (p.D != Dp || padding) Kn.resize(kKeyBlock * Dp);
+      if (p.Dv != Dvp || padding) Vn.resize(kKeyBlock * Dvp);
       On.resize(R * Dvp);
     }
-    Kp.resize(kKeyBlock * PackedStride(p.D));
-    Vp.resize(kKeyBlock * PackedStride(p.Dv));
-    Qt.resize(p.D * R);
+    if (!natural) {
+      Kp.resize(kKeyBlock * PackedStride(p.D));
+      Vp.resize(kKeyBlock * PackedStride(p.Dv));
+      Qt.resize(p.D * R);
+      Ot.resize(p.Dv * R);
+    }
     St.resize(kKeyBlock * R);
-    Ot.resize(p.Dv * R);
     m.resize(R);
     l.resize(R);
     alpha.resize(R);
@@ -726,8 +731,10 @@ class TileForward {
     // Narrow tiles (one vector of rows, e.g. a decode step: one query of the G
     // heads of a group) would waste most lanes of the broadcast micro-kernel
     // and load every K and V element on its own; they take vectors along d
-    // instead: S by dot products, O = P V with rows in registers.
-    const bool narrow = R == N;
+    // instead: S by dot products, O = P V with rows in registers. Decided per
+    // call (the scratch is sized per call): the short last query block of a
+    // wider call stays wide.
+    const bool narrow = c.max_rows_p == N;  // then R == N too
     const std::int64_t Dp = RoundUp(p.D, N), Dvp = RoundUp(p.Dv, N);
     if (with_pv && !narrow) std::fill(Ot, Ot + p.Dv * R, 0.0f);
     if (narrow && !natural) {
@@ -761,7 +768,7 @@ class TileForward {
     float* HWY_RESTRICT alpha = s.alpha.get();
     float* HWY_RESTRICT St = s.St.get();
     float* HWY_RESTRICT Ot = s.Ot.get();
-    const bool narrow = R == N;
+    const bool narrow = c.max_rows_p == N;  // then R == N too
     const std::int64_t Dp = RoundUp(p.D, N), Dvp = RoundUp(p.Dv, N);
     const float* k_rows = c.k + p.k.at(t.b, 0, t.g);
     const float* v_rows = c.v + p.v.at(t.b, 0, t.g);
@@ -794,8 +801,8 @@ class TileForward {
           // a narrow tile computes little per key: spread the prefetches over
           // the keys instead of issuing a block's worth at once
           if (j0 + jj + t.pf_ahead < t.pf_end) {
-            PrefetchRows(k_rows + t.pf_k, p.k.seq, p.D, j0 + jj + t.pf_ahead, 1);
-            if (with_pv) PrefetchRows(v_rows + t.pf_v, p.v.seq, p.Dv, j0 + jj + t.pf_ahead, 1);
+            PrefetchRows(k_rows, p.k.seq, p.D, j0 + jj + t.pf_ahead, 1);
+            if (with_pv) PrefetchRows(v_rows, p.v.seq, p.Dv, j0 + jj + t.pf_ahead, 1);
           }
           const float* krow = k_in_place ? k_rows + (j0 + jj) * p.k.seq : s.Kn.get() + jj * Dp;
           std::int64_t r = 0;
@@ -940,7 +947,7 @@ class TileForward {
     float* HWY_RESTRICT alpha = s.alpha.get();
     float* HWY_RESTRICT St = s.St.get();
     float* HWY_RESTRICT Ot = s.Ot.get();
-    const bool narrow = R == N;
+    const bool narrow = c.max_rows_p == N;  // then R == N too
     const std::int64_t Dp = RoundUp(p.D, N), Dvp = RoundUp(p.Dv, N);
     if (narrow && with_pv && !natural) {  // back to the transposed layout the callers read
       for (std::int64_t r = 0; r < R; ++r) {

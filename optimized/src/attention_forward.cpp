@@ -45,16 +45,21 @@ constexpr std::int64_t kDecodeStep = 32;
 /// of a group fit one vector) with long caches do: there one task per
 /// (batch, kv head) would read a head-wide slice of every K and V row
 /// (strided, and only B·Hkv tasks), while one task per (batch, key chunk)
-/// reads whole rows one after the other. The chunk depends on the shape alone,
-/// never on the thread count: about 1 MiB of K and V rows per chunk (64 to
-/// 1024 keys), and at least two chunks.
+/// reads whole rows one after the other. Where a head's rows are contiguous
+/// (bhsd) the per-head tasks stream already and only calls with few of them
+/// split. The chunk depends on the shape alone, never on the thread count:
+/// about 1 MiB of K and V rows per chunk (64 to 1024 keys), at least two.
 std::int64_t SplitKeysChunk(const attn::Call& c) {
   const AttentionPlan& p = *c.plan;
   if (c.max_rows_p != attn::Lanes()) return 0;
   const std::int64_t bytes_per_key = 4 * p.Hkv * (p.D + p.Dv);
   std::int64_t chunk = attn::kKeyBlock;
   while (chunk < 1024 && 2 * chunk * bytes_per_key <= (std::int64_t{1} << 20)) chunk *= 2;
-  return p.Sk >= 2 * chunk ? chunk : 0;
+  if (p.Sk < 2 * chunk) return 0;
+  // Where each head's rows are contiguous (bhsd, or a single kv head) the
+  // per-head tasks already stream; split there only for want of tasks.
+  const bool interleaved = p.k.seq != p.D || p.v.seq != p.Dv;
+  return interleaved || p.B * p.Hkv < 4 ? chunk : 0;
 }
 
 /// The split-key forward: every (batch, key chunk) task computes, for each
@@ -78,7 +83,8 @@ void ForwardSplitKeys(const attn::Call& c, std::int64_t chunk, float* o, float* 
   const std::int64_t n_tasks = plan.B * n_chunks;
   const int nt =
       static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, n_tasks)));
-  attn::Buffer part(n_chunks * n_rows * rec);
+  // Every record is written before the merge reads it: no zero fill.
+  const std::unique_ptr<float[]> part(new float[static_cast<std::size_t>(n_chunks * n_rows * rec)]);
   // Per thread: the scratch and the running state of every tile of a task.
   const std::int64_t n_tiles = plan.Hkv * c.n_qblocks;
   struct Mine {
@@ -88,7 +94,7 @@ void ForwardSplitKeys(const attn::Call& c, std::int64_t chunk, float* o, float* 
   std::vector<Mine> mine(static_cast<std::size_t>(nt));
   for (Mine& m : mine) {
     for (std::int64_t i = 0; i < n_tiles; ++i)
-      m.scratch.push_back(std::make_unique<attn::ForwardScratch>(c));
+      m.scratch.push_back(std::make_unique<attn::ForwardScratch>(c, true));
     m.tiles = std::vector<std::optional<attn::TileForward>>(static_cast<std::size_t>(n_tiles));
   }
 #pragma omp parallel num_threads(nt)

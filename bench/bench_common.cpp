@@ -3,6 +3,7 @@
 // buffers, roofline counters and the peak-RSS probe.
 #include "bench_common.hpp"
 
+#include <utility>
 #include <malloc.h>
 #include <sched.h>
 
@@ -88,7 +89,7 @@ double default_min_time() {
 
 void add(Spec spec, std::function<void(benchmark::State&)> fn, double min_time) {
   const std::string name = spec.name;
-  auto* b = benchmark::RegisterBenchmark(name.c_str(), [fn](benchmark::State& st) { fn(st); });
+  auto* b = benchmark::RegisterBenchmark(name.c_str(), [fn = std::move(fn)](benchmark::State& st) { fn(st); });
   b->UseRealTime();
   b->Unit(benchmark::kMillisecond);
   b->MinTime(min_time > 0 ? min_time : default_min_time());

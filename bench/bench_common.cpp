@@ -3,7 +3,6 @@
 // buffers, roofline counters and the peak-RSS probe.
 #include "bench_common.hpp"
 
-#include <utility>
 #include <malloc.h>
 #include <sched.h>
 
@@ -16,6 +15,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "tandem/reference/backend.hpp"
 #ifdef TANDEM_HAVE_OPTIMIZED
@@ -89,7 +89,8 @@ double default_min_time() {
 
 void add(Spec spec, std::function<void(benchmark::State&)> fn, double min_time) {
   const std::string name = spec.name;
-  auto* b = benchmark::RegisterBenchmark(name.c_str(), [fn = std::move(fn)](benchmark::State& st) { fn(st); });
+  auto* b = benchmark::RegisterBenchmark(name.c_str(),
+                                         [fn = std::move(fn)](benchmark::State& st) { fn(st); });
   b->UseRealTime();
   b->Unit(benchmark::kMillisecond);
   b->MinTime(min_time > 0 ? min_time : default_min_time());

@@ -37,11 +37,16 @@ enum class MaskKind {
 /// "none", "causal", "sliding_window", "key_padding" or "bias".
 inline const char* to_string(MaskKind kind) {
   switch (kind) {
-    case MaskKind::none: return "none";
-    case MaskKind::causal: return "causal";
-    case MaskKind::sliding_window: return "sliding_window";
-    case MaskKind::key_padding: return "key_padding";
-    case MaskKind::bias: return "bias";
+    case MaskKind::none:
+      return "none";
+    case MaskKind::causal:
+      return "causal";
+    case MaskKind::sliding_window:
+      return "sliding_window";
+    case MaskKind::key_padding:
+      return "key_padding";
+    case MaskKind::bias:
+      return "bias";
   }
   return "?";
 }
@@ -49,34 +54,34 @@ inline const char* to_string(MaskKind kind) {
 /// Explicit parameters of an attention call; AttentionPlan::make validates
 /// them. Zero means "the default" where noted.
 struct AttentionParams {
-  std::int64_t batch = 1;       ///< B
-  std::int64_t seq_q = 0;       ///< Sq
-  std::int64_t seq_k = 0;       ///< Sk
-  std::int64_t heads = 0;       ///< H, query heads
-  std::int64_t kv_heads = 0;    ///< Hkv, divides H; 0 means H
-  std::int64_t head_dim = 0;    ///< D, width of q and k heads
-  std::int64_t v_head_dim = 0;  ///< Dv, width of v and out heads; 0 means D
-  Layout layout = Layout::bshd;  ///< memory layout of q, k, v, out and the gradients (SPEC §1)
+  std::int64_t batch = 1;          ///< B
+  std::int64_t seq_q = 0;          ///< Sq
+  std::int64_t seq_k = 0;          ///< Sk
+  std::int64_t heads = 0;          ///< H, query heads
+  std::int64_t kv_heads = 0;       ///< Hkv, divides H; 0 means H
+  std::int64_t head_dim = 0;       ///< D, width of q and k heads
+  std::int64_t v_head_dim = 0;     ///< Dv, width of v and out heads; 0 means D
+  Layout layout = Layout::bshd;    ///< memory layout of q, k, v, out and the gradients (SPEC §1)
   MaskKind mask = MaskKind::none;  ///< which keys each query sees (SPEC §2)
-  std::int64_t window = 0;             ///< w of sliding_window
-  std::optional<double> scale;         ///< defaults to 1/sqrt(D)
-  double softcap = 0.0;                ///< c; 0 disables the cap
-  std::int64_t q_row_stride = 0;       ///< bshd row stride of q; 0 = H*D
-  std::int64_t k_row_stride = 0;       ///< bshd row stride of k; 0 = Hkv*D
-  std::int64_t v_row_stride = 0;       ///< bshd row stride of v; 0 = Hkv*Dv
-  std::int64_t bias_batch = 1;         ///< Bb ∈ {1, B} of a bias mask
-  std::int64_t bias_heads = 1;         ///< Hb ∈ {1, H} of a bias mask
+  std::int64_t window = 0;         ///< w of sliding_window
+  std::optional<double> scale;     ///< defaults to 1/sqrt(D)
+  double softcap = 0.0;            ///< c; 0 disables the cap
+  std::int64_t q_row_stride = 0;   ///< bshd row stride of q; 0 = H*D
+  std::int64_t k_row_stride = 0;   ///< bshd row stride of k; 0 = Hkv*D
+  std::int64_t v_row_stride = 0;   ///< bshd row stride of v; 0 = Hkv*Dv
+  std::int64_t bias_batch = 1;     ///< Bb ∈ {1, B} of a bias mask
+  std::int64_t bias_heads = 1;     ///< Hb ∈ {1, H} of a bias mask
 };
 
 /// Attributes that shapes do not carry, for AttentionPlan::from_shapes
 /// (the `attrs` of a case file, SPEC §9).
 struct AttentionAttrs {
-  std::int64_t num_heads = 0;          ///< H (required)
-  std::optional<Layout> layout;        ///< from shapes when absent (SPEC §1)
+  std::int64_t num_heads = 0;      ///< H (required)
+  std::optional<Layout> layout;    ///< from shapes when absent (SPEC §1)
   MaskKind mask = MaskKind::none;  ///< which keys each query sees (SPEC §2)
-  std::int64_t window = 0;  ///< w of sliding_window: keys a−w..a are visible
-  std::optional<double> scale;  ///< multiplies <q_i, k_j>; defaults to 1/sqrt(D)
-  double softcap = 0.0;  ///< c of s ← c·tanh(s/c); 0 disables the cap
+  std::int64_t window = 0;         ///< w of sliding_window: keys a−w..a are visible
+  std::optional<double> scale;     ///< multiplies <q_i, k_j>; defaults to 1/sqrt(D)
+  double softcap = 0.0;            ///< c of s ← c·tanh(s/c); 0 disables the cap
 };
 
 /// One attention call, validated. Kernels read sizes and the strides of
@@ -87,11 +92,11 @@ struct AttentionPlan {
   /// (divides H), D q/k head width, Dv v/out head width.
   std::int64_t B = 0, Sq = 0, Sk = 0, H = 0, Hkv = 0, D = 0, Dv = 0;
   ///@}
-  Layout layout = Layout::bshd;  ///< layout of every tensor of the call (SPEC §1)
+  Layout layout = Layout::bshd;    ///< layout of every tensor of the call (SPEC §1)
   MaskKind mask = MaskKind::none;  ///< which keys each query sees (SPEC §2)
-  std::int64_t window = 0;  ///< w of sliding_window (0 for the other mask kinds)
-  double scale = 0.0;    ///< resolved: never absent
-  double softcap = 0.0;  ///< 0 = no cap
+  std::int64_t window = 0;         ///< w of sliding_window (0 for the other mask kinds)
+  double scale = 0.0;              ///< resolved: never absent
+  double softcap = 0.0;            ///< 0 = no cap
   ///@{
   /// Bb ∈ {1, B} and Hb ∈ {1, H}: the broadcast shape `[Bb, Hb, Sq, Sk]` of a bias mask (1 and 1
   /// otherwise).
@@ -101,7 +106,7 @@ struct AttentionPlan {
   ///@{
   Strides q, k, v;  ///< inputs, possibly with row strides (bshd)
   ///@}
-  Strides o;        ///< out and dout: contiguous, layout of q
+  Strides o;  ///< out and dout: contiguous, layout of q
   ///@{
   Strides dq, dk, dv;  ///< gradients: contiguous, shapes of q, k, v
   ///@}
@@ -179,9 +184,12 @@ void check_grads(const AttentionPlan& plan, const AttentionGrads<T>& g, bool nee
 
 inline std::int64_t AttentionPlan::mask_size() const {
   switch (mask) {
-    case MaskKind::key_padding: return B * Sk;
-    case MaskKind::bias: return bias_batch * bias_heads * Sq * Sk;
-    default: return 0;
+    case MaskKind::key_padding:
+      return B * Sk;
+    case MaskKind::bias:
+      return bias_batch * bias_heads * Sq * Sk;
+    default:
+      return 0;
   }
 }
 
@@ -229,8 +237,7 @@ inline AttentionPlan AttentionPlan::make(const AttentionParams& p) {
       require(stride == row, name, stride,
               "must be 0 or " + std::to_string(row) + " (bhsd is always contiguous)");
     } else {
-      require(stride >= row, name, stride,
-              "must be >= heads*width = " + std::to_string(row));
+      require(stride >= row, name, stride, "must be >= heads*width = " + std::to_string(row));
     }
   };
   check_stride(p.q_row_stride, p.heads, p.head_dim, "q_row_stride");
@@ -298,8 +305,8 @@ inline AttentionPlan AttentionPlan::from_shapes(const Shape& q, const Shape& k, 
     } else {
       const bool dim1 = q[1] == H, dim2 = q[2] == H;
       require(dim1 != dim2, "layout", std::string("(absent)"),
-              "is ambiguous for q.shape = " + to_string(q) + " and num_heads = " +
-                  std::to_string(H) + "; give layout bshd or bhsd");
+              "is ambiguous for q.shape = " + to_string(q) +
+                  " and num_heads = " + std::to_string(H) + "; give layout bshd or bhsd");
       L = dim1 ? Layout::bhsd : Layout::bshd;
     }
     const int s_ax = L == Layout::bshd ? 1 : 2, h_ax = L == Layout::bshd ? 2 : 1;
@@ -317,8 +324,8 @@ inline AttentionPlan AttentionPlan::from_shapes(const Shape& q, const Shape& k, 
             "must have batch = " + std::to_string(p.batch));
     require(k[3] == p.head_dim, "k.shape", to_string(k),
             "must have head_dim = " + std::to_string(p.head_dim) + " (q's last dim)");
-    require(v[0] == p.batch && v[s_ax] == p.seq_k && v[h_ax] == p.kv_heads, "v.shape",
-            to_string(v), "must match k.shape = " + to_string(k) + " except the last dim");
+    require(v[0] == p.batch && v[s_ax] == p.seq_k && v[h_ax] == p.kv_heads, "v.shape", to_string(v),
+            "must match k.shape = " + to_string(k) + " except the last dim");
   } else {
     require(!a.layout || *a.layout == Layout::bshd, "layout",
             std::string(a.layout ? to_string(*a.layout) : ""),
@@ -351,8 +358,8 @@ inline AttentionPlan AttentionPlan::from_shapes(const Shape& q, const Shape& k, 
 
   const bool takes_mask = a.mask == MaskKind::key_padding || a.mask == MaskKind::bias;
   if (!takes_mask) {
-    require(!mask, "mask", mask ? to_string(*mask) : "", std::string("must be absent for mask ") +
-                                                             to_string(a.mask));
+    require(!mask, "mask", mask ? to_string(*mask) : "",
+            std::string("must be absent for mask ") + to_string(a.mask));
   } else {
     require(mask.has_value(), "mask", std::string("(absent)"),
             std::string("is required for mask ") + to_string(a.mask));

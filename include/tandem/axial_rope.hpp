@@ -21,15 +21,15 @@ namespace tandem {
 
 /// Explicit parameters of an axial RoPE call.
 struct AxialRopeParams {
-  std::int64_t batch = 1;           ///< B'
-  std::int64_t seq = 0;             ///< S = repeat_factor·end_x·end_y
-  std::int64_t width = 0;           ///< W
-  std::int64_t num_heads = 1;       ///< W / D
+  std::int64_t batch = 1;      ///< B'
+  std::int64_t seq = 0;        ///< S = repeat_factor·end_x·end_y
+  std::int64_t width = 0;      ///< W
+  std::int64_t num_heads = 1;  ///< W / D
   ///@{
   /// The token grid: end_x columns, end_y rows (S = repeat_factor·end_x·end_y).
   std::int64_t end_x = 0, end_y = 0;
   ///@}
-  double theta = 10000.0;  ///< frequency base: f_k = theta^(−4k/D)
+  double theta = 10000.0;           ///< frequency base: f_k = theta^(−4k/D)
   std::int64_t repeat_factor = 1;   ///< r >= 1
   std::int64_t src_row_stride = 0;  ///< 0 = W
 };
@@ -41,7 +41,7 @@ struct AxialRopeAttrs {
   /// The token grid: end_x columns, end_y rows (S = repeat_factor·end_x·end_y).
   std::int64_t end_x = 0, end_y = 0;
   ///@}
-  double theta = 10000.0;  ///< frequency base: f_k = theta^(−4k/D)
+  double theta = 10000.0;          ///< frequency base: f_k = theta^(−4k/D)
   std::int64_t repeat_factor = 1;  ///< r >= 1: the grid repeats r times along S
 };
 
@@ -57,7 +57,7 @@ struct AxialRopePlan {
   /// repeat_factor·end_x·end_y.
   std::int64_t end_x = 0, end_y = 0, repeat_factor = 1;
   ///@}
-  double theta = 10000.0;  ///< frequency base: f_k = theta^(−4k/D), k < D/4
+  double theta = 10000.0;           ///< frequency base: f_k = theta^(−4k/D), k < D/4
   std::int64_t src_row_stride = 0;  ///< distance between source rows, >= W
 
   /// Elements a strided source must hold: (B'·S − 1)·src_row_stride + W.
@@ -91,8 +91,7 @@ inline AxialRopePlan AxialRopePlan::make(const AxialRopeParams& p) {
   require(p.width >= 1 && p.width % p.num_heads == 0, "width", p.width,
           "must be a positive multiple of num_heads = " + std::to_string(p.num_heads));
   const std::int64_t D = p.width / p.num_heads;
-  require(D % 4 == 0, "head_dim", D,
-          "(width / num_heads) must be divisible by 4");
+  require(D % 4 == 0, "head_dim", D, "(width / num_heads) must be divisible by 4");
   require(p.end_x >= 1, "end_x", p.end_x, "must be >= 1");
   require(p.end_y >= 1, "end_y", p.end_y, "must be >= 1");
   require(p.repeat_factor >= 1, "repeat_factor", p.repeat_factor, "must be >= 1");

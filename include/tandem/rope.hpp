@@ -29,7 +29,9 @@ enum class RopeStyle {
 };
 
 /// "neox" or "gptj".
-inline const char* to_string(RopeStyle s) { return s == RopeStyle::neox ? "neox" : "gptj"; }
+inline const char* to_string(RopeStyle s) {
+  return s == RopeStyle::neox ? "neox" : "gptj";
+}
 
 /// Which table row token (b', s) reads.
 enum class TableRows {
@@ -44,23 +46,23 @@ inline const char* to_string(TableRows r) {
 
 /// Explicit parameters of a RoPE call (x folded to [batch, seq, width]).
 struct RopeParams {
-  std::int64_t batch = 1;            ///< B'
-  std::int64_t seq = 0;              ///< S
-  std::int64_t width = 0;            ///< W, a multiple of head_dim
-  std::int64_t head_dim = 0;         ///< D
-  std::optional<std::int64_t> n_rot; ///< even, 0..D; defaults to D
-  RopeStyle style = RopeStyle::neox;  ///< which elements form a rotated pair
-  std::int64_t table_rows = 0;       ///< R
-  std::int64_t table_stride = 0;     ///< T >= n_rot/2; 0 means n_rot/2
+  std::int64_t batch = 1;                ///< B'
+  std::int64_t seq = 0;                  ///< S
+  std::int64_t width = 0;                ///< W, a multiple of head_dim
+  std::int64_t head_dim = 0;             ///< D
+  std::optional<std::int64_t> n_rot;     ///< even, 0..D; defaults to D
+  RopeStyle style = RopeStyle::neox;     ///< which elements form a rotated pair
+  std::int64_t table_rows = 0;           ///< R
+  std::int64_t table_stride = 0;         ///< T >= n_rot/2; 0 means n_rot/2
   TableRows rows = TableRows::position;  ///< which table row token (b', s) reads
-  std::int64_t src_row_stride = 0;   ///< distance between source rows; 0 = W
+  std::int64_t src_row_stride = 0;       ///< distance between source rows; 0 = W
 };
 
 /// Attributes of a case file's rope op (SPEC §9).
 struct RopeAttrs {
   std::optional<std::int64_t> head_dim;  ///< required unless x has rank >= 4 (then x's last dim)
-  std::optional<std::int64_t> n_rot;  ///< rotated dims, even, 0..D; defaults to D
-  RopeStyle style = RopeStyle::neox;  ///< which elements form a rotated pair
+  std::optional<std::int64_t> n_rot;     ///< rotated dims, even, 0..D; defaults to D
+  RopeStyle style = RopeStyle::neox;     ///< which elements form a rotated pair
   std::optional<TableRows> table_rows;   ///< from shapes when absent
 };
 
@@ -72,9 +74,9 @@ struct RopePlan {
   std::int64_t B = 0, S = 0, W = 0, D = 0, n_rot = 0;
   ///@}
   ///@{
-  std::int64_t R = 0, T = 0;        ///< table rows and row stride
+  std::int64_t R = 0, T = 0;  ///< table rows and row stride
   ///@}
-  std::int64_t src_row_stride = 0;  ///< source (x or dy) row stride, >= W
+  std::int64_t src_row_stride = 0;    ///< source (x or dy) row stride, >= W
   RopeStyle style = RopeStyle::neox;  ///< neox (i, i+m) or gptj (2i, 2i+1) pairs
   /// table row of token (b', s): s (position) or b'·S + s (token)
   TableRows rows = TableRows::position;
@@ -132,8 +134,7 @@ inline RopePlan RopePlan::make(const RopeParams& p) {
   require(n_rot >= 0 && n_rot % 2 == 0 && n_rot <= p.head_dim, "n_rot", n_rot,
           "must be even and <= head_dim = " + std::to_string(p.head_dim));
   const std::int64_t T = p.table_stride == 0 ? n_rot / 2 : p.table_stride;
-  require(T >= n_rot / 2, "table_stride", T,
-          "must be >= n_rot/2 = " + std::to_string(n_rot / 2));
+  require(T >= n_rot / 2, "table_stride", T, "must be >= n_rot/2 = " + std::to_string(n_rot / 2));
   const std::int64_t rows = checked_mul(p.batch, p.seq, "batch*seq");
   if (p.rows == TableRows::position) {
     require(p.table_rows >= p.seq, "table_rows", p.table_rows,
@@ -186,13 +187,14 @@ inline RopePlan RopePlan::from_shapes(const Shape& x, const Shape& cos, const Sh
   p.table_rows = cos[0];
   p.table_stride = cos[1];
   const std::int64_t n_rot = a.n_rot.value_or(p.head_dim);
-  require(p.table_stride >= n_rot / 2 && p.table_stride >= 1, "cos.shape", to_string(cos),
-          "must have T >= max(n_rot/2, 1) = " + std::to_string(std::max<std::int64_t>(n_rot / 2, 1)));
+  require(
+      p.table_stride >= n_rot / 2 && p.table_stride >= 1, "cos.shape", to_string(cos),
+      "must have T >= max(n_rot/2, 1) = " + std::to_string(std::max<std::int64_t>(n_rot / 2, 1)));
   if (a.table_rows) {
     p.rows = *a.table_rows;
   } else {
-    p.rows = (p.table_rows == p.batch * p.seq && p.batch > 1) ? TableRows::token
-                                                              : TableRows::position;
+    p.rows =
+        (p.table_rows == p.batch * p.seq && p.batch > 1) ? TableRows::token : TableRows::position;
   }
   return make(p);
 }

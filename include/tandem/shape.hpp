@@ -50,10 +50,10 @@ inline const char* to_string(Layout layout) {
 /// `b*batch + s*seq + h*head + d`. The one place where a layout turns into
 /// numbers; kernels only ever read these strides.
 struct Strides {
-  std::int64_t batch = 0;  ///< elements between (b, s, h) and (b+1, s, h)
-  std::int64_t seq = 0;    ///< elements between (b, s, h) and (b, s+1, h)
-  std::int64_t head = 0;   ///< elements between (b, s, h) and (b, s, h+1)
-  std::int64_t extent = 0; ///< the smallest span length that holds every element
+  std::int64_t batch = 0;   ///< elements between (b, s, h) and (b+1, s, h)
+  std::int64_t seq = 0;     ///< elements between (b, s, h) and (b, s+1, h)
+  std::int64_t head = 0;    ///< elements between (b, s, h) and (b, s, h+1)
+  std::int64_t extent = 0;  ///< the smallest span length that holds every element
 
   /// Offset of element (b, s, h, 0).
   [[nodiscard]] std::int64_t at(std::int64_t b, std::int64_t s, std::int64_t h) const {

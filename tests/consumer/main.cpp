@@ -20,8 +20,8 @@ int check(const tandem::Backend& backend) {
   const std::vector<float> q = {1, 0, 0, 1}, k = {1, 0, 0, 1}, v = {1, 2, 3, 4};
   tandem::AttentionAttrs attrs;
   attrs.num_heads = 1;
-  const auto plan = tandem::AttentionPlan::from_shapes({1, 2, 2}, {1, 2, 2}, {1, 2, 2},
-                                                       std::nullopt, attrs);
+  const auto plan =
+      tandem::AttentionPlan::from_shapes({1, 2, 2}, {1, 2, 2}, {1, 2, 2}, std::nullopt, attrs);
   std::vector<float> out(4, -1.0f);
   backend.attention_forward(plan, {q, k, v}, out);
   const double p = std::exp(1 / std::sqrt(2.0)) / (std::exp(1 / std::sqrt(2.0)) + 1);

@@ -701,9 +701,12 @@ HWY_INLINE void DotRows(const float* HWY_RESTRICT Qn, std::int64_t r0,
 /// The FlashAttention-2 forward of one tile whose queries are packed in
 /// s.Qt: over the key blocks the tile may see, St = K·Qt, then the online
 /// softmax (m, l per row), then Ot = diag(alpha)·Ot + V^T·P. With with_pv
-/// false only m and l are formed (the backward's dV-only path).
-/// On return s.m and s.l hold the row max and the row sum of exp(s − m) (both
-/// −inf / 0 for a row with no visible key) and s.Ot the unnormalized output.
+/// false only m and l are formed (the backward's dV-only path). The keys
+/// come in consecutive ranges (Run), so that a caller can interleave the
+/// tiles of several kv heads over the same keys (split-key decode).
+/// After Finish, s.m and s.l hold the row max and the row sum of exp(s − m)
+/// (both −inf / 0 for a row with no visible key) and s.Ot the unnormalized
+/// output.
 /// With `natural` (narrow tiles only) the caller has put the queries in s.Qn
 /// (row r at r·Dp, Dp = D rounded up to whole vectors, zero beyond D) instead
 /// of s.Qt, and the unnormalized output is left in s.On (row r at r·Dvp)

@@ -141,8 +141,9 @@ TEST_P(FixtureTest, RejectedByItsProperties) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Broken, FixtureTest, testing::ValuesIn(expectations()),
-                         [](const testing::TestParamInfo<Expectation>& info) {
-                           return std::string(tandem::props::broken::to_string(info.param.bug));
+                         [](const testing::TestParamInfo<Expectation>& param_info) {
+                           return std::string(
+                               tandem::props::broken::to_string(param_info.param.bug));
                          });
 
 TEST(Fixtures, EveryBugHasAnExpectation) {

@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   cmake g++ make pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev
-  libhwy-dev libopenblas-dev
+  libhwy-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev
   clang libclang-rt-14-dev
   doxygen graphviz

@@ -724,8 +724,6 @@ class TileForward {
     const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
     float* HWY_RESTRICT m = s.m.get();
     float* HWY_RESTRICT l = s.l.get();
-    float* HWY_RESTRICT alpha = s.alpha.get();
-    float* HWY_RESTRICT St = s.St.get();
     float* HWY_RESTRICT Ot = s.Ot.get();
     for (std::int64_t r = 0; r < R; r += N) {
       hn::StoreU(neg_inf, d, m + r);
@@ -748,7 +746,6 @@ class TileForward {
     }
     if (narrow && with_pv) std::fill(s.On.get(), s.On.get() + R * Dvp, 0.0f);
     prefetched_ = t.j_begin + kKeyBlock;
-    (void)Ot, (void)alpha, (void)St;
   }
   TileForward(const TileForward&) = delete;
   TileForward& operator=(const TileForward&) = delete;
@@ -936,26 +933,16 @@ class TileForward {
   /// Ends the tile: a narrow one goes back to the transposed s.Ot unless
   /// `natural`.
   void Finish() {
-    const Call& c = c_;
-    const Tile& t = t_;
-    ForwardScratch& s = s_;
-    const bool with_pv = with_pv_, natural = natural_;
-    const DF d;
     const std::int64_t N = Lanes();
-    const AttentionPlan& p = *c.plan;
-    const std::int64_t R = t.rows_p;
-    const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-    float* HWY_RESTRICT m = s.m.get();
-    float* HWY_RESTRICT l = s.l.get();
-    float* HWY_RESTRICT alpha = s.alpha.get();
-    float* HWY_RESTRICT St = s.St.get();
-    float* HWY_RESTRICT Ot = s.Ot.get();
-    const bool narrow = c.max_rows_p == N;  // then R == N too
-    const std::int64_t Dp = RoundUp(p.D, N), Dvp = RoundUp(p.Dv, N);
-    if (narrow && with_pv && !natural) {  // back to the transposed layout the callers read
-      for (std::int64_t r = 0; r < R; ++r) {
-        for (std::int64_t dv = 0; dv < p.Dv; ++dv) Ot[dv * R + r] = s.On.get()[r * Dvp + dv];
-      }
+    const bool narrow = c_.max_rows_p == N;  // then R == N too
+    if (!(narrow && with_pv_ && !natural_)) return;
+    // back to the transposed layout the callers read
+    const AttentionPlan& p = *c_.plan;
+    const std::int64_t R = t_.rows_p, Dvp = RoundUp(p.Dv, N);
+    float* HWY_RESTRICT Ot = s_.Ot.get();
+    const float* HWY_RESTRICT On = s_.On.get();
+    for (std::int64_t r = 0; r < R; ++r) {
+      for (std::int64_t dv = 0; dv < p.Dv; ++dv) Ot[dv * R + r] = On[r * Dvp + dv];
     }
   }
 

@@ -24,10 +24,16 @@ AttentionScales scales(const AttentionData& d) {
   s.L = logit_bound(d);
   const double nq = max_row_norm(d.q, p.D), nk = max_row_norm(d.k, p.D),
                nv = max_row_norm(d.v, p.Dv), ndo = max_row_norm(d.dout, p.Dv);
+  // dk and dv sum over every query row (of every head in the group) that sees
+  // key j, so their scale grows with the largest column sum Σ_i p_ij. With
+  // dO = 1 the backward's dv[j,:] is exactly that column sum.
+  AttentionData ones = d;
+  std::fill(ones.dout.begin(), ones.dout.end(), 1.0f);
+  const double colsum = std::max(1.0, max_abs(reference_backward(ones).dv));
   s.out = max_abs(to_double(d.v));
   s.dq = std::abs(p.scale) * ndo * nv * nk;
-  s.dk = std::abs(p.scale) * ndo * nv * nq;
-  s.dv = ndo;
+  s.dk = std::abs(p.scale) * ndo * nv * nq * colsum;
+  s.dv = ndo * colsum;
   return s;
 }
 

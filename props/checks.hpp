@@ -25,7 +25,9 @@
 
 namespace tandem::props {
 
-/// Natural scales of one attention case.
+/// Natural scales of one attention case: L bounds |logit|; out, dq, dk, dv
+/// bound the size of each output's terms (dk and dv include the largest
+/// column sum Σ_i p_ij, since they add up one term per query row that sees a key).
 struct AttentionScales {
   double L = 0, out = 0, dq = 0, dk = 0, dv = 0;
 };

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <complex>
+#include <sstream>
 
 #include "checks.hpp"
 
@@ -339,9 +340,11 @@ void accuracy(const Backend& be) {
     const double eb = max_err(t.got, t.exact), ef = max_err(t.single, t.exact);
     const double floor = 2 * kEps * (1 + t.L) * std::max(max_abs(t.exact), t.nat);
     if (!(eb <= 2 * ef + floor)) {
-      RC_FAIL(std::string(op_name(op)) + " " + t.name + ": max error " + std::to_string(eb) +
-              " > 2 × reference<float,float>'s " + std::to_string(ef) + " + floor " +
-              std::to_string(floor));
+      std::ostringstream os;
+      os.precision(3);
+      os << op_name(op) << " " << t.name << ": max error " << eb
+         << " > 2 × reference<float,float>'s " << ef << " + floor " << floor;
+      RC_FAIL(os.str());
     }
   }
 }

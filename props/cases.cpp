@@ -213,6 +213,40 @@ Grads run_backward_separate(const Backend& be, const AttentionData& d) {
   return gather_grads(p, dq.values(), dk.values(), dv.values());
 }
 
+Saved run_forward_lse(const Backend& be, const AttentionData& d) {
+  const AttentionPlan& p = d.plan;
+  const Placed m = place_all(d);
+  AttentionInputs<float> in = m.in();
+  in.mask = cspan(d.mask);
+  Guarded out(p.o.extent), lse(p.lse_size());
+  be.attention_forward_lse(p, in, out.span(), lse.span());
+  return {out.values(), lse.values()};
+}
+
+Grads run_backward_saved(const Backend& be, const AttentionData& d, const Saved& saved) {
+  const AttentionPlan& p = d.plan;
+  const Placed m = place_all(d);
+  AttentionInputs<float> in = m.in();
+  in.mask = cspan(d.mask);
+  Guarded dq(p.dq.extent), dk(p.dk.extent), dv(p.dv.extent);
+  be.attention_backward_saved(p, in, {cspan(saved.out), cspan(saved.lse)}, cspan(m.dout),
+                              {dq.span(), dk.span(), dv.span()});
+  return gather_grads(p, dq.values(), dk.values(), dv.values());
+}
+
+std::vector<double> reference_lse(const AttentionData& d) {
+  const AttentionPlan& p = d.plan;
+  const auto q = to_double(d.q), k = to_double(d.k), v = to_double(d.v);
+  const auto qm = place<double, double>(p.q, p.B, p.Sq, p.H, p.D, cspan(q), junk());
+  const auto km = place<double, double>(p.k, p.B, p.Sk, p.Hkv, p.D, cspan(k), junk());
+  const auto vm = place<double, double>(p.v, p.B, p.Sk, p.Hkv, p.Dv, cspan(v), junk());
+  std::vector<double> out(p.o.extent), lse(p.lse_size());
+  reference::attention_forward_lse<double, double>(
+      p, AttentionInputs<double>{cspan(qm), cspan(km), cspan(vm), cspan(d.mask)},
+      std::span<double>(out), std::span<double>(lse));
+  return lse;
+}
+
 template <class T, class Acc>
 std::vector<T> reference_forward(const AttentionData& d, std::span<const T> q, std::span<const T> k,
                                  std::span<const T> v) {

@@ -87,6 +87,17 @@ Grads run_backward(const Backend& be, const AttentionData& d);
 /// dq, dk, dv from the three separate entry points.
 Grads run_backward_separate(const Backend& be, const AttentionData& d);
 
+/// What a backend's attention_forward_lse saved: out as the backend wrote it
+/// (contiguous, plan.o) and lse `[B,H,Sq]` (guarded outputs).
+struct Saved {
+  std::vector<float> out, lse;
+};
+Saved run_forward_lse(const Backend& be, const AttentionData& d);
+/// The backend's attention_backward_saved from `saved`.
+Grads run_backward_saved(const Backend& be, const AttentionData& d, const Saved& saved);
+/// The log-sum-exp `[B,H,Sq]` of reference<double>.
+std::vector<double> reference_lse(const AttentionData& d);
+
 /// The reference at scalar T (double: ground truth; complex: complex step),
 /// accumulator Acc; q, k, v may be perturbed by `t·u` (complex step).
 template <class T, class Acc>

@@ -46,6 +46,27 @@ void agree_backward_separate(const Backend& be) {
       grads_close("separate", run_backward_separate(be, d), reference_backward(d), scales(d)));
 }
 
+/// attention_forward_lse agrees with the reference (out and the log-sum-exp),
+/// and attention_backward_saved, fed what that forward saved, agrees with the
+/// reference backward. A backend without these entries has nothing to prove.
+void agree_saved(const Backend& be) {
+  if (!be.attention_forward_lse || !be.attention_backward_saved) return;
+  const AttentionData d = draw();
+  const AttentionScales sc = scales(d);
+  const AttentionPlan& p = d.plan;
+  const Saved saved = run_forward_lse(be, d);
+  TANDEM_REQUIRE_EMPTY(
+      attention_close("forward_lse out",
+                      gather<float>(p.o, p.B, p.Sq, p.H, p.Dv, std::span<const float>(saved.out)),
+                      reference_forward(d), sc.out, sc.L));
+  // |lse| <= L + log Sk: its rounding scales with that
+  const double lse_scale = 1 + sc.L + std::log(double(p.Sk));
+  TANDEM_REQUIRE_EMPTY(
+      attention_close("lse", to_double(saved.lse), reference_lse(d), lse_scale, sc.L));
+  TANDEM_REQUIRE_EMPTY(
+      grads_close("saved-state", run_backward_saved(be, d, saved), reference_backward(d), sc));
+}
+
 // ---------------------------------------------------------------- transpose
 
 void one_call_equals_separate(const Backend& be) {
@@ -399,6 +420,7 @@ std::function<void(const Subject&)> on_backend() {
 void register_attention_properties(std::vector<Property>& v) {
   v.push_back({"agree_attention_forward", "agreement", 300, on_backend<agree_forward>()});
   v.push_back({"agree_attention_backward", "agreement", 200, on_backend<agree_backward>()});
+  v.push_back({"agree_attention_saved_state", "agreement", 150, on_backend<agree_saved>()});
   v.push_back({"agree_attention_backward_separate", "agreement", 100,
                on_backend<agree_backward_separate>()});
   v.push_back({"attention_one_call_backward_equals_separate", "transpose", 100,

@@ -587,6 +587,54 @@ TEST(AttentionReference, BackwardByHand) {
   EXPECT_NEAR(g.dv[1], 0.75f, 1e-6f);
 }
 
+TEST(AttentionReference, SavedLogSumExpAndBackwardFromIt) {
+  // The problem of BackwardByHand: s = (0, ln 3), so lse = log(1 + 3) = ln 4,
+  // p_j = exp(s_j - lse) = (1/4, 3/4). Batch 1 has its keys padded: lse = -inf.
+  AttentionParams p = one_head(1, 2);
+  p.batch = 2;
+  p.mask = MaskKind::key_padding;
+  Problem<float> pr(p);
+  pr.mask = {1.0f, 1.0f, 0.0f, 0.0f};
+  pr.q = {1.0f, 1.0f};
+  pr.k = {0.0f, static_cast<float>(kLn3), 0.0f, 0.0f};
+  pr.v = {4.0f, 8.0f, 1.0f, 1.0f};
+  pr.dout = {1.0f, 1.0f};
+  const tandem::Backend ref = tandem::reference::backend();
+  std::vector<float> out(2), lse(2);
+  ref.attention_forward_lse(pr.plan, pr.inputs(), out, lse);
+  EXPECT_NEAR(out[0], 7.0f, 1e-5f);
+  EXPECT_NEAR(lse[0], std::log(4.0), 1e-6);
+  EXPECT_EQ(out[1], 0.0f);
+  EXPECT_EQ(lse[1], -kInf);
+  // From the saved state: the numbers of BackwardByHand, zeros for batch 1.
+  Grads<float> g{std::vector<float>(2), std::vector<float>(4), std::vector<float>(4)};
+  ref.attention_backward_saved(pr.plan, pr.inputs(), {out, lse}, pr.dout, {g.dq, g.dk, g.dv});
+  EXPECT_NEAR(g.dq[0], 0.75 * kLn3, 1e-6);
+  EXPECT_NEAR(g.dk[0], -0.75f, 1e-6f);
+  EXPECT_NEAR(g.dk[1], 0.75f, 1e-6f);
+  EXPECT_NEAR(g.dv[0], 0.25f, 1e-6f);
+  EXPECT_NEAR(g.dv[1], 0.75f, 1e-6f);
+  EXPECT_EQ(g.dq[1], 0.0f);
+  for (int j = 2; j < 4; ++j) EXPECT_EQ(g.dk[j] + g.dv[j], 0.0f);
+  // The saved state is what the backward uses: a lse off by ln 2 halves p,
+  // hence dv (dv_j = p_j dO).
+  std::vector<float> lse_off = lse;
+  lse_off[0] += static_cast<float>(std::log(2.0));
+  ref.attention_backward_saved(pr.plan, pr.inputs(), {out, lse_off}, pr.dout, {g.dq, g.dk, g.dv});
+  EXPECT_NEAR(g.dv[0], 0.125f, 1e-6f);
+  EXPECT_NEAR(g.dv[1], 0.375f, 1e-6f);
+  // A saved state of the wrong size is an error, and nothing is written.
+  std::fill(g.dq.begin(), g.dq.end(), 5.0f);
+  try {
+    ref.attention_backward_saved(pr.plan, pr.inputs(), {out, std::span<const float>(lse).first(1)},
+                                 pr.dout, {g.dq, g.dk, g.dv});
+    ADD_FAILURE() << "no error for a short lse";
+  } catch (const tandem::Error& e) {
+    EXPECT_EQ(e.parameter(), "lse.size()") << e.what();
+  }
+  EXPECT_EQ(g.dq[0], 5.0f);
+}
+
 TEST(AttentionReference, BackwardByHandWithSoftcapAndScale) {
   // D = 1, scale = 2, softcap c = 2. q = 1/2, k = (0, ln 3), v = (0, 1), dO = 1.
   //   x = scale * q * k = (0, ln 3), x / c = (0, ln(3)/2) = (0, atanh(1/2))

@@ -309,15 +309,17 @@ struct Grads {
   Vec dq, dk, dv;
 };
 
-/// Backward with the gradients selected by which (bits dq = 1, dk = 2, dv = 4).
-Grads run_backward(const Data& data, int threads, int which) {
+/// Backward with the gradients selected by which (bits dq = 1, dk = 2, dv = 4),
+/// from the forward's saved out and lse when `saved` is given.
+Grads run_backward(const Data& data, int threads, int which,
+                   const tandem::AttentionSaved<float>* saved = nullptr) {
   const AttentionPlan& p = data.plan;
   Guarded dq(p.dq.extent), dk(p.dk.extent), dv(p.dv.extent);
   AttentionGrads<float> g;
   if (which & 1) g.dq = dq.view();
   if (which & 2) g.dk = dk.view();
   if (which & 4) g.dv = dv.view();
-  opt::detail::attention_backward(p, data.in(), data.dout, g, threads);
+  opt::detail::attention_backward(p, data.in(), data.dout, g, saved, threads);
   EXPECT_TRUE(dq.guards_intact() && dk.guards_intact() && dv.guards_intact())
       << "backward wrote past a gradient";
   Grads r;
@@ -377,6 +379,12 @@ TEST_P(OptimizedAttention, MatchesReferenceOnEveryTargetAndThreadCount) {
     EXPECT_TRUE(bitwise_equal(run_backward(data, 1, 4).dv, all.dv)) << "dv alone";
     const Grads dkdv = run_backward(data, 1, 6);
     EXPECT_TRUE(bitwise_equal(dkdv.dk, all.dk) && bitwise_equal(dkdv.dv, all.dv)) << "dk+dv";
+    // From the forward's saved out and lse: the same gradients to rounding.
+    const tandem::AttentionSaved<float> saved{f1.out, f1.lse};
+    const Grads from_saved = run_backward(data, 1, 7, &saved);
+    EXPECT_TRUE(close(from_saved.dq, want_dq, 1e-4, 2e-5)) << "dq from saved";
+    EXPECT_TRUE(close(from_saved.dk, want_dk, 1e-4, 2e-5)) << "dk from saved";
+    EXPECT_TRUE(close(from_saved.dv, want_dv, 1e-4, 2e-5)) << "dv from saved";
     for (const int threads : {2, 3}) {
       SCOPED_TRACE("threads " + std::to_string(threads));
       const Forward f = run_forward(data, threads);
@@ -386,6 +394,10 @@ TEST_P(OptimizedAttention, MatchesReferenceOnEveryTargetAndThreadCount) {
       EXPECT_TRUE(bitwise_equal(g.dq, all.dq)) << "dq differs from 1 thread";
       EXPECT_TRUE(bitwise_equal(g.dk, all.dk)) << "dk differs from 1 thread";
       EXPECT_TRUE(bitwise_equal(g.dv, all.dv)) << "dv differs from 1 thread";
+      const Grads gs = run_backward(data, threads, 7, &saved);
+      EXPECT_TRUE(bitwise_equal(gs.dq, from_saved.dq) && bitwise_equal(gs.dk, from_saved.dk) &&
+                  bitwise_equal(gs.dv, from_saved.dv))
+          << "gradients from saved differ from 1 thread";
     }
     // Runs repeat bitwise.
     EXPECT_TRUE(bitwise_equal(run_forward(data, 2).out, f1.out)) << "second run";
@@ -646,18 +658,28 @@ TEST(OptimizedAttentionValidation, BadViewsThrowBeforeWriting) {
       dk(static_cast<std::size_t>(p.dk.extent) + 1, 5.0f);
   expect_param(
       [&] {
-        opt::detail::attention_backward(p, data.in(), data.dout, {dq, dk, {}}, 2);
+        opt::detail::attention_backward(p, data.in(), data.dout, {dq, dk, {}}, nullptr, 2);
       },
       "dk.size()");
   expect_param(
       [&] {
         opt::detail::attention_backward(p, data.in(), std::span<const float>(data.dout).first(3),
-                                        {dq, {}, {}}, 2);
+                                        {dq, {}, {}}, nullptr, 2);
       },
       "dout.size()");
-  expect_param([&] { opt::detail::attention_backward(p, data.in(), data.dout, {}, 2); }, "grads");
+  expect_param([&] { opt::detail::attention_backward(p, data.in(), data.dout, {}, nullptr, 2); },
+               "grads");
+  Vec dk_full(static_cast<std::size_t>(p.dk.extent), 5.0f);
+  const tandem::AttentionSaved<float> short_saved{out, std::span<const float>(lse).first(3)};
+  expect_param(
+      [&] {
+        opt::detail::attention_backward(p, data.in(), data.dout, {dq, dk_full, {}}, &short_saved,
+                                        2);
+      },
+      "lse.size()");
   for (float x : dq) EXPECT_EQ(x, 5.0f);
   for (float x : dk) EXPECT_EQ(x, 5.0f);
+  for (float x : dk_full) EXPECT_EQ(x, 5.0f);
 }
 
 /// The backend binding: the optimized Backend gives what the detail entry
@@ -678,6 +700,16 @@ TEST(OptimizedAttentionBackend, BackendEntryPointsMatchTheKernels) {
   EXPECT_TRUE(bitwise_equal(dq, all.dq));
   EXPECT_TRUE(bitwise_equal(dk, all.dk));
   EXPECT_TRUE(bitwise_equal(dv, all.dv));
+  // the saved-state pair
+  Vec out2(out.size()), lse(static_cast<std::size_t>(p.lse_size()));
+  b.attention_forward_lse(p, data.in(), out2, lse);
+  const Forward f = run_forward(data, 2);
+  EXPECT_TRUE(bitwise_equal(out2, f.out) && bitwise_equal(lse, f.lse));
+  const tandem::AttentionSaved<float> saved{out2, lse};
+  b.attention_backward_saved(p, data.in(), saved, data.dout, {dq, dk, dv});
+  const Grads from_saved = run_backward(data, 2, 7, &saved);
+  EXPECT_TRUE(bitwise_equal(dq, from_saved.dq) && bitwise_equal(dk, from_saved.dk) &&
+              bitwise_equal(dv, from_saved.dv));
 }
 
 }  // namespace

@@ -121,6 +121,13 @@ struct AttentionPlan {
   [[nodiscard]] std::int64_t mask_size() const;
   /// Offset of mask element (b, h, i, 0): the keep row of b, or the bias row.
   [[nodiscard]] std::int64_t mask_row(std::int64_t b, std::int64_t h, std::int64_t i) const;
+  /// Number of log-sum-exp values a forward saves: B·H·Sq, one per query row
+  /// (no overflow: make() checked the larger B·Sq·H·D).
+  [[nodiscard]] std::int64_t lse_size() const { return B * H * Sq; }
+  /// Offset of lse(b, h, i) in the contiguous `[B, H, Sq]` log-sum-exp.
+  [[nodiscard]] std::int64_t lse_at(std::int64_t b, std::int64_t h, std::int64_t i) const {
+    return (b * H + h) * Sq + i;
+  }
 
   /// Validates `p` by SPEC §8 — the only place that does — and derives strides.
   static AttentionPlan make(const AttentionParams& p);
@@ -160,6 +167,18 @@ struct AttentionGrads {
   ///@}
 };
 
+/// What a training step's forward keeps for its backward (FlashAttention's
+/// saved state), so that the backward need not run the forward again:
+/// out `[B,Sq,H,Dv]` (contiguous, plan.o) and the log-sum-exp lse `[B,H,Sq]`
+/// (contiguous, plan.lse_at), `lse_i = m_i + log Σ_j exp(s_ij − m_i)` over the
+/// keys visible to query i (−inf for a query that sees none), so that
+/// `p_ij = exp(s_ij − lse_i)`.
+template <class T>
+struct AttentionSaved {
+  std::span<const T> out;  ///< the forward's output `[B,Sq,H,Dv]`
+  std::span<const T> lse;  ///< the forward's log-sum-exp `[B,H,Sq]`
+};
+
 /// Throws Error unless the views fit the plan: strided inputs hold q.extent…,
 /// the mask has mask_size() elements (none when the kind takes none).
 template <class T>
@@ -177,6 +196,13 @@ void check_grads(const AttentionPlan& plan, const AttentionGrads<T>& g, bool nee
   if (need_all || !g.dq.empty()) require_size(g.dq.size(), plan.dq.extent, "dq");
   if (need_all || !g.dk.empty()) require_size(g.dk.size(), plan.dk.extent, "dk");
   if (need_all || !g.dv.empty()) require_size(g.dv.size(), plan.dv.extent, "dv");
+}
+
+/// Throws Error unless the saved out and lse have their full sizes.
+template <class T>
+void check_saved(const AttentionPlan& plan, const AttentionSaved<T>& saved) {
+  require_size(saved.out.size(), plan.o.extent, "out");
+  require_size(saved.lse.size(), plan.lse_size(), "lse");
 }
 
 // ---------------------------------------------------------------------------

@@ -35,6 +35,18 @@ struct Backend {
   std::function<void(const AttentionPlan&, const AttentionInputs<float>&,
                      std::span<const float> dout, const AttentionGrads<float>&)>
       attention_backward;
+  /// out as attention_forward, and lse `[B,H,Sq]` (see AttentionSaved): the
+  /// forward of a training step, which keeps what its backward needs.
+  std::function<void(const AttentionPlan&, const AttentionInputs<float>&, std::span<float> out,
+                     std::span<float> lse)>
+      attention_forward_lse;
+  /// dq, dk, dv (all three) as attention_backward, from the forward's saved out
+  /// and lse: `p_ij = exp(s_ij − lse_i)` and `rowsum(dO ∘ O)` without running
+  /// the forward again.
+  std::function<void(const AttentionPlan&, const AttentionInputs<float>&,
+                     const AttentionSaved<float>&, std::span<const float> dout,
+                     const AttentionGrads<float>&)>
+      attention_backward_saved;
   ///@{
   /// dq alone, dk alone, dv alone.
   std::function<void(const AttentionPlan&, const AttentionInputs<float>&,

@@ -11,6 +11,10 @@
 //    memory stays O(Sk·(D + Dv)) per thread for the dK/dV accumulators plus
 //    O(tile), never [Sq, Sk];
 //  - rowsum(dO ∘ O) is taken from that recomputed O;
+//  - given the forward's saved out and lse (attention_backward_saved), the
+//    forward run over each query block is skipped: P comes from the saved
+//    lse and rowsum(dO ∘ O) from the saved out (five matrix products per
+//    tile instead of seven);
 //  - every product is a float fused multiply-add chain in the micro-kernel's
 //    order where the reference sums in double; exp is a polynomial on 2^f
 //    (attn::SoftmaxExp, ~1e-7 relative), tanh and log are Highway's.
@@ -89,7 +93,8 @@ void PackRows(const attn::Tile& t, std::int64_t width, std::int64_t wp, RowPtr r
 /// The backward of one (batch b, kv head g): every query block of its G query
 /// heads against every key block it may see.
 void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const float* dout,
-                  const AttentionGrads<float>& grads, BackwardScratch& s) {
+                  const AttentionGrads<float>& grads, const AttentionSaved<float>* saved,
+                  BackwardScratch& s) {
   const AttentionPlan& p = *c.plan;
   const DF d;
   const std::int64_t N = attn::Lanes();
@@ -116,11 +121,27 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
     PackRows(t, p.Dv, s.Dvp, do_row, want_dv ? s.dOp.get() : nullptr,
              need_ds ? s.dOt.get() : nullptr);
 
-    // lse <- the forward's log-sum-exp; O (unnormalized) only when dsum needs it
-    attn::ForwardTile(c, t, s.fwd, need_ds);
-    attn::FinishRows(t, s.fwd, s.inv.get(), s.lse.get());
     float* HWY_RESTRICT Drow = s.Drow.get();
-    if (need_ds) {
+    if (saved != nullptr) {
+      // lse <- the saved log-sum-exp; dsum <- rowsum(dO * O) from the saved O
+      // (padding rows: lse = −inf, so their P is 0)
+      for (std::int64_t r = 0; r < R; ++r) {
+        const bool real = r < t.rows;
+        const std::int64_t i = t.query(r, c.G), h = t.head(r, c.G);
+        s.lse.get()[r] = real ? saved->lse[static_cast<std::size_t>(p.lse_at(b, h, i))]
+                              : -std::numeric_limits<float>::infinity();
+        float dsum = 0.0f;
+        for (std::int64_t x = 0; real && need_ds && x < p.Dv; ++x) {
+          dsum += do_row(r)[x] * saved->out[static_cast<std::size_t>(p.o.at(b, i, h) + x)];
+        }
+        Drow[r] = dsum;
+      }
+    } else {
+      // lse <- the forward's log-sum-exp; O (unnormalized) only when dsum needs it
+      attn::ForwardTile(c, t, s.fwd, need_ds);
+      attn::FinishRows(t, s.fwd, s.inv.get(), s.lse.get());
+    }
+    if (need_ds && saved == nullptr) {
       // dsum <- rowsum(dO * O)
       const float* Ot = s.fwd.Ot.get();
       const float* dOt = s.dOt.get();
@@ -262,7 +283,7 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
 /// (batch, kv head).
 void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<float>& in,
                              std::span<const float> dout, const AttentionGrads<float>& grads,
-                             int threads) {
+                             const AttentionSaved<float>* saved, int threads) {
   const attn::Call c(plan, in);
   const std::int64_t n_tasks = plan.B * plan.Hkv;
   const int nt =
@@ -279,7 +300,7 @@ void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<fl
     BackwardScratch& s = *scratch[static_cast<std::size_t>(omp_get_thread_num())];
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t task = 0; task < n_tasks; ++task) {
-      BackwardTask(c, task / plan.Hkv, task % plan.Hkv, dout.data(), grads, s);
+      BackwardTask(c, task / plan.Hkv, task % plan.Hkv, dout.data(), grads, saved, s);
     }
   }
 }
@@ -297,14 +318,15 @@ namespace detail {
 
 void attention_backward(const AttentionPlan& plan, const AttentionInputs<float>& in,
                         std::span<const float> dout, const AttentionGrads<float>& grads,
-                        int threads) {
+                        const AttentionSaved<float>* saved, int threads) {
   check_inputs(plan, in);
   require_size(dout.size(), plan.o.extent, "dout");
   require(!(grads.dq.empty() && grads.dk.empty() && grads.dv.empty()), "grads",
           std::string("(dq, dk and dv all empty)"), "must ask for at least one gradient");
   check_grads(plan, grads, false);
+  if (saved != nullptr) check_saved(plan, *saved);
   if (threads <= 0) threads = omp_get_max_threads();
-  HWY_DYNAMIC_DISPATCH(AttentionBackwardTarget)(plan, in, dout, grads, threads);
+  HWY_DYNAMIC_DISPATCH(AttentionBackwardTarget)(plan, in, dout, grads, saved, threads);
 }
 
 }  // namespace detail

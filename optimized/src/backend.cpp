@@ -43,7 +43,7 @@ one_gradient(Options options, Grad which) {
         g.dv = grad;
         break;
     }
-    detail::attention_backward(plan, in, dout, g, resolve_threads(options));
+    detail::attention_backward(plan, in, dout, g, nullptr, resolve_threads(options));
   };
 }
 
@@ -59,12 +59,29 @@ Backend backend(Options options) {
     require_size(out.size(), plan.o.extent, "out");
     detail::attention_forward(plan, in, out, {}, resolve_threads(options));
   };
+  b.attention_forward_lse = [options](const AttentionPlan& plan, const AttentionInputs<float>& in,
+                                      std::span<float> out, std::span<float> lse) {
+    check_inputs(plan, in);
+    require_size(out.size(), plan.o.extent, "out");
+    require_size(lse.size(), plan.lse_size(), "lse");
+    detail::attention_forward(plan, in, out, lse, resolve_threads(options));
+  };
   b.attention_backward = [options](const AttentionPlan& plan, const AttentionInputs<float>& in,
                                    std::span<const float> dout, const AttentionGrads<float>& g) {
     check_inputs(plan, in);
     require_size(dout.size(), plan.o.extent, "dout");
     check_grads(plan, g, true);
-    detail::attention_backward(plan, in, dout, g, resolve_threads(options));
+    detail::attention_backward(plan, in, dout, g, nullptr, resolve_threads(options));
+  };
+  b.attention_backward_saved = [options](
+                                   const AttentionPlan& plan, const AttentionInputs<float>& in,
+                                   const AttentionSaved<float>& saved, std::span<const float> dout,
+                                   const AttentionGrads<float>& g) {
+    check_inputs(plan, in);
+    check_saved(plan, saved);
+    require_size(dout.size(), plan.o.extent, "dout");
+    check_grads(plan, g, true);
+    detail::attention_backward(plan, in, dout, g, &saved, resolve_threads(options));
   };
   b.attention_backward_dq = one_gradient(options, Grad::dq);
   b.attention_backward_dk = one_gradient(options, Grad::dk);

@@ -73,7 +73,8 @@ struct Attention {
 
   struct Row {
     std::vector<char> vis;
-    std::vector<double> x, p;  // raw score scale·<q,k>, probability
+    std::vector<double> x, s, p;  // raw score scale·<q,k>, final score, probability
+    double lse = -std::numeric_limits<double>::infinity();  // m + log l
     i64 n = 0;
   };
 
@@ -109,15 +110,28 @@ struct Attention {
     for (i64 j = 0; j < p.Sk; ++j) {
       if (r.vis[j]) r.p[j] = exp_of(s[j] - m, bug) / l;
     }
+    if (r.n > 0) r.lse = bug == Bug::saved_lse_without_log ? m : m + std::log(l);
+    r.s = std::move(s);
     return r;
   }
 
-  void forward(std::span<float> out) const {
+  /// The row rebuilt from a saved lse: p_j = exp(s_j − lse).
+  Row saved_row(const AttentionSaved<float>& saved, i64 b, i64 h, i64 i) const {
+    Row r = row(b, h, i);
+    const double lse = saved.lse[p.lse_at(b, h, i)];
+    for (i64 j = 0; j < p.Sk; ++j) {
+      if (r.vis[j]) r.p[j] = exp_of(r.s[j] - lse, bug);
+    }
+    return r;
+  }
+
+  void forward(std::span<float> out, std::span<float> lse = {}) const {
     for (i64 b = 0; b < p.B; ++b) {
       for (i64 h = 0; h < p.H; ++h) {
         const i64 g = kv_head(h);
         for (i64 i = 0; i < p.Sq; ++i) {
           const Row r = row(b, h, i);
+          if (!lse.empty()) lse[p.lse_at(b, h, i)] = static_cast<float>(r.lse);
           for (i64 d = 0; d < p.Dv; ++d) {
             float y;
             if (r.n == 0) {
@@ -151,8 +165,10 @@ struct Attention {
   }
 
   // dq, dk, dv in double, indexed by plan.dq / dk / dv.
+  // With `saved`, p from the saved lse and delta from the saved out.
   void backward(std::span<const float> dout, bool fused, std::vector<double>& dq,
-                std::vector<double>& dk, std::vector<double>& dv) const {
+                std::vector<double>& dk, std::vector<double>& dv,
+                const AttentionSaved<float>* saved = nullptr) const {
     dq.assign(p.dq.extent, 0.0);
     dk.assign(p.dk.extent, 0.0);
     dv.assign(p.dv.extent, 0.0);
@@ -161,7 +177,7 @@ struct Attention {
       for (i64 h = 0; h < p.H; ++h) {
         const i64 g = kv_head(h);
         for (i64 i = 0; i < p.Sq; ++i) {
-          const Row r = row(b, h, i);
+          const Row r = saved != nullptr ? saved_row(*saved, b, h, i) : row(b, h, i);
           if (r.n == 0) {
             if (bug == Bug::masked_row_nan) {
               for (i64 d = 0; d < p.D; ++d) dq[p.dq.at(b, i, h) + d] = kNaN;
@@ -172,9 +188,10 @@ struct Attention {
           double delta = 0.0;
           for (i64 d = 0; d < p.Dv; ++d) {
             double o = 0.0;
-            for (i64 j = 0; j < p.Sk; ++j) {
+            for (i64 j = 0; saved == nullptr && j < p.Sk; ++j) {
               if (r.vis[j]) o += r.p[j] * in.v[v_at(b, j, g) + d];
             }
+            if (saved != nullptr) o = saved->out[oo + d];
             delta += double(dout[oo + d]) * o;
           }
           for (i64 j = 0; j < p.Sk; ++j) {
@@ -398,6 +415,8 @@ const char* to_string(Bug bug) {
       return "coarse_exp";
     case Bug::v_row_stride_ignored:
       return "v_row_stride_ignored";
+    case Bug::saved_lse_without_log:
+      return "saved_lse_without_log";
   }
   return "?";
 }
@@ -405,7 +424,7 @@ const char* to_string(Bug bug) {
 std::vector<Bug> all_bugs() {
   std::vector<Bug> v;
   for (int b = static_cast<int>(Bug::rope_table_stride_half_nrot);
-       b <= static_cast<int>(Bug::v_row_stride_ignored); ++b) {
+       b <= static_cast<int>(Bug::saved_lse_without_log); ++b) {
     v.push_back(static_cast<Bug>(b));
   }
   return v;
@@ -420,17 +439,35 @@ Backend backend(Bug bug, int threads) {
     require_size(out.size(), p.o.extent, "out");
     Attention{p, in, bug, threads}.forward(out);
   };
-  be.attention_backward = [bug](const AttentionPlan& p, const AttentionInputs<float>& in,
-                                std::span<const float> dout, const AttentionGrads<float>& g) {
+  be.attention_forward_lse = [bug, threads](const AttentionPlan& p,
+                                            const AttentionInputs<float>& in, std::span<float> out,
+                                            std::span<float> lse) {
     check_inputs(p, in);
+    require_size(out.size(), p.o.extent, "out");
+    require_size(lse.size(), p.lse_size(), "lse");
+    Attention{p, in, bug, threads}.forward(out, lse);
+  };
+  const auto backward = [bug](const AttentionPlan& p, const AttentionInputs<float>& in,
+                              const AttentionSaved<float>* saved, std::span<const float> dout,
+                              const AttentionGrads<float>& g) {
+    check_inputs(p, in);
+    if (saved != nullptr) check_saved(p, *saved);
     require_size(dout.size(), p.o.extent, "dout");
     check_grads(p, g, true);
     std::vector<double> dq, dk, dv;
-    Attention{p, in, bug, 1}.backward(dout, true, dq, dk, dv);
+    Attention{p, in, bug, 1}.backward(dout, true, dq, dk, dv, saved);
     copy_out(dq, g.dq);
     copy_out(dk, g.dk);
     copy_out(dv, g.dv);
   };
+  be.attention_backward = [backward](const AttentionPlan& p, const AttentionInputs<float>& in,
+                                     std::span<const float> dout, const AttentionGrads<float>& g) {
+    backward(p, in, nullptr, dout, g);
+  };
+  be.attention_backward_saved =
+      [backward](const AttentionPlan& p, const AttentionInputs<float>& in,
+                 const AttentionSaved<float>& saved, std::span<const float> dout,
+                 const AttentionGrads<float>& g) { backward(p, in, &saved, dout, g); };
   const auto one = [bug](int which) {
     return [bug, which](const AttentionPlan& p, const AttentionInputs<float>& in,
                         std::span<const float> dout, std::span<float> grad) {

@@ -45,6 +45,7 @@ enum class Bug {
   thread_dependent_sum,         ///< o sums keys in `threads` float partial sums
   coarse_exp,                   ///< exp rounded to 12 mantissa bits
   v_row_stride_ignored,         ///< V rows read Hkv·Dv apart, not v_row_stride (bshd)
+  saved_lse_without_log,        ///< saved log-sum-exp is m, the row maximum, without + log l
 };
 
 /// The bug's name, e.g. "gqa_mod".

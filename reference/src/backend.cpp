@@ -14,8 +14,14 @@ namespace tandem::reference {
 Backend backend() {
   Backend b;
   b.name = "reference";
-  b.attention_forward = attention_forward<float>;
-  b.attention_backward = attention_backward<float>;
+  b.attention_forward = [](const AttentionPlan& plan, const AttentionInputs<float>& in,
+                           std::span<float> out) { attention_forward<float>(plan, in, out); };
+  b.attention_forward_lse = attention_forward_lse<float>;
+  b.attention_backward = [](const AttentionPlan& plan, const AttentionInputs<float>& in,
+                            std::span<const float> dout, const AttentionGrads<float>& grads) {
+    attention_backward<float>(plan, in, dout, grads);
+  };
+  b.attention_backward_saved = attention_backward_saved<float>;
   b.attention_backward_dq = attention_backward_dq<float>;
   b.attention_backward_dk = attention_backward_dk<float>;
   b.attention_backward_dv = attention_backward_dv<float>;

@@ -82,9 +82,11 @@ inline bool key_visible(const AttentionPlan& plan, std::span<const float> mask, 
 /// Sk entries; entries of hidden keys are 0 and are never used.
 template <class Acc>
 struct AttentionRow {
-  std::vector<bool> visible;   ///< key j visible to query i (SPEC §2 table)
-  std::vector<Acc> p;          ///< p_ij, the probabilities over the visible keys
-  std::vector<Acc> cap_tanh;   ///< tanh(x_ij / c), x_ij = scale·<q_i,k_j> (softcap c > 0 only)
+  std::vector<bool> visible;  ///< key j visible to query i (SPEC §2 table)
+  std::vector<Acc> p;         ///< p_ij, the probabilities over the visible keys
+  std::vector<Acc> cap_tanh;  ///< tanh(x_ij / c), x_ij = scale·<q_i,k_j> (softcap c > 0 only)
+  std::vector<Acc> s;         ///< s_ij, the final scores (after cap and bias)
+  Acc lse = Acc(0);  ///< lse_i = m_i + log l_i, so p_ij = exp(s_ij − lse_i); −inf: no key
   std::int64_t n_visible = 0;  ///< number of visible keys; 0 means o_i = 0 and no gradient
 };
 
@@ -105,6 +107,7 @@ AttentionRow<Acc> attention_row(const AttentionPlan& plan, const AttentionInputs
   row.p.assign(plan.Sk, Acc(0));
   row.cap_tanh.assign(plan.Sk, Acc(0));
   std::vector<Acc> s(plan.Sk, Acc(0));
+  row.lse = Acc(-std::numeric_limits<Real>::infinity());
 
   // pass 1: the score of every visible key
   //   x_ij = scale * <q_i, k_j>
@@ -130,6 +133,7 @@ AttentionRow<Acc> attention_row(const AttentionPlan& plan, const AttentionInputs
     }
     s[j] = s_ij;
   }
+  row.s = s;
   // A query with no visible key: every p_ij stays 0, so o_i = 0.
   if (row.n_visible == 0) return row;
 
@@ -144,6 +148,9 @@ AttentionRow<Acc> attention_row(const AttentionPlan& plan, const AttentionInputs
   for (std::int64_t j = 0; j < plan.Sk; ++j) {
     if (row.visible[j]) l_i += std::exp(s[j] - m_i);
   }
+
+  // the log-sum-exp lse_i = m_i + log l_i, what a forward saves for its backward
+  row.lse = m_i + std::log(l_i);
 
   // pass 4: p_ij = exp(s_ij - m_i) / l_i
   for (std::int64_t j = 0; j < plan.Sk; ++j) {
@@ -171,17 +178,40 @@ std::vector<Acc> attention_output_row(const AttentionPlan& plan, const Attention
   return o_i;
 }
 
+/// The softmax row of query i rebuilt from a saved log-sum-exp: the scores of
+/// attention_row (pass 1), then `p_ij = exp(s_ij − lse_i)` in place of the
+/// forward's passes 2–4. lse_i is read from saved.lse `[B,H,Sq]`.
+template <class T, class Acc = accumulator_t<T>>
+AttentionRow<Acc> attention_row_saved(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                                      const AttentionSaved<T>& saved, std::int64_t b,
+                                      std::int64_t h, std::int64_t i) {
+  AttentionRow<Acc> row = attention_row<T, Acc>(plan, in, b, h, i);
+  const Acc lse_i = static_cast<Acc>(saved.lse[plan.lse_at(b, h, i)]);
+  // p_ij = exp(s_ij - lse_i)   (the forward's p_ij = exp(s_ij - m_i) / l_i)
+  for (std::int64_t j = 0; j < plan.Sk; ++j) {
+    if (row.visible[j]) row.p[j] = std::exp(row.s[j] - lse_i);
+  }
+  return row;
+}
+
 /// Backward passes 1–4 for query i of batch b, head h: the gradient of the
 /// loss <dO, O> with respect to the score before the cap, x_ij = scale·<q_i,k_j>:
 /// `dx_ij = p_ij (<dO_i, v_j> − <dO_i, o_i>) · (1 − tanh²(x_ij/c))`
 /// (the last factor only when softcap c > 0). Returns dx_i `[Sk]` (0 for
-/// hidden keys). dO_i `[Dv]` is read through plan.o. Views must be checked.
+/// hidden keys). dO_i `[Dv]` is read through plan.o; o_i is recomputed, or
+/// read from saved->out when given. Views must be checked.
 template <class T, class Acc = accumulator_t<T>>
 std::vector<Acc> attention_score_grad_row(const AttentionPlan& plan, const AttentionInputs<T>& in,
                                           std::span<const T> dout, const AttentionRow<Acc>& row,
-                                          std::int64_t b, std::int64_t h, std::int64_t i) {
+                                          std::int64_t b, std::int64_t h, std::int64_t i,
+                                          const AttentionSaved<T>* saved = nullptr) {
   const std::int64_t kv_head = plan.kv_head(h);
-  const std::vector<Acc> o_i = attention_output_row<T, Acc>(plan, in, row, b, h);
+  // o_i: forward pass 5 again, or the forward's saved output row
+  std::vector<Acc> o_i(plan.Dv, Acc(0));
+  if (saved == nullptr) o_i = attention_output_row<T, Acc>(plan, in, row, b, h);
+  for (std::int64_t d = 0; saved != nullptr && d < plan.Dv; ++d) {
+    o_i[d] = static_cast<Acc>(saved->out[plan.o.at(b, i, h) + d]);
+  }
 
   // pass 1: dp_ij = <dO_i, v_j>
   //   forward: o_i = sum_j p_ij * v_j
@@ -229,12 +259,15 @@ std::vector<Acc> attention_score_grad_row(const AttentionPlan& plan, const Atten
 /// `o_i = sum_{visible j} softmax_j(cap(scale·<q_i,k_j>) + bias_ij) · v_j`,
 /// 0 for a query with no visible key. q `[B,Sq,H,D]`, k `[B,Sk,Hkv,D]`,
 /// v `[B,Sk,Hkv,Dv]` (through plan.q/k/v, row strides allowed), out
-/// `[B,Sq,H,Dv]` contiguous in q's layout (plan.o). Throws tandem::Error
-/// before writing anything when a view does not fit the plan.
+/// `[B,Sq,H,Dv]` contiguous in q's layout (plan.o); when lse `[B,H,Sq]` is
+/// given it receives `lse_i = m_i + log l_i` (see AttentionSaved). Throws
+/// tandem::Error before writing anything when a view does not fit the plan.
 template <class T, class Acc = accumulator_t<T>>
-void attention_forward(const AttentionPlan& plan, const AttentionInputs<T>& in, std::span<T> out) {
+void attention_forward(const AttentionPlan& plan, const AttentionInputs<T>& in, std::span<T> out,
+                       std::span<T> lse = {}) {
   check_inputs(plan, in);
   require_size(out.size(), plan.o.extent, "out");
+  if (!lse.empty()) require_size(lse.size(), plan.lse_size(), "lse");
 
   for (std::int64_t b = 0; b < plan.B; ++b) {
     for (std::int64_t h = 0; h < plan.H; ++h) {
@@ -246,6 +279,8 @@ void attention_forward(const AttentionPlan& plan, const AttentionInputs<T>& in, 
         for (std::int64_t d = 0; d < plan.Dv; ++d) {
           out[plan.o.at(b, i, h) + d] = static_cast<T>(o_i[d]);
         }
+        // lse_i, kept for a backward from the saved state (attention_backward_saved)
+        if (!lse.empty()) lse[plan.lse_at(b, h, i)] = static_cast<T>(row.lse);
       }
     }
   }
@@ -361,14 +396,18 @@ void attention_backward_dv(const AttentionPlan& plan, const AttentionInputs<T>& 
 /// `dq_i = scale · sum_j dx_ij k_j`, `dk_j = scale · sum_{h,i} dx_ij q_i`,
 /// `dv_j = sum_{h,i} p_ij dO_i` (h over the query heads sharing kv head g).
 /// dout `[B,Sq,H,Dv]` (plan.o); grads.dq `[B,Sq,H,D]`, grads.dk `[B,Sk,Hkv,D]`,
-/// grads.dv `[B,Sk,Hkv,Dv]`, all three required, contiguous. Throws
-/// tandem::Error before writing anything.
+/// grads.dv `[B,Sk,Hkv,Dv]`, all three required, contiguous. With `saved`
+/// (the forward's out and lse) P and delta come from it instead of a second
+/// forward; see attention_backward_saved. Throws tandem::Error before
+/// writing anything.
 template <class T, class Acc = accumulator_t<T>>
 void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
-                        std::span<const T> dout, const AttentionGrads<T>& grads) {
+                        std::span<const T> dout, const AttentionGrads<T>& grads,
+                        const AttentionSaved<T>* saved = nullptr) {
   check_inputs(plan, in);
   require_size(dout.size(), plan.o.extent, "dout");
   check_grads(plan, grads, true);
+  if (saved != nullptr) check_saved(plan, *saved);
   const Acc scale = static_cast<Acc>(plan.scale);
 
   // dk_j and dv_j sum over queries and query heads: accumulate in Acc.
@@ -378,10 +417,13 @@ void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
     for (std::int64_t h = 0; h < plan.H; ++h) {
       const std::int64_t kv_head = plan.kv_head(h);
       for (std::int64_t i = 0; i < plan.Sq; ++i) {
-        // forward passes 1–4 again: p_ij
-        const AttentionRow<Acc> row = attention_row<T, Acc>(plan, in, b, h, i);
-        // backward passes 1–4: dx_ij
-        const std::vector<Acc> dx = attention_score_grad_row<T, Acc>(plan, in, dout, row, b, h, i);
+        // forward passes 1–4 again: p_ij (or from the saved lse_i)
+        const AttentionRow<Acc> row = saved == nullptr
+                                          ? attention_row<T, Acc>(plan, in, b, h, i)
+                                          : attention_row_saved<T, Acc>(plan, in, *saved, b, h, i);
+        // backward passes 1–4: dx_ij (delta_i from the saved o_i when given)
+        const std::vector<Acc> dx =
+            attention_score_grad_row<T, Acc>(plan, in, dout, row, b, h, i, saved);
 
         // pass 5a: dq_i = scale * sum_j dx_ij * k_j
         //   forward: x_ij = scale * <q_i, k_j>
@@ -418,6 +460,30 @@ void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
   }
   for (std::size_t n = 0; n < grads.dk.size(); ++n) grads.dk[n] = static_cast<T>(dk_sum[n]);
   for (std::size_t n = 0; n < grads.dv.size(); ++n) grads.dv[n] = static_cast<T>(dv_sum[n]);
+}
+
+/// Attention forward that also saves the log-sum-exp for the backward:
+/// out as attention_forward, lse `[B,H,Sq]` (contiguous, plan.lse_at)
+/// `lse_i = m_i + log sum_j exp(s_ij − m_i)`, −inf for a query with no visible key.
+template <class T, class Acc = accumulator_t<T>>
+void attention_forward_lse(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                           std::span<T> out, std::span<T> lse) {
+  require_size(lse.size(), plan.lse_size(), "lse");
+  attention_forward<T, Acc>(plan, in, out, lse);
+}
+
+/// dQ, dK and dV from the forward's saved state (AttentionSaved: out and lse):
+/// the formulas of attention_backward with `p_ij = exp(s_ij − lse_i)` and
+/// `delta_i = <dO_i, out_i>` read from what the forward kept. A fast backend
+/// thereby skips the forward's softmax and pass 5; this reference takes the
+/// scores s_ij from attention_row (whose own p it overwrites) for clarity.
+/// Given the forward's own out and lse it equals attention_backward up to
+/// rounding. Throws tandem::Error before writing anything.
+template <class T, class Acc = accumulator_t<T>>
+void attention_backward_saved(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                              const AttentionSaved<T>& saved, std::span<const T> dout,
+                              const AttentionGrads<T>& grads) {
+  attention_backward<T, Acc>(plan, in, dout, grads, &saved);
 }
 
 }  // namespace tandem::reference

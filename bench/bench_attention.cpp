@@ -89,10 +89,11 @@ AttnShape square(std::int64_t S, std::int64_t D, bool causal, std::int64_t B = 1
   return a;
 }
 
-/// Buffers of one attention call; gradients only for backward benchmarks.
+/// Buffers of one attention call; gradients only for backward benchmarks,
+/// the forward's saved out and lse only for the saved-state backward.
 struct AttnFixture {
   AttentionPlan plan;
-  std::vector<float> q, k, v, out, dout, dq, dk, dv;
+  std::vector<float> q, k, v, out, dout, dq, dk, dv, lse;
   double extra_bytes = -1.0;  ///< measured on the first call
 
   AttnFixture(const AttnShape& s, bool backward) : plan(s.plan()) {
@@ -110,7 +111,7 @@ struct AttnFixture {
   [[nodiscard]] AttentionInputs<float> inputs() const { return {q, k, v, {}}; }
 };
 
-enum class Pass { forward, backward, backward_dq, backward_dk, backward_dv };
+enum class Pass { forward, backward, backward_saved, backward_dq, backward_dk, backward_dv };
 
 const char* op_name(Pass p) {
   switch (p) {
@@ -118,6 +119,8 @@ const char* op_name(Pass p) {
       return "attention_forward";
     case Pass::backward:
       return "attention_backward";
+    case Pass::backward_saved:
+      return "attention_backward_saved";
     case Pass::backward_dq:
       return "attention_backward_dq";
     case Pass::backward_dk:
@@ -130,7 +133,8 @@ const char* op_name(Pass p) {
 
 /// FLOPs counted for one call, in units of one S×S×D matmul (2·pairs·D):
 /// forward = QKᵀ + PV = 2 units; backward = QKᵀ, dO·Vᵀ, dS·K, dSᵀ·Q, Pᵀ·dO =
-/// 5 units = 2.5× forward. One gradient alone: dQ and dK need QKᵀ, dO·Vᵀ and
+/// 5 units = 2.5× forward (with or without the forward's saved state: the
+/// forward a backward reruns is not counted). One gradient alone: dQ and dK need QKᵀ, dO·Vᵀ and
 /// their own product (3 units = 1.5× forward); dV needs QKᵀ and Pᵀ·dO
 /// (2 units = 1× forward).
 double pass_flops(Pass p, const AttnShape& s) {
@@ -139,6 +143,7 @@ double pass_flops(Pass p, const AttnShape& s) {
     case Pass::forward:
       return f;
     case Pass::backward:
+    case Pass::backward_saved:
       return 2.5 * f;
     case Pass::backward_dq:
     case Pass::backward_dk:
@@ -169,6 +174,19 @@ void run_attention(benchmark::State& st, const Backend& be, const AttnShape& sha
       break;
     case Pass::backward:
       call = [&] { be.attention_backward(f.plan, in, f.dout, {f.dq, f.dk, f.dv}); };
+      break;
+    case Pass::backward_saved:
+      if (!be.attention_forward_lse || !be.attention_backward_saved) {
+        st.SkipWithError("the backend has no saved-state entry points");
+        return;
+      }
+      if (f.lse.empty()) {  // the forward of the training step, once, untimed
+        f.lse = zero_buffer(static_cast<std::size_t>(f.plan.lse_size()));
+        be.attention_forward_lse(f.plan, in, f.out, f.lse);
+      }
+      call = [&] {
+        be.attention_backward_saved(f.plan, in, {f.out, f.lse}, f.dout, {f.dq, f.dk, f.dv});
+      };
       break;
     case Pass::backward_dq:
       call = [&] { be.attention_backward_dq(f.plan, in, f.dout, f.dq); };
@@ -331,7 +349,7 @@ void register_attention() {
   const std::int64_t scaling_seq = 2048;
   const auto main_backends = backends_at(c.threads, false);
 
-  for (Pass pass : {Pass::forward, Pass::backward}) {
+  for (Pass pass : {Pass::forward, Pass::backward, Pass::backward_saved}) {
     if (!op_selected(op_name(pass))) continue;
     const auto& seqs = pass == Pass::forward ? fwd_seqs : bwd_seqs;
     for (std::int64_t D : dims) {
@@ -343,12 +361,17 @@ void register_attention() {
         for (std::int64_t S : seqs) {
           if (S == ref_seq) continue;
           std::vector<std::string> tags{"main"};
-          if (peer_seqs.count(S) && (pass == Pass::forward || D == 128)) tags.push_back("peer");
+          // (the peers' backward is compared with both tandem backwards, so
+          // the saved-state one needs no peer run of its own)
+          if (peer_seqs.count(S) && (pass == Pass::forward || D == 128) &&
+              pass != Pass::backward_saved) {
+            tags.push_back("peer");
+          }
           for (const auto& bu : main_backends)
             add_attention(pass, bu, square(S, D, causal), tags, false);
         }
         // thread scaling at S = 2048, D = 128
-        if (D == 128) {
+        if (D == 128 && pass != Pass::backward_saved) {
           for (int t : c.scaling_threads) {
             if (t == c.threads) continue;
             for (const auto& bu : backends_at(t, false)) {

@@ -16,6 +16,8 @@
 //     forward:  y  = silu·u,  silu = g·σ
 //     backward: du = dy·silu, dg = (dy·u)·σ·(1 + g·(1 − σ))
 //
+// where 1 − σ(g) = σ(−g) is formed from e as well (no cancellation for g ≫ 0).
+//
 // One OpenMP iteration per row (static schedule); within a row, vectors of i.
 
 #undef HWY_TARGET_INCLUDE
@@ -47,13 +49,18 @@ struct SwigluArgs {
 HWY_BEFORE_NAMESPACE();
 namespace tandem::optimized::HWY_NAMESPACE {
 
-/// σ(g) = 1/(1 + exp(−g)), from e = exp(−|g|) so that nothing overflows.
+/// σ(g) = 1/(1 + exp(−g)), from e = exp(−|g|) so that nothing overflows;
+/// with `complement` also 1 − σ(g) = σ(−g), formed the same way rather than
+/// by the subtraction, which would cancel for large g.
 template <class D, class V>
-HWY_INLINE V Sigmoid(D d, V g) {
+HWY_INLINE V Sigmoid(D d, V g, V* complement = nullptr) {
   const V one = hn::Set(d, 1.0f);
   const V e = hn::Exp(d, hn::Neg(hn::Abs(g)));
   const V pos = hn::Div(one, hn::Add(one, e));  // σ(|g|)
-  return hn::IfThenElse(hn::Ge(g, hn::Zero(d)), pos, hn::Mul(e, pos));
+  const V neg = hn::Mul(e, pos);                // σ(−|g|) = e/(1 + e)
+  const auto g_nonneg = hn::Ge(g, hn::Zero(d));
+  if (complement != nullptr) *complement = hn::IfThenElse(g_nonneg, neg, pos);
+  return hn::IfThenElse(g_nonneg, pos, neg);
 }
 
 /// Runs body(i, n) over i = 0, N, 2N, ... < count with n = min(N, count − i)
@@ -110,11 +117,12 @@ void SwigluBackward(const detail::SwigluArgs& a) {
       const V g = full ? hn::LoadU(d, g_row + i) : LoadN(d, g_row + i, k);
       const V u = full ? hn::LoadU(d, u_row + i) : LoadN(d, u_row + i, k);
       const V dy = full ? hn::LoadU(d, dy_row + i) : LoadN(d, dy_row + i, k);
-      const V sigma = Sigmoid(d, g);
+      V one_minus_sigma;
+      const V sigma = Sigmoid(d, g, &one_minus_sigma);
       const V silu = hn::Mul(g, sigma);
       const V du = hn::Mul(dy, silu);  // du = dy·silu
       // dg = (dy·u)·σ·(1 + g·(1 − σ))
-      const V dg = hn::Mul(hn::Mul(hn::Mul(dy, u), sigma), hn::MulAdd(g, hn::Sub(one, sigma), one));
+      const V dg = hn::Mul(hn::Mul(hn::Mul(dy, u), sigma), hn::MulAdd(g, one_minus_sigma, one));
       if (full) {
         hn::StoreU(dg, d, dg_row + i);
         hn::StoreU(du, d, du_row + i);

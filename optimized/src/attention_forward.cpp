@@ -211,9 +211,13 @@ void AttentionForwardTarget(const AttentionPlan& plan, const AttentionInputs<flo
     attn::Buffer& lse_rows = mine.lse_rows;
     // Tiles are independent and each is computed by one thread alone, so
     // dynamic scheduling (which balances causal tiles) cannot change results.
+    // Under a causal mask the last query blocks see the most keys: they are
+    // handed out first, so that the small ones fill in at the end.
+    const bool last_first = plan.mask == MaskKind::causal;
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t task = 0; task < n_tiles; ++task) {
-      const std::int64_t qb = task % c.n_qblocks;
+      const std::int64_t qb =
+          last_first ? c.n_qblocks - 1 - task % c.n_qblocks : task % c.n_qblocks;
       const std::int64_t g = task / c.n_qblocks % plan.Hkv;
       const std::int64_t b = task / c.n_qblocks / plan.Hkv;
       const attn::Tile t(c, b, g, qb);

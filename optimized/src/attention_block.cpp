@@ -13,7 +13,8 @@
 // Order of operations of the projections: the reference sums each dot
 // product in double and rounds once; project() keeps each output element in
 // one lane of one float accumulator and runs a sequential chain of fused
-// multiply-adds over k = 0..K−1 (no K blocking, no horizontal sums), then adds
+// multiply-adds over k = 0..K−1 (slices of k resume the chain from the stored
+// partial sum; no horizontal sums), then adds
 // the bias. Each element is computed by exactly one thread in this fixed
 // order, so the result is bitwise the same for any thread count.
 //
@@ -28,10 +29,10 @@
 // 2-core machine we measured on, too noisy to quantify); its
 // thread-count independence is observed, not documented; and it ignores
 // force_target(), so the tests could not run the block on every target. The
-// kernel here is the classic packed one: w is packed once per call into
-// panels of 2 vectors of output features, and a 6-row × 2-vector tile of
-// accumulators takes 12 fused multiply-adds per k from 2 panel loads and 6
-// broadcasts of a.
+// kernel here is the attention's register-tiled micro-kernel (attn::Gemm:
+// 8 rows × 3 vectors of accumulators with AVX-512) over w packed once per
+// call into panels of its width, blocked by rows of a and by slices of k so
+// that the panel slice in use stays in L1 (see Project).
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention_block.cpp"
@@ -39,12 +40,15 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
-#include "simd-inl.h"
+#include "attention-inl.h"
 
 #ifndef TANDEM_OPTIMIZED_ATTENTION_BLOCK_ONCE
 #define TANDEM_OPTIMIZED_ATTENTION_BLOCK_ONCE
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <new>
 #include <vector>
 
 #include "attention.hpp"
@@ -66,95 +70,76 @@ struct ProjectArgs {
 HWY_BEFORE_NAMESPACE();
 namespace tandem::optimized::HWY_NAMESPACE {
 
-/// Rows of a per micro-tile, and rows of a per cache block: a block of
-/// kBlockM rows of a stays in L2 while the packed panels of w stream past it.
-constexpr std::int64_t kRows = 6;
-constexpr std::int64_t kBlockM = 48;
+/// Rows of a per cache block (a block of a and its C tile stay in L2), and
+/// the depth of one pass over k: a kDepth-deep slice of one packed panel
+/// (kDepth × panel width floats, 24 KiB with AVX-512) stays in L1 while every
+/// micro-tile of the row block runs over it.
+constexpr std::int64_t kBlockM = 64;
+constexpr std::int64_t kDepth = 128;
 
-/// Packs w `[N, K]` into panels of P = 2·Lanes output features: panel q holds
-/// wp[(q·K + k)·P + c] = w[q·P + c, k], zero for q·P + c >= N, so the micro
-/// kernel reads two contiguous vectors of w per k.
-template <class D>
-void PackPanels(D d, const detail::ProjectArgs& p, float* wp) {
-  const std::int64_t P = 2 * static_cast<std::int64_t>(hn::Lanes(d));
-  const std::int64_t panels = (p.N + P - 1) / P;
+/// Packs w `[N, K]` into panels of SW = kNR·Lanes output features (the
+/// micro-kernel's width): panel q holds wp[(q·K + k)·SW + c] = w[q·SW + c, k],
+/// zero for q·SW + c >= N, so the micro-kernel reads whole vectors of w per k.
+void PackPanels(const detail::ProjectArgs& p, std::int64_t SW, float* wp) {
+  const std::int64_t panels = (p.N + SW - 1) / SW;
 #pragma omp parallel for schedule(static) num_threads(p.threads)
   for (std::int64_t q = 0; q < panels; ++q) {
-    float* dst = wp + q * p.K * P;
-    for (std::int64_t c = 0; c < P; ++c) {
-      const std::int64_t j = q * P + c;
-      if (j < p.N) {
-        const float* src = p.w + j * p.K;
-        for (std::int64_t k = 0; k < p.K; ++k) dst[k * P + c] = src[k];
-      } else {
-        for (std::int64_t k = 0; k < p.K; ++k) dst[k * P + c] = 0.0f;
-      }
+    float* dst = wp + q * p.K * SW;
+    for (std::int64_t c = 0; c < SW; ++c) {
+      const std::int64_t j = q * SW + c;
+      const float* src = j < p.N ? p.w + j * p.K : nullptr;
+      for (std::int64_t k = 0; k < p.K; ++k) dst[k * SW + c] = src != nullptr ? src[k] : 0.0f;
     }
   }
 }
 
-/// c[i0..i0+6, q·P..q·P+P) of a · wᵀ (+ bias): 6 rows × 2 vectors of
-/// accumulators; per k, two loads of the packed panel and one broadcast of
-/// a[i, k] per row feed 12 fused multiply-adds. Each c element is one lane of
-/// one accumulator: a sequential chain of multiply-adds over k = 0..K−1.
-/// Rows past M are read as row M−1 and not stored.
-template <class D>
-void MicroTile(D d, const detail::ProjectArgs& p, const float* panel, std::int64_t i0,
-               std::int64_t j0) {
-  using V = hn::Vec<D>;
-  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(d)), P = 2 * L;
-  const auto arow = [&](std::int64_t t) { return p.a + std::min(i0 + t, p.M - 1) * p.K; };
-  const float *a0 = arow(0), *a1 = arow(1), *a2 = arow(2), *a3 = arow(3), *a4 = arow(4),
-              *a5 = arow(5);
-  V c00 = hn::Zero(d), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
-  V c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-  for (std::int64_t k = 0; k < p.K; ++k) {
-    const V w0 = hn::Load(d, panel + k * P), w1 = hn::Load(d, panel + k * P + L);
-    V x = hn::Set(d, a0[k]);
-    c00 = hn::MulAdd(x, w0, c00), c01 = hn::MulAdd(x, w1, c01);
-    x = hn::Set(d, a1[k]);
-    c10 = hn::MulAdd(x, w0, c10), c11 = hn::MulAdd(x, w1, c11);
-    x = hn::Set(d, a2[k]);
-    c20 = hn::MulAdd(x, w0, c20), c21 = hn::MulAdd(x, w1, c21);
-    x = hn::Set(d, a3[k]);
-    c30 = hn::MulAdd(x, w0, c30), c31 = hn::MulAdd(x, w1, c31);
-    x = hn::Set(d, a4[k]);
-    c40 = hn::MulAdd(x, w0, c40), c41 = hn::MulAdd(x, w1, c41);
-    x = hn::Set(d, a5[k]);
-    c50 = hn::MulAdd(x, w0, c50), c51 = hn::MulAdd(x, w1, c51);
-  }
-  // Columns j0 + [0, L) and j0 + [L, 2L), clipped at N; bias added last.
-  const std::int64_t n0 = std::clamp<std::int64_t>(p.N - j0, 0, L);
-  const std::int64_t n1 = std::clamp<std::int64_t>(p.N - j0 - L, 0, L);
-  const auto put = [&](std::int64_t r, V lo, V hi) {
-    if (i0 + r >= p.M) return;
-    float* row = p.c + (i0 + r) * p.N + j0;
-    const auto store = [&](V v, float* dst, const float* bias, std::int64_t n) {
-      if (n == 0) return;
-      if (bias != nullptr) v = hn::Add(v, n == L ? hn::LoadU(d, bias) : LoadN(d, bias, n));
-      n == L ? hn::StoreU(v, d, dst) : StoreN(v, d, dst, static_cast<std::size_t>(n));
-    };
-    const float* bias = p.bias == nullptr ? nullptr : p.bias + j0;
-    store(lo, row, bias, n0);
-    store(hi, row + L, bias == nullptr ? nullptr : bias + L, n1);
-  };
-  put(0, c00, c01), put(1, c10, c11), put(2, c20, c21);
-  put(3, c30, c31), put(4, c40, c41), put(5, c50, c51);
-}
-
+/// c = a · wᵀ (+ bias), blocked: for each block of kBlockM rows of a (one
+/// thread), for each kDepth slice of k, for each packed panel of w, the
+/// attention's register-tiled micro-kernel (attn::Gemm, kMR rows × kNR
+/// vectors) accumulates into the block's C tile; then the bias is added and
+/// the tile copied out. Each C element is one chain of fused multiply-adds
+/// over k = 0..K−1 in order (a slice resumes from the stored partial sum),
+/// then + bias: bitwise the same for any thread count and any blocking.
 void Project(const detail::ProjectArgs& p) {
-  const hn::ScalableTag<float> d;
-  const std::int64_t P = 2 * static_cast<std::int64_t>(hn::Lanes(d));
-  const std::int64_t panels = (p.N + P - 1) / P;
-  const auto packed = hwy::AllocateAligned<float>(static_cast<std::size_t>(panels * P * p.K));
-  PackPanels(d, p, packed.get());
+  const std::int64_t SW = static_cast<std::int64_t>(attn::kNR) * attn::Lanes();
+  const std::int64_t panels = (p.N + SW - 1) / SW, Np = panels * SW;
+  const auto packed = hwy::AllocateAligned<float>(static_cast<std::size_t>(panels * SW * p.K));
   const std::int64_t blocks = (p.M + kBlockM - 1) / kBlockM;
-#pragma omp parallel for schedule(static) num_threads(p.threads)
-  for (std::int64_t ib = 0; ib < blocks; ++ib) {
-    const std::int64_t i_end = std::min(p.M, (ib + 1) * kBlockM);
-    for (std::int64_t q = 0; q < panels; ++q) {
-      const float* panel = packed.get() + q * p.K * P;
-      for (std::int64_t i = ib * kBlockM; i < i_end; i += kRows) MicroTile(d, p, panel, i, q * P);
+  const int nt =
+      static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(p.threads, blocks)));
+  std::vector<hwy::AlignedFreeUniquePtr<float[]>> tiles;
+  for (int t = 0; t < nt; ++t) {
+    tiles.push_back(hwy::AllocateAligned<float>(static_cast<std::size_t>(kBlockM * Np)));
+  }
+  if (!packed) throw std::bad_alloc();
+  for (const auto& t : tiles) {
+    if (!t) throw std::bad_alloc();
+  }
+  PackPanels(p, SW, packed.get());
+#pragma omp parallel num_threads(nt)
+  {
+    float* HWY_RESTRICT tile = tiles[static_cast<std::size_t>(omp_get_thread_num())].get();
+#pragma omp for schedule(static)
+    for (std::int64_t ib = 0; ib < blocks; ++ib) {
+      const std::int64_t i0 = ib * kBlockM, mb = std::min(kBlockM, p.M - i0);
+      for (std::int64_t k0 = 0; k0 < p.K; k0 += kDepth) {
+        const std::int64_t kc = std::min(kDepth, p.K - k0);
+        for (std::int64_t q = 0; q < panels; ++q) {
+          // tile[r][q·SW + c] (+)= Σ_{k in slice} a[i0 + r, k] · w[q·SW + c, k]
+          attn::Gemm(mb, SW, kc, p.a + i0 * p.K + k0, p.K, 1, packed.get() + (q * p.K + k0) * SW,
+                     SW, tile + q * SW, Np, k0 > 0);
+        }
+      }
+      // c = tile + bias, the padding columns dropped
+      for (std::int64_t r = 0; r < mb; ++r) {
+        float* HWY_RESTRICT dst = p.c + (i0 + r) * p.N;
+        const float* HWY_RESTRICT src = tile + r * Np;
+        if (p.bias == nullptr) {
+          std::copy_n(src, p.N, dst);
+        } else {
+          for (std::int64_t j = 0; j < p.N; ++j) dst[j] = src[j] + p.bias[j];
+        }
+      }
     }
   }
 }
@@ -174,27 +159,40 @@ void project(const float* a, const float* w, std::span<const float> bias, float*
   HWY_DYNAMIC_DISPATCH(Project)(p);
 }
 
+/// A float buffer left uninitialized: every element is written before it is
+/// read, so its pages are first touched by the threads that fill it.
+struct Workspace {
+  hwy::AlignedFreeUniquePtr<float[]> data;
+  std::size_t n = 0;
+  explicit Workspace(std::int64_t count)
+      : data(hwy::AllocateAligned<float>(
+            static_cast<std::size_t>(std::max<std::int64_t>(count, 1)))),
+        n(static_cast<std::size_t>(count)) {
+    if (!data) throw std::bad_alloc();
+  }
+  std::span<float> span() const { return {data.get(), n}; }
+};
+
 void attention_block(const AttentionBlockPlan& plan, const AttentionBlockInputs& in,
                      std::span<float> out, int threads) {
   check_views(plan, in, out.size());
   const std::int64_t rows = plan.B * plan.S, E = plan.E, E3 = 3 * plan.E;
-  // qkv = x · W_qkvᵀ + b_qkv: [B·S, 3E], q then k then v in each row.
-  std::vector<float> qkv(static_cast<std::size_t>(rows * E3));
-  project(in.x.data(), in.w_qkv.data(), in.b_qkv, qkv.data(), rows, E3, E, threads);
-  const std::span<const float> all(qkv);
   const AttentionPlan& ap = plan.attention;
+  // Every buffer up front, so an allocation failure leaves out unwritten.
+  const Workspace qkv(rows * E3), attn(ap.o.extent);
+  const Workspace q_rot(plan.has_rope ? rows * E : 0), k_rot(plan.has_rope ? rows * E : 0);
+  // qkv = x · W_qkvᵀ + b_qkv: [B·S, 3E], q then k then v in each row.
+  project(in.x.data(), in.w_qkv.data(), in.b_qkv, qkv.data.get(), rows, E3, E, threads);
+  const std::span<const float> all = qkv.span();
   AttentionInputs<float> ai;
-  std::vector<float> q_rot, k_rot;
   if (plan.has_rope) {
     // q and k rotated out of the qkv rows (row stride 3E) into contiguous [B·S, E].
-    q_rot.resize(static_cast<std::size_t>(rows * E));
-    k_rot.resize(q_rot.size());
     const RopeTables<float> tables{in.cos, in.sin};
     const std::int64_t src = plan.rope.src_extent();
-    rope_forward(plan.rope, all.subspan(0, src), tables, q_rot, threads);
-    rope_forward(plan.rope, all.subspan(E, src), tables, k_rot, threads);
-    ai.q = q_rot;
-    ai.k = k_rot;
+    rope_forward(plan.rope, all.subspan(0, src), tables, q_rot.span(), threads);
+    rope_forward(plan.rope, all.subspan(E, src), tables, k_rot.span(), threads);
+    ai.q = q_rot.span();
+    ai.k = k_rot.span();
   } else {
     ai.q = all.subspan(0, ap.q.extent);
     ai.k = all.subspan(E, ap.k.extent);
@@ -202,10 +200,9 @@ void attention_block(const AttentionBlockPlan& plan, const AttentionBlockInputs&
   ai.v = all.subspan(2 * E, ap.v.extent);
   ai.mask = in.keep;
   // a = attention(q, k, v, keep): [B, S, H, D] = [B·S, E].
-  std::vector<float> attn(static_cast<std::size_t>(ap.o.extent));
-  attention_forward(ap, ai, attn, {}, threads);
+  attention_forward(ap, ai, attn.span(), {}, threads);
   // y = a · W_outᵀ + b_out
-  project(attn.data(), in.w_out.data(), in.b_out, out.data(), rows, E, E, threads);
+  project(attn.data.get(), in.w_out.data(), in.b_out, out.data(), rows, E, E, threads);
 }
 
 }  // namespace detail

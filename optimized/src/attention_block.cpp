@@ -19,10 +19,12 @@
 // order, so the result is bitwise the same for any thread count.
 //
 // Why our own Highway GEMM and not OpenBLAS (Debian's 0.3.21, pthread build):
-// at the block's size, x[4096, 768] · W_qkv[2304, 768]ᵀ, the two ran at the
-// same speed on one AVX-512 core (best of 6: 48–51 GFLOP/s here vs 45–49 for
-// cblas_sgemm; a first unpacked dot-product kernel reached only ~30–36 and
-// lost), so nothing is gained by the dependency, and it costs: OpenBLAS keeps
+// at the block's size, x[4096, 768] · W_qkv[2304, 768]ᵀ, a first packed
+// 6×2-vector kernel here already ran at OpenBLAS's speed on one AVX-512 core
+// (best of 6: 48–51 GFLOP/s vs 45–49 for cblas_sgemm; an unpacked
+// dot-product kernel reached only ~30–36), and the blocked kernel that
+// replaced it is faster still, so nothing is gained by the dependency, and it
+// costs: OpenBLAS keeps
 // its own pthread pool, set only process-wide (openblas_set_num_threads, not
 // per call as Options::threads is), whose workers spin for a while after each
 // call and compete with the OpenMP attention that follows (on the shared

@@ -628,6 +628,83 @@ TEST(OptimizedAttentionMasked, HiddenKeysWithNaNOrInfAreNeverRead) {
   }
 }
 
+/// A query row whose q or dO holds NaN or ±inf: the keys hidden from that row
+/// must get nothing from it (the reference never pairs them), so their dk
+/// and dv stay as the reference gives them (finite), while the keys the row
+/// sees turn non-finite there too; every target, each gradient alone too.
+TEST(OptimizedAttentionMasked, NonFiniteQueryRowsReachOnlyTheKeysTheySee) {
+  using enum MaskKind;
+  struct Poisoned {
+    std::string name;
+    AttentionParams params;
+    std::vector<std::int64_t> queries;  ///< query rows given non-finite q or dO (head 0)
+  };
+  std::vector<Poisoned> cases;
+  cases.push_back({"causal_wide", P(1, 70, 70, 4, 2, 16, 0, Layout::bshd, causal), {3, 40}});
+  cases.push_back({"causal_sq_lt_sk", P(2, 33, 80, 2, 1, 7, 9, Layout::bhsd, causal), {0, 20}});
+  cases.push_back(
+      {"window_gqa", P(2, 40, 40, 6, 2, 16, 8, Layout::bhsd, sliding_window, 9), {5, 30}});
+  {
+    AttentionParams p = P(1, 20, 70, 4, 2, 8, 0, Layout::bhsd, bias);
+    p.bias_heads = 4;
+    cases.push_back({"bias_wide", p, {2, 11}});
+  }
+  {
+    AttentionParams p = P(1, 30, 30, 2, 2, 12, 0, Layout::bshd, causal);
+    p.softcap = 3.0;
+    cases.push_back({"causal_softcap", p, {1, 17}});
+  }
+  const tandem::Backend ref = tandem::reference::backend();
+  for (const Poisoned& pc : cases) {
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(), kInf}) {
+      for (const bool in_dout : {false, true}) {
+        Data data(pc.params, 23);
+        const AttentionPlan& p = data.plan;
+        if (p.mask == bias) {
+          // row i sees every key but those with (i + j) % 3 == 0
+          for (std::int64_t h = 0; h < p.H; ++h)
+            for (std::int64_t i = 0; i < p.Sq; ++i)
+              for (std::int64_t j = 0; j < p.Sk; ++j)
+                data.mask[static_cast<std::size_t>(p.mask_row(0, h, i) + j)] =
+                    (i + j) % 3 == 0 ? -kInf : 0.25f;
+        }
+        for (std::int64_t b = 0; b < p.B; ++b)
+          for (const std::int64_t i : pc.queries) {
+            if (in_dout) {
+              for (std::int64_t x = 0; x < p.Dv; ++x)
+                data.dout[static_cast<std::size_t>(p.o.at(b, i, 0) + x)] = bad;
+            } else {
+              for (std::int64_t x = 0; x < p.D; ++x)
+                data.q[static_cast<std::size_t>(p.q.at(b, i, 0) + x)] = bad;
+            }
+          }
+        Vec want_dq(static_cast<std::size_t>(p.dq.extent)),
+            want_dk(static_cast<std::size_t>(p.dk.extent)),
+            want_dv(static_cast<std::size_t>(p.dv.extent));
+        ref.attention_backward(p, data.in(), data.dout, {want_dq, want_dk, want_dv});
+        const std::string what = pc.name + (in_dout ? ", dO = " : ", q = ") + std::to_string(bad);
+        // The case means something: some keys are hidden from every poisoned
+        // row (finite dk, dv in the reference), and some are seen.
+        ASSERT_GT(count_finite(want_dk), 0u) << what;
+        ASSERT_GT(count_finite(want_dv), 0u) << what;
+        for (const std::int64_t target : opt::supported_targets()) {
+          opt::force_target(target);
+          SCOPED_TRACE(opt::target_name(target) + ", " + what);
+          const Grads all = run_backward(data, 1, 7);
+          EXPECT_TRUE(close_or_nonfinite(all.dq, want_dq, 1e-4, 2e-5)) << "dq";
+          EXPECT_TRUE(close_or_nonfinite(all.dk, want_dk, 1e-4, 2e-5)) << "dk";
+          EXPECT_TRUE(close_or_nonfinite(all.dv, want_dv, 1e-4, 2e-5)) << "dv";
+          EXPECT_TRUE(close_or_nonfinite(run_backward(data, 1, 2).dk, want_dk, 1e-4, 2e-5))
+              << "dk alone";
+          EXPECT_TRUE(close_or_nonfinite(run_backward(data, 1, 4).dv, want_dv, 1e-4, 2e-5))
+              << "dv alone";
+        }
+        opt::force_target(0);
+      }
+    }
+  }
+}
+
 /// Bad views are errors naming the parameter, and nothing is written.
 TEST(OptimizedAttentionValidation, BadViewsThrowBeforeWriting) {
   const Data data(P(1, 4, 6, 2, 1, 8), 3);

@@ -154,10 +154,11 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
       }
     }
     if (want_dq) std::fill(s.dQt.get(), s.dQt.get() + p.D * R, 0.0f);
-    // Whether every row has a finite lse (or −inf: no visible key) and a
-    // finite dsum. A row that sees a key holding NaN or inf may not: then
-    // exp(−inf − lse) and 0·(dP − dsum) are NaN even for the keys hidden
-    // from it, which must not reach their dK and dV (see careful below).
+    // Whether every row has a finite lse (or −inf: no visible key), a
+    // finite dsum and finite q and dO. A row that sees a key holding NaN or
+    // inf may not, nor a row whose own q or dO does: then exp(−inf − lse),
+    // 0·(dP − dsum), 0·q and 0·dO are NaN even for the keys hidden from it,
+    // which must not reach their dK and dV (see careful below).
     bool rows_finite = true;
     for (std::int64_t r = 0; r < t.rows; ++r) {
       const float x = s.lse.get()[r];
@@ -165,6 +166,8 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
           rows_finite && (std::isfinite(x) || x == -std::numeric_limits<float>::infinity());
       rows_finite = rows_finite && (!need_ds || std::isfinite(Drow[r]));
     }
+    if (want_dk) rows_finite = rows_finite && attn::RowsFinite(s.Qp.get(), s.Dp, p.D, t.rows);
+    if (want_dv) rows_finite = rows_finite && attn::RowsFinite(s.dOp.get(), s.Dvp, p.Dv, t.rows);
 
     attn::ScoreTransform score(c, t, s.fwd);
     float* HWY_RESTRICT Pt = s.fwd.St.get();
@@ -194,10 +197,11 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
       // with a non-finite lse or dsum (it sees such a key elsewhere) would
       // make exp(−inf − lse) and 0·(dP − dsum) NaN for the keys hidden from
       // it, reaching their dV and dK. For such blocks the hidden entries of P
-      // are set to −0.0 (whatever exp gave), dS to 0 there, and dQ leaves
-      // their products out (attn::Skip); dK and dV then meet a hidden entry
-      // only as 0·q and ±0·dO. The all-finite case (checked here, one integer
-      // max per vector of K and V) keeps the plain products.
+      // are set to −0.0 (whatever exp gave), dS to 0 there, and dQ, dK and
+      // dV leave their products out (attn::Skip), so that a NaN or an
+      // infinity in a row's own q or dO reaches no key hidden from it either.
+      // The all-finite case (checked here, one integer max per vector of K
+      // and V) keeps the plain products.
       const bool careful = (score.hides_per_row() || score.any_hidden()) &&
                            !(rows_finite && (!want_dq || attn::RowsFinite(Kp, ks, p.D, nk)) &&
                              (!need_ds || attn::RowsFinite(Vp, vs, p.Dv, nk)));
@@ -221,8 +225,12 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
           if (careful) score.MarkHidden(Pt, nk, r0);
         }
       }
-      // dV <- dV + P^T dO
-      if (want_dv) {
+      // dV <- dV + P^T dO  (careful: the products P marks hidden left out)
+      if (want_dv && careful) {
+        attn::Gemm<attn::Skip::by_a>(nk, s.Dvp, k_rows_active, Pt + lo, R, 1,
+                                     s.dOp.get() + lo * s.Dvp, s.Dvp, s.dV.get() + j0 * s.Dvp,
+                                     s.Dvp, true, Pt + lo);
+      } else if (want_dv) {
         attn::Gemm(nk, s.Dvp, k_rows_active, Pt + lo, R, 1, s.dOp.get() + lo * s.Dvp, s.Dvp,
                    s.dV.get() + j0 * s.Dvp, s.Dvp, true);
       }
@@ -250,8 +258,13 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
                      d, dSt + at);
         }
       }
-      // dK <- dK + scale * dS^T Q
-      if (want_dk) {
+      // dK <- dK + scale * dS^T Q  (careful: dS is A, P's marks say which
+      // products to leave out)
+      if (want_dk && careful) {
+        attn::Gemm<attn::Skip::by_a>(nk, s.Dp, k_rows_active, dSt + lo, R, 1,
+                                     s.Qp.get() + lo * s.Dp, s.Dp, s.dK.get() + j0 * s.Dp, s.Dp,
+                                     true, Pt + lo);
+      } else if (want_dk) {
         attn::Gemm(nk, s.Dp, k_rows_active, dSt + lo, R, 1, s.Qp.get() + lo * s.Dp, s.Dp,
                    s.dK.get() + j0 * s.Dp, s.Dp, true);
       }

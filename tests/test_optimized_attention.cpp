@@ -234,6 +234,11 @@ std::vector<Case> cases() {
   c.push_back({"group16", P(1, 9, 33, 16, 1, 8, 0, Layout::bhsd, causal)});
   c.push_back({"group128", P(1, 3, 5, 128, 1, 4)});
   c.push_back({"group3_odd", P(2, 23, 31, 3, 1, 11, 0, Layout::bshd, key_padding)});
+  // Few (batch, kv head) pairs: the backward splits each one's query blocks
+  // into parts (7 and 3 here) whose dK/dV partials are added in order.
+  c.push_back({"bwd_query_parts_gqa_causal", P(1, 300, 300, 4, 1, 16, 0, Layout::bshd, causal)});
+  c.push_back(
+      {"bwd_query_parts_window_dv", P(2, 200, 230, 2, 1, 8, 5, Layout::bhsd, sliding_window, 60)});
   // the last query block holds one vector of rows or less (taken as narrow)
   c.push_back({"last_block_one_vector", P(1, 385, 400, 1, 1, 16)});
   // Decode steps with long caches: the keys are split into chunks (their size

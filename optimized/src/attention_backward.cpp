@@ -22,7 +22,10 @@
 // (dQ rows of its G query heads, dK and dV rows of its kv head); inside it the
 // query blocks and key blocks run in a fixed order, so dK/dV (summed over all
 // query rows of the group, GQA included) and dQ (summed over key blocks) are
-// the same for any thread count and any schedule. No atomics.
+// the same for any thread count and any schedule. With fewer than kMinTasks
+// (batch, kv head) pairs the query blocks of each are split into parts (a
+// number fixed by the shape, see QueryParts), each summing its own dK/dV
+// partial, added in part order at the end. No atomics.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention_backward.cpp"
@@ -52,7 +55,10 @@ struct BackwardScratch {
   attn::ForwardScratch fwd;
   attn::Buffer Qp, dOt, dOp, dPt, T, dQt, lse, Drow, inv, dK, dV;
   std::int64_t Dp, Dvp;
-  BackwardScratch(const attn::Call& c, bool want_dq, bool want_dk, bool want_dv) : fwd(c) {
+  /// `own_sums`: dK and dV accumulate here (one part per kv head); else in
+  /// the call's partial sums.
+  BackwardScratch(const attn::Call& c, bool want_dq, bool want_dk, bool want_dv, bool own_sums)
+      : fwd(c) {
     const AttentionPlan& p = *c.plan;
     const std::int64_t R = c.max_rows_p, N = attn::Lanes();
     Dp = attn::RoundUp(p.D, N);
@@ -67,8 +73,8 @@ struct BackwardScratch {
     lse.resize(R);
     Drow.resize(R);
     inv.resize(R);
-    if (want_dk) dK.resize(p.Sk * Dp);
-    if (want_dv) dV.resize(p.Sk * Dvp);
+    if (want_dk && own_sums) dK.resize(p.Sk * Dp);
+    if (want_dv && own_sums) dV.resize(p.Sk * Dvp);
   }
 };
 
@@ -90,11 +96,32 @@ void PackRows(const attn::Tile& t, std::int64_t width, std::int64_t wp, RowPtr r
   }
 }
 
-/// The backward of one (batch b, kv head g): every query block of its G query
-/// heads against every key block it may see.
-void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const float* dout,
-                  const AttentionGrads<float>& grads, const AttentionSaved<float>* saved,
-                  BackwardScratch& s) {
+/// Query-block parts of one (batch, kv head): 1 when there are kMinTasks
+/// (batch, kv head) tasks or more, else enough parts for kMinTasks tasks
+/// (at most one per query block), part k taking query blocks k, k + parts,
+/// ... (interleaved, so causal parts weigh alike). Each part sums its own
+/// dK/dV partial over its query rows and the partials are added in part
+/// order afterwards; the count depends on the shape alone, never on the
+/// thread count, and keeps the partials within kPartialBytes.
+constexpr std::int64_t kMinTasks = 8;
+constexpr std::int64_t kPartialBytes = std::int64_t{64} << 20;
+std::int64_t QueryParts(const attn::Call& c) {
+  const AttentionPlan& p = *c.plan;
+  const std::int64_t heads = p.B * p.Hkv;
+  if (heads >= kMinTasks) return 1;
+  std::int64_t parts = std::min((kMinTasks + heads - 1) / heads, c.n_qblocks);
+  const std::int64_t part_bytes = 4 * heads * p.Sk * (p.D + p.Dv);
+  while (parts > 1 && parts * part_bytes > kPartialBytes) --parts;
+  return std::max<std::int64_t>(parts, 1);
+}
+
+/// The backward of one (batch b, kv head g) over the query blocks of part
+/// `part` of `parts` (qb = part, part + parts, ...): each against every key
+/// block it may see. dK and dV (Sk rows of s.Dp / s.Dvp floats) accumulate
+/// the part's sums; with one part they are written to grads at the end.
+void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, std::int64_t part,
+                  std::int64_t parts, const float* dout, const AttentionGrads<float>& grads,
+                  const AttentionSaved<float>* saved, BackwardScratch& s, float* dK, float* dV) {
   const AttentionPlan& p = *c.plan;
   const DF d;
   const std::int64_t N = attn::Lanes();
@@ -105,10 +132,10 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
   const VF scale = hn::Set(d, c.scale);
   const float* k_rows = c.k + p.k.at(b, 0, g);
   const float* v_rows = c.v + p.v.at(b, 0, g);
-  if (want_dk) std::fill(s.dK.get(), s.dK.get() + p.Sk * s.Dp, 0.0f);
-  if (want_dv) std::fill(s.dV.get(), s.dV.get() + p.Sk * s.Dvp, 0.0f);
+  if (want_dk) std::fill(dK, dK + p.Sk * s.Dp, 0.0f);
+  if (want_dv) std::fill(dV, dV + p.Sk * s.Dvp, 0.0f);
 
-  for (std::int64_t qb = 0; qb < c.n_qblocks; ++qb) {
+  for (std::int64_t qb = part; qb < c.n_qblocks; qb += parts) {
     const attn::Tile t(c, b, g, qb);
     const std::int64_t R = t.rows_p;
     const auto q_row = [&](std::int64_t r) {
@@ -228,11 +255,11 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
       // dV <- dV + P^T dO  (careful: the products P marks hidden left out)
       if (want_dv && careful) {
         attn::Gemm<attn::Skip::by_a>(nk, s.Dvp, k_rows_active, Pt + lo, R, 1,
-                                     s.dOp.get() + lo * s.Dvp, s.Dvp, s.dV.get() + j0 * s.Dvp,
-                                     s.Dvp, true, Pt + lo);
+                                     s.dOp.get() + lo * s.Dvp, s.Dvp, dV + j0 * s.Dvp, s.Dvp, true,
+                                     Pt + lo);
       } else if (want_dv) {
         attn::Gemm(nk, s.Dvp, k_rows_active, Pt + lo, R, 1, s.dOp.get() + lo * s.Dvp, s.Dvp,
-                   s.dV.get() + j0 * s.Dvp, s.Dvp, true);
+                   dV + j0 * s.Dvp, s.Dvp, true);
       }
       if (!need_ds) continue;
       // dP <- dO V^T (transposed: dPt[jj][r])
@@ -262,11 +289,11 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
       // products to leave out)
       if (want_dk && careful) {
         attn::Gemm<attn::Skip::by_a>(nk, s.Dp, k_rows_active, dSt + lo, R, 1,
-                                     s.Qp.get() + lo * s.Dp, s.Dp, s.dK.get() + j0 * s.Dp, s.Dp,
-                                     true, Pt + lo);
+                                     s.Qp.get() + lo * s.Dp, s.Dp, dK + j0 * s.Dp, s.Dp, true,
+                                     Pt + lo);
       } else if (want_dk) {
         attn::Gemm(nk, s.Dp, k_rows_active, dSt + lo, R, 1, s.Qp.get() + lo * s.Dp, s.Dp,
-                   s.dK.get() + j0 * s.Dp, s.Dp, true);
+                   dK + j0 * s.Dp, s.Dp, true);
       }
       // dQ <- dQ + scale * dS K (transposed: dQt[d][r])
       if (want_dq && careful) {  // dS is B here: leave out the products P marks
@@ -284,36 +311,67 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, const flo
       }
     }
   }
-  for (std::int64_t j = 0; j < p.Sk; ++j) {
-    if (want_dk) std::copy_n(s.dK.get() + j * s.Dp, p.D, grads.dk.data() + p.dk.at(b, j, g));
-    if (want_dv) std::copy_n(s.dV.get() + j * s.Dvp, p.Dv, grads.dv.data() + p.dv.at(b, j, g));
+  for (std::int64_t j = 0; parts == 1 && j < p.Sk; ++j) {
+    if (want_dk) std::copy_n(dK + j * s.Dp, p.D, grads.dk.data() + p.dk.at(b, j, g));
+    if (want_dv) std::copy_n(dV + j * s.Dvp, p.Dv, grads.dv.data() + p.dv.at(b, j, g));
   }
 }
 
 }  // namespace
 
 /// dq, dk, dv (those asked for) for every (b, h): one OpenMP task per
-/// (batch, kv head).
+/// (batch, kv head, query part) (see QueryParts), then, with several parts,
+/// the parts' dK/dV partials added in part order.
 void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<float>& in,
                              std::span<const float> dout, const AttentionGrads<float>& grads,
                              const AttentionSaved<float>* saved, int threads) {
   const attn::Call c(plan, in);
-  const std::int64_t n_tasks = plan.B * plan.Hkv;
+  const bool want_dq = !grads.dq.empty(), want_dk = !grads.dk.empty(), want_dv = !grads.dv.empty();
+  const std::int64_t parts = QueryParts(c), heads = plan.B * plan.Hkv;
+  const std::int64_t n_tasks = heads * parts;
   const int nt =
       static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, n_tasks)));
-  // Scratch for every thread, allocated before any output is written (an
-  // allocation failure is an exception here, not inside the parallel region).
+  // Scratch for every thread and the partial sums, allocated before any
+  // output is written (an allocation failure is an exception here, not
+  // inside the parallel region).
   std::vector<std::unique_ptr<BackwardScratch>> scratch;
   for (int i = 0; i < nt; ++i) {
-    scratch.push_back(std::make_unique<BackwardScratch>(c, !grads.dq.empty(), !grads.dk.empty(),
-                                                        !grads.dv.empty()));
+    scratch.push_back(std::make_unique<BackwardScratch>(c, want_dq, want_dk, want_dv, parts == 1));
   }
+  const std::int64_t Dp = scratch[0]->Dp, Dvp = scratch[0]->Dvp;
+  attn::Buffer part_dk, part_dv;  // [heads·parts][Sk][Dp or Dvp]
+  if (parts > 1 && want_dk) part_dk.resize(n_tasks * plan.Sk * Dp);
+  if (parts > 1 && want_dv) part_dv.resize(n_tasks * plan.Sk * Dvp);
 #pragma omp parallel num_threads(nt)
   {
     BackwardScratch& s = *scratch[static_cast<std::size_t>(omp_get_thread_num())];
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t task = 0; task < n_tasks; ++task) {
-      BackwardTask(c, task / plan.Hkv, task % plan.Hkv, dout.data(), grads, saved, s);
+      const std::int64_t head = task / parts, part = task % parts;
+      float* dK = parts == 1 ? s.dK.get() : part_dk.get() + task * plan.Sk * Dp;
+      float* dV = parts == 1 ? s.dV.get() : part_dv.get() + task * plan.Sk * Dvp;
+      BackwardTask(c, head / plan.Hkv, head % plan.Hkv, part, parts, dout.data(), grads, saved, s,
+                   dK, dV);
+    }
+    // dK, dV <- Σ_part partial, in part order (the barrier above: all written)
+    if (parts > 1 && (want_dk || want_dv)) {
+#pragma omp for schedule(static)
+      for (std::int64_t row = 0; row < heads * plan.Sk; ++row) {
+        const std::int64_t head = row / plan.Sk, j = row % plan.Sk;
+        const std::int64_t b = head / plan.Hkv, g = head % plan.Hkv;
+        const auto add_parts = [&](const float* partial, std::int64_t wp, std::int64_t width,
+                                   float* dst) {
+          for (std::int64_t x = 0; x < width; ++x) {
+            float sum = partial[(head * parts * plan.Sk + j) * wp + x];
+            for (std::int64_t k = 1; k < parts; ++k) {
+              sum += partial[((head * parts + k) * plan.Sk + j) * wp + x];
+            }
+            dst[x] = sum;
+          }
+        };
+        if (want_dk) add_parts(part_dk.get(), Dp, plan.D, grads.dk.data() + plan.dk.at(b, j, g));
+        if (want_dv) add_parts(part_dv.get(), Dvp, plan.Dv, grads.dv.data() + plan.dv.at(b, j, g));
+      }
     }
   }
 }

@@ -153,7 +153,7 @@ struct Inputs {
   }
   std::string damage() const {
     for (std::size_t i = 0; i < bufs.size(); ++i) {
-      const std::string m =
+      std::string m =
           bit_mismatch("input " + std::to_string(i) + " (gaps included)", bufs[i], copies[i]);
       if (!m.empty()) return m;
     }

@@ -335,6 +335,7 @@ void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<fl
   // output is written (an allocation failure is an exception here, not
   // inside the parallel region).
   std::vector<std::unique_ptr<BackwardScratch>> scratch;
+  scratch.reserve(static_cast<std::size_t>(nt));
   for (int i = 0; i < nt; ++i) {
     scratch.push_back(std::make_unique<BackwardScratch>(c, want_dq, want_dk, want_dv, parts == 1));
   }

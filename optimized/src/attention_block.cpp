@@ -110,6 +110,7 @@ void Project(const detail::ProjectArgs& p) {
   const int nt =
       static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(p.threads, blocks)));
   std::vector<hwy::AlignedFreeUniquePtr<float[]>> tiles;
+  tiles.reserve(static_cast<std::size_t>(nt));
   for (int t = 0; t < nt; ++t) {
     tiles.push_back(hwy::AllocateAligned<float>(static_cast<std::size_t>(kBlockM * Np)));
   }

@@ -14,9 +14,12 @@
 //     St[jj][r]  scores of key j0 + jj against row r (then probabilities)
 //     Ot[dv][r]  unnormalized output accumulator
 //
-// K and V are never transposed: the micro-kernel broadcasts their elements
-// from a copy of the key block's rows (an odd row stride, so the rows it
-// reads together never share a cache set), the running max / sum of the
+// K and V are never transposed: the micro-kernel broadcasts their elements.
+// Q·Kᵀ broadcasts from kMR key rows at once, so K is copied per key block
+// into rows of an odd stride (rows a caller keeps 4 KiB apart would share a
+// cache set); P·V broadcasts consecutive elements of one V row per step, so
+// wide tiles read V in place (a copy only where padding keys must be zeroed).
+// The running max / sum of the
 // online softmax are vectors over N rows, and no horizontal reduction is
 // needed. Tiles of a single vector of rows (decode steps) take vectors along
 // d instead (see ForwardTile). Only buffers owned here, or caller rows whose
@@ -816,12 +819,17 @@ class TileForward {
         // S <- Q K^T (transposed: St[jj][r] = <k_{j0+jj}, q_r>, rows lo .. hi−1)
         Gemm(nk, hi - lo, p.D, s.Kp.get(), ks, 1, s.Qt.get() + lo, R, St + lo, R, false);
       }
-      // The block's V rows: packed (Vp, or Vn for a narrow tile), or in place
-      // when whole vectors wide and no padding key needs zeroing.
+      // The block's V rows: in place for a wide tile (P·V reads one V row per
+      // step, see the top of this file) and for a narrow tile whose rows are
+      // whole vectors wide; packed (Vp, Vn) where a padding key needs zeroing
+      // or a narrow tile's rows are not whole vectors.
       const float* v_block = nullptr;
       std::int64_t v_stride = 0;
       if (with_pv) {
-        if (!narrow) {
+        if (!narrow && !score.any_hidden()) {
+          v_block = v_rows + j0 * p.v.seq;
+          v_stride = p.v.seq;
+        } else if (!narrow) {
           PackKeyRows(v_rows, p.v.seq, p.Dv, j0, nk, s.Vp.get());
           score.ZeroHiddenRows(s.Vp.get(), vs, nk);
           v_block = s.Vp.get();

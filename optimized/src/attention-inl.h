@@ -254,6 +254,21 @@ inline HWY_NOINLINE void Gemm(std::int64_t M, std::int64_t NC, std::int64_t K, c
   }
 }
 
+/// Gemm that, when `careful`, leaves out the products whose marks in H say
+/// hidden (kSkip, see Skip) and otherwise forms every product: the careful
+/// path and the all-finite one share each call site.
+template <Skip kSkip>
+inline void GemmCareful(bool careful, std::int64_t M, std::int64_t NC, std::int64_t K,
+                        const float* A, std::int64_t ars, std::int64_t aks, const float* B,
+                        std::int64_t bs, float* C, std::int64_t cs, bool accumulate,
+                        const float* H) {
+  if (careful) {
+    Gemm<kSkip>(M, NC, K, A, ars, aks, B, bs, C, cs, accumulate, H);
+  } else {
+    Gemm(M, NC, K, A, ars, aks, B, bs, C, cs, accumulate);
+  }
+}
+
 /// Whether rows 0 .. n−1 (row stride `stride`, `width` floats each) hold
 /// finite values only: the largest exponent field over the rows (one integer
 /// max per vector, no branch) must stay below the all-ones one of inf and NaN.
@@ -719,7 +734,15 @@ class TileForward {
   /// Starts the tile: m = −inf, l = 0, output 0 (and the queries of a narrow
   /// tile in s.Qn unless `natural`).
   TileForward(const Call& c, const Tile& t, ForwardScratch& s, bool with_pv, bool natural = false)
-      : c_(c), t_(t), s_(s), with_pv_(with_pv), natural_(natural), score_(c, t_, s) {
+      : c_(c),
+        t_(t),
+        s_(s),
+        with_pv_(with_pv),
+        natural_(natural),
+        narrow_(c.max_rows_p == Lanes()),
+        Dp_(RoundUp(c.plan->D, Lanes())),
+        Dvp_(RoundUp(c.plan->Dv, Lanes())),
+        score_(c, t_, s) {
     const DF d;
     const std::int64_t N = Lanes();
     const AttentionPlan& p = *c.plan;
@@ -732,14 +755,8 @@ class TileForward {
       hn::StoreU(neg_inf, d, m + r);
       hn::StoreU(hn::Zero(d), d, l + r);
     }
-    // Narrow tiles (one vector of rows, e.g. a decode step: one query of the G
-    // heads of a group) would waste most lanes of the broadcast micro-kernel
-    // and load every K and V element on its own; they take vectors along d
-    // instead: S by dot products, O = P V with rows in registers. Decided per
-    // call (the scratch is sized per call): the short last query block of a
-    // wider call stays wide.
-    const bool narrow = c.max_rows_p == N;  // then R == N too
-    const std::int64_t Dp = RoundUp(p.D, N), Dvp = RoundUp(p.Dv, N);
+    const bool narrow = narrow_;
+    const std::int64_t Dp = Dp_, Dvp = Dvp_;
     if (with_pv && !narrow) std::fill(Ot, Ot + p.Dv * R, 0.0f);
     if (narrow && !natural) {
       for (std::int64_t r = 0; r < R; ++r) {
@@ -771,8 +788,8 @@ class TileForward {
     float* HWY_RESTRICT alpha = s.alpha.get();
     float* HWY_RESTRICT St = s.St.get();
     float* HWY_RESTRICT Ot = s.Ot.get();
-    const bool narrow = c.max_rows_p == N;  // then R == N too
-    const std::int64_t Dp = RoundUp(p.D, N), Dvp = RoundUp(p.Dv, N);
+    const bool narrow = narrow_;
+    const std::int64_t Dp = Dp_, Dvp = Dvp_;
     const float* k_rows = c.k + p.k.at(t.b, 0, t.g);
     const float* v_rows = c.v + p.v.at(t.b, 0, t.g);
     std::int64_t& prefetched = prefetched_;
@@ -914,11 +931,9 @@ class TileForward {
           for (std::int64_t x = 0; x < Dvp; x += N)
             hn::StoreU(hn::Mul(hn::LoadU(d, On + r * Dvp + x), a), d, On + r * Dvp + x);
         }
-        if (careful) {  // P is A here: leave out the products its marks name
-          Gemm<Skip::by_a>(t.rows, Dvp, nk, St, 1, R, v_block, v_stride, On, Dvp, true, St);
-        } else {
-          Gemm(t.rows, Dvp, nk, St, 1, R, v_block, v_stride, On, Dvp, true);
-        }
+        // P is A here (its own marks)
+        GemmCareful<Skip::by_a>(careful, t.rows, Dvp, nk, St, 1, R, v_block, v_stride, On, Dvp,
+                                true, St);
         continue;
       }
       // O <- diag(exp(m − m_new))·O + P V (transposed: Ot[dv][r]); the
@@ -929,24 +944,19 @@ class TileForward {
                      Ot + dv * R + r0);
         }
       }
-      if (careful) {  // P is B here: leave out the products its marks name
-        Gemm<Skip::by_b>(p.Dv, hi - lo, nk, v_block, 1, v_stride, St + lo, R, Ot + lo, R, true,
-                         St + lo);
-      } else {
-        Gemm(p.Dv, hi - lo, nk, v_block, 1, v_stride, St + lo, R, Ot + lo, R, true);
-      }
+      // P is B here (its own marks)
+      GemmCareful<Skip::by_b>(careful, p.Dv, hi - lo, nk, v_block, 1, v_stride, St + lo, R, Ot + lo,
+                              R, true, St + lo);
     }
   }
 
   /// Ends the tile: a narrow one goes back to the transposed s.Ot unless
   /// `natural`.
   void Finish() {
-    const std::int64_t N = Lanes();
-    const bool narrow = c_.max_rows_p == N;  // then R == N too
-    if (!(narrow && with_pv_ && !natural_)) return;
+    if (!(narrow_ && with_pv_ && !natural_)) return;
     // back to the transposed layout the callers read
     const AttentionPlan& p = *c_.plan;
-    const std::int64_t R = t_.rows_p, Dvp = RoundUp(p.Dv, N);
+    const std::int64_t R = t_.rows_p, Dvp = Dvp_;
     float* HWY_RESTRICT Ot = s_.Ot.get();
     const float* HWY_RESTRICT On = s_.On.get();
     for (std::int64_t r = 0; r < R; ++r) {
@@ -961,6 +971,14 @@ class TileForward {
   const Tile t_;
   ForwardScratch& s_;
   bool with_pv_, natural_;
+  /// Narrow tiles (one vector of rows, e.g. a decode step: one query of the
+  /// G heads of a group; then rows_p == Lanes) would waste most lanes of the
+  /// broadcast micro-kernel and load every K and V element on its own; they
+  /// take vectors along d instead: S by dot products, O = P V with rows in
+  /// registers. Decided per call (the scratch is sized per call): the short
+  /// last query block of a wider call stays wide.
+  bool narrow_;
+  std::int64_t Dp_, Dvp_;  ///< D and Dv rounded up to whole vectors
   ScoreTransform score_;
   std::int64_t prefetched_ = 0;
 };

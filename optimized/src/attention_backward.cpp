@@ -253,13 +253,10 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, std::int6
         }
       }
       // dV <- dV + P^T dO  (careful: the products P marks hidden left out)
-      if (want_dv && careful) {
-        attn::Gemm<attn::Skip::by_a>(nk, s.Dvp, k_rows_active, Pt + lo, R, 1,
-                                     s.dOp.get() + lo * s.Dvp, s.Dvp, dV + j0 * s.Dvp, s.Dvp, true,
-                                     Pt + lo);
-      } else if (want_dv) {
-        attn::Gemm(nk, s.Dvp, k_rows_active, Pt + lo, R, 1, s.dOp.get() + lo * s.Dvp, s.Dvp,
-                   dV + j0 * s.Dvp, s.Dvp, true);
+      if (want_dv) {
+        attn::GemmCareful<attn::Skip::by_a>(careful, nk, s.Dvp, k_rows_active, Pt + lo, R, 1,
+                                            s.dOp.get() + lo * s.Dvp, s.Dvp, dV + j0 * s.Dvp, s.Dvp,
+                                            true, Pt + lo);
       }
       if (!need_ds) continue;
       // dP <- dO V^T (transposed: dPt[jj][r])
@@ -287,20 +284,15 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, std::int6
       }
       // dK <- dK + scale * dS^T Q  (careful: dS is A, P's marks say which
       // products to leave out)
-      if (want_dk && careful) {
-        attn::Gemm<attn::Skip::by_a>(nk, s.Dp, k_rows_active, dSt + lo, R, 1,
-                                     s.Qp.get() + lo * s.Dp, s.Dp, dK + j0 * s.Dp, s.Dp, true,
-                                     Pt + lo);
-      } else if (want_dk) {
-        attn::Gemm(nk, s.Dp, k_rows_active, dSt + lo, R, 1, s.Qp.get() + lo * s.Dp, s.Dp,
-                   dK + j0 * s.Dp, s.Dp, true);
+      if (want_dk) {
+        attn::GemmCareful<attn::Skip::by_a>(careful, nk, s.Dp, k_rows_active, dSt + lo, R, 1,
+                                            s.Qp.get() + lo * s.Dp, s.Dp, dK + j0 * s.Dp, s.Dp,
+                                            true, Pt + lo);
       }
       // dQ <- dQ + scale * dS K (transposed: dQt[d][r])
-      if (want_dq && careful) {  // dS is B here: leave out the products P marks
-        attn::Gemm<attn::Skip::by_b>(p.D, hi - lo, nk, Kp, 1, ks, dSt + lo, R, s.dQt.get() + lo, R,
-                                     true, Pt + lo);
-      } else if (want_dq) {
-        attn::Gemm(p.D, hi - lo, nk, Kp, 1, ks, dSt + lo, R, s.dQt.get() + lo, R, true);
+      if (want_dq) {  // dS is B here, P's marks laid out alike
+        attn::GemmCareful<attn::Skip::by_b>(careful, p.D, hi - lo, nk, Kp, 1, ks, dSt + lo, R,
+                                            s.dQt.get() + lo, R, true, Pt + lo);
       }
     }
     if (want_dq) {

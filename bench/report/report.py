@@ -168,20 +168,11 @@ def machine_info(plan, build):
 
 def bench_args(a):
     args = [f"--preset={a.preset}"]
-    if a.ops:
-        args.append(f"--ops={a.ops}")
-    if a.seqs:
-        args.append(f"--seqs={a.seqs}")
-    if a.dims:
-        args.append(f"--dims={a.dims}")
-    if a.threads:
-        args.append(f"--threads={a.threads}")
-    if a.scaling_threads:
-        args.append(f"--scaling_threads={a.scaling_threads}")
-    if a.backends:
-        args.append(f"--backends={a.backends}")
-    if a.min_time:
-        args.append(f"--min_time={a.min_time}")
+    # the options passed through to tandem_bench when given
+    for name in ("ops", "seqs", "dims", "threads", "scaling_threads", "backends", "min_time"):
+        value = getattr(a, name)
+        if value:
+            args.append(f"--{name}={value}")
     return args
 
 

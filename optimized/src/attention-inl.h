@@ -40,22 +40,19 @@
 #define TANDEM_OPTIMIZED_ATTENTION_INL_H_
 #endif
 
-#include <hwy/aligned_allocator.h>
 #include <hwy/cache_control.h>
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <new>
 #include <vector>
 
+#include "buffer.hpp"
 #include "tandem/attention.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -289,40 +286,6 @@ inline bool RowsFinite(const float* rows, std::int64_t stride, std::int64_t widt
   }
   return finite && hn::AllFalse(di, hn::Eq(top, exponent));
 }
-
-// ---------------------------------------------------------------------------
-// Buffers
-
-/// A zero-filled float buffer; large ones ask the kernel for huge pages
-/// (fewer TLB misses on the streaming reads of the micro-kernel).
-class Buffer {
- public:
-  Buffer() = default;
-  explicit Buffer(std::int64_t n) { resize(n); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  ~Buffer() { std::free(data_); }
-  void resize(std::int64_t n) {
-    std::free(data_);
-    data_ = nullptr;
-    const std::size_t huge = std::size_t{2} << 20;
-    const std::size_t bytes = static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * 4;
-    const bool big = bytes >= 2 * huge;
-    const std::size_t align = big ? huge : 128;
-    data_ = static_cast<float*>(std::aligned_alloc(align, (bytes + align - 1) / align * align));
-    if (data_ == nullptr) throw std::bad_alloc();
-#ifdef MADV_HUGEPAGE
-    if (big) madvise(data_, (bytes + align - 1) / align * align, MADV_HUGEPAGE);
-#endif
-    std::memset(data_, 0, bytes);
-  }
-  float* get() const {
-    return data_;
-  }
-
- private:
-  float* data_ = nullptr;
-};
 
 // ---------------------------------------------------------------------------
 // One call and one tile of query rows

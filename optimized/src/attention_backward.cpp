@@ -53,7 +53,7 @@ using attn::VF;
 /// head (rows of Dp / Dvp floats, the widths rounded up to whole vectors).
 struct BackwardScratch {
   attn::ForwardScratch fwd;
-  attn::Buffer Qp, dOt, dOp, dPt, T, dQt, lse, Drow, inv, dK, dV;
+  Buffer Qp, dOt, dOp, dPt, T, dQt, lse, Drow, inv, dK, dV;
   std::int64_t Dp, Dvp;
   /// `own_sums`: dK and dV accumulate here (one part per kv head); else in
   /// the call's partial sums.
@@ -332,7 +332,7 @@ void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<fl
     scratch.push_back(std::make_unique<BackwardScratch>(c, want_dq, want_dk, want_dv, parts == 1));
   }
   const std::int64_t Dp = scratch[0]->Dp, Dvp = scratch[0]->Dvp;
-  attn::Buffer part_dk, part_dv;  // [heads·parts][Sk][Dp or Dvp]
+  Buffer part_dk, part_dv;  // [heads·parts][Sk][Dp or Dvp]
   if (parts > 1 && want_dk) part_dk.resize(n_tasks * plan.Sk * Dp);
   if (parts > 1 && want_dv) part_dv.resize(n_tasks * plan.Sk * Dvp);
 #pragma omp parallel num_threads(nt)

@@ -38,7 +38,6 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention_block.cpp"
-#include <hwy/aligned_allocator.h>
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
@@ -50,10 +49,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <new>
 #include <vector>
 
 #include "attention.hpp"
+#include "buffer.hpp"
 #include "streaming.hpp"
 
 namespace tandem::optimized::detail {
@@ -105,19 +104,13 @@ void PackPanels(const detail::ProjectArgs& p, std::int64_t SW, float* wp) {
 void Project(const detail::ProjectArgs& p) {
   const std::int64_t SW = static_cast<std::int64_t>(attn::kNR) * attn::Lanes();
   const std::int64_t panels = (p.N + SW - 1) / SW, Np = panels * SW;
-  const auto packed = hwy::AllocateAligned<float>(static_cast<std::size_t>(panels * SW * p.K));
+  const Buffer packed(panels * SW * p.K, Buffer::Init::uninitialized);
   const std::int64_t blocks = (p.M + kBlockM - 1) / kBlockM;
   const int nt =
       static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(p.threads, blocks)));
-  std::vector<hwy::AlignedFreeUniquePtr<float[]>> tiles;
+  std::vector<Buffer> tiles;
   tiles.reserve(static_cast<std::size_t>(nt));
-  for (int t = 0; t < nt; ++t) {
-    tiles.push_back(hwy::AllocateAligned<float>(static_cast<std::size_t>(kBlockM * Np)));
-  }
-  if (!packed) throw std::bad_alloc();
-  for (const auto& t : tiles) {
-    if (!t) throw std::bad_alloc();
-  }
+  for (int t = 0; t < nt; ++t) tiles.emplace_back(kBlockM * Np, Buffer::Init::uninitialized);
   PackPanels(p, SW, packed.get());
 #pragma omp parallel num_threads(nt)
   {
@@ -162,30 +155,19 @@ void project(const float* a, const float* w, std::span<const float> bias, float*
   HWY_DYNAMIC_DISPATCH(Project)(p);
 }
 
-/// A float buffer left uninitialized: every element is written before it is
-/// read, so its pages are first touched by the threads that fill it.
-struct Workspace {
-  hwy::AlignedFreeUniquePtr<float[]> data;
-  std::size_t n = 0;
-  explicit Workspace(std::int64_t count)
-      : data(hwy::AllocateAligned<float>(
-            static_cast<std::size_t>(std::max<std::int64_t>(count, 1)))),
-        n(static_cast<std::size_t>(count)) {
-    if (!data) throw std::bad_alloc();
-  }
-  std::span<float> span() const { return {data.get(), n}; }
-};
-
 void attention_block(const AttentionBlockPlan& plan, const AttentionBlockInputs& in,
                      std::span<float> out, int threads) {
   check_views(plan, in, out.size());
   const std::int64_t rows = plan.B * plan.S, E = plan.E, E3 = 3 * plan.E;
   const AttentionPlan& ap = plan.attention;
   // Every buffer up front, so an allocation failure leaves out unwritten.
-  const Workspace qkv(rows * E3), attn(ap.o.extent);
-  const Workspace q_rot(plan.has_rope ? rows * E : 0), k_rot(plan.has_rope ? rows * E : 0);
+  // Every element is written before it is read: no zero fill.
+  constexpr auto kUninitialized = Buffer::Init::uninitialized;
+  const Buffer qkv(rows * E3, kUninitialized), attn(ap.o.extent, kUninitialized);
+  const Buffer q_rot(plan.has_rope ? rows * E : 0, kUninitialized),
+      k_rot(plan.has_rope ? rows * E : 0, kUninitialized);
   // qkv = x · W_qkvᵀ + b_qkv: [B·S, 3E], q then k then v in each row.
-  project(in.x.data(), in.w_qkv.data(), in.b_qkv, qkv.data.get(), rows, E3, E, threads);
+  project(in.x.data(), in.w_qkv.data(), in.b_qkv, qkv.get(), rows, E3, E, threads);
   const std::span<const float> all = qkv.span();
   AttentionInputs<float> ai;
   if (plan.has_rope) {
@@ -205,7 +187,7 @@ void attention_block(const AttentionBlockPlan& plan, const AttentionBlockInputs&
   // a = attention(q, k, v, keep): [B, S, H, D] = [B·S, E].
   attention_forward(ap, ai, attn.span(), {}, threads);
   // y = a · W_outᵀ + b_out
-  project(attn.data.get(), in.w_out.data(), in.b_out, out.data(), rows, E, E, threads);
+  project(attn.get(), in.w_out.data(), in.b_out, out.data(), rows, E, E, threads);
 }
 
 }  // namespace detail

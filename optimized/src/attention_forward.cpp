@@ -84,7 +84,7 @@ void ForwardSplitKeys(const attn::Call& c, std::int64_t chunk, float* o, float* 
   const int nt =
       static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, n_tasks)));
   // Every record is written before the merge reads it: no zero fill.
-  const std::unique_ptr<float[]> part(new float[static_cast<std::size_t>(n_chunks * n_rows * rec)]);
+  const Buffer part(n_chunks * n_rows * rec, Buffer::Init::uninitialized);
   // Per thread: the scratch and the running state of every tile of a task.
   const std::int64_t n_tiles = plan.Hkv * c.n_qblocks;
   struct Mine {
@@ -197,7 +197,7 @@ void AttentionForwardTarget(const AttentionPlan& plan, const AttentionInputs<flo
   // allocation failure is an exception here, not inside the parallel region).
   struct Scratch {
     attn::ForwardScratch tile;
-    attn::Buffer inv, lse_rows;
+    Buffer inv, lse_rows;
     explicit Scratch(const attn::Call& call)
         : tile(call), inv(call.max_rows_p), lse_rows(call.max_rows_p) {}
   };
@@ -207,8 +207,8 @@ void AttentionForwardTarget(const AttentionPlan& plan, const AttentionInputs<flo
   {
     Scratch& mine = *scratch[static_cast<std::size_t>(omp_get_thread_num())];
     attn::ForwardScratch& s = mine.tile;
-    attn::Buffer& inv = mine.inv;
-    attn::Buffer& lse_rows = mine.lse_rows;
+    Buffer& inv = mine.inv;
+    Buffer& lse_rows = mine.lse_rows;
     // Tiles are independent and each is computed by one thread alone, so
     // dynamic scheduling (which balances causal tiles) cannot change results.
     // Under a causal mask the last query blocks see the most keys: they are

@@ -29,8 +29,8 @@
 #define TANDEM_OPTIMIZED_AXIAL_ROPE_ONCE
 #include <cmath>
 #include <cstdint>
-#include <vector>
 
+#include "buffer.hpp"
 #include "streaming.hpp"
 
 namespace tandem::optimized::detail {
@@ -90,11 +90,13 @@ namespace {
 
 /// cos and sin of `pos·f_k` for pos < positions, k < D/4, in double, rounded
 /// to float: `[positions, D/4]` each.
-void axial_tables(const AxialRopePlan& plan, std::int64_t positions, std::vector<float>& c,
-                  std::vector<float>& s) {
+void axial_tables(const AxialRopePlan& plan, std::int64_t positions, Buffer& cos_table,
+                  Buffer& sin_table) {
   const std::int64_t Q = plan.D / 4;
-  c.resize(static_cast<std::size_t>(positions * Q));
-  s.resize(c.size());
+  cos_table.resize(positions * Q, Buffer::Init::uninitialized);
+  sin_table.resize(positions * Q, Buffer::Init::uninitialized);
+  float* c = cos_table.get();
+  float* s = sin_table.get();
   for (std::int64_t k = 0; k < Q; ++k) {
     // f_k = theta^(−4k/D)
     const double f_k =
@@ -110,11 +112,11 @@ void axial_tables(const AxialRopePlan& plan, std::int64_t positions, std::vector
 void axial_rope(const AxialRopePlan& plan, const float* src, float* dst, bool transpose,
                 int threads) {
   // The rotation tables, computed once per call.
-  std::vector<float> cx, sx, cy, sy;
+  Buffer cx, sx, cy, sy;
   axial_tables(plan, plan.end_x, cx, sx);
   axial_tables(plan, plan.end_y, cy, sy);
-  const AxialRopeArgs a{&plan,     src,       dst,       cx.data(), sx.data(),
-                        cy.data(), sy.data(), transpose, threads};
+  const AxialRopeArgs a{&plan,    src,      dst,       cx.get(), sx.get(),
+                        cy.get(), sy.get(), transpose, threads};
   HWY_DYNAMIC_DISPATCH(AxialRope)(a);
 }
 

@@ -38,15 +38,13 @@
 #include <memory>
 #include <vector>
 
-#include "attention-inl.h"
+#include "attention_forward_tile-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tandem::optimized::HWY_NAMESPACE {
 namespace {
 
 namespace hn = hwy::HWY_NAMESPACE;
-using attn::DF;
-using attn::VF;
 
 /// Per-thread scratch of the backward: the forward's, the tile's dO and Q in
 /// both orientations, dP/dS, tanh, dQ, and the dK/dV accumulators of one kv
@@ -60,9 +58,9 @@ struct BackwardScratch {
   BackwardScratch(const attn::Call& c, bool want_dq, bool want_dk, bool want_dv, bool own_sums)
       : fwd(c) {
     const AttentionPlan& p = *c.plan;
-    const std::int64_t R = c.max_rows_p, N = attn::Lanes();
-    Dp = attn::RoundUp(p.D, N);
-    Dvp = attn::RoundUp(p.Dv, N);
+    const std::int64_t R = c.max_rows_p, N = Lanes();
+    Dp = RoundUp(p.D, N);
+    Dvp = RoundUp(p.Dv, N);
     const bool need_ds = want_dq || want_dk;
     if (want_dk) Qp.resize(R * Dp);
     if (need_ds) dOt.resize(p.Dv * R);
@@ -124,7 +122,7 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, std::int6
                   const AttentionSaved<float>* saved, BackwardScratch& s, float* dK, float* dV) {
   const AttentionPlan& p = *c.plan;
   const DF d;
-  const std::int64_t N = attn::Lanes();
+  const std::int64_t N = Lanes();
   const bool want_dq = !grads.dq.empty(), want_dk = !grads.dk.empty(), want_dv = !grads.dv.empty();
   const bool need_ds = want_dq || want_dk;
   const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
@@ -193,10 +191,10 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, std::int6
           rows_finite && (std::isfinite(x) || x == -std::numeric_limits<float>::infinity());
       rows_finite = rows_finite && (!need_ds || std::isfinite(Drow[r]));
     }
-    if (want_dk) rows_finite = rows_finite && attn::RowsFinite(s.Qp.get(), s.Dp, p.D, t.rows);
-    if (want_dv) rows_finite = rows_finite && attn::RowsFinite(s.dOp.get(), s.Dvp, p.Dv, t.rows);
+    if (want_dk) rows_finite = rows_finite && RowsFinite(s.Qp.get(), s.Dp, p.D, t.rows);
+    if (want_dv) rows_finite = rows_finite && RowsFinite(s.dOp.get(), s.Dvp, p.Dv, t.rows);
 
-    attn::ScoreTransform score(c, t, s.fwd);
+    attn::ScoreTransform score(c, t, s.fwd.score);
     float* HWY_RESTRICT Pt = s.fwd.St.get();
     float* HWY_RESTRICT dSt = s.dPt.get();
     float* T = c.softcap > 0.0f && need_ds ? s.T.get() : nullptr;
@@ -225,15 +223,15 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, std::int6
       // make exp(−inf − lse) and 0·(dP − dsum) NaN for the keys hidden from
       // it, reaching their dV and dK. For such blocks the hidden entries of P
       // are set to −0.0 (whatever exp gave), dS to 0 there, and dQ, dK and
-      // dV leave their products out (attn::Skip), so that a NaN or an
+      // dV leave their products out (Skip), so that a NaN or an
       // infinity in a row's own q or dO reaches no key hidden from it either.
       // The all-finite case (checked here, one integer max per vector of K
       // and V) keeps the plain products.
       const bool careful = (score.hides_per_row() || score.any_hidden()) &&
-                           !(rows_finite && (!want_dq || attn::RowsFinite(Kp, ks, p.D, nk)) &&
-                             (!need_ds || attn::RowsFinite(Vp, vs, p.Dv, nk)));
+                           !(rows_finite && (!want_dq || RowsFinite(Kp, ks, p.D, nk)) &&
+                             (!need_ds || RowsFinite(Vp, vs, p.Dv, nk)));
       // S <- Q K^T (transposed: St[jj][r])
-      attn::Gemm(nk, hi - lo, p.D, Kp, ks, 1, s.fwd.Qt.get() + lo, R, Pt + lo, R, false);
+      Gemm(nk, hi - lo, p.D, Kp, ks, 1, s.fwd.Qt.get() + lo, R, Pt + lo, R, false);
       // P <- exp(S - lse); a row with no visible key (lse = −inf) gets
       // exp(s − inf) = 0 for every key instead of exp(−inf − (−inf)).
       for (std::int64_t r0 = lo; r0 < hi; r0 += N) {
@@ -254,13 +252,13 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, std::int6
       }
       // dV <- dV + P^T dO  (careful: the products P marks hidden left out)
       if (want_dv) {
-        attn::GemmCareful<attn::Skip::by_a>(careful, nk, s.Dvp, k_rows_active, Pt + lo, R, 1,
-                                            s.dOp.get() + lo * s.Dvp, s.Dvp, dV + j0 * s.Dvp, s.Dvp,
-                                            true, Pt + lo);
+        GemmCareful<Skip::by_a>(careful, nk, s.Dvp, k_rows_active, Pt + lo, R, 1,
+                                s.dOp.get() + lo * s.Dvp, s.Dvp, dV + j0 * s.Dvp, s.Dvp, true,
+                                Pt + lo);
       }
       if (!need_ds) continue;
       // dP <- dO V^T (transposed: dPt[jj][r])
-      attn::Gemm(nk, hi - lo, p.Dv, Vp, vs, 1, s.dOt.get() + lo, R, dSt + lo, R, false);
+      Gemm(nk, hi - lo, p.Dv, Vp, vs, 1, s.dOt.get() + lo, R, dSt + lo, R, false);
       // dS <- P * (dP - dsum) * (1 - tanh^2) * scale   (the softcap factor
       // only when softcap > 0; scale folded in here for dQ and dK)
       for (std::int64_t r0 = lo; r0 < hi; r0 += N) {
@@ -277,22 +275,21 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, std::int6
         // ds = 0 exactly where the key is hidden (dP, tanh may be NaN there)
         for (std::int64_t jj = 0; careful && jj < nk; ++jj) {
           const std::int64_t at = jj * R + r0;
-          hn::StoreU(hn::IfThenElseZero(attn::NotHiddenMark(d, hn::LoadU(d, Pt + at)),
-                                        hn::LoadU(d, dSt + at)),
-                     d, dSt + at);
+          hn::StoreU(
+              hn::IfThenElseZero(NotHiddenMark(d, hn::LoadU(d, Pt + at)), hn::LoadU(d, dSt + at)),
+              d, dSt + at);
         }
       }
       // dK <- dK + scale * dS^T Q  (careful: dS is A, P's marks say which
       // products to leave out)
       if (want_dk) {
-        attn::GemmCareful<attn::Skip::by_a>(careful, nk, s.Dp, k_rows_active, dSt + lo, R, 1,
-                                            s.Qp.get() + lo * s.Dp, s.Dp, dK + j0 * s.Dp, s.Dp,
-                                            true, Pt + lo);
+        GemmCareful<Skip::by_a>(careful, nk, s.Dp, k_rows_active, dSt + lo, R, 1,
+                                s.Qp.get() + lo * s.Dp, s.Dp, dK + j0 * s.Dp, s.Dp, true, Pt + lo);
       }
       // dQ <- dQ + scale * dS K (transposed: dQt[d][r])
       if (want_dq) {  // dS is B here, P's marks laid out alike
-        attn::GemmCareful<attn::Skip::by_b>(careful, p.D, hi - lo, nk, Kp, 1, ks, dSt + lo, R,
-                                            s.dQt.get() + lo, R, true, Pt + lo);
+        GemmCareful<Skip::by_b>(careful, p.D, hi - lo, nk, Kp, 1, ks, dSt + lo, R, s.dQt.get() + lo,
+                                R, true, Pt + lo);
       }
     }
     if (want_dq) {

@@ -31,7 +31,7 @@
 // 2-core machine we measured on, too noisy to quantify); its
 // thread-count independence is observed, not documented; and it ignores
 // force_target(), so the tests could not run the block on every target. The
-// kernel here is the attention's register-tiled micro-kernel (attn::Gemm:
+// kernel here is the attention's register-tiled micro-kernel (Gemm:
 // 8 rows × 3 vectors of accumulators with AVX-512) over w packed once per
 // call into panels of its width, blocked by rows of a and by slices of k so
 // that the panel slice in use stays in L1 (see Project).
@@ -41,7 +41,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
-#include "attention-inl.h"
+#include "gemm-inl.h"
 
 #ifndef TANDEM_OPTIMIZED_ATTENTION_BLOCK_ONCE
 #define TANDEM_OPTIMIZED_ATTENTION_BLOCK_ONCE
@@ -96,13 +96,13 @@ void PackPanels(const detail::ProjectArgs& p, std::int64_t SW, float* wp) {
 
 /// c = a · wᵀ (+ bias), blocked: for each block of kBlockM rows of a (one
 /// thread), for each kDepth slice of k, for each packed panel of w, the
-/// attention's register-tiled micro-kernel (attn::Gemm, kMR rows × kNR
+/// attention's register-tiled micro-kernel (Gemm, kMR rows × kNR
 /// vectors) accumulates into the block's C tile; then the bias is added and
 /// the tile copied out. Each C element is one chain of fused multiply-adds
 /// over k = 0..K−1 in order (a slice resumes from the stored partial sum),
 /// then + bias: bitwise the same for any thread count and any blocking.
 void Project(const detail::ProjectArgs& p) {
-  const std::int64_t SW = static_cast<std::int64_t>(attn::kNR) * attn::Lanes();
+  const std::int64_t SW = static_cast<std::int64_t>(kNR) * Lanes();
   const std::int64_t panels = (p.N + SW - 1) / SW, Np = panels * SW;
   const Buffer packed(panels * SW * p.K, Buffer::Init::uninitialized);
   const std::int64_t blocks = (p.M + kBlockM - 1) / kBlockM;
@@ -122,8 +122,8 @@ void Project(const detail::ProjectArgs& p) {
         const std::int64_t kc = std::min(kDepth, p.K - k0);
         for (std::int64_t q = 0; q < panels; ++q) {
           // tile[r][q·SW + c] (+)= Σ_{k in slice} a[i0 + r, k] · w[q·SW + c, k]
-          attn::Gemm(mb, SW, kc, p.a + i0 * p.K + k0, p.K, 1, packed.get() + (q * p.K + k0) * SW,
-                     SW, tile + q * SW, Np, k0 > 0);
+          Gemm(mb, SW, kc, p.a + i0 * p.K + k0, p.K, 1, packed.get() + (q * p.K + k0) * SW, SW,
+               tile + q * SW, Np, k0 > 0);
         }
       }
       // c = tile + bias, the padding columns dropped

@@ -32,7 +32,7 @@
 #include <optional>
 #include <vector>
 
-#include "attention-inl.h"
+#include "attention_forward_tile-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tandem::optimized::HWY_NAMESPACE {
@@ -51,7 +51,7 @@ constexpr std::int64_t kDecodeStep = 32;
 /// about 1 MiB of K and V rows per chunk (64 to 1024 keys), at least two.
 std::int64_t SplitKeysChunk(const attn::Call& c) {
   const AttentionPlan& p = *c.plan;
-  if (c.max_rows_p != attn::Lanes()) return 0;
+  if (c.max_rows_p != Lanes()) return 0;
   const std::int64_t bytes_per_key = 4 * p.Hkv * (p.D + p.Dv);
   std::int64_t chunk = attn::kKeyBlock;
   while (chunk < 1024 && 2 * chunk * bytes_per_key <= (std::int64_t{1} << 20)) chunk *= 2;
@@ -73,9 +73,9 @@ void ForwardSplitKeys(const attn::Call& c, std::int64_t chunk, float* o, float* 
                       int threads) {
   namespace hn = hwy::HWY_NAMESPACE;
   const AttentionPlan& plan = *c.plan;
-  const attn::DF d;
-  const std::int64_t N = attn::Lanes();
-  const std::int64_t Dp = attn::RoundUp(plan.D, N), Dvp = attn::RoundUp(plan.Dv, N);
+  const DF d;
+  const std::int64_t N = Lanes();
+  const std::int64_t Dp = RoundUp(plan.D, N), Dvp = RoundUp(plan.Dv, N);
   const std::int64_t n_chunks = (plan.Sk + chunk - 1) / chunk;
   const std::int64_t n_rows = plan.B * plan.H * plan.Sq;  // row (b·H + h)·Sq + i
   // One record per (chunk, row): o[0 .. Dvp), then m, l.
@@ -157,7 +157,7 @@ void ForwardSplitKeys(const attn::Call& c, std::int64_t chunk, float* o, float* 
         const float* src = part.get() + (ch * n_rows + row) * rec;
         const float mc = src[Dvp], lc = src[Dvp + 1];
         if (lc == 0.0f && mc == neg_inf) continue;  // the chunk saw no key of the row
-        const attn::VF w = attn::SoftmaxExp(d, hn::Set(d, mc - m_use));
+        const VF w = attn::SoftmaxExp(d, hn::Set(d, mc - m_use));
         l += lc * hn::GetLane(w);
         for (std::int64_t x = 0; x < Dvp; x += N) {
           hn::Store(hn::MulAdd(hn::LoadU(d, src + x), w, hn::Load(d, acc + x)), d, acc + x);

@@ -37,14 +37,32 @@ inline constexpr std::size_t kMR = 6, kNR = 2;
 // ---------------------------------------------------------------------------
 // The micro-kernel and the matrix product built from it.
 
-/// Which products a Gemm leaves out. A key hidden from a query row has
-/// probability 0 there, but 0·v is NaN when v holds a NaN or an infinity,
-/// while SPEC §2 excludes a hidden key from every sum (its k and v are never
-/// read). Key blocks whose k or v hold such a value take a careful path (see
-/// ForwardTile): there the probability of a hidden entry is stored as −0.0,
-/// which no visible probability ever is (exp gives +0 at the least), and the
-/// products whose probability entry is −0.0 are left out; every other product
-/// is formed as usual, so a NaN in a visible key still reaches its rows.
+/// Which products a Gemm leaves out: the careful path of the attention.
+///
+/// Why. SPEC §2 excludes a key hidden from a query row (causal or sliding
+/// window edge, −inf bias, padding) from every sum of that row, as the
+/// reference does by never reading its k or v. A fast tile computes whole
+/// blocks instead, where a hidden entry gets score −inf and probability 0;
+/// but 0·v is NaN when v holds a NaN or an infinity, and so are 0·k, 0·q and
+/// 0·dO. In the forward a non-finite v of a hidden key would reach O by P·V.
+/// In the backward a non-finite v reaches dS through 0·(dP − dsum), a
+/// non-finite k reaches dQ through dS·K, and a row whose lse or dsum is not
+/// finite (it sees such a key elsewhere), or whose own q or dO is not
+/// finite, makes exp(−inf − lse), 0·(dP − dsum), 0·q and 0·dO NaN for the
+/// keys hidden from it, reaching their dK and dV.
+///
+/// How. Padding keys are hidden from every row: their packed K and V rows
+/// are zeroed (ScoreTransform::ZeroHiddenRows), which is enough in the
+/// forward; in the backward a row's non-finite lse, dsum, q or dO would
+/// still meet them. A block where some key may be hidden from some rows
+/// (and, in the backward, a block with a padding key) and where a value
+/// such products would meet is not finite (checked per block: one integer
+/// max per vector, RowsFinite) takes the careful path:
+/// the probability of each hidden entry is stored as −0.0, which no visible
+/// probability ever is (exp gives +0 at the least), dS is set to 0 there,
+/// and the products whose probability entry is −0.0 are left out. Every
+/// other product is formed as usual, so a NaN in a visible key still reaches
+/// its rows. The all-finite case, the common one, keeps the plain product.
 enum class Skip {
   none,  ///< every product (the all-finite case)
   by_a,  ///< leaves out A[i][k]·B[k][c] where H[i·ars + k·aks] is −0.0 (H laid out like A)
@@ -171,8 +189,8 @@ inline HWY_NOINLINE void Gemm(std::int64_t M, std::int64_t NC, std::int64_t K, c
 }
 
 /// Gemm that, when `careful`, leaves out the products whose marks in H say
-/// hidden (kSkip, see Skip) and otherwise forms every product: the careful
-/// path and the all-finite one share each call site.
+/// hidden (kSkip) and otherwise forms every product: the careful path and
+/// the all-finite one share each call site.
 template <Skip kSkip>
 inline void GemmCareful(bool careful, std::int64_t M, std::int64_t NC, std::int64_t K,
                         const float* A, std::int64_t ars, std::int64_t aks, const float* B,

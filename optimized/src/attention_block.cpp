@@ -18,23 +18,13 @@
 // the bias. Each element is computed by exactly one thread in this fixed
 // order, so the result is bitwise the same for any thread count.
 //
-// Why our own Highway GEMM and not OpenBLAS (Debian's 0.3.21, pthread build):
-// at the block's size, x[4096, 768] · W_qkv[2304, 768]ᵀ, a first packed
-// 6×2-vector kernel here already ran at OpenBLAS's speed on one AVX-512 core
-// (best of 6: 48–51 GFLOP/s vs 45–49 for cblas_sgemm; an unpacked
-// dot-product kernel reached only ~30–36), and the blocked kernel that
-// replaced it is faster still, so nothing is gained by the dependency, and it
-// costs: OpenBLAS keeps
-// its own pthread pool, set only process-wide (openblas_set_num_threads, not
-// per call as Options::threads is), whose workers spin for a while after each
-// call and compete with the OpenMP attention that follows (on the shared
-// 2-core machine we measured on, too noisy to quantify); its
-// thread-count independence is observed, not documented; and it ignores
+// The projections run the attention's own register-tiled micro-kernel (Gemm,
+// gemm-inl.h) over w packed once per call into panels of its width, blocked
+// by rows of a and by slices of k so that the panel slice in use stays in L1
+// (see Project), rather than a BLAS: a BLAS keeps its own thread pool, set
+// process-wide rather than per call as Options::threads is, and ignores
 // force_target(), so the tests could not run the block on every target. The
-// kernel here is the attention's register-tiled micro-kernel (Gemm:
-// 8 rows × 3 vectors of accumulators with AVX-512) over w packed once per
-// call into panels of its width, blocked by rows of a and by slices of k so
-// that the panel slice in use stays in L1 (see Project).
+// measurements behind this choice are in bench/README.md.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention_block.cpp"

@@ -70,7 +70,7 @@ Backend backend(Options options) {
                                    std::span<const float> dout, const AttentionGrads<float>& g) {
     check_inputs(plan, in);
     require_size(dout.size(), plan.o.extent, "dout");
-    check_grads(plan, g, true);
+    check_grads(plan, g);
     detail::attention_backward(plan, in, dout, g, nullptr, resolve_threads(options));
   };
   b.attention_backward_saved = [options](
@@ -80,7 +80,7 @@ Backend backend(Options options) {
     check_inputs(plan, in);
     check_saved(plan, saved);
     require_size(dout.size(), plan.o.extent, "dout");
-    check_grads(plan, g, true);
+    check_grads(plan, g);
     detail::attention_backward(plan, in, dout, g, &saved, resolve_threads(options));
   };
   b.attention_backward_dq = one_gradient(options, Grad::dq);

@@ -27,7 +27,6 @@
 #include "tandem/tandem.hpp"
 
 #ifdef TANDEM_HAVE_OPTIMIZED
-#include "../optimized/src/attention.hpp"
 #include "tandem/optimized/backend.hpp"
 
 namespace {
@@ -304,7 +303,7 @@ struct Forward {
 
 Forward run_forward(const Data& data, int threads) {
   Guarded out(data.plan.o.extent), lse(data.plan.B * data.plan.H * data.plan.Sq);
-  opt::detail::attention_forward(data.plan, data.in(), out.view(), lse.view(), threads);
+  opt::backend({threads}).attention_forward_lse(data.plan, data.in(), out.view(), lse.view());
   EXPECT_TRUE(out.guards_intact()) << "forward wrote past out";
   EXPECT_TRUE(lse.guards_intact()) << "forward wrote past lse";
   return {out.values(), lse.values()};
@@ -324,7 +323,12 @@ Grads run_backward(const Data& data, int threads, int which,
   if (which & 1) g.dq = dq.view();
   if (which & 2) g.dk = dk.view();
   if (which & 4) g.dv = dv.view();
-  opt::detail::attention_backward(p, data.in(), data.dout, g, saved, threads);
+  const tandem::Backend b = opt::backend({threads});
+  if (saved != nullptr) {
+    b.attention_backward_saved(p, data.in(), *saved, data.dout, g);
+  } else {
+    b.attention_backward(p, data.in(), data.dout, g);
+  }
   EXPECT_TRUE(dq.guards_intact() && dk.guards_intact() && dv.guards_intact())
       << "backward wrote past a gradient";
   Grads r;
@@ -714,6 +718,7 @@ TEST(OptimizedAttentionMasked, NonFiniteQueryRowsReachOnlyTheKeysTheySee) {
 TEST(OptimizedAttentionValidation, BadViewsThrowBeforeWriting) {
   const Data data(P(1, 4, 6, 2, 1, 8), 3);
   const AttentionPlan& p = data.plan;
+  const tandem::Backend b = opt::backend({2});
   Vec out(static_cast<std::size_t>(p.o.extent), 5.0f),
       lse(static_cast<std::size_t>(p.H * p.Sq), 5.0f);
   const auto expect_param = [](auto&& call, const std::string& name) {
@@ -725,55 +730,48 @@ TEST(OptimizedAttentionValidation, BadViewsThrowBeforeWriting) {
     }
   };
   Vec short_out(out.size() - 1, 5.0f);
-  expect_param([&] { opt::detail::attention_forward(p, data.in(), short_out, {}, 2); },
-               "out.size()");
+  expect_param([&] { b.attention_forward(p, data.in(), short_out); }, "out.size()");
   Vec short_lse(lse.size() + 1, 5.0f);
-  expect_param([&] { opt::detail::attention_forward(p, data.in(), out, short_lse, 2); },
-               "lse.size()");
+  expect_param([&] { b.attention_forward_lse(p, data.in(), out, short_lse); }, "lse.size()");
+  expect_param([&] { b.attention_forward_lse(p, data.in(), out, {}); }, "lse.size()");
   AttentionInputs<float> bad = data.in();
   bad.k = bad.k.first(bad.k.size() - 1);
-  expect_param([&] { opt::detail::attention_forward(p, bad, out, lse, 2); }, "k.size()");
+  expect_param([&] { b.attention_forward_lse(p, bad, out, lse); }, "k.size()");
   for (float x : out) EXPECT_EQ(x, 5.0f);
   for (float x : lse) EXPECT_EQ(x, 5.0f);
 
   Vec dq(static_cast<std::size_t>(p.dq.extent), 5.0f),
       dk(static_cast<std::size_t>(p.dk.extent) + 1, 5.0f);
+  expect_param([&] { b.attention_backward(p, data.in(), data.dout, {dq, dk, {}}); }, "dk.size()");
   expect_param(
       [&] {
-        opt::detail::attention_backward(p, data.in(), data.dout, {dq, dk, {}}, nullptr, 2);
-      },
-      "dk.size()");
-  expect_param(
-      [&] {
-        opt::detail::attention_backward(p, data.in(), std::span<const float>(data.dout).first(3),
-                                        {dq, {}, {}}, nullptr, 2);
+        b.attention_backward(p, data.in(), std::span<const float>(data.dout).first(3),
+                             {dq, {}, {}});
       },
       "dout.size()");
-  expect_param([&] { opt::detail::attention_backward(p, data.in(), data.dout, {}, nullptr, 2); },
-               "grads");
+  expect_param([&] { b.attention_backward(p, data.in(), data.dout, {}); }, "grads");
+  expect_param([&] { b.attention_backward_dk(p, data.in(), data.dout, dk); }, "dk.size()");
+  expect_param([&] { b.attention_backward_dq(p, data.in(), data.dout, {}); }, "dq.size()");
   Vec dk_full(static_cast<std::size_t>(p.dk.extent), 5.0f);
   const tandem::AttentionSaved<float> short_saved{out, std::span<const float>(lse).first(3)};
   expect_param(
       [&] {
-        opt::detail::attention_backward(p, data.in(), data.dout, {dq, dk_full, {}}, &short_saved,
-                                        2);
+        b.attention_backward_saved(p, data.in(), short_saved, data.dout, {dq, dk_full, {}});
       },
       "lse.size()");
   for (float x : dq) EXPECT_EQ(x, 5.0f);
   for (float x : dk) EXPECT_EQ(x, 5.0f);
   for (float x : dk_full) EXPECT_EQ(x, 5.0f);
+  EXPECT_THROW(opt::backend({-1}), tandem::Error);
 }
 
-/// The backend binding: the optimized Backend gives what the detail entry
-/// points give, each gradient alone included.
-TEST(OptimizedAttentionBackend, BackendEntryPointsMatchTheKernels) {
+/// The separate dq, dk and dv entry points give bitwise what the one-call
+/// backward gives for each gradient.
+TEST(OptimizedAttentionBackend, SeparateGradientsMatchTheOneCall) {
   AttentionParams params = P(2, 9, 11, 4, 2, 8, 6, Layout::bshd, MaskKind::causal);
   const Data data(params, 11);
   const AttentionPlan& p = data.plan;
   const tandem::Backend b = opt::backend({2});
-  Vec out(static_cast<std::size_t>(p.o.extent));
-  b.attention_forward(p, data.in(), out);
-  EXPECT_TRUE(bitwise_equal(out, run_forward(data, 2).out));
   const Grads all = run_backward(data, 2, 7);
   Vec dq(all.dq.size()), dk(all.dk.size()), dv(all.dv.size());
   b.attention_backward_dq(p, data.in(), data.dout, dq);
@@ -782,16 +780,10 @@ TEST(OptimizedAttentionBackend, BackendEntryPointsMatchTheKernels) {
   EXPECT_TRUE(bitwise_equal(dq, all.dq));
   EXPECT_TRUE(bitwise_equal(dk, all.dk));
   EXPECT_TRUE(bitwise_equal(dv, all.dv));
-  // the saved-state pair
-  Vec out2(out.size()), lse(static_cast<std::size_t>(p.lse_size()));
-  b.attention_forward_lse(p, data.in(), out2, lse);
-  const Forward f = run_forward(data, 2);
-  EXPECT_TRUE(bitwise_equal(out2, f.out) && bitwise_equal(lse, f.lse));
-  const tandem::AttentionSaved<float> saved{out2, lse};
-  b.attention_backward_saved(p, data.in(), saved, data.dout, {dq, dk, dv});
-  const Grads from_saved = run_backward(data, 2, 7, &saved);
-  EXPECT_TRUE(bitwise_equal(dq, from_saved.dq) && bitwise_equal(dk, from_saved.dk) &&
-              bitwise_equal(dv, from_saved.dv));
+  // the forward alone gives the forward_lse's out
+  Vec out(static_cast<std::size_t>(p.o.extent));
+  b.attention_forward(p, data.in(), out);
+  EXPECT_TRUE(bitwise_equal(out, run_forward(data, 2).out));
 }
 
 }  // namespace

@@ -451,7 +451,7 @@ void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<fl
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-#include "attention.hpp"
+#include "entry_points.hpp"
 
 namespace tandem::optimized {
 HWY_EXPORT(AttentionBackwardTarget);
@@ -460,13 +460,37 @@ namespace detail {
 
 void attention_backward(const AttentionPlan& plan, const AttentionInputs<float>& in,
                         std::span<const float> dout, const AttentionGrads<float>& grads,
-                        const AttentionSaved<float>* saved, int threads) {
+                        const AttentionSaved<float>* saved, const Options& options) {
   check_inputs(plan, in);
   require_size(dout.size(), plan.o.extent, "dout");
   check_grads(plan, grads);
   if (saved != nullptr) check_saved(plan, *saved);
-  if (threads <= 0) threads = omp_get_max_threads();
-  HWY_DYNAMIC_DISPATCH(AttentionBackwardTarget)(plan, in, dout, grads, saved, threads);
+  HWY_DYNAMIC_DISPATCH(AttentionBackwardTarget)
+  (plan, in, dout, grads, saved, threads_of(options));
+}
+
+void attention_backward_one(const AttentionPlan& plan, const AttentionInputs<float>& in,
+                            std::span<const float> dout, Gradient which, std::span<float> grad,
+                            const Options& options) {
+  check_inputs(plan, in);
+  require_size(dout.size(), plan.o.extent, "dout");
+  AttentionGrads<float> grads;
+  switch (which) {
+    case Gradient::dq:
+      require_size(grad.size(), plan.dq.extent, "dq");
+      grads.dq = grad;
+      break;
+    case Gradient::dk:
+      require_size(grad.size(), plan.dk.extent, "dk");
+      grads.dk = grad;
+      break;
+    case Gradient::dv:
+      require_size(grad.size(), plan.dv.extent, "dv");
+      grads.dv = grad;
+      break;
+  }
+  HWY_DYNAMIC_DISPATCH(AttentionBackwardTarget)
+  (plan, in, dout, grads, nullptr, threads_of(options));
 }
 
 }  // namespace detail

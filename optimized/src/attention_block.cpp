@@ -41,9 +41,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "attention.hpp"
 #include "buffer.hpp"
-#include "streaming.hpp"
+#include "entry_points.hpp"
 
 namespace tandem::optimized::detail {
 /// One projection c[M, N] = a[M, K] · w[N, K]ᵀ + bias[N].
@@ -146,8 +145,9 @@ void project(const float* a, const float* w, std::span<const float> bias, float*
 }
 
 void attention_block(const AttentionBlockPlan& plan, const AttentionBlockInputs& in,
-                     std::span<float> out, int threads) {
+                     std::span<float> out, const Options& options) {
   check_views(plan, in, out.size());
+  const int threads = threads_of(options);
   const std::int64_t rows = plan.B * plan.S, E = plan.E, E3 = 3 * plan.E;
   const AttentionPlan& ap = plan.attention;
   // Every buffer up front, so an allocation failure leaves out unwritten.
@@ -164,8 +164,8 @@ void attention_block(const AttentionBlockPlan& plan, const AttentionBlockInputs&
     // q and k rotated out of the qkv rows (row stride 3E) into contiguous [B·S, E].
     const RopeTables<float> tables{in.cos, in.sin};
     const std::int64_t src = plan.rope.src_extent();
-    rope_forward(plan.rope, all.subspan(0, src), tables, q_rot.span(), threads);
-    rope_forward(plan.rope, all.subspan(E, src), tables, k_rot.span(), threads);
+    rope_forward(plan.rope, all.subspan(0, src), tables, q_rot.span(), options);
+    rope_forward(plan.rope, all.subspan(E, src), tables, k_rot.span(), options);
     ai.q = q_rot.span();
     ai.k = k_rot.span();
   } else {
@@ -175,7 +175,7 @@ void attention_block(const AttentionBlockPlan& plan, const AttentionBlockInputs&
   ai.v = all.subspan(2 * E, ap.v.extent);
   ai.mask = in.keep;
   // a = attention(q, k, v, keep): [B, S, H, D] = [B·S, E].
-  attention_forward(ap, ai, attn.span(), {}, threads);
+  attention_forward(ap, ai, attn.span(), options);
   // y = a · W_outᵀ + b_out
   project(attn.get(), in.w_out.data(), in.b_out, out.data(), rows, E, E, threads);
 }

@@ -301,7 +301,7 @@ void AttentionForwardTarget(const AttentionPlan& plan, const AttentionInputs<flo
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-#include "attention.hpp"
+#include "entry_points.hpp"
 
 namespace tandem::optimized {
 HWY_EXPORT(AttentionForwardTarget);
@@ -309,15 +309,18 @@ HWY_EXPORT(AttentionForwardTarget);
 namespace detail {
 
 void attention_forward(const AttentionPlan& plan, const AttentionInputs<float>& in,
-                       std::span<float> out, std::span<float> lse, int threads) {
+                       std::span<float> out, const Options& options) {
   check_inputs(plan, in);
   require_size(out.size(), plan.o.extent, "out");
-  if (!lse.empty()) {
-    require_size(lse.size(), checked_mul(checked_mul(plan.B, plan.H, "lse"), plan.Sq, "lse"),
-                 "lse");
-  }
-  if (threads <= 0) threads = omp_get_max_threads();
-  HWY_DYNAMIC_DISPATCH(AttentionForwardTarget)(plan, in, out, lse, threads);
+  HWY_DYNAMIC_DISPATCH(AttentionForwardTarget)(plan, in, out, {}, threads_of(options));
+}
+
+void attention_forward_lse(const AttentionPlan& plan, const AttentionInputs<float>& in,
+                           std::span<float> out, std::span<float> lse, const Options& options) {
+  check_inputs(plan, in);
+  require_size(out.size(), plan.o.extent, "out");
+  require_size(lse.size(), plan.lse_size(), "lse");
+  HWY_DYNAMIC_DISPATCH(AttentionForwardTarget)(plan, in, out, lse, threads_of(options));
 }
 
 }  // namespace detail

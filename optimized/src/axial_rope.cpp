@@ -31,7 +31,7 @@
 #include <cstdint>
 
 #include "buffer.hpp"
-#include "streaming.hpp"
+#include "entry_points.hpp"
 
 namespace tandem::optimized::detail {
 /// One axial RoPE call after validation, with its per-call tables.
@@ -123,15 +123,15 @@ void axial_rope(const AxialRopePlan& plan, const float* src, float* dst, bool tr
 }  // namespace
 
 void axial_rope_forward(const AxialRopePlan& plan, std::span<const float> x, std::span<float> out,
-                        int threads) {
+                        const Options& options) {
   check_views(plan, x, out.size(), "x", "out");
-  axial_rope(plan, x.data(), out.data(), false, threads);
+  axial_rope(plan, x.data(), out.data(), false, threads_of(options));
 }
 
 void axial_rope_backward(const AxialRopePlan& plan, std::span<const float> dy, std::span<float> dx,
-                         int threads) {
+                         const Options& options) {
   check_views(plan, dy, dx.size(), "dy", "dx");
-  axial_rope(plan, dy.data(), dx.data(), true, threads);
+  axial_rope(plan, dy.data(), dx.data(), true, threads_of(options));
 }
 
 }  // namespace detail

@@ -303,7 +303,8 @@ struct Forward {
 
 Forward run_forward(const Data& data, int threads) {
   Guarded out(data.plan.o.extent), lse(data.plan.B * data.plan.H * data.plan.Sq);
-  opt::backend({threads}).attention_forward_lse(data.plan, data.in(), out.view(), lse.view());
+  opt::backend(opt::Options{threads})
+      .attention_forward_lse(data.plan, data.in(), out.view(), lse.view());
   EXPECT_TRUE(out.guards_intact()) << "forward wrote past out";
   EXPECT_TRUE(lse.guards_intact()) << "forward wrote past lse";
   return {out.values(), lse.values()};
@@ -323,7 +324,7 @@ Grads run_backward(const Data& data, int threads, int which,
   if (which & 1) g.dq = dq.view();
   if (which & 2) g.dk = dk.view();
   if (which & 4) g.dv = dv.view();
-  const tandem::Backend b = opt::backend({threads});
+  const tandem::Backend b = opt::backend(opt::Options{threads});
   if (saved != nullptr) {
     b.attention_backward_saved(p, data.in(), *saved, data.dout, g);
   } else {
@@ -718,7 +719,7 @@ TEST(OptimizedAttentionMasked, NonFiniteQueryRowsReachOnlyTheKeysTheySee) {
 TEST(OptimizedAttentionValidation, BadViewsThrowBeforeWriting) {
   const Data data(P(1, 4, 6, 2, 1, 8), 3);
   const AttentionPlan& p = data.plan;
-  const tandem::Backend b = opt::backend({2});
+  const tandem::Backend b = opt::backend(opt::Options{2});
   Vec out(static_cast<std::size_t>(p.o.extent), 5.0f),
       lse(static_cast<std::size_t>(p.H * p.Sq), 5.0f);
   const auto expect_param = [](auto&& call, const std::string& name) {
@@ -762,7 +763,7 @@ TEST(OptimizedAttentionValidation, BadViewsThrowBeforeWriting) {
   for (float x : dq) EXPECT_EQ(x, 5.0f);
   for (float x : dk) EXPECT_EQ(x, 5.0f);
   for (float x : dk_full) EXPECT_EQ(x, 5.0f);
-  EXPECT_THROW(opt::backend({-1}), tandem::Error);
+  EXPECT_THROW(opt::backend(opt::Options{-1}), tandem::Error);
 }
 
 /// The separate dq, dk and dv entry points give bitwise what the one-call
@@ -771,7 +772,7 @@ TEST(OptimizedAttentionBackend, SeparateGradientsMatchTheOneCall) {
   AttentionParams params = P(2, 9, 11, 4, 2, 8, 6, Layout::bshd, MaskKind::causal);
   const Data data(params, 11);
   const AttentionPlan& p = data.plan;
-  const tandem::Backend b = opt::backend({2});
+  const tandem::Backend b = opt::backend(opt::Options{2});
   const Grads all = run_backward(data, 2, 7);
   Vec dq(all.dq.size()), dk(all.dk.size()), dv(all.dv.size());
   b.attention_backward_dq(p, data.in(), data.dout, dq);

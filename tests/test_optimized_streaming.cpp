@@ -120,8 +120,8 @@ void compare(std::int64_t out_size,
   call(tandem::reference::backend(), want.view());
   for_each_target([&] {
     Guarded one(out_size), two(out_size);
-    call(opt::backend({1}), one.view());
-    call(opt::backend({2}), two.view());
+    call(opt::backend(opt::Options{1}), one.view());
+    call(opt::backend(opt::Options{2}), two.view());
     EXPECT_TRUE(one.guards_intact()) << "1 thread wrote past the output";
     EXPECT_TRUE(two.guards_intact()) << "2 threads wrote past the output";
     expect_bitwise(one.all(), two.all());
@@ -418,7 +418,7 @@ TEST(OptimizedAttentionBlock, AgreesWithTheReference) {
 // Validation: errors name the parameter and leave the output untouched.
 
 TEST(OptimizedValidation, BadViewsThrowBeforeWriting) {
-  const tandem::Backend b = opt::backend({2});
+  const tandem::Backend b = opt::backend(opt::Options{2});
   tandem::RopeParams rp;
   rp.seq = 3;
   rp.width = 8;
@@ -467,7 +467,7 @@ TEST(OptimizedValidation, BadViewsThrowBeforeWriting) {
                tandem::Error);
   for (float v : aout.values()) EXPECT_EQ(std::bit_cast<std::uint32_t>(v), 0x7fc0beefu);
 
-  EXPECT_THROW(opt::backend({-1}), tandem::Error);
+  EXPECT_THROW(opt::backend(opt::Options{-1}), tandem::Error);
 }
 
 }  // namespace

@@ -22,9 +22,9 @@
 // (dQ rows of its G query heads, dK and dV rows of its kv head); inside it the
 // query blocks and key blocks run in a fixed order, so dK/dV (summed over all
 // query rows of the group, GQA included) and dQ (summed over key blocks) are
-// the same for any thread count and any schedule. With fewer than kMinTasks
-// (batch, kv head) pairs the query blocks of each are split into parts (a
-// number fixed by the shape, see QueryParts), each summing its own dK/dV
+// the same for any thread count and any schedule. With few (batch, kv head)
+// pairs the query blocks of each are split into parts (a number fixed by the
+// shape and the geometry, see QueryParts), each summing its own dK/dV
 // partial, added in part order at the end. No atomics.
 
 #undef HWY_TARGET_INCLUDE
@@ -336,20 +336,23 @@ class TileBackward {
   bool rows_finite_ = true;
 };
 
-/// Query-block parts of one (batch, kv head): 1 when there are kMinTasks
-/// (batch, kv head) tasks or more, else enough parts for kMinTasks tasks
-/// (at most one per query block), part k taking query blocks k, k + parts,
-/// ... (interleaved, so causal parts weigh alike). Each part sums its own
-/// dK/dV partial over its query rows and the partials are added in part
-/// order afterwards; the count depends on the shape alone, never on the
-/// thread count, and keeps the partials within kPartialBytes.
-constexpr std::int64_t kMinTasks = 8;
+/// Query-block parts of one (batch, kv head) (see Geometry): part k takes
+/// query blocks k, k + parts, ... (interleaved, so causal parts weigh
+/// alike). 1 when there are backward_min_tasks (batch, kv head) tasks or
+/// more, else enough parts for backward_min_tasks tasks (at most one per
+/// query block) whose dK/dV partials stay within kPartialBytes; or
+/// backward_query_parts when set. Each part sums its own dK/dV partial over
+/// its query rows and the partials are added in part order afterwards; the
+/// count depends on the shape and the geometry alone, never on the thread
+/// count.
 constexpr std::int64_t kPartialBytes = std::int64_t{64} << 20;
 std::int64_t QueryParts(const Call& c) {
   const AttentionPlan& p = *c.plan;
-  const std::int64_t heads = p.B * p.Hkv;
-  if (heads >= kMinTasks) return 1;
-  std::int64_t parts = std::min((kMinTasks + heads - 1) / heads, c.n_qblocks);
+  const Geometry& geo = *c.geometry;
+  if (geo.backward_query_parts > 0) return std::min(geo.backward_query_parts, c.n_qblocks);
+  const std::int64_t heads = p.B * p.Hkv, min_tasks = geo.backward_min_tasks;
+  if (heads >= min_tasks) return 1;
+  std::int64_t parts = std::min((min_tasks + heads - 1) / heads, c.n_qblocks);
   const std::int64_t part_bytes =
       static_cast<std::int64_t>(sizeof(float)) * heads * p.Sk * (p.D + p.Dv);
   while (parts > 1 && parts * part_bytes > kPartialBytes) --parts;
@@ -410,8 +413,9 @@ void AddParts(const Backward& bw, std::int64_t parts, std::int64_t row, const Bu
 /// the parts' dK/dV partials added in part order.
 void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<float>& in,
                              std::span<const float> dout, const AttentionGrads<float>& grads,
-                             const AttentionSaved<float>* saved, int threads) {
-  const Call c(plan, in);
+                             const AttentionSaved<float>* saved, const Geometry& geometry,
+                             int threads) {
+  const Call c(plan, in, geometry);
   const Backward bw(c, dout.data(), grads, saved);
   const std::int64_t parts = QueryParts(c), heads = plan.B * plan.Hkv;
   const std::int64_t n_tasks = heads * parts;
@@ -466,7 +470,7 @@ void attention_backward(const AttentionPlan& plan, const AttentionInputs<float>&
   check_grads(plan, grads);
   if (saved != nullptr) check_saved(plan, *saved);
   HWY_DYNAMIC_DISPATCH(AttentionBackwardTarget)
-  (plan, in, dout, grads, saved, threads_of(options));
+  (plan, in, dout, grads, saved, options.geometry, threads_of(options));
 }
 
 void attention_backward_one(const AttentionPlan& plan, const AttentionInputs<float>& in,
@@ -490,7 +494,7 @@ void attention_backward_one(const AttentionPlan& plan, const AttentionInputs<flo
       break;
   }
   HWY_DYNAMIC_DISPATCH(AttentionBackwardTarget)
-  (plan, in, dout, grads, nullptr, threads_of(options));
+  (plan, in, dout, grads, nullptr, options.geometry, threads_of(options));
 }
 
 }  // namespace detail

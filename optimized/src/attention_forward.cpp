@@ -45,9 +45,6 @@ using attn::ForwardScratch;
 using attn::OutputRows;
 using attn::Tile;
 
-/// Keys per step of a split-key task: each step visits every kv head.
-constexpr std::int64_t kDecodeStep = 32;
-
 /// out = O / l for the rows of a finished tile, in the layout of q, and lse
 /// when lse_out is given (inv = 1/l and lse_rows per row, FinishRows).
 void WriteRows(const Call& c, const Tile& t, const OutputRows& o, const float* inv,
@@ -119,26 +116,30 @@ void ForwardTiles(const Call& c, float* out, float* lse_out, int threads) {
 }
 
 /// Keys per chunk of the split-key (flash-decoding) forward, or 0 when the
-/// call does not take it. Only decode tiles (the few query rows of a group
-/// fit one vector) with long caches do: there one task per (batch, kv head)
-/// would read a head-wide slice of every K and V row (strided, and only
-/// B·Hkv tasks), while one task per (batch, key chunk) reads whole rows one
-/// after the other. Where a head's rows are contiguous (bhsd) the per-head
-/// tasks stream already and only calls with few of them split. The chunk
-/// depends on the shape alone, never on the thread count: about 1 MiB of K
-/// and V rows per chunk (key_block to 1024 keys), at least two.
+/// call does not take it (see Geometry). Only calls of decode tiles (a
+/// decode step: the few query rows of a group) with long caches do: there
+/// one task per (batch, kv head) would read a head-wide slice of every K and
+/// V row (strided, and only B·Hkv tasks), while one task per (batch, key
+/// chunk) reads whole rows one after the other. Where a head's rows are
+/// contiguous (bhsd) the per-head tasks stream already and only calls with
+/// few of them split. The chunk depends on the shape and the geometry alone,
+/// never on the thread count.
 std::int64_t SplitKeysChunk(const Call& c) {
   const AttentionPlan& p = *c.plan;
-  if (!c.decode) return 0;
-  const std::int64_t bytes_per_key =
-      static_cast<std::int64_t>(sizeof(float)) * p.Hkv * (p.D + p.Dv);
-  std::int64_t chunk = c.key_block;
-  while (chunk < 1024 && 2 * chunk * bytes_per_key <= (std::int64_t{1} << 20)) chunk *= 2;
-  if (p.Sk < 2 * chunk) return 0;
+  const Geometry& geo = *c.geometry;
+  if (!c.decode || geo.split_keys_min_chunks == 0) return 0;
+  std::int64_t chunk = geo.split_keys_chunk;
+  if (chunk == 0) {  // about 1 MiB of K and V rows, key_block to 1024 keys
+    const std::int64_t bytes_per_key =
+        static_cast<std::int64_t>(sizeof(float)) * p.Hkv * (p.D + p.Dv);
+    chunk = c.key_block;
+    while (chunk < 1024 && 2 * chunk * bytes_per_key <= (std::int64_t{1} << 20)) chunk *= 2;
+  }
+  if (p.Sk < geo.split_keys_min_chunks * chunk) return 0;
   // Where each head's rows are contiguous (bhsd, or a single kv head) the
   // per-head tasks already stream; split there only for want of tasks.
   const bool interleaved = p.k.seq != p.D || p.v.seq != p.Dv;
-  return interleaved || p.B * p.Hkv < 4 ? chunk : 0;
+  return interleaved || p.B * p.Hkv < geo.split_keys_contiguous_heads ? chunk : 0;
 }
 
 /// The partial results of a split-key call: per (chunk, query row) one
@@ -180,20 +181,21 @@ struct SplitScratch {
 /// chunk `ch` of `part`.
 void SplitKeysTask(const Call& c, std::int64_t b, std::int64_t ch, std::int64_t k0, std::int64_t k1,
                    SplitScratch& ss, const SplitPartials& part) {
+  const std::int64_t step = c.geometry->split_keys_step;
   for (std::int64_t g = 0; g < c.plan->Hkv; ++g) {
     for (std::int64_t qb = 0; qb < c.n_qblocks; ++qb) {
       const auto at = static_cast<std::size_t>(g * c.n_qblocks + qb);
       ForwardScratch& s = *ss.scratch[at];
       Tile t(c, b, g, qb);
       // the same head's rows, one step ahead, up to the tile's last key
-      const attn::DecodePrefetch pf{kDecodeStep, t.j_end};
+      const attn::DecodePrefetch pf{step, t.j_end};
       t.ClipKeys(k0, k1);
       attn::PackQueriesNatural(c, t, s.Qn.get());
       ss.tiles[at].emplace(c, t, s, true, pf);
     }
   }
-  for (std::int64_t j = k0; j < k1; j += kDecodeStep) {
-    for (auto& tile : ss.tiles) tile->Run(j, std::min(k1, j + kDecodeStep));
+  for (std::int64_t j = k0; j < k1; j += step) {
+    for (auto& tile : ss.tiles) tile->Run(j, std::min(k1, j + step));
   }
   const std::int64_t Dvp = part.Dvp();
   for (std::size_t at = 0; at < ss.tiles.size(); ++at) {
@@ -287,8 +289,9 @@ void ForwardSplitKeys(const Call& c, std::int64_t chunk, float* out, float* lse_
 /// (batch, kv head, query block) tile, or per (batch, key chunk) for decode
 /// steps with long caches (ForwardSplitKeys).
 void AttentionForwardTarget(const AttentionPlan& plan, const AttentionInputs<float>& in,
-                            std::span<float> out, std::span<float> lse, int threads) {
-  const Call c(plan, in);
+                            std::span<float> out, std::span<float> lse, const Geometry& geometry,
+                            int threads) {
+  const Call c(plan, in, geometry);
   float* lse_out = lse.empty() ? nullptr : lse.data();
   if (const std::int64_t chunk = SplitKeysChunk(c); chunk > 0) {
     ForwardSplitKeys(c, chunk, out.data(), lse_out, threads);
@@ -312,7 +315,8 @@ void attention_forward(const AttentionPlan& plan, const AttentionInputs<float>& 
                        std::span<float> out, const Options& options) {
   check_inputs(plan, in);
   require_size(out.size(), plan.o.extent, "out");
-  HWY_DYNAMIC_DISPATCH(AttentionForwardTarget)(plan, in, out, {}, threads_of(options));
+  HWY_DYNAMIC_DISPATCH(AttentionForwardTarget)
+  (plan, in, out, {}, options.geometry, threads_of(options));
 }
 
 void attention_forward_lse(const AttentionPlan& plan, const AttentionInputs<float>& in,
@@ -320,7 +324,8 @@ void attention_forward_lse(const AttentionPlan& plan, const AttentionInputs<floa
   check_inputs(plan, in);
   require_size(out.size(), plan.o.extent, "out");
   require_size(lse.size(), plan.lse_size(), "lse");
-  HWY_DYNAMIC_DISPATCH(AttentionForwardTarget)(plan, in, out, lse, threads_of(options));
+  HWY_DYNAMIC_DISPATCH(AttentionForwardTarget)
+  (plan, in, out, lse, options.geometry, threads_of(options));
 }
 
 }  // namespace detail

@@ -48,21 +48,13 @@
 #include "buffer.hpp"
 #include "gemm-inl.h"
 #include "tandem/attention.hpp"
+#include "tandem/optimized/backend.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace tandem::optimized::HWY_NAMESPACE::attn {
 
 namespace hn = hwy::HWY_NAMESPACE;
 
-/// Query rows per tile aimed at (the G heads of a group times the queries of a
-/// block): large tiles read each K/V block for more rows; with causal or
-/// sliding-window masks smaller ones waste less work on the diagonal.
-inline constexpr std::int64_t kRowsTarget = 384;
-inline constexpr std::int64_t kRowsTargetBanded = 192;
-inline constexpr std::int64_t kKeyBlock = 64;
-/// Keys per block where a causal or sliding-window edge crosses the tile:
-/// only some rows see such a block, and a short block wastes less on the rest.
-inline constexpr std::int64_t kEdgeBlock = 16;
 /// How far ahead of the block being computed K and V rows are prefetched.
 inline constexpr std::int64_t kPrefetchKeys = 256;
 
@@ -115,11 +107,12 @@ struct Lengths {
   std::int64_t Sq = 0, Sk = 0, q_offset = 0;
 };
 
-/// Sizes of one call, derived from the plan once, and the addresses of its
-/// rows: every q, out, dout, dq, dk and dv row, lse entry and K or V row is
-/// found through the accessors below.
+/// Sizes of one call, derived from the plan and the geometry once, and the
+/// addresses of its rows: every q, out, dout, dq, dk and dv row, lse entry
+/// and K or V row is found through the accessors below.
 struct Call {
   const AttentionPlan* plan = nullptr;
+  const Geometry* geometry = nullptr;
   const float* q = nullptr;
   const float* k = nullptr;
   const float* v = nullptr;
@@ -130,8 +123,8 @@ struct Call {
   std::int64_t max_rows_p = 1;  ///< max_rows rounded up to whole vectors
   std::int64_t n_qblocks = 1;   ///< ceil(Sq / block_q)
   std::int64_t window = 0;      ///< w, capped at Sk + Sq (no key lies further back)
-  std::int64_t key_block = kKeyBlock;
-  std::int64_t edge_block = kEdgeBlock;
+  std::int64_t key_block = 1;   ///< Geometry::key_block
+  std::int64_t edge_block = 1;  ///< Geometry::edge_block
   /// Whether the tiles take the decode algorithm (DecodeTile: vectors along
   /// d) rather than the wide one (WideTile: vectors across rows): decided per
   /// call, so that the scratch is sized once; the short last query block of
@@ -140,7 +133,8 @@ struct Call {
   float scale = 1.0f;
   float softcap = 0.0f;
 
-  Call(const AttentionPlan& p, const AttentionInputs<float>& in) : plan(&p) {
+  Call(const AttentionPlan& p, const AttentionInputs<float>& in, const Geometry& geo)
+      : plan(&p), geometry(&geo), key_block(geo.key_block), edge_block(geo.edge_block) {
     q = in.q.data();
     k = in.k.data();
     v = in.v.data();
@@ -149,14 +143,27 @@ struct Call {
     // a − w <= 0 <= j for every query position a < Sk + Sq: a larger window
     // changes nothing, and the cap keeps a − w − j0 far from overflow.
     window = std::min(p.window, p.Sk + p.Sq);
-    block_q = std::max<std::int64_t>(1, (banded() ? kRowsTargetBanded : kRowsTarget) / G);
+    // Large tiles read each K/V block for more rows; with causal or
+    // sliding-window masks smaller ones waste less work on the diagonal.
+    const std::int64_t rows_aimed = banded() ? geo.rows_per_tile_banded : geo.rows_per_tile;
+    block_q = std::max<std::int64_t>(1, rows_aimed / G);
     block_q = std::min(block_q, p.Sq);
     n_qblocks = (p.Sq + block_q - 1) / block_q;
     max_rows = G * block_q;
     max_rows_p = RoundUp(max_rows, Lanes());
     // Tiles of one vector of rows (a decode step: one query of the G heads
     // of a group) would waste most lanes of the broadcast micro-kernel.
-    decode = max_rows_p == Lanes();
+    switch (geo.decode_tiles) {
+      case DecodeTiles::one_vector:
+        decode = max_rows_p == Lanes();
+        break;
+      case DecodeTiles::never:
+        decode = false;
+        break;
+      case DecodeTiles::always:
+        decode = true;
+        break;
+    }
     scale = static_cast<float>(p.scale);
     softcap = static_cast<float>(p.softcap);
   }

@@ -4,12 +4,43 @@
 // call are validated by the entry points themselves (entry_points.hpp).
 #include "tandem/optimized/backend.hpp"
 
+#include <cstdint>
+#include <limits>
+#include <string>
+
 #include "entry_points.hpp"
 
 namespace tandem::optimized {
 namespace {
 
 using detail::Gradient;
+
+/// Throws Error unless `value` of geometry field `field` lies in [lo, hi].
+void require_in(std::int64_t value, const std::string& field, std::int64_t lo, std::int64_t hi) {
+  require(value >= lo && value <= hi, "geometry." + field, value,
+          "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+/// Validates every field of the geometry (the ranges of Geometry's fields).
+void validate(const Geometry& g) {
+  constexpr std::int64_t kMaxKeys = 4096, kMaxRows = 65536, kMax = std::int64_t{1} << 20;
+  require_in(g.key_block, "key_block", 1, kMaxKeys);
+  require(g.edge_block >= 1 && g.edge_block <= g.key_block, "geometry.edge_block", g.edge_block,
+          "must be in [1, key_block = " + std::to_string(g.key_block) + "]");
+  require_in(g.rows_per_tile, "rows_per_tile", 1, kMaxRows);
+  require_in(g.rows_per_tile_banded, "rows_per_tile_banded", 1, kMaxRows);
+  require(g.decode_tiles == DecodeTiles::one_vector || g.decode_tiles == DecodeTiles::never ||
+              g.decode_tiles == DecodeTiles::always,
+          "geometry.decode_tiles", static_cast<std::int64_t>(g.decode_tiles),
+          "must be one_vector, never or always");
+  require_in(g.split_keys_chunk, "split_keys_chunk", 0, kMax);
+  require_in(g.split_keys_min_chunks, "split_keys_min_chunks", 0, kMax);
+  require_in(g.split_keys_contiguous_heads, "split_keys_contiguous_heads", 0,
+             std::numeric_limits<std::int64_t>::max());
+  require_in(g.split_keys_step, "split_keys_step", 1, kMax);
+  require_in(g.backward_min_tasks, "backward_min_tasks", 1, kMax);
+  require_in(g.backward_query_parts, "backward_query_parts", 0, kMax);
+}
 
 /// The dq, dk or dv alone entry point.
 std::function<void(const AttentionPlan&, const AttentionInputs<float>&, std::span<const float>,
@@ -25,6 +56,7 @@ one_gradient(const Options& options, Gradient which) {
 
 Backend backend(Options options) {
   require(options.threads >= 0, "threads", options.threads, "must be >= 0 (0 = all cores)");
+  validate(options.geometry);
   Backend b;
   b.name = "optimized";
   b.attention_forward = [options](const AttentionPlan& plan, const AttentionInputs<float>& in,

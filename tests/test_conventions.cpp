@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "support/tandem_test_support.hpp"
 #include "tandem/reference/backend.hpp"
 #include "tandem/tandem.hpp"
 
@@ -21,14 +22,6 @@ namespace {
 
 using std::int64_t;
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-std::vector<float> random_vector(std::size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(gen);
-  return v;
-}
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
@@ -49,9 +42,9 @@ struct Attention {
     p.heads = H;
     p.kv_heads = Hkv;
     p.head_dim = D;
-    q = random_vector(Sq * H * D, seed);
-    k = random_vector(Sk * Hkv * D, seed + 1);
-    v = random_vector(Sk * Hkv * D, seed + 2);
+    q = tandem::test::random_values<float>(Sq * H * D, seed);
+    k = tandem::test::random_values<float>(Sk * Hkv * D, seed + 1);
+    v = tandem::test::random_values<float>(Sk * Hkv * D, seed + 2);
   }
 
   std::vector<float> run(tandem::MaskKind kind, const std::vector<float>& mask = {},
@@ -317,7 +310,7 @@ double sigmoid(double x) {
 // [gate; up] projection is the same: tandem's gate_first = true.
 TEST(Conventions, GgmlSwigluIsGateFirst) {
   const int64_t n = 5;
-  const auto x = random_vector(3 * 2 * n, 21);
+  const auto x = tandem::test::random_values<float>(3 * 2 * n, 21);
   const auto y = swiglu(x, n, true);
   for (int64_t r = 0; r < 3; ++r)
     for (int64_t i = 0; i < n; ++i) {
@@ -331,7 +324,7 @@ TEST(Conventions, GgmlSwigluIsGateFirst) {
 // F.glu(x)·b — related, not equal.
 TEST(Conventions, TorchGluGatesWithTheSecondHalfAndIsNotSwiglu) {
   const int64_t n = 4;
-  const auto x = random_vector(2 * 2 * n, 22);
+  const auto x = tandem::test::random_values<float>(2 * 2 * n, 22);
   const auto y = swiglu(x, n, false);
   double glu_vs_swiglu = 0;
   for (int64_t r = 0; r < 2; ++r)
@@ -360,7 +353,7 @@ std::vector<float> rope(const std::vector<float>& x, const tandem::Shape& xs,
 // neox reads that [S, D] table as it is (T = D; only columns < D/2 are used).
 TEST(Conventions, HuggingFaceRotateHalfIsNeoxWithFullWidthTable) {
   const int64_t S = 5, D = 8, m = D / 2;
-  const auto x = random_vector(S * D, 31);
+  const auto x = tandem::test::random_values<float>(S * D, 31);
   std::vector<float> cos(S * D), sin(S * D);
   for (int64_t s = 0; s < S; ++s)
     for (int64_t i = 0; i < D; ++i) {
@@ -384,7 +377,7 @@ TEST(Conventions, HuggingFaceRotateHalfIsNeoxWithFullWidthTable) {
 // (x[2i], x[2i+1]) as the complex number x[2i] + i·x[2i+1] times e^{iθ_i}.
 TEST(Conventions, InterleavedComplexRotationIsGptj) {
   const int64_t S = 4, D = 6, m = D / 2;
-  const auto x = random_vector(S * D, 32);
+  const auto x = tandem::test::random_values<float>(S * D, 32);
   std::vector<float> cos(S * m), sin(S * m);
   for (int64_t s = 0; s < S; ++s)
     for (int64_t i = 0; i < m; ++i) {
@@ -422,7 +415,7 @@ TEST(Conventions, PerTokenPositionsAreTokenRows) {
       cp[s * m + i] = static_cast<float>(std::cos(angle(s, i)));
       sp[s * m + i] = static_cast<float>(std::sin(angle(s, i)));
     }
-  const auto x = random_vector(2 * 3 * D, 33);
+  const auto x = tandem::test::random_values<float>(2 * 3 * D, 33);
   tandem::RopeAttrs token;
   token.head_dim = D;
   token.table_rows = tandem::TableRows::token;
@@ -440,7 +433,7 @@ TEST(Conventions, PerTokenPositionsAreTokenRows) {
 TEST(Conventions, Sam2AxialRope) {
   const int64_t end_x = 3, end_y = 2, S = end_x * end_y, D = 8;
   const double theta = 10000.0;
-  const auto x = random_vector(S * D, 41);
+  const auto x = tandem::test::random_values<float>(S * D, 41);
   tandem::AxialRopeAttrs attrs;
   attrs.end_x = end_x;
   attrs.end_y = end_y;
@@ -477,7 +470,7 @@ TEST(Conventions, BhsdIsTheTransposeOfBshd) {
                                                        std::nullopt, attrs);
   std::vector<float> in[3], tr[3];
   for (int t = 0; t < 3; ++t) {
-    in[t] = random_vector(B * S * H * D, 50 + t);
+    in[t] = tandem::test::random_values<float>(B * S * H * D, 50 + t);
     tr[t].resize(in[t].size());
     for (int64_t b = 0; b < B; ++b)
       for (int64_t s = 0; s < S; ++s)

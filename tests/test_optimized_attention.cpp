@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "support/tandem_test_support.hpp"
 #include "tandem/reference/backend.hpp"
 #include "tandem/tandem.hpp"
 
@@ -32,60 +33,19 @@
 namespace {
 
 namespace opt = tandem::optimized;
+namespace test = tandem::test;
 using tandem::AttentionGrads;
 using tandem::AttentionInputs;
 using tandem::AttentionParams;
 using tandem::AttentionPlan;
 using tandem::Layout;
 using tandem::MaskKind;
+using test::bitwise_equal;
+using test::close;
+using test::Guarded;
 using Vec = std::vector<float>;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr std::size_t kGuard = 17;
-/// Guard value after every output: a NaN with a payload no kernel produces.
-const float kSentinel = std::bit_cast<float>(0x7fc0beefu);
-
-/// A view of n elements followed by kGuard sentinels.
-struct Guarded {
-  explicit Guarded(std::int64_t count)
-      : n(static_cast<std::size_t>(count)), buf(n + kGuard, kSentinel) {}
-  std::span<float> view() { return {buf.data(), n}; }
-  Vec values() const { return Vec(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(n)); }
-  bool guards_intact() const {
-    for (std::size_t i = n; i < buf.size(); ++i) {
-      if (std::bit_cast<std::uint32_t>(buf[i]) != std::bit_cast<std::uint32_t>(kSentinel))
-        return false;
-    }
-    return true;
-  }
-  std::size_t n;
-  Vec buf;
-};
-
-bool bitwise_equal(const Vec& a, const Vec& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-/// |got − want| <= atol + rtol·|want| everywhere; no NaN anywhere.
-::testing::AssertionResult close(const Vec& got, const Vec& want, double rtol, double atol) {
-  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size differs";
-  std::size_t bad = 0, first = 0;
-  double worst = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const double g = got[i], w = want[i];
-    const double err = std::abs(g - w);
-    const bool ok = !std::isnan(g) && !std::isnan(w) && err <= atol + rtol * std::abs(w);
-    if (!ok) {
-      if (bad == 0) first = i;
-      ++bad;
-    }
-    if (!std::isnan(err)) worst = std::max(worst, err);
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << bad << " of " << want.size() << " elements differ; first at " << first << ": got "
-         << got[first] << ", want " << want[first] << "; max abs error " << worst;
-}
 
 /// A strided tensor: the elements the plan places get values in [-2, 2],
 /// every other element of the view (gaps between strided rows) is NaN, so a
@@ -154,22 +114,8 @@ struct Case {
   *os << c.name;
 }
 
-AttentionParams P(std::int64_t B, std::int64_t Sq, std::int64_t Sk, std::int64_t H,
-                  std::int64_t Hkv, std::int64_t D, std::int64_t Dv = 0, Layout L = Layout::bshd,
-                  MaskKind mask = MaskKind::none, std::int64_t window = 0) {
-  AttentionParams p;
-  p.batch = B;
-  p.seq_q = Sq;
-  p.seq_k = Sk;
-  p.heads = H;
-  p.kv_heads = Hkv;
-  p.head_dim = D;
-  p.v_head_dim = Dv;
-  p.layout = L;
-  p.mask = mask;
-  p.window = window;
-  return p;
-}
+/// attention_params, under a short name for the case tables.
+constexpr auto P = [](auto... args) { return test::attention_params(args...); };
 
 std::vector<Case> cases() {
   using enum MaskKind;
@@ -305,8 +251,8 @@ Forward run_forward(const Data& data, int threads) {
   Guarded out(data.plan.o.extent), lse(data.plan.B * data.plan.H * data.plan.Sq);
   opt::backend(opt::Options{threads})
       .attention_forward_lse(data.plan, data.in(), out.view(), lse.view());
-  EXPECT_TRUE(out.guards_intact()) << "forward wrote past out";
-  EXPECT_TRUE(lse.guards_intact()) << "forward wrote past lse";
+  EXPECT_EQ(out.guard_damage(), "") << "forward, out";
+  EXPECT_EQ(lse.guard_damage(), "") << "forward, lse";
   return {out.values(), lse.values()};
 }
 
@@ -331,21 +277,15 @@ Grads run_backward(const Data& data, int threads, int which,
     b.attention_backward(p, data.in(), data.dout, g);
   }
   EXPECT_TRUE(dq.guards_intact() && dk.guards_intact() && dv.guards_intact())
-      << "backward wrote past a gradient";
+      << "backward wrote outside a gradient";
   Grads r;
   if (which & 1) r.dq = dq.values();
   if (which & 2) r.dk = dk.values();
   if (which & 4) r.dv = dv.values();
   // A gradient that was not asked for is never written.
-  if (!(which & 1)) {
-    EXPECT_TRUE(std::isnan(dq.buf[0]));
-  }
-  if (!(which & 2)) {
-    EXPECT_TRUE(std::isnan(dk.buf[0]));
-  }
-  if (!(which & 4)) {
-    EXPECT_TRUE(std::isnan(dv.buf[0]));
-  }
+  EXPECT_TRUE((which & 1) != 0 || dq.untouched());
+  EXPECT_TRUE((which & 2) != 0 || dk.untouched());
+  EXPECT_TRUE((which & 4) != 0 || dv.untouched());
   return r;
 }
 
@@ -367,9 +307,8 @@ TEST_P(OptimizedAttention, MatchesReferenceOnEveryTargetAndThreadCount) {
   ref.attention_backward(p, data.in(), data.dout, {want_dq, want_dk, want_dv});
   const std::vector<double> want_lse = naive_lse(p, data.in());
 
-  for (const std::int64_t target : opt::supported_targets()) {
-    opt::force_target(target);
-    SCOPED_TRACE("target " + opt::target_name(target) + ", " + p.describe());
+  test::for_each_target([&] {
+    SCOPED_TRACE(p.describe());
     const Forward f1 = run_forward(data, 1);
     EXPECT_TRUE(close(f1.out, want_out, 5e-5, 1e-5)) << "out";
     for (std::size_t x = 0; x < want_lse.size(); ++x) {
@@ -411,7 +350,7 @@ TEST_P(OptimizedAttention, MatchesReferenceOnEveryTargetAndThreadCount) {
     }
     // Runs repeat bitwise.
     EXPECT_TRUE(bitwise_equal(run_forward(data, 2).out, f1.out)) << "second run";
-  }
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, OptimizedAttention, ::testing::ValuesIn(cases()),
@@ -423,9 +362,7 @@ TEST(OptimizedAttentionMasked, FullyMaskedRowsGiveZeroNeverNaN) {
   Data data(params, 7);
   std::fill(data.mask.begin() + 70, data.mask.end(), 0.0f);  // batch 1 sees nothing
   const AttentionPlan& p = data.plan;
-  for (const std::int64_t target : opt::supported_targets()) {
-    opt::force_target(target);
-    SCOPED_TRACE(opt::target_name(target));
+  test::for_each_target([&] {
     const Forward f = run_forward(data, 2);
     const Grads g = run_backward(data, 2, 7);
     for (std::int64_t i = 0; i < p.Sq; ++i)
@@ -443,8 +380,7 @@ TEST(OptimizedAttentionMasked, FullyMaskedRowsGiveZeroNeverNaN) {
         EXPECT_EQ(g.dv[static_cast<std::size_t>(p.dv.at(1, j, 0) + d)], 0.0f);
     }
     for (float x : f.out) EXPECT_FALSE(std::isnan(x));
-  }
-  opt::force_target(0);
+  });
 }
 
 /// A padding key (keep = 0) is never used: NaN in its k and v rows must not
@@ -474,16 +410,14 @@ TEST(OptimizedAttentionMasked, PaddingKeysAreNeverUsed) {
         want_dk(static_cast<std::size_t>(p.dk.extent)),
         want_dv(static_cast<std::size_t>(p.dv.extent));
     ref.attention_backward(p, data.in(), data.dout, {want_dq, want_dk, want_dv});
-    for (const std::int64_t target : opt::supported_targets()) {
-      opt::force_target(target);
-      SCOPED_TRACE(opt::target_name(target) + " D=" + std::to_string(D));
+    test::for_each_target([&] {
+      SCOPED_TRACE("D=" + std::to_string(D));
       EXPECT_TRUE(close(run_forward(data, 2).out, want_out, 5e-5, 1e-5)) << "out";
       const Grads g = run_backward(data, 2, 7);
       EXPECT_TRUE(close(g.dq, want_dq, 1e-4, 2e-5)) << "dq";
       EXPECT_TRUE(close(g.dk, want_dk, 1e-4, 2e-5)) << "dk";
       EXPECT_TRUE(close(g.dv, want_dv, 1e-4, 2e-5)) << "dv";
-    }
-    opt::force_target(0);
+    });
   }
 }
 
@@ -610,9 +544,8 @@ TEST(OptimizedAttentionMasked, HiddenKeysWithNaNOrInfAreNeverRead) {
         if (!(in_v || bad == -kInf)) {
           ASSERT_LT(count_finite(want_out), want_out.size()) << what;
         }
-        for (const std::int64_t target : opt::supported_targets()) {
-          opt::force_target(target);
-          SCOPED_TRACE(opt::target_name(target) + ", " + what);
+        test::for_each_target([&] {
+          SCOPED_TRACE(what);
           const Forward f = run_forward(data, 1);
           EXPECT_TRUE(close_or_nonfinite(f.out, want_out, 5e-5, 1e-5)) << "out";
           EXPECT_TRUE(bitwise_equal(run_forward(data, 3).out, f.out)) << "out, 3 threads";
@@ -631,8 +564,7 @@ TEST(OptimizedAttentionMasked, HiddenKeysWithNaNOrInfAreNeverRead) {
           EXPECT_TRUE(close_or_nonfinite(dq, want_dq, 1e-4, 2e-5)) << "dq alone";
           EXPECT_TRUE(close_or_nonfinite(dk, want_dk, 1e-4, 2e-5)) << "dk alone";
           EXPECT_TRUE(close_or_nonfinite(dv, want_dv, 1e-4, 2e-5)) << "dv alone";
-        }
-        opt::force_target(0);
+        });
       }
     }
   }
@@ -697,9 +629,8 @@ TEST(OptimizedAttentionMasked, NonFiniteQueryRowsReachOnlyTheKeysTheySee) {
         // row (finite dk, dv in the reference), and some are seen.
         ASSERT_GT(count_finite(want_dk), 0u) << what;
         ASSERT_GT(count_finite(want_dv), 0u) << what;
-        for (const std::int64_t target : opt::supported_targets()) {
-          opt::force_target(target);
-          SCOPED_TRACE(opt::target_name(target) + ", " + what);
+        test::for_each_target([&] {
+          SCOPED_TRACE(what);
           const Grads all = run_backward(data, 1, 7);
           EXPECT_TRUE(close_or_nonfinite(all.dq, want_dq, 1e-4, 2e-5)) << "dq";
           EXPECT_TRUE(close_or_nonfinite(all.dk, want_dk, 1e-4, 2e-5)) << "dk";
@@ -708,8 +639,7 @@ TEST(OptimizedAttentionMasked, NonFiniteQueryRowsReachOnlyTheKeysTheySee) {
               << "dk alone";
           EXPECT_TRUE(close_or_nonfinite(run_backward(data, 1, 4).dv, want_dv, 1e-4, 2e-5))
               << "dv alone";
-        }
-        opt::force_target(0);
+        });
       }
     }
   }
@@ -723,12 +653,7 @@ TEST(OptimizedAttentionValidation, BadViewsThrowBeforeWriting) {
   Vec out(static_cast<std::size_t>(p.o.extent), 5.0f),
       lse(static_cast<std::size_t>(p.H * p.Sq), 5.0f);
   const auto expect_param = [](auto&& call, const std::string& name) {
-    try {
-      call();
-      ADD_FAILURE() << "no error for " << name;
-    } catch (const tandem::Error& e) {
-      EXPECT_EQ(e.parameter(), name) << e.what();
-    }
+    test::expect_error(call, name);
   };
   Vec short_out(out.size() - 1, 5.0f);
   expect_param([&] { b.attention_forward(p, data.in(), short_out); }, "out.size()");

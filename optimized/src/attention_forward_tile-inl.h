@@ -1,14 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // Per-target FlashAttention-2 forward over one tile of query rows, by two
-// algorithms over one online-softmax step:
+// algorithms over one online-softmax step (Geometry::decode_tiles chooses,
+// per call):
 //
 //  - WideTile: vectors across query rows (the transposed layout of
 //    attention_tile-inl.h); S = K·Qt and Ot += V^T·P by the broadcast
-//    micro-kernel. Every tile of more than one vector of rows.
+//    micro-kernel. By default every tile of more than one vector of rows.
 //  - DecodeTile: vectors along d; S by dot products, O += P·V with rows as
-//    broadcasts. Tiles of one vector of rows (a decode step: one query of the
-//    G heads of a group), which would waste most lanes of the wide tile and
-//    load every K and V element on its own.
+//    broadcasts. By default tiles of one vector of rows (a decode step: one
+//    query of the G heads of a group), which would waste most lanes of the
+//    wide tile and load every K and V element on its own.
 //
 // The forward, the split-key decode and the backward's recomputation of the
 // log-sum-exp run them. Included once per Highway target (the toggle guard

@@ -4,10 +4,10 @@
 // exp and the score transform (scale, softcap, bias, masks). Included once
 // per Highway target (the toggle guard below), after <hwy/highway.h>.
 //
-// Everything runs in "transposed space": a tile holds the query rows of one
-// (batch, kv head, query block) — the G = H/Hkv query heads of the group times
-// nq queries, row r = qi*G + gi — as the *columns* of its buffers, so one
-// vector covers N query rows:
+// The wide tile and the backward run in "transposed space": a tile holds the
+// query rows of one (batch, kv head, query block) — the G = H/Hkv query heads
+// of the group times nq queries, row r = qi*G + gi — as the *columns* of its
+// buffers, so one vector covers N query rows:
 //
 //     Qt[d][r]   the tile's queries, packed once per tile
 //     St[jj][r]  scores of key j0 + jj against row r (then probabilities)
@@ -18,12 +18,14 @@
 // into rows of an odd stride (rows a caller keeps 4 KiB apart would share a
 // cache set); P·V broadcasts consecutive elements of one V row per step, so
 // wide tiles read V in place (a copy only where padding keys must be zeroed).
-// The running max / sum of the
-// online softmax are vectors over N rows, and no horizontal reduction is
-// needed. Tiles of a single vector of rows (decode steps) take vectors along
-// d instead (DecodeTile, attention_forward_tile-inl.h). Only buffers owned here, or caller rows
-// whose width is a whole number of vectors, are loaded as whole vectors, so there are no tails to
-// mask: owned widths are rounded up and the padding is zero.
+// The running max / sum of the online softmax are vectors over N rows, and
+// no horizontal reduction is needed. Decode tiles take vectors along d
+// instead (DecodeTile, attention_forward_tile-inl.h). Only buffers owned
+// here, or caller rows whose width is a whole number of vectors, are loaded
+// as whole vectors, so there are no tails to mask: owned widths are rounded
+// up and the padding is zero.
+//
+// The block sizes come from the call's Geometry (Call), never from globals.
 //
 // Hidden keys never reach a sum: see Skip (gemm-inl.h).
 #if defined(TANDEM_OPTIMIZED_ATTENTION_TILE_INL_H_) == defined(HWY_TARGET_TOGGLE)

@@ -182,6 +182,7 @@ TEST(Conventions, KeepMaskIsPyTorchBooleanAttnMask) {
   const Attention a(3, 5);
   const std::vector<bool> attn_mask = {true, true, false, true, false};
   std::vector<float> keep;
+  keep.reserve(attn_mask.size());
   for (bool m : attn_mask) keep.push_back(m ? 1.0f : 0.0f);
   const auto sdpa = a.bias([&](int64_t, int64_t j) { return bool(attn_mask[j]); });
   EXPECT_LE(
@@ -215,9 +216,9 @@ TEST(Conventions, AdditiveMaskWithMinusInfinityHidesKeys) {
       max_abs_diff(a.run(tandem::MaskKind::bias, bias), a.run(tandem::MaskKind::key_padding, keep)),
       1e-6);
   // A finite stand-in for −inf is not exclusion: a fully masked row would
-  // average the hidden values instead of giving 0.
-  const auto all_hidden = a.run(tandem::MaskKind::bias, std::vector<float>(2 * 4, -kInf));
-  const auto all_finite = a.run(tandem::MaskKind::bias, std::vector<float>(2 * 4, -1e9f));
+  // average the hidden values instead of giving 0 (bias [Sq, Sk] = [2, 4]).
+  const auto all_hidden = a.run(tandem::MaskKind::bias, std::vector<float>(8, -kInf));
+  const auto all_finite = a.run(tandem::MaskKind::bias, std::vector<float>(8, -1e9f));
   for (float o : all_hidden) EXPECT_EQ(o, 0.0f);
   EXPECT_GT(max_abs_diff(all_hidden, all_finite), 1e-3);
 }
@@ -244,7 +245,7 @@ TEST(Conventions, SoftcapAppliesAfterScaleBeforeBias) {
   const auto got = a.run(tandem::MaskKind::none, {}, 0, c);
   const double scale = 0.5;  // 1/sqrt(4)
   auto expected = [&](bool cap_after_scale) {
-    std::vector<float> out(2 * 4);
+    std::vector<float> out(8);
     for (int64_t i = 0; i < 2; ++i) {
       double s[3], m = -1e300, l = 0;
       for (int64_t j = 0; j < 3; ++j) {
@@ -310,7 +311,7 @@ double sigmoid(double x) {
 // [gate; up] projection is the same: tandem's gate_first = true.
 TEST(Conventions, GgmlSwigluIsGateFirst) {
   const int64_t n = 5;
-  const auto x = tandem::test::random_values<float>(3 * 2 * n, 21);
+  const auto x = tandem::test::random_values<float>(3 * (2 * n), 21);
   const auto y = swiglu(x, n, true);
   for (int64_t r = 0; r < 3; ++r)
     for (int64_t i = 0; i < n; ++i) {
@@ -324,7 +325,7 @@ TEST(Conventions, GgmlSwigluIsGateFirst) {
 // F.glu(x)·b — related, not equal.
 TEST(Conventions, TorchGluGatesWithTheSecondHalfAndIsNotSwiglu) {
   const int64_t n = 4;
-  const auto x = tandem::test::random_values<float>(2 * 2 * n, 22);
+  const auto x = tandem::test::random_values<float>(2 * (2 * n), 22);
   const auto y = swiglu(x, n, false);
   double glu_vs_swiglu = 0;
   for (int64_t r = 0; r < 2; ++r)
@@ -415,7 +416,7 @@ TEST(Conventions, PerTokenPositionsAreTokenRows) {
       cp[s * m + i] = static_cast<float>(std::cos(angle(s, i)));
       sp[s * m + i] = static_cast<float>(std::sin(angle(s, i)));
     }
-  const auto x = tandem::test::random_values<float>(2 * 3 * D, 33);
+  const auto x = tandem::test::random_values<float>(2 * (3 * D), 33);
   tandem::RopeAttrs token;
   token.head_dim = D;
   token.table_rows = tandem::TableRows::token;
@@ -441,7 +442,8 @@ TEST(Conventions, Sam2AxialRope) {
   std::vector<float> y(plan.out_size());
   tandem::reference::backend().axial_rope_forward(plan, x, y);
   for (int64_t t = 0; t < S; ++t) {
-    const double tx = t % end_x, ty = t / end_x;
+    const int64_t row = t / end_x;  // the grid position (t % end_x, t / end_x)
+    const auto tx = static_cast<double>(t % end_x), ty = static_cast<double>(row);
     for (int64_t j = 0; j < D / 2; ++j) {
       const int64_t k = j % (D / 4);
       const double freq = 1.0 / std::pow(theta, static_cast<double>(4 * k) / D);

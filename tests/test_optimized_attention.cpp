@@ -184,7 +184,7 @@ std::vector<Case> cases() {
   c.push_back({"bwd_query_parts_gqa_causal", P(1, 300, 300, 4, 1, 16, 0, Layout::bshd, causal)});
   c.push_back(
       {"bwd_query_parts_window_dv", P(2, 200, 230, 2, 1, 8, 5, Layout::bhsd, sliding_window, 60)});
-  // the last query block holds one vector of rows or less (taken as narrow)
+  // the last query block holds one vector of rows or less (the call stays wide)
   c.push_back({"last_block_one_vector", P(1, 385, 400, 1, 1, 16)});
   // Decode steps with long caches: the keys are split into chunks (their size
   // set by the shape: 128, 256 or 512 keys here) whose partial results are
@@ -452,8 +452,8 @@ std::size_t count_finite(const Vec& x) {
 /// and show to others, with NaN, +inf or −inf in its k or its v: the rows it
 /// is hidden from must come out as the reference gives them (finite: the
 /// reference never reads a hidden key), forward and every gradient, on every
-/// target, and rows that see it must not turn finite. Wide tiles, narrow
-/// (decode-like) tiles, rows read in place and packed, softcap.
+/// target, and rows that see it must not turn finite. Wide tiles, decode
+/// tiles, rows read in place and packed, softcap.
 TEST(OptimizedAttentionMasked, HiddenKeysWithNaNOrInfAreNeverRead) {
   using enum MaskKind;
   struct Poisoned {
@@ -465,8 +465,8 @@ TEST(OptimizedAttentionMasked, HiddenKeysWithNaNOrInfAreNeverRead) {
   cases.push_back({"causal_wide", P(1, 70, 70, 4, 2, 16, 0, Layout::bshd, causal), {25, 40, 69}});
   cases.push_back(
       {"causal_sq_lt_sk_packed", P(2, 33, 80, 2, 1, 7, 9, Layout::bhsd, causal), {50, 63, 79}});
-  cases.push_back({"causal_narrow", P(1, 2, 70, 4, 2, 16, 0, Layout::bshd, causal), {69}});
-  cases.push_back({"causal_narrow_packed", P(1, 2, 70, 4, 2, 9, 5, Layout::bshd, causal), {69}});
+  cases.push_back({"causal_decode", P(1, 2, 70, 4, 2, 16, 0, Layout::bshd, causal), {69}});
+  cases.push_back({"causal_decode_packed", P(1, 2, 70, 4, 2, 9, 5, Layout::bshd, causal), {69}});
   cases.push_back(
       {"window_wide", P(1, 70, 150, 2, 1, 17, 0, Layout::bshd, sliding_window, 5), {82, 100, 140}});
   cases.push_back(
@@ -480,7 +480,7 @@ TEST(OptimizedAttentionMasked, HiddenKeysWithNaNOrInfAreNeverRead) {
   {
     AttentionParams p = P(1, 1, 70, 8, 2, 16, 0, Layout::bshd, bias);
     p.bias_heads = 8;
-    cases.push_back({"bias_narrow", p, {10, 64}});
+    cases.push_back({"bias_decode", p, {10, 64}});
   }
   {
     AttentionParams p = P(1, 12, 40, 2, 1, 16, 0, Layout::bhsd, bias);
@@ -493,15 +493,15 @@ TEST(OptimizedAttentionMasked, HiddenKeysWithNaNOrInfAreNeverRead) {
     cases.push_back({"causal_softcap", p, {17}});
   }
   // decode steps with long caches (split into key chunks)
-  cases.push_back({"window_narrow_split",
+  cases.push_back({"window_decode_split",
                    P(1, 2, 1100, 2, 2, 100, 0, Layout::bhsd, sliding_window, 300),
                    {100, 798}});
   cases.push_back(
-      {"causal_narrow_split", P(1, 2, 1100, 16, 4, 64, 0, Layout::bshd, causal), {1099}});
+      {"causal_decode_split", P(1, 2, 1100, 16, 4, 64, 0, Layout::bshd, causal), {1099}});
   {
     AttentionParams p = P(1, 1, 600, 8, 8, 64, 0, Layout::bshd, bias);
     p.bias_heads = 8;
-    cases.push_back({"bias_narrow_split", p, {10, 300, 599}});
+    cases.push_back({"bias_decode_split", p, {10, 300, 599}});
   }
   const tandem::Backend ref = tandem::reference::backend();
   for (const Poisoned& pc : cases) {

@@ -166,7 +166,7 @@ std::vector<float> run_forward(const Backend& be, const AttentionData& d) {
   const auto k = place<float, float>(p.k, p.B, p.Sk, p.Hkv, p.D, cspan(d.k));
   const auto v = place<float, float>(p.v, p.B, p.Sk, p.Hkv, p.Dv, cspan(d.v));
   Guarded out(p.o.extent);
-  be.attention_forward(p, {cspan(q), cspan(k), cspan(v), cspan(d.mask)}, out.span());
+  be.attention_forward(p, {cspan(q), cspan(k), cspan(v), cspan(d.mask)}, out.view());
   const auto o = out.values();
   return gather<float>(p.o, p.B, p.Sq, p.H, p.Dv, cspan(o));
 }
@@ -197,7 +197,7 @@ Grads run_backward(const Backend& be, const AttentionData& d) {
   AttentionInputs<float> in = m.in();
   in.mask = cspan(d.mask);
   Guarded dq(p.dq.extent), dk(p.dk.extent), dv(p.dv.extent);
-  be.attention_backward(p, in, cspan(m.dout), {dq.span(), dk.span(), dv.span()});
+  be.attention_backward(p, in, cspan(m.dout), {dq.view(), dk.view(), dv.view()});
   return gather_grads(p, dq.values(), dk.values(), dv.values());
 }
 
@@ -207,9 +207,9 @@ Grads run_backward_separate(const Backend& be, const AttentionData& d) {
   AttentionInputs<float> in = m.in();
   in.mask = cspan(d.mask);
   Guarded dq(p.dq.extent), dk(p.dk.extent), dv(p.dv.extent);
-  be.attention_backward_dq(p, in, cspan(m.dout), dq.span());
-  be.attention_backward_dk(p, in, cspan(m.dout), dk.span());
-  be.attention_backward_dv(p, in, cspan(m.dout), dv.span());
+  be.attention_backward_dq(p, in, cspan(m.dout), dq.view());
+  be.attention_backward_dk(p, in, cspan(m.dout), dk.view());
+  be.attention_backward_dv(p, in, cspan(m.dout), dv.view());
   return gather_grads(p, dq.values(), dk.values(), dv.values());
 }
 
@@ -219,7 +219,7 @@ Saved run_forward_lse(const Backend& be, const AttentionData& d) {
   AttentionInputs<float> in = m.in();
   in.mask = cspan(d.mask);
   Guarded out(p.o.extent), lse(p.lse_size());
-  be.attention_forward_lse(p, in, out.span(), lse.span());
+  be.attention_forward_lse(p, in, out.view(), lse.view());
   return {out.values(), lse.values()};
 }
 
@@ -230,7 +230,7 @@ Grads run_backward_saved(const Backend& be, const AttentionData& d, const Saved&
   in.mask = cspan(d.mask);
   Guarded dq(p.dq.extent), dk(p.dk.extent), dv(p.dv.extent);
   be.attention_backward_saved(p, in, {cspan(saved.out), cspan(saved.lse)}, cspan(m.dout),
-                              {dq.span(), dk.span(), dv.span()});
+                              {dq.view(), dk.view(), dv.view()});
   return gather_grads(p, dq.values(), dk.values(), dv.values());
 }
 
@@ -385,7 +385,7 @@ std::vector<float> run_rope(const Backend& be, const RopePlan& p, std::span<cons
                             std::span<const float> cos, std::span<const float> sin, bool backward) {
   const auto src = rope_source(p, x);
   Guarded out(p.out_size());
-  (backward ? be.rope_backward : be.rope_forward)(p, cspan(src), {cos, sin}, out.span());
+  (backward ? be.rope_backward : be.rope_forward)(p, cspan(src), {cos, sin}, out.view());
   return out.values();
 }
 
@@ -458,7 +458,7 @@ std::vector<float> run_axial(const Backend& be, const AxialRopePlan& p, std::spa
                              bool backward) {
   const auto src = axial_source(p, x);
   Guarded out(p.out_size());
-  (backward ? be.axial_rope_backward : be.axial_rope_forward)(p, cspan(src), out.span());
+  (backward ? be.axial_rope_backward : be.axial_rope_forward)(p, cspan(src), out.view());
   return out.values();
 }
 
@@ -510,11 +510,11 @@ SwigluData make_data(const SwigluCase& c) {
 std::vector<float> run_swiglu(const Backend& be, const SwigluData& d, bool backward) {
   if (backward) {
     Guarded dx(d.plan.in_size());
-    be.swiglu_backward(d.plan, cspan(d.x), cspan(d.dy), dx.span());
+    be.swiglu_backward(d.plan, cspan(d.x), cspan(d.dy), dx.view());
     return dx.values();
   }
   Guarded out(d.plan.out_size());
-  be.swiglu_forward(d.plan, cspan(d.x), out.span());
+  be.swiglu_forward(d.plan, cspan(d.x), out.view());
   return out.values();
 }
 
@@ -607,7 +607,7 @@ BlockData make_data(const BlockCase& c) {
 
 std::vector<float> run_block(const Backend& be, const BlockData& d) {
   Guarded out(d.plan.x_size());
-  be.attention_block(d.plan, d.inputs(), out.span());
+  be.attention_block(d.plan, d.inputs(), out.view());
   return out.values();
 }
 

@@ -180,18 +180,18 @@ std::vector<std::vector<float>> call(const Backend& be, int op, std::string* mem
     const AttentionInputs<float> ai{q, k, v, mask};
     if (op == kAttnFwd) {
       outs.emplace_back(p.o.extent);
-      be.attention_forward(p, ai, outs[0].span());
+      be.attention_forward(p, ai, outs[0].view());
     } else if (op == kAttnFwdLse) {
       outs.emplace_back(p.o.extent);
       outs.emplace_back(p.lse_size());
-      be.attention_forward_lse(p, ai, outs[0].span(), outs[1].span());
+      be.attention_forward_lse(p, ai, outs[0].view(), outs[1].view());
     } else {
       const auto dout = in.add(place<float, float>(p.o, p.B, p.Sq, p.H, p.Dv, cspan(d.dout)));
       if (op == kAttnBwd || op == kAttnBwdSaved) {
         outs.emplace_back(p.dq.extent);
         outs.emplace_back(p.dk.extent);
         outs.emplace_back(p.dv.extent);
-        const AttentionGrads<float> g{outs[0].span(), outs[1].span(), outs[2].span()};
+        const AttentionGrads<float> g{outs[0].view(), outs[1].view(), outs[2].view()};
         if (op == kAttnBwd) {
           be.attention_backward(p, ai, dout, g);
         } else {
@@ -204,13 +204,13 @@ std::vector<std::vector<float>> call(const Backend& be, int op, std::string* mem
         }
       } else if (op == kAttnDq) {
         outs.emplace_back(p.dq.extent);
-        be.attention_backward_dq(p, ai, dout, outs[0].span());
+        be.attention_backward_dq(p, ai, dout, outs[0].view());
       } else if (op == kAttnDk) {
         outs.emplace_back(p.dk.extent);
-        be.attention_backward_dk(p, ai, dout, outs[0].span());
+        be.attention_backward_dk(p, ai, dout, outs[0].view());
       } else {
         outs.emplace_back(p.dv.extent);
-        be.attention_backward_dv(p, ai, dout, outs[0].span());
+        be.attention_backward_dv(p, ai, dout, outs[0].view());
       }
     }
   } else if (op <= kRopeBwd) {
@@ -220,14 +220,14 @@ std::vector<std::vector<float>> call(const Backend& be, int op, std::string* mem
     const auto src = in.add(rope_source(d.plan, op == kRopeFwd ? d.x : d.dy));
     const auto cs = in.add(d.cos), sn = in.add(d.sin);
     outs.emplace_back(d.plan.out_size());
-    (op == kRopeFwd ? be.rope_forward : be.rope_backward)(d.plan, src, {cs, sn}, outs[0].span());
+    (op == kRopeFwd ? be.rope_forward : be.rope_backward)(d.plan, src, {cs, sn}, outs[0].view());
   } else if (op <= kAxialBwd) {
     const AxialCase c = *gen_axial();
     RC_LOG() << c << "\n";
     const AxialData d = make_data(c);
     const auto src = in.add(axial_source(d.plan, op == kAxialFwd ? d.x : d.dy));
     outs.emplace_back(d.plan.out_size());
-    (op == kAxialFwd ? be.axial_rope_forward : be.axial_rope_backward)(d.plan, src, outs[0].span());
+    (op == kAxialFwd ? be.axial_rope_forward : be.axial_rope_backward)(d.plan, src, outs[0].view());
   } else if (op <= kSwigluBwd) {
     const SwigluCase c = *gen_swiglu();
     RC_LOG() << c << "\n";
@@ -235,11 +235,11 @@ std::vector<std::vector<float>> call(const Backend& be, int op, std::string* mem
     const auto x = in.add(d.x);
     if (op == kSwigluFwd) {
       outs.emplace_back(d.plan.out_size());
-      be.swiglu_forward(d.plan, x, outs[0].span());
+      be.swiglu_forward(d.plan, x, outs[0].view());
     } else {
       const auto dy = in.add(d.dy);
       outs.emplace_back(d.plan.in_size());
-      be.swiglu_backward(d.plan, x, dy, outs[0].span());
+      be.swiglu_backward(d.plan, x, dy, outs[0].view());
     }
   } else {
     const BlockCase c = *gen_block();
@@ -255,7 +255,7 @@ std::vector<std::vector<float>> call(const Backend& be, int op, std::string* mem
     bi.cos = in.add(d.cos);
     bi.sin = in.add(d.sin);
     outs.emplace_back(d.plan.x_size());
-    be.attention_block(d.plan, bi, outs[0].span());
+    be.attention_block(d.plan, bi, outs[0].view());
   }
   std::vector<std::vector<float>> result;
   for (std::size_t i = 0; i < outs.size(); ++i) {

@@ -16,30 +16,6 @@
 
 namespace tandem::props {
 
-std::string Guarded::guard_damage() const {
-  for (std::size_t i = 0; i < kGuard; ++i) {
-    if (!is_sentinel(buf_[i])) {
-      return "wrote " + std::to_string(kGuard - i) + " element(s) before the output (value " +
-             std::to_string(buf_[i]) + ")";
-    }
-    if (!is_sentinel(buf_[kGuard + n_ + i])) {
-      return "wrote element " + std::to_string(n_ + i) + " past an output of " +
-             std::to_string(n_) + " (value " + std::to_string(buf_[kGuard + n_ + i]) + ")";
-    }
-  }
-  return {};
-}
-
-std::string Guarded::unwritten() const {
-  for (std::size_t i = 0; i < n_; ++i) {
-    if (is_sentinel(buf_[kGuard + i])) {
-      return "output element " + std::to_string(i) + " of " + std::to_string(n_) +
-             " was never written";
-    }
-  }
-  return {};
-}
-
 double max_abs(std::span<const double> x) {
   double m = 0;
   for (double v : x) {
@@ -58,47 +34,6 @@ double max_err(std::span<const double> got, std::span<const double> exp) {
     m = std::max(m, std::abs(got[i] - exp[i]));
   }
   return m;
-}
-
-std::string mismatch(const std::string& what, std::span<const double> got,
-                     std::span<const double> exp, double atol, double rtol) {
-  if (got.size() != exp.size()) {
-    return what + ": " + std::to_string(got.size()) + " elements, expected " +
-           std::to_string(exp.size());
-  }
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double g = got[i], e = exp[i];
-    bool ok;
-    if (std::isnan(e) || std::isnan(g)) {
-      ok = std::isnan(e) && std::isnan(g);
-    } else if (std::isinf(e) || std::isinf(g)) {
-      ok = g == e;
-    } else {
-      ok = std::abs(g - e) <= atol + rtol * std::abs(e);
-    }
-    if (!ok) {
-      std::ostringstream os;
-      os.precision(9);
-      os << what << "[" << i << "] = " << g << ", expected " << e << " (|diff| " << std::abs(g - e)
-         << " > atol " << atol << " + rtol " << rtol << "·|exp|)";
-      return os.str();
-    }
-  }
-  return {};
-}
-
-std::string bit_mismatch(const std::string& what, std::span<const float> a,
-                         std::span<const float> b) {
-  if (a.size() != b.size()) return what + ": sizes differ";
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!same_bits(a[i], b[i])) {
-      std::ostringstream os;
-      os.precision(9);
-      os << what << "[" << i << "] differs: " << a[i] << " vs " << b[i];
-      return os.str();
-    }
-  }
-  return {};
 }
 
 Subject fixture_subject(broken::Bug bug) {

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file support.hpp
-/// @brief What every property shares: guarded output buffers, strided
-///        placement of logical tensors, NaN-aware comparison in double, the
-///        reference at any scalar type, and the registry of backends and
-///        properties.
+/// @brief What every property shares: strided placement of logical tensors,
+///        the reference at any scalar type, and the registry of backends and
+///        properties; guarded output buffers and NaN-aware comparison come
+///        from the test-support header shared with tests/.
 ///
 /// Logical tensors are always held in `bshd` order `[B, S, heads, width]`;
 /// place() writes one into memory by a plan's Strides (junk in every gap)
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "broken/broken.hpp"
+#include "support/tandem_test_support.hpp"
 #include "tandem/tandem.hpp"
 
 namespace tandem::props {
@@ -33,42 +34,13 @@ using i64 = std::int64_t;
 /// float32 machine epsilon.
 inline constexpr double kEps = 1.1920928955078125e-07;
 
-/// The junk written into every gap (stride padding, table padding): a NaN,
-/// so any read of it poisons the result.
-inline float junk() {
-  return std::bit_cast<float>(0x7fc0beefu);
-}
-/// The sentinel around and inside outputs before a call: a NaN with a
-/// payload no kernel computes.
-inline float sentinel() {
-  return std::bit_cast<float>(0x7fa5a5a5u);
-}
-inline bool is_sentinel(float x) {
-  return std::bit_cast<std::uint32_t>(x) == std::bit_cast<std::uint32_t>(sentinel());
-}
-inline bool same_bits(float a, float b) {
-  return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b);
-}
-
-/// An output buffer of n floats with kGuard sentinels on either side; the
-/// view handed to a kernel is exactly n long.
-class Guarded {
- public:
-  static constexpr std::size_t kGuard = 16;
-  explicit Guarded(std::size_t n) : n_(n), buf_(n + 2 * kGuard, sentinel()) {}
-  std::span<float> span() { return {buf_.data() + kGuard, n_}; }
-  std::vector<float> values() const {
-    return {buf_.begin() + kGuard, buf_.begin() + static_cast<std::ptrdiff_t>(kGuard + n_)};
-  }
-  /// Empty when both guards still hold the sentinel, else where it was overwritten.
-  std::string guard_damage() const;
-  /// Empty when every element of the view was written, else the first one that was not.
-  std::string unwritten() const;
-
- private:
-  std::size_t n_;
-  std::vector<float> buf_;
-};
+using test::bit_mismatch;
+using test::Guarded;
+using test::is_sentinel;
+using test::junk;
+using test::mismatch;
+using test::same_bits;
+using test::sentinel;
 
 /// A seeded source of test data.
 class Rng {
@@ -142,15 +114,6 @@ inline double max_abs(const std::vector<double>& x) {
 }
 /// max |got − exp| (NaN where exactly one side is NaN counts as +inf).
 double max_err(std::span<const double> got, std::span<const double> exp);
-
-/// Empty when every element satisfies `|got − exp| <= atol + rtol·|exp|`
-/// (NaN matches only NaN, inf only the same inf), otherwise a message naming
-/// `what`, the first bad index, both values and the bound.
-std::string mismatch(const std::string& what, std::span<const double> got,
-                     std::span<const double> exp, double atol, double rtol);
-/// As mismatch(), demanding identical bits.
-std::string bit_mismatch(const std::string& what, std::span<const float> a,
-                         std::span<const float> b);
 
 /// Fails the current property with `msg` unless it is empty.
 #define TANDEM_REQUIRE_EMPTY(msg)               \

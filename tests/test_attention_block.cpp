@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "support/tandem_test_support.hpp"
 #include "tandem/attention_block.hpp"
 #include "tandem/reference/attention.hpp"
 #include "tandem/reference/attention_block.hpp"
@@ -61,13 +62,7 @@ std::vector<float> identity(std::int64_t E) {
   return w;
 }
 
-std::vector<float> random_values(std::size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& e : v) e = dist(gen);
-  return v;
-}
+using tandem::test::random_values;
 
 void expect_near(const std::vector<float>& got, const std::vector<double>& want, double tol) {
   ASSERT_EQ(got.size(), want.size());

@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "support/tandem_test_support.hpp"
 #include "tandem/axial_rope.hpp"
 #include "tandem/reference/axial_rope.hpp"
 #include "tandem/reference/backend.hpp"
@@ -68,14 +69,6 @@ void expect_row(const std::vector<double>& out, std::int64_t row, const std::vec
   for (std::int64_t w = 0; w < W; ++w) {
     EXPECT_NEAR(out[row * W + w], want[w], tol) << "row " << row << " column " << w;
   }
-}
-
-std::vector<double> random_values(std::size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> dist(-1.0, 1.0);
-  std::vector<double> v(n);
-  for (double& e : v) e = dist(gen);
-  return v;
 }
 
 TEST(AxialRope, TwoByTwoGridD4) {
@@ -170,7 +163,8 @@ TEST(AxialRope, BackwardIsTheTransposeOfForward) {
   // a repeat factor and a strided source (sums over the W columns only).
   const AxialRopePlan plan = plan_of(2, 16, 2, 3, 2, 100.0, 2, 19);
   const auto n = static_cast<std::size_t>(plan.src_extent());
-  const std::vector<double> x = random_values(n, 5), y = random_values(n, 6);
+  const std::vector<double> x = tandem::test::random_values<double>(n, 5),
+                            y = tandem::test::random_values<double>(n, 6);
   const std::vector<double> fx = forward(plan, x), by = backward(plan, y);
   double lhs = 0.0, rhs = 0.0;
   for (std::int64_t r = 0; r < plan.B * plan.S; ++r) {
@@ -186,14 +180,16 @@ TEST(AxialRope, BackwardIsTheTransposeOfForward) {
 TEST(AxialRope, BackwardUndoesForward) {
   // Each pair turns by a true angle, so the transpose is the inverse.
   const AxialRopePlan plan = plan_of(2, 16, 2, 3, 2, 100.0, 2);
-  const std::vector<double> x = random_values(static_cast<std::size_t>(plan.out_size()), 9);
+  const std::vector<double> x =
+      tandem::test::random_values<double>(static_cast<std::size_t>(plan.out_size()), 9);
   const std::vector<double> back = backward(plan, forward(plan, x));
   for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(back[i], x[i], 1e-14) << i;
 }
 
 TEST(AxialRope, Float32BackendAgreesWithDouble) {
   const AxialRopePlan plan = plan_of(1, 8, 1, 3, 2, 10000.0);
-  const std::vector<double> x = random_values(static_cast<std::size_t>(plan.out_size()), 3);
+  const std::vector<double> x =
+      tandem::test::random_values<double>(static_cast<std::size_t>(plan.out_size()), 3);
   const std::vector<float> xf(x.begin(), x.end());
   std::vector<float> yf(xf.size()), dxf(xf.size());
   const tandem::Backend b = tandem::reference::backend();

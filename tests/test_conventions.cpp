@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "support/tandem_test_support.hpp"
 #include "tandem/reference/backend.hpp"
 #include "tandem/tandem.hpp"
 
@@ -21,14 +22,6 @@ namespace {
 
 using std::int64_t;
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-std::vector<float> random_vector(std::size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(gen);
-  return v;
-}
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
@@ -49,9 +42,9 @@ struct Attention {
     p.heads = H;
     p.kv_heads = Hkv;
     p.head_dim = D;
-    q = random_vector(Sq * H * D, seed);
-    k = random_vector(Sk * Hkv * D, seed + 1);
-    v = random_vector(Sk * Hkv * D, seed + 2);
+    q = tandem::test::random_values<float>(Sq * H * D, seed);
+    k = tandem::test::random_values<float>(Sk * Hkv * D, seed + 1);
+    v = tandem::test::random_values<float>(Sk * Hkv * D, seed + 2);
   }
 
   std::vector<float> run(tandem::MaskKind kind, const std::vector<float>& mask = {},
@@ -189,6 +182,7 @@ TEST(Conventions, KeepMaskIsPyTorchBooleanAttnMask) {
   const Attention a(3, 5);
   const std::vector<bool> attn_mask = {true, true, false, true, false};
   std::vector<float> keep;
+  keep.reserve(attn_mask.size());
   for (bool m : attn_mask) keep.push_back(m ? 1.0f : 0.0f);
   const auto sdpa = a.bias([&](int64_t, int64_t j) { return bool(attn_mask[j]); });
   EXPECT_LE(
@@ -222,9 +216,9 @@ TEST(Conventions, AdditiveMaskWithMinusInfinityHidesKeys) {
       max_abs_diff(a.run(tandem::MaskKind::bias, bias), a.run(tandem::MaskKind::key_padding, keep)),
       1e-6);
   // A finite stand-in for −inf is not exclusion: a fully masked row would
-  // average the hidden values instead of giving 0.
-  const auto all_hidden = a.run(tandem::MaskKind::bias, std::vector<float>(2 * 4, -kInf));
-  const auto all_finite = a.run(tandem::MaskKind::bias, std::vector<float>(2 * 4, -1e9f));
+  // average the hidden values instead of giving 0 (bias [Sq, Sk] = [2, 4]).
+  const auto all_hidden = a.run(tandem::MaskKind::bias, std::vector<float>(8, -kInf));
+  const auto all_finite = a.run(tandem::MaskKind::bias, std::vector<float>(8, -1e9f));
   for (float o : all_hidden) EXPECT_EQ(o, 0.0f);
   EXPECT_GT(max_abs_diff(all_hidden, all_finite), 1e-3);
 }
@@ -251,7 +245,7 @@ TEST(Conventions, SoftcapAppliesAfterScaleBeforeBias) {
   const auto got = a.run(tandem::MaskKind::none, {}, 0, c);
   const double scale = 0.5;  // 1/sqrt(4)
   auto expected = [&](bool cap_after_scale) {
-    std::vector<float> out(2 * 4);
+    std::vector<float> out(8);
     for (int64_t i = 0; i < 2; ++i) {
       double s[3], m = -1e300, l = 0;
       for (int64_t j = 0; j < 3; ++j) {
@@ -317,7 +311,7 @@ double sigmoid(double x) {
 // [gate; up] projection is the same: tandem's gate_first = true.
 TEST(Conventions, GgmlSwigluIsGateFirst) {
   const int64_t n = 5;
-  const auto x = random_vector(3 * 2 * n, 21);
+  const auto x = tandem::test::random_values<float>(3 * (2 * n), 21);
   const auto y = swiglu(x, n, true);
   for (int64_t r = 0; r < 3; ++r)
     for (int64_t i = 0; i < n; ++i) {
@@ -331,7 +325,7 @@ TEST(Conventions, GgmlSwigluIsGateFirst) {
 // F.glu(x)·b — related, not equal.
 TEST(Conventions, TorchGluGatesWithTheSecondHalfAndIsNotSwiglu) {
   const int64_t n = 4;
-  const auto x = random_vector(2 * 2 * n, 22);
+  const auto x = tandem::test::random_values<float>(2 * (2 * n), 22);
   const auto y = swiglu(x, n, false);
   double glu_vs_swiglu = 0;
   for (int64_t r = 0; r < 2; ++r)
@@ -360,7 +354,7 @@ std::vector<float> rope(const std::vector<float>& x, const tandem::Shape& xs,
 // neox reads that [S, D] table as it is (T = D; only columns < D/2 are used).
 TEST(Conventions, HuggingFaceRotateHalfIsNeoxWithFullWidthTable) {
   const int64_t S = 5, D = 8, m = D / 2;
-  const auto x = random_vector(S * D, 31);
+  const auto x = tandem::test::random_values<float>(S * D, 31);
   std::vector<float> cos(S * D), sin(S * D);
   for (int64_t s = 0; s < S; ++s)
     for (int64_t i = 0; i < D; ++i) {
@@ -384,7 +378,7 @@ TEST(Conventions, HuggingFaceRotateHalfIsNeoxWithFullWidthTable) {
 // (x[2i], x[2i+1]) as the complex number x[2i] + i·x[2i+1] times e^{iθ_i}.
 TEST(Conventions, InterleavedComplexRotationIsGptj) {
   const int64_t S = 4, D = 6, m = D / 2;
-  const auto x = random_vector(S * D, 32);
+  const auto x = tandem::test::random_values<float>(S * D, 32);
   std::vector<float> cos(S * m), sin(S * m);
   for (int64_t s = 0; s < S; ++s)
     for (int64_t i = 0; i < m; ++i) {
@@ -422,7 +416,7 @@ TEST(Conventions, PerTokenPositionsAreTokenRows) {
       cp[s * m + i] = static_cast<float>(std::cos(angle(s, i)));
       sp[s * m + i] = static_cast<float>(std::sin(angle(s, i)));
     }
-  const auto x = random_vector(2 * 3 * D, 33);
+  const auto x = tandem::test::random_values<float>(2 * (3 * D), 33);
   tandem::RopeAttrs token;
   token.head_dim = D;
   token.table_rows = tandem::TableRows::token;
@@ -440,7 +434,7 @@ TEST(Conventions, PerTokenPositionsAreTokenRows) {
 TEST(Conventions, Sam2AxialRope) {
   const int64_t end_x = 3, end_y = 2, S = end_x * end_y, D = 8;
   const double theta = 10000.0;
-  const auto x = random_vector(S * D, 41);
+  const auto x = tandem::test::random_values<float>(S * D, 41);
   tandem::AxialRopeAttrs attrs;
   attrs.end_x = end_x;
   attrs.end_y = end_y;
@@ -448,7 +442,8 @@ TEST(Conventions, Sam2AxialRope) {
   std::vector<float> y(plan.out_size());
   tandem::reference::backend().axial_rope_forward(plan, x, y);
   for (int64_t t = 0; t < S; ++t) {
-    const double tx = t % end_x, ty = t / end_x;
+    const int64_t row = t / end_x;  // the grid position (t % end_x, t / end_x)
+    const auto tx = static_cast<double>(t % end_x), ty = static_cast<double>(row);
     for (int64_t j = 0; j < D / 2; ++j) {
       const int64_t k = j % (D / 4);
       const double freq = 1.0 / std::pow(theta, static_cast<double>(4 * k) / D);
@@ -477,7 +472,7 @@ TEST(Conventions, BhsdIsTheTransposeOfBshd) {
                                                        std::nullopt, attrs);
   std::vector<float> in[3], tr[3];
   for (int t = 0; t < 3; ++t) {
-    in[t] = random_vector(B * S * H * D, 50 + t);
+    in[t] = tandem::test::random_values<float>(B * S * H * D, 50 + t);
     tr[t].resize(in[t].size());
     for (int64_t b = 0; b < B; ++b)
       for (int64_t s = 0; s < S; ++s)

@@ -23,70 +23,29 @@
 #include <string>
 #include <vector>
 
+#include "support/tandem_test_support.hpp"
 #include "tandem/reference/backend.hpp"
 #include "tandem/tandem.hpp"
 
 #ifdef TANDEM_HAVE_OPTIMIZED
-#include "../optimized/src/attention.hpp"
 #include "tandem/optimized/backend.hpp"
 
 namespace {
 
 namespace opt = tandem::optimized;
+namespace test = tandem::test;
 using tandem::AttentionGrads;
 using tandem::AttentionInputs;
 using tandem::AttentionParams;
 using tandem::AttentionPlan;
 using tandem::Layout;
 using tandem::MaskKind;
+using test::bitwise_equal;
+using test::close;
+using test::Guarded;
 using Vec = std::vector<float>;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr std::size_t kGuard = 17;
-/// Guard value after every output: a NaN with a payload no kernel produces.
-const float kSentinel = std::bit_cast<float>(0x7fc0beefu);
-
-/// A view of n elements followed by kGuard sentinels.
-struct Guarded {
-  explicit Guarded(std::int64_t count)
-      : n(static_cast<std::size_t>(count)), buf(n + kGuard, kSentinel) {}
-  std::span<float> view() { return {buf.data(), n}; }
-  Vec values() const { return Vec(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(n)); }
-  bool guards_intact() const {
-    for (std::size_t i = n; i < buf.size(); ++i) {
-      if (std::bit_cast<std::uint32_t>(buf[i]) != std::bit_cast<std::uint32_t>(kSentinel))
-        return false;
-    }
-    return true;
-  }
-  std::size_t n;
-  Vec buf;
-};
-
-bool bitwise_equal(const Vec& a, const Vec& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-/// |got − want| <= atol + rtol·|want| everywhere; no NaN anywhere.
-::testing::AssertionResult close(const Vec& got, const Vec& want, double rtol, double atol) {
-  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size differs";
-  std::size_t bad = 0, first = 0;
-  double worst = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const double g = got[i], w = want[i];
-    const double err = std::abs(g - w);
-    const bool ok = !std::isnan(g) && !std::isnan(w) && err <= atol + rtol * std::abs(w);
-    if (!ok) {
-      if (bad == 0) first = i;
-      ++bad;
-    }
-    if (!std::isnan(err)) worst = std::max(worst, err);
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << bad << " of " << want.size() << " elements differ; first at " << first << ": got "
-         << got[first] << ", want " << want[first] << "; max abs error " << worst;
-}
 
 /// A strided tensor: the elements the plan places get values in [-2, 2],
 /// every other element of the view (gaps between strided rows) is NaN, so a
@@ -155,22 +114,8 @@ struct Case {
   *os << c.name;
 }
 
-AttentionParams P(std::int64_t B, std::int64_t Sq, std::int64_t Sk, std::int64_t H,
-                  std::int64_t Hkv, std::int64_t D, std::int64_t Dv = 0, Layout L = Layout::bshd,
-                  MaskKind mask = MaskKind::none, std::int64_t window = 0) {
-  AttentionParams p;
-  p.batch = B;
-  p.seq_q = Sq;
-  p.seq_k = Sk;
-  p.heads = H;
-  p.kv_heads = Hkv;
-  p.head_dim = D;
-  p.v_head_dim = Dv;
-  p.layout = L;
-  p.mask = mask;
-  p.window = window;
-  return p;
-}
+/// attention_params, under a short name for the case tables.
+constexpr auto P = [](auto... args) { return test::attention_params(args...); };
 
 std::vector<Case> cases() {
   using enum MaskKind;
@@ -239,7 +184,7 @@ std::vector<Case> cases() {
   c.push_back({"bwd_query_parts_gqa_causal", P(1, 300, 300, 4, 1, 16, 0, Layout::bshd, causal)});
   c.push_back(
       {"bwd_query_parts_window_dv", P(2, 200, 230, 2, 1, 8, 5, Layout::bhsd, sliding_window, 60)});
-  // the last query block holds one vector of rows or less (taken as narrow)
+  // the last query block holds one vector of rows or less (the call stays wide)
   c.push_back({"last_block_one_vector", P(1, 385, 400, 1, 1, 16)});
   // Decode steps with long caches: the keys are split into chunks (their size
   // set by the shape: 128, 256 or 512 keys here) whose partial results are
@@ -304,9 +249,10 @@ struct Forward {
 
 Forward run_forward(const Data& data, int threads) {
   Guarded out(data.plan.o.extent), lse(data.plan.B * data.plan.H * data.plan.Sq);
-  opt::detail::attention_forward(data.plan, data.in(), out.view(), lse.view(), threads);
-  EXPECT_TRUE(out.guards_intact()) << "forward wrote past out";
-  EXPECT_TRUE(lse.guards_intact()) << "forward wrote past lse";
+  opt::backend(opt::Options{threads})
+      .attention_forward_lse(data.plan, data.in(), out.view(), lse.view());
+  EXPECT_EQ(out.guard_damage(), "") << "forward, out";
+  EXPECT_EQ(lse.guard_damage(), "") << "forward, lse";
   return {out.values(), lse.values()};
 }
 
@@ -324,23 +270,22 @@ Grads run_backward(const Data& data, int threads, int which,
   if (which & 1) g.dq = dq.view();
   if (which & 2) g.dk = dk.view();
   if (which & 4) g.dv = dv.view();
-  opt::detail::attention_backward(p, data.in(), data.dout, g, saved, threads);
+  const tandem::Backend b = opt::backend(opt::Options{threads});
+  if (saved != nullptr) {
+    b.attention_backward_saved(p, data.in(), *saved, data.dout, g);
+  } else {
+    b.attention_backward(p, data.in(), data.dout, g);
+  }
   EXPECT_TRUE(dq.guards_intact() && dk.guards_intact() && dv.guards_intact())
-      << "backward wrote past a gradient";
+      << "backward wrote outside a gradient";
   Grads r;
   if (which & 1) r.dq = dq.values();
   if (which & 2) r.dk = dk.values();
   if (which & 4) r.dv = dv.values();
   // A gradient that was not asked for is never written.
-  if (!(which & 1)) {
-    EXPECT_TRUE(std::isnan(dq.buf[0]));
-  }
-  if (!(which & 2)) {
-    EXPECT_TRUE(std::isnan(dk.buf[0]));
-  }
-  if (!(which & 4)) {
-    EXPECT_TRUE(std::isnan(dv.buf[0]));
-  }
+  EXPECT_TRUE((which & 1) != 0 || dq.untouched());
+  EXPECT_TRUE((which & 2) != 0 || dk.untouched());
+  EXPECT_TRUE((which & 4) != 0 || dv.untouched());
   return r;
 }
 
@@ -362,9 +307,8 @@ TEST_P(OptimizedAttention, MatchesReferenceOnEveryTargetAndThreadCount) {
   ref.attention_backward(p, data.in(), data.dout, {want_dq, want_dk, want_dv});
   const std::vector<double> want_lse = naive_lse(p, data.in());
 
-  for (const std::int64_t target : opt::supported_targets()) {
-    opt::force_target(target);
-    SCOPED_TRACE("target " + opt::target_name(target) + ", " + p.describe());
+  test::for_each_target([&] {
+    SCOPED_TRACE(p.describe());
     const Forward f1 = run_forward(data, 1);
     EXPECT_TRUE(close(f1.out, want_out, 5e-5, 1e-5)) << "out";
     for (std::size_t x = 0; x < want_lse.size(); ++x) {
@@ -406,7 +350,7 @@ TEST_P(OptimizedAttention, MatchesReferenceOnEveryTargetAndThreadCount) {
     }
     // Runs repeat bitwise.
     EXPECT_TRUE(bitwise_equal(run_forward(data, 2).out, f1.out)) << "second run";
-  }
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, OptimizedAttention, ::testing::ValuesIn(cases()),
@@ -418,9 +362,7 @@ TEST(OptimizedAttentionMasked, FullyMaskedRowsGiveZeroNeverNaN) {
   Data data(params, 7);
   std::fill(data.mask.begin() + 70, data.mask.end(), 0.0f);  // batch 1 sees nothing
   const AttentionPlan& p = data.plan;
-  for (const std::int64_t target : opt::supported_targets()) {
-    opt::force_target(target);
-    SCOPED_TRACE(opt::target_name(target));
+  test::for_each_target([&] {
     const Forward f = run_forward(data, 2);
     const Grads g = run_backward(data, 2, 7);
     for (std::int64_t i = 0; i < p.Sq; ++i)
@@ -438,8 +380,7 @@ TEST(OptimizedAttentionMasked, FullyMaskedRowsGiveZeroNeverNaN) {
         EXPECT_EQ(g.dv[static_cast<std::size_t>(p.dv.at(1, j, 0) + d)], 0.0f);
     }
     for (float x : f.out) EXPECT_FALSE(std::isnan(x));
-  }
-  opt::force_target(0);
+  });
 }
 
 /// A padding key (keep = 0) is never used: NaN in its k and v rows must not
@@ -469,16 +410,14 @@ TEST(OptimizedAttentionMasked, PaddingKeysAreNeverUsed) {
         want_dk(static_cast<std::size_t>(p.dk.extent)),
         want_dv(static_cast<std::size_t>(p.dv.extent));
     ref.attention_backward(p, data.in(), data.dout, {want_dq, want_dk, want_dv});
-    for (const std::int64_t target : opt::supported_targets()) {
-      opt::force_target(target);
-      SCOPED_TRACE(opt::target_name(target) + " D=" + std::to_string(D));
+    test::for_each_target([&] {
+      SCOPED_TRACE("D=" + std::to_string(D));
       EXPECT_TRUE(close(run_forward(data, 2).out, want_out, 5e-5, 1e-5)) << "out";
       const Grads g = run_backward(data, 2, 7);
       EXPECT_TRUE(close(g.dq, want_dq, 1e-4, 2e-5)) << "dq";
       EXPECT_TRUE(close(g.dk, want_dk, 1e-4, 2e-5)) << "dk";
       EXPECT_TRUE(close(g.dv, want_dv, 1e-4, 2e-5)) << "dv";
-    }
-    opt::force_target(0);
+    });
   }
 }
 
@@ -513,8 +452,8 @@ std::size_t count_finite(const Vec& x) {
 /// and show to others, with NaN, +inf or −inf in its k or its v: the rows it
 /// is hidden from must come out as the reference gives them (finite: the
 /// reference never reads a hidden key), forward and every gradient, on every
-/// target, and rows that see it must not turn finite. Wide tiles, narrow
-/// (decode-like) tiles, rows read in place and packed, softcap.
+/// target, and rows that see it must not turn finite. Wide tiles, decode
+/// tiles, rows read in place and packed, softcap.
 TEST(OptimizedAttentionMasked, HiddenKeysWithNaNOrInfAreNeverRead) {
   using enum MaskKind;
   struct Poisoned {
@@ -526,8 +465,8 @@ TEST(OptimizedAttentionMasked, HiddenKeysWithNaNOrInfAreNeverRead) {
   cases.push_back({"causal_wide", P(1, 70, 70, 4, 2, 16, 0, Layout::bshd, causal), {25, 40, 69}});
   cases.push_back(
       {"causal_sq_lt_sk_packed", P(2, 33, 80, 2, 1, 7, 9, Layout::bhsd, causal), {50, 63, 79}});
-  cases.push_back({"causal_narrow", P(1, 2, 70, 4, 2, 16, 0, Layout::bshd, causal), {69}});
-  cases.push_back({"causal_narrow_packed", P(1, 2, 70, 4, 2, 9, 5, Layout::bshd, causal), {69}});
+  cases.push_back({"causal_decode", P(1, 2, 70, 4, 2, 16, 0, Layout::bshd, causal), {69}});
+  cases.push_back({"causal_decode_packed", P(1, 2, 70, 4, 2, 9, 5, Layout::bshd, causal), {69}});
   cases.push_back(
       {"window_wide", P(1, 70, 150, 2, 1, 17, 0, Layout::bshd, sliding_window, 5), {82, 100, 140}});
   cases.push_back(
@@ -541,7 +480,7 @@ TEST(OptimizedAttentionMasked, HiddenKeysWithNaNOrInfAreNeverRead) {
   {
     AttentionParams p = P(1, 1, 70, 8, 2, 16, 0, Layout::bshd, bias);
     p.bias_heads = 8;
-    cases.push_back({"bias_narrow", p, {10, 64}});
+    cases.push_back({"bias_decode", p, {10, 64}});
   }
   {
     AttentionParams p = P(1, 12, 40, 2, 1, 16, 0, Layout::bhsd, bias);
@@ -554,15 +493,15 @@ TEST(OptimizedAttentionMasked, HiddenKeysWithNaNOrInfAreNeverRead) {
     cases.push_back({"causal_softcap", p, {17}});
   }
   // decode steps with long caches (split into key chunks)
-  cases.push_back({"window_narrow_split",
+  cases.push_back({"window_decode_split",
                    P(1, 2, 1100, 2, 2, 100, 0, Layout::bhsd, sliding_window, 300),
                    {100, 798}});
   cases.push_back(
-      {"causal_narrow_split", P(1, 2, 1100, 16, 4, 64, 0, Layout::bshd, causal), {1099}});
+      {"causal_decode_split", P(1, 2, 1100, 16, 4, 64, 0, Layout::bshd, causal), {1099}});
   {
     AttentionParams p = P(1, 1, 600, 8, 8, 64, 0, Layout::bshd, bias);
     p.bias_heads = 8;
-    cases.push_back({"bias_narrow_split", p, {10, 300, 599}});
+    cases.push_back({"bias_decode_split", p, {10, 300, 599}});
   }
   const tandem::Backend ref = tandem::reference::backend();
   for (const Poisoned& pc : cases) {
@@ -605,9 +544,8 @@ TEST(OptimizedAttentionMasked, HiddenKeysWithNaNOrInfAreNeverRead) {
         if (!(in_v || bad == -kInf)) {
           ASSERT_LT(count_finite(want_out), want_out.size()) << what;
         }
-        for (const std::int64_t target : opt::supported_targets()) {
-          opt::force_target(target);
-          SCOPED_TRACE(opt::target_name(target) + ", " + what);
+        test::for_each_target([&] {
+          SCOPED_TRACE(what);
           const Forward f = run_forward(data, 1);
           EXPECT_TRUE(close_or_nonfinite(f.out, want_out, 5e-5, 1e-5)) << "out";
           EXPECT_TRUE(bitwise_equal(run_forward(data, 3).out, f.out)) << "out, 3 threads";
@@ -626,8 +564,7 @@ TEST(OptimizedAttentionMasked, HiddenKeysWithNaNOrInfAreNeverRead) {
           EXPECT_TRUE(close_or_nonfinite(dq, want_dq, 1e-4, 2e-5)) << "dq alone";
           EXPECT_TRUE(close_or_nonfinite(dk, want_dk, 1e-4, 2e-5)) << "dk alone";
           EXPECT_TRUE(close_or_nonfinite(dv, want_dv, 1e-4, 2e-5)) << "dv alone";
-        }
-        opt::force_target(0);
+        });
       }
     }
   }
@@ -692,9 +629,8 @@ TEST(OptimizedAttentionMasked, NonFiniteQueryRowsReachOnlyTheKeysTheySee) {
         // row (finite dk, dv in the reference), and some are seen.
         ASSERT_GT(count_finite(want_dk), 0u) << what;
         ASSERT_GT(count_finite(want_dv), 0u) << what;
-        for (const std::int64_t target : opt::supported_targets()) {
-          opt::force_target(target);
-          SCOPED_TRACE(opt::target_name(target) + ", " + what);
+        test::for_each_target([&] {
+          SCOPED_TRACE(what);
           const Grads all = run_backward(data, 1, 7);
           EXPECT_TRUE(close_or_nonfinite(all.dq, want_dq, 1e-4, 2e-5)) << "dq";
           EXPECT_TRUE(close_or_nonfinite(all.dk, want_dk, 1e-4, 2e-5)) << "dk";
@@ -703,8 +639,7 @@ TEST(OptimizedAttentionMasked, NonFiniteQueryRowsReachOnlyTheKeysTheySee) {
               << "dk alone";
           EXPECT_TRUE(close_or_nonfinite(run_backward(data, 1, 4).dv, want_dv, 1e-4, 2e-5))
               << "dv alone";
-        }
-        opt::force_target(0);
+        });
       }
     }
   }
@@ -714,66 +649,55 @@ TEST(OptimizedAttentionMasked, NonFiniteQueryRowsReachOnlyTheKeysTheySee) {
 TEST(OptimizedAttentionValidation, BadViewsThrowBeforeWriting) {
   const Data data(P(1, 4, 6, 2, 1, 8), 3);
   const AttentionPlan& p = data.plan;
+  const tandem::Backend b = opt::backend(opt::Options{2});
   Vec out(static_cast<std::size_t>(p.o.extent), 5.0f),
       lse(static_cast<std::size_t>(p.H * p.Sq), 5.0f);
   const auto expect_param = [](auto&& call, const std::string& name) {
-    try {
-      call();
-      ADD_FAILURE() << "no error for " << name;
-    } catch (const tandem::Error& e) {
-      EXPECT_EQ(e.parameter(), name) << e.what();
-    }
+    test::expect_error(call, name);
   };
   Vec short_out(out.size() - 1, 5.0f);
-  expect_param([&] { opt::detail::attention_forward(p, data.in(), short_out, {}, 2); },
-               "out.size()");
+  expect_param([&] { b.attention_forward(p, data.in(), short_out); }, "out.size()");
   Vec short_lse(lse.size() + 1, 5.0f);
-  expect_param([&] { opt::detail::attention_forward(p, data.in(), out, short_lse, 2); },
-               "lse.size()");
+  expect_param([&] { b.attention_forward_lse(p, data.in(), out, short_lse); }, "lse.size()");
+  expect_param([&] { b.attention_forward_lse(p, data.in(), out, {}); }, "lse.size()");
   AttentionInputs<float> bad = data.in();
   bad.k = bad.k.first(bad.k.size() - 1);
-  expect_param([&] { opt::detail::attention_forward(p, bad, out, lse, 2); }, "k.size()");
+  expect_param([&] { b.attention_forward_lse(p, bad, out, lse); }, "k.size()");
   for (float x : out) EXPECT_EQ(x, 5.0f);
   for (float x : lse) EXPECT_EQ(x, 5.0f);
 
   Vec dq(static_cast<std::size_t>(p.dq.extent), 5.0f),
       dk(static_cast<std::size_t>(p.dk.extent) + 1, 5.0f);
+  expect_param([&] { b.attention_backward(p, data.in(), data.dout, {dq, dk, {}}); }, "dk.size()");
   expect_param(
       [&] {
-        opt::detail::attention_backward(p, data.in(), data.dout, {dq, dk, {}}, nullptr, 2);
-      },
-      "dk.size()");
-  expect_param(
-      [&] {
-        opt::detail::attention_backward(p, data.in(), std::span<const float>(data.dout).first(3),
-                                        {dq, {}, {}}, nullptr, 2);
+        b.attention_backward(p, data.in(), std::span<const float>(data.dout).first(3),
+                             {dq, {}, {}});
       },
       "dout.size()");
-  expect_param([&] { opt::detail::attention_backward(p, data.in(), data.dout, {}, nullptr, 2); },
-               "grads");
+  expect_param([&] { b.attention_backward(p, data.in(), data.dout, {}); }, "grads");
+  expect_param([&] { b.attention_backward_dk(p, data.in(), data.dout, dk); }, "dk.size()");
+  expect_param([&] { b.attention_backward_dq(p, data.in(), data.dout, {}); }, "dq.size()");
   Vec dk_full(static_cast<std::size_t>(p.dk.extent), 5.0f);
   const tandem::AttentionSaved<float> short_saved{out, std::span<const float>(lse).first(3)};
   expect_param(
       [&] {
-        opt::detail::attention_backward(p, data.in(), data.dout, {dq, dk_full, {}}, &short_saved,
-                                        2);
+        b.attention_backward_saved(p, data.in(), short_saved, data.dout, {dq, dk_full, {}});
       },
       "lse.size()");
   for (float x : dq) EXPECT_EQ(x, 5.0f);
   for (float x : dk) EXPECT_EQ(x, 5.0f);
   for (float x : dk_full) EXPECT_EQ(x, 5.0f);
+  EXPECT_THROW(opt::backend(opt::Options{-1}), tandem::Error);
 }
 
-/// The backend binding: the optimized Backend gives what the detail entry
-/// points give, each gradient alone included.
-TEST(OptimizedAttentionBackend, BackendEntryPointsMatchTheKernels) {
+/// The separate dq, dk and dv entry points give bitwise what the one-call
+/// backward gives for each gradient.
+TEST(OptimizedAttentionBackend, SeparateGradientsMatchTheOneCall) {
   AttentionParams params = P(2, 9, 11, 4, 2, 8, 6, Layout::bshd, MaskKind::causal);
   const Data data(params, 11);
   const AttentionPlan& p = data.plan;
-  const tandem::Backend b = opt::backend({2});
-  Vec out(static_cast<std::size_t>(p.o.extent));
-  b.attention_forward(p, data.in(), out);
-  EXPECT_TRUE(bitwise_equal(out, run_forward(data, 2).out));
+  const tandem::Backend b = opt::backend(opt::Options{2});
   const Grads all = run_backward(data, 2, 7);
   Vec dq(all.dq.size()), dk(all.dk.size()), dv(all.dv.size());
   b.attention_backward_dq(p, data.in(), data.dout, dq);
@@ -782,16 +706,10 @@ TEST(OptimizedAttentionBackend, BackendEntryPointsMatchTheKernels) {
   EXPECT_TRUE(bitwise_equal(dq, all.dq));
   EXPECT_TRUE(bitwise_equal(dk, all.dk));
   EXPECT_TRUE(bitwise_equal(dv, all.dv));
-  // the saved-state pair
-  Vec out2(out.size()), lse(static_cast<std::size_t>(p.lse_size()));
-  b.attention_forward_lse(p, data.in(), out2, lse);
-  const Forward f = run_forward(data, 2);
-  EXPECT_TRUE(bitwise_equal(out2, f.out) && bitwise_equal(lse, f.lse));
-  const tandem::AttentionSaved<float> saved{out2, lse};
-  b.attention_backward_saved(p, data.in(), saved, data.dout, {dq, dk, dv});
-  const Grads from_saved = run_backward(data, 2, 7, &saved);
-  EXPECT_TRUE(bitwise_equal(dq, from_saved.dq) && bitwise_equal(dk, from_saved.dk) &&
-              bitwise_equal(dv, from_saved.dv));
+  // the forward alone gives the forward_lse's out
+  Vec out(static_cast<std::size_t>(p.o.extent));
+  b.attention_forward(p, data.in(), out);
+  EXPECT_TRUE(bitwise_equal(out, run_forward(data, 2).out));
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "support/tandem_test_support.hpp"
 #include "tandem/optimized/backend.hpp"
 #include "tandem/reference/backend.hpp"
 #include "tandem/tandem.hpp"
@@ -27,88 +28,12 @@
 namespace {
 
 namespace opt = tandem::optimized;
+namespace test = tandem::test;
+using test::Guarded;
 using Vec = std::vector<float>;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-/// Elements written after every output view; a kernel must leave them alone.
-constexpr std::size_t kGuard = 19;
-/// The guard value: a NaN with a payload no kernel produces.
-const float kSentinel = std::bit_cast<float>(0x7fc0beefu);
-
-Vec random_vec(std::size_t n, std::uint32_t seed, float lo = -2.0f, float hi = 2.0f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  Vec v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
-
-/// An output buffer of n elements followed by kGuard sentinels.
-struct Guarded {
-  explicit Guarded(std::int64_t n)
-      : n_(static_cast<std::size_t>(n)), buf_(n_ + kGuard, kSentinel) {}
-  std::span<float> view() { return {buf_.data(), n_}; }
-  const Vec& all() const { return buf_; }
-  Vec values() const { return Vec(buf_.begin(), buf_.begin() + static_cast<std::ptrdiff_t>(n_)); }
-  /// True when every guard element still holds the sentinel bit pattern.
-  bool guards_intact() const {
-    for (std::size_t i = n_; i < buf_.size(); ++i) {
-      if (std::bit_cast<std::uint32_t>(buf_[i]) != std::bit_cast<std::uint32_t>(kSentinel)) {
-        return false;
-      }
-    }
-    return true;
-  }
-
- private:
-  std::size_t n_;
-  Vec buf_;
-};
-
-/// |got − want| <= atol + rtol·|want| element-wise; NaN matches only NaN and
-/// an infinity only the same infinity.
-void expect_close(const Vec& got, const Vec& want, double rtol, double atol) {
-  ASSERT_EQ(got.size(), want.size());
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const double g = got[i], w = want[i];
-    bool ok;
-    if (std::isnan(w) || std::isnan(g)) {
-      ok = std::isnan(w) && std::isnan(g);
-    } else if (std::isinf(w) || std::isinf(g)) {
-      ok = g == w;
-    } else {
-      ok = std::abs(g - w) <= atol + rtol * std::abs(w);
-    }
-    if (!ok && ++bad <= 5) {
-      ADD_FAILURE() << "element " << i << ": got " << g << ", want " << w;
-    }
-  }
-  EXPECT_EQ(bad, 0u) << "mismatching elements of " << want.size();
-}
-
-/// Byte-for-byte equality of two float vectors (NaNs included).
-void expect_bitwise(const Vec& a, const Vec& b) {
-  ASSERT_EQ(a.size(), b.size());
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
-      << "1 and 2 threads differ";
-}
-
-/// Runs `body` once per Highway target this CPU supports, with dispatch
-/// forced onto it, and restores the default choice afterwards.
-void for_each_target(const std::function<void()>& body) {
-  const std::vector<std::int64_t> targets = opt::supported_targets();
-  ASSERT_FALSE(targets.empty());
-  for (std::int64_t t : targets) {
-    opt::force_target(t);
-    SCOPED_TRACE("target " + opt::target_name(t));
-    ASSERT_EQ(opt::current_target(), opt::target_name(t));
-    body();
-  }
-  opt::force_target(0);
-}
 
 /// Runs `call(backend, out)` for the reference and for the optimized backend
 /// with 1 and 2 threads; checks the guards, the 1-vs-2-thread bitwise
@@ -118,14 +43,14 @@ void compare(std::int64_t out_size,
              double atol) {
   Guarded want(out_size);
   call(tandem::reference::backend(), want.view());
-  for_each_target([&] {
+  test::for_each_target([&] {
     Guarded one(out_size), two(out_size);
-    call(opt::backend({1}), one.view());
-    call(opt::backend({2}), two.view());
+    call(opt::backend(opt::Options{1}), one.view());
+    call(opt::backend(opt::Options{2}), two.view());
     EXPECT_TRUE(one.guards_intact()) << "1 thread wrote past the output";
     EXPECT_TRUE(two.guards_intact()) << "2 threads wrote past the output";
-    expect_bitwise(one.all(), two.all());
-    expect_close(one.values(), want.values(), rtol, atol);
+    EXPECT_TRUE(test::bitwise(one.values(), two.values())) << "1 and 2 threads differ";
+    EXPECT_TRUE(test::close(one.values(), want.values(), rtol, atol));
   });
 }
 
@@ -164,9 +89,11 @@ void check_rope(const RopeCase& c, std::uint32_t seed) {
   p.src_row_stride = p.width + c.extra_stride;
   if (p.table_stride == 0) p.table_stride = 1;  // n_rot = 0: a one-column table
   const tandem::RopePlan plan = tandem::RopePlan::make(p);
-  const Vec x = random_vec(static_cast<std::size_t>(plan.src_extent()), seed);
+  const Vec x =
+      test::random_values<float>(static_cast<std::size_t>(plan.src_extent()), seed, -2, 2);
   // Real rotations: c = cos(θ), s = sin(θ) for random angles.
-  const Vec angles = random_vec(static_cast<std::size_t>(plan.R * plan.T), seed + 1, -10, 10);
+  const Vec angles =
+      test::random_values<float>(static_cast<std::size_t>(plan.R * plan.T), seed + 1, -10, 10);
   Vec cos(angles.size()), sin(angles.size());
   for (std::size_t i = 0; i < angles.size(); ++i) {
     cos[i] = std::cos(angles[i]);
@@ -221,7 +148,7 @@ TEST(OptimizedRope, StridedTablesTokenRowsAndSourceStrides) {
     check_rope({2, 5, 2, 34, 30, style, /*T+*/ 5, false, /*R+*/ 7}, seed++);
     check_rope({3, 4, 2, 18, 18, style, 0, /*token*/ true}, seed++);
     check_rope({3, 4, 2, 40, 32, style, 2, /*token*/ true, 0, /*stride+*/ 11}, seed++);
-    check_rope({2, 6, 3, 16, 16, style, 0, false, 0, /*stride+*/ 2 * 3 * 16}, seed++);
+    check_rope({2, 6, 3, 16, 16, style, 0, false, 0, /*stride+*/ std::int64_t{2} * 3 * 16}, seed++);
     check_rope({1, 9, 1, 6, 6, style, 1, false, 4, /*stride+*/ 1}, seed++);
   }
 }
@@ -251,7 +178,8 @@ void check_axial(const AxialCase& c, std::uint32_t seed) {
   p.repeat_factor = c.repeat;
   p.src_row_stride = p.width + c.extra_stride;
   const tandem::AxialRopePlan plan = tandem::AxialRopePlan::make(p);
-  const Vec x = random_vec(static_cast<std::size_t>(plan.src_extent()), seed);
+  const Vec x =
+      test::random_values<float>(static_cast<std::size_t>(plan.src_extent()), seed, -2, 2);
   // Angles up to max(end_x, end_y) radians: table rounding is relative to 1.
   {
     SCOPED_TRACE("forward");
@@ -314,8 +242,9 @@ TEST(OptimizedSwiglu, WidthsAroundTheLaneCountsBothOrders) {
   for (bool gate_first : {true, false}) {
     for (std::int64_t n : {1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 100}) {
       const std::int64_t rows = 3;
-      const Vec x = random_vec(static_cast<std::size_t>(rows * 2 * n), seed++, -6, 6);
-      const Vec dy = random_vec(static_cast<std::size_t>(rows * n), seed++);
+      const Vec x =
+          test::random_values<float>(static_cast<std::size_t>(rows * 2 * n), seed++, -6, 6);
+      const Vec dy = test::random_values<float>(static_cast<std::size_t>(rows * n), seed++, -2, 2);
       check_swiglu(rows, n, gate_first, x, dy);
     }
   }
@@ -329,20 +258,20 @@ TEST(OptimizedSwiglu, ExtremeAndNonFiniteGates) {
   const std::int64_t n = static_cast<std::int64_t>(gates.size());
   for (bool gate_first : {true, false}) {
     Vec x(static_cast<std::size_t>(2 * n));
-    const Vec up = random_vec(gates.size(), 600, 0.5f, 2.0f);
+    const Vec up = test::random_values<float>(gates.size(), 600, 0.5f, 2.0f);
     for (std::int64_t i = 0; i < n; ++i) {
       x[gate_first ? i : n + i] = gates[i];
       x[gate_first ? n + i : i] = up[i];
     }
-    const Vec dy = random_vec(gates.size(), 601, 0.5f, 2.0f);
+    const Vec dy = test::random_values<float>(gates.size(), 601, 0.5f, 2.0f);
     check_swiglu(1, n, gate_first, x, dy);
   }
 }
 
 TEST(OptimizedSwiglu, ManyRowsSplitAcrossThreads) {
   const std::int64_t rows = 257, n = 45;
-  const Vec x = random_vec(static_cast<std::size_t>(rows * 2 * n), 700, -8, 8);
-  const Vec dy = random_vec(static_cast<std::size_t>(rows * n), 701);
+  const Vec x = test::random_values<float>(static_cast<std::size_t>(rows * 2 * n), 700, -8, 8);
+  const Vec dy = test::random_values<float>(static_cast<std::size_t>(rows * n), 701, -2, 2);
   check_swiglu(rows, n, true, x, dy);
 }
 
@@ -374,22 +303,28 @@ void check_block(const BlockCase& c, std::uint32_t seed) {
   }
   const tandem::AttentionBlockPlan plan = tandem::AttentionBlockPlan::make(p);
   const float w_scale = 1.0f / std::sqrt(static_cast<float>(c.E));
-  const Vec x = random_vec(static_cast<std::size_t>(plan.x_size()), seed);
-  const Vec w_qkv =
-      random_vec(static_cast<std::size_t>(3 * c.E * c.E), seed + 1, -w_scale, w_scale);
-  const Vec w_out = random_vec(static_cast<std::size_t>(c.E * c.E), seed + 2, -w_scale, w_scale);
-  const Vec b_qkv = c.qkv_bias ? random_vec(static_cast<std::size_t>(3 * c.E), seed + 3) : Vec{};
-  const Vec b_out = c.out_bias ? random_vec(static_cast<std::size_t>(c.E), seed + 4) : Vec{};
+  const Vec x = test::random_values<float>(static_cast<std::size_t>(plan.x_size()), seed, -2, 2);
+  const Vec w_qkv = test::random_values<float>(static_cast<std::size_t>(3 * c.E * c.E), seed + 1,
+                                               -w_scale, w_scale);
+  const Vec w_out =
+      test::random_values<float>(static_cast<std::size_t>(c.E * c.E), seed + 2, -w_scale, w_scale);
+  const Vec b_qkv =
+      c.qkv_bias ? test::random_values<float>(static_cast<std::size_t>(3 * c.E), seed + 3, -2, 2)
+                 : Vec{};
+  const Vec b_out = c.out_bias
+                        ? test::random_values<float>(static_cast<std::size_t>(c.E), seed + 4, -2, 2)
+                        : Vec{};
   Vec keep;
   if (c.keep) {
-    keep = random_vec(static_cast<std::size_t>(c.B * c.S), seed + 5, 0, 1);
+    keep = test::random_values<float>(static_cast<std::size_t>(c.B * c.S), seed + 5, 0, 1);
     for (float& k : keep) k = k < 0.3f ? 0.0f : 1.0f;
     keep[0] = 1.0f;
     keep[static_cast<std::size_t>(c.S) - 1] = 0.0f;
   }
   Vec cos, sin;
   if (c.rope) {
-    const Vec angles = random_vec(static_cast<std::size_t>(R * T), seed + 6, -10, 10);
+    const Vec angles =
+        test::random_values<float>(static_cast<std::size_t>(R * T), seed + 6, -10, 10);
     for (float a : angles) {
       cos.push_back(std::cos(a));
       sin.push_back(std::sin(a));
@@ -418,7 +353,7 @@ TEST(OptimizedAttentionBlock, AgreesWithTheReference) {
 // Validation: errors name the parameter and leave the output untouched.
 
 TEST(OptimizedValidation, BadViewsThrowBeforeWriting) {
-  const tandem::Backend b = opt::backend({2});
+  const tandem::Backend b = opt::backend(opt::Options{2});
   tandem::RopeParams rp;
   rp.seq = 3;
   rp.width = 8;
@@ -427,34 +362,31 @@ TEST(OptimizedValidation, BadViewsThrowBeforeWriting) {
   const tandem::RopePlan rope = tandem::RopePlan::make(rp);
   const Vec x(24, 1.0f), table(12, 0.5f);
   Guarded short_out(23);
-  try {
-    b.rope_forward(rope, x, {table, table}, short_out.view());
-    ADD_FAILURE() << "no error for a short output";
-  } catch (const tandem::Error& e) {
-    EXPECT_EQ(e.parameter(), "out.size()");
-  }
-  for (float v : short_out.values()) EXPECT_EQ(std::bit_cast<std::uint32_t>(v), 0x7fc0beefu);
+  test::expect_error(
+      [&] {
+        b.rope_forward(rope, x, {table, table}, short_out.view());
+      },
+      "out.size()");
+  EXPECT_TRUE(short_out.untouched());
 
   Guarded out(24);
-  try {
-    b.rope_backward(rope, std::span<const float>(x).first(23), {table, table}, out.view());
-    ADD_FAILURE() << "no error for a short dy";
-  } catch (const tandem::Error& e) {
-    EXPECT_EQ(e.parameter(), "dy.size()");
-  }
-  try {
-    b.rope_forward(rope, x, {std::span<const float>(table).first(11), table}, out.view());
-    ADD_FAILURE() << "no error for a short cos table";
-  } catch (const tandem::Error& e) {
-    EXPECT_EQ(e.parameter(), "cos.size()");
-  }
-  for (float v : out.values()) EXPECT_EQ(std::bit_cast<std::uint32_t>(v), 0x7fc0beefu);
+  test::expect_error(
+      [&] {
+        b.rope_backward(rope, std::span<const float>(x).first(23), {table, table}, out.view());
+      },
+      "dy.size()");
+  test::expect_error(
+      [&] {
+        b.rope_forward(rope, x, {std::span<const float>(table).first(11), table}, out.view());
+      },
+      "cos.size()");
+  EXPECT_TRUE(out.untouched());
 
   const tandem::SwigluPlan sw = tandem::SwigluPlan::make({2, 4, true});
   const Vec sx(16, 1.0f), sdy(8, 1.0f);
   Guarded dx(15);
-  EXPECT_THROW(b.swiglu_backward(sw, sx, sdy, dx.view()), tandem::Error);
-  for (float v : dx.values()) EXPECT_EQ(std::bit_cast<std::uint32_t>(v), 0x7fc0beefu);
+  test::expect_error([&] { b.swiglu_backward(sw, sx, sdy, dx.view()); }, "dx.size()");
+  EXPECT_TRUE(dx.untouched());
 
   tandem::AxialRopeParams ap;
   ap.seq = 4;
@@ -463,11 +395,12 @@ TEST(OptimizedValidation, BadViewsThrowBeforeWriting) {
   ap.end_y = 2;
   const tandem::AxialRopePlan axial = tandem::AxialRopePlan::make(ap);
   Guarded aout(32);
-  EXPECT_THROW(b.axial_rope_forward(axial, std::span<const float>(sx).first(16), aout.view()),
-               tandem::Error);
-  for (float v : aout.values()) EXPECT_EQ(std::bit_cast<std::uint32_t>(v), 0x7fc0beefu);
+  test::expect_error(
+      [&] { b.axial_rope_forward(axial, std::span<const float>(sx).first(16), aout.view()); },
+      "x.size()");
+  EXPECT_TRUE(aout.untouched());
 
-  EXPECT_THROW(opt::backend({-1}), tandem::Error);
+  EXPECT_THROW(opt::backend(opt::Options{-1}), tandem::Error);
 }
 
 }  // namespace

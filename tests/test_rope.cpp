@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "support/tandem_test_support.hpp"
 #include "tandem/reference/backend.hpp"
 #include "tandem/reference/rope.hpp"
 #include "tandem/rope.hpp"
@@ -58,14 +59,6 @@ std::vector<double> backward(const RopePlan& plan, const std::vector<double>& dy
 void expect_exact(const std::vector<double>& got, const std::vector<double>& want) {
   ASSERT_EQ(got.size(), want.size());
   for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "element " << i;
-}
-
-std::vector<double> random_values(std::size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> dist(-1.0, 1.0);
-  std::vector<double> v(n);
-  for (double& e : v) e = dist(gen);
-  return v;
 }
 
 TEST(Rope, NeoxRotatesPairIAndIPlusMByItsOwnAngle) {
@@ -235,12 +228,12 @@ TEST(Rope, BackwardUndoesForwardWithTrueCosSin) {
     p.table_rows = 3;
     const RopePlan plan = RopePlan::make(p);
     std::vector<double> cos(6), sin(6);
-    const std::vector<double> angle = random_values(6, 7);
+    const std::vector<double> angle = tandem::test::random_values<double>(6, 7);
     for (std::size_t i = 0; i < 6; ++i) {
       cos[i] = std::cos(3.0 * angle[i]);
       sin[i] = std::sin(3.0 * angle[i]);
     }
-    const std::vector<double> x = random_values(72, 11);
+    const std::vector<double> x = tandem::test::random_values<double>(72, 11);
     const std::vector<double> back = backward(plan, forward(plan, x, cos, sin), cos, sin);
     for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(back[i], x[i], 1e-14) << i;
   }
@@ -261,9 +254,11 @@ TEST(Rope, BackwardIsTheTransposeOfForward) {
     p.table_stride = 3;
     p.src_row_stride = 15;
     const RopePlan plan = RopePlan::make(p);
-    const std::vector<double> cos = random_values(12, 1), sin = random_values(12, 2);
+    const std::vector<double> cos = tandem::test::random_values<double>(12, 1),
+                              sin = tandem::test::random_values<double>(12, 2);
     const auto n_src = static_cast<std::size_t>(plan.src_extent());
-    const std::vector<double> x = random_values(n_src, 3), y = random_values(n_src, 4);
+    const std::vector<double> x = tandem::test::random_values<double>(n_src, 3),
+                              y = tandem::test::random_values<double>(n_src, 4);
     const std::vector<double> fx = forward(plan, x, cos, sin);
     const std::vector<double> by = backward(plan, y, cos, sin);
     // Sum over rows r and columns w < W: source element at r·stride + w,
@@ -310,8 +305,10 @@ TEST(Rope, ComplexStepOfTheLinearMapIsTheMap) {
   p.table_rows = 2;
   p.style = RopeStyle::gptj;
   const RopePlan plan = RopePlan::make(p);
-  const std::vector<double> a = random_values(32, 21), b = random_values(32, 22);
-  const std::vector<double> cos = random_values(4, 23), sin = random_values(4, 24);
+  const std::vector<double> a = tandem::test::random_values<double>(32, 21),
+                            b = tandem::test::random_values<double>(32, 22);
+  const std::vector<double> cos = tandem::test::random_values<double>(4, 23),
+                            sin = tandem::test::random_values<double>(4, 24);
   std::vector<C> xc(32), cosc(cos.begin(), cos.end()), sinc(sin.begin(), sin.end()), yc(32);
   for (std::size_t i = 0; i < 32; ++i) xc[i] = C(a[i], b[i]);
   tandem::reference::rope_forward<C>(plan, xc, RopeTables<C>{cosc, sinc}, std::span<C>(yc));

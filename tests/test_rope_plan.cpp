@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "support/tandem_test_support.hpp"
 #include "tandem/attention_block.hpp"
 #include "tandem/axial_rope.hpp"
 #include "tandem/backend.hpp"
@@ -39,19 +40,9 @@ using tandem::SwigluParams;
 using tandem::SwigluPlan;
 using tandem::TableRows;
 
-constexpr std::int64_t kHuge = std::int64_t{1} << 62;  // 4611686018427387904
+using tandem::test::expect_error_message;
 
-/// Runs f and expects a tandem::Error with this parameter() and message.
-template <class F>
-void expect_error(F&& f, const std::string& parameter, const std::string& message) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected: " << message;
-  } catch (const tandem::Error& e) {
-    EXPECT_EQ(e.parameter(), parameter);
-    EXPECT_EQ(std::string(e.what()), message);
-  }
-}
+constexpr std::int64_t kHuge = std::int64_t{1} << 62;  // 4611686018427387904
 
 // ---------------------------------------------------------------------------
 // RopePlan
@@ -85,28 +76,28 @@ TEST(RopePlan, MakeRejectsEachBadParameter) {
     change(p);
     return [p] { RopePlan::make(p); };
   };
-  expect_error(with([](RopeParams& p) { p.batch = 0; }), "batch", "batch = 0 must be >= 1");
-  expect_error(with([](RopeParams& p) { p.seq = 0; }), "seq", "seq = 0 must be >= 1");
-  expect_error(with([](RopeParams& p) { p.head_dim = 0; }), "head_dim",
-               "head_dim = 0 must be >= 1");
-  expect_error(with([](RopeParams& p) { p.width = 6; }), "width",
-               "width = 6 must be a positive multiple of head_dim = 4");
-  expect_error(with([](RopeParams& p) { p.n_rot = 5; }), "n_rot",
-               "n_rot = 5 must be even and <= head_dim = 4");
-  expect_error(with([](RopeParams& p) { p.n_rot = 6; }), "n_rot",
-               "n_rot = 6 must be even and <= head_dim = 4");
-  expect_error(with([](RopeParams& p) { p.n_rot = -2; }), "n_rot",
-               "n_rot = -2 must be even and <= head_dim = 4");
-  expect_error(with([](RopeParams& p) { p.table_stride = 1; }), "table_stride",
-               "table_stride = 1 must be >= n_rot/2 = 2");
-  expect_error(with([](RopeParams& p) { p.table_rows = 2; }), "table_rows",
-               "table_rows = 2 must be >= seq = 3 for position rows");
-  expect_error(with([](RopeParams& p) { p.rows = TableRows::token; }), "table_rows",
-               "table_rows = 3 must be batch*seq = 6 for token rows");
-  expect_error(with([](RopeParams& p) { p.src_row_stride = 7; }), "src_row_stride",
-               "src_row_stride = 7 must be >= width = 8");
-  expect_error(with([](RopeParams& p) { p.batch = kHuge; }), "batch*seq",
-               "batch*seq overflows a 64-bit size (4611686018427387904 * 3)");
+  expect_error_message(with([](RopeParams& p) { p.batch = 0; }), "batch", "batch = 0 must be >= 1");
+  expect_error_message(with([](RopeParams& p) { p.seq = 0; }), "seq", "seq = 0 must be >= 1");
+  expect_error_message(with([](RopeParams& p) { p.head_dim = 0; }), "head_dim",
+                       "head_dim = 0 must be >= 1");
+  expect_error_message(with([](RopeParams& p) { p.width = 6; }), "width",
+                       "width = 6 must be a positive multiple of head_dim = 4");
+  expect_error_message(with([](RopeParams& p) { p.n_rot = 5; }), "n_rot",
+                       "n_rot = 5 must be even and <= head_dim = 4");
+  expect_error_message(with([](RopeParams& p) { p.n_rot = 6; }), "n_rot",
+                       "n_rot = 6 must be even and <= head_dim = 4");
+  expect_error_message(with([](RopeParams& p) { p.n_rot = -2; }), "n_rot",
+                       "n_rot = -2 must be even and <= head_dim = 4");
+  expect_error_message(with([](RopeParams& p) { p.table_stride = 1; }), "table_stride",
+                       "table_stride = 1 must be >= n_rot/2 = 2");
+  expect_error_message(with([](RopeParams& p) { p.table_rows = 2; }), "table_rows",
+                       "table_rows = 2 must be >= seq = 3 for position rows");
+  expect_error_message(with([](RopeParams& p) { p.rows = TableRows::token; }), "table_rows",
+                       "table_rows = 3 must be batch*seq = 6 for token rows");
+  expect_error_message(with([](RopeParams& p) { p.src_row_stride = 7; }), "src_row_stride",
+                       "src_row_stride = 7 must be >= width = 8");
+  expect_error_message(with([](RopeParams& p) { p.batch = kHuge; }), "batch*seq",
+                       "batch*seq overflows a 64-bit size (4611686018427387904 * 3)");
 }
 
 TEST(RopePlan, MakeAcceptsTheEdgesOfEachRule) {
@@ -173,7 +164,7 @@ TEST(RopePlan, FromShapesChoosesTableRows) {
   EXPECT_EQ(rows_for({2, 3, 4}, 3), TableRows::position);  // R = S
   EXPECT_EQ(rows_for({2, 3, 4}, 4), TableRows::position);  // S < R != B'·S
   EXPECT_EQ(rows_for({2, 3, 4}, 9), TableRows::position);  // a longer table
-  expect_error(
+  expect_error_message(
       [&] {
         rows_for({2, 3, 4}, 2);
       },
@@ -182,7 +173,7 @@ TEST(RopePlan, FromShapesChoosesTableRows) {
   a.table_rows = TableRows::position;
   EXPECT_EQ(rows_for({2, 3, 4}, 6), TableRows::position);
   a.table_rows = TableRows::token;
-  expect_error(
+  expect_error_message(
       [&] {
         rows_for({2, 3, 4}, 4);
       },
@@ -192,56 +183,56 @@ TEST(RopePlan, FromShapesChoosesTableRows) {
 TEST(RopePlan, FromShapesRejectsBadShapes) {
   RopeAttrs a;
   a.head_dim = 4;
-  expect_error(
+  expect_error_message(
       [&] {
         RopePlan::from_shapes({4}, {1, 2}, {1, 2}, a);
       },
       "x.shape", "x.shape = [4] must have rank >= 2");
-  expect_error(
+  expect_error_message(
       [&] {
         RopePlan::from_shapes({2, -1, 4}, {1, 2}, {1, 2}, a);
       },
       "x.shape", "x.shape = [2, -1, 4] has a negative dimension");
-  expect_error(
+  expect_error_message(
       [&] {
         RopePlan::from_shapes({1, 3, 4}, {3}, {3}, a);
       },
       "cos.shape", "cos.shape = [3] must be [R, T]");
-  expect_error(
+  expect_error_message(
       [&] {
         RopePlan::from_shapes({1, 3, 4}, {3, 2}, {3, 1}, a);
       },
       "sin.shape", "sin.shape = [3, 1] must equal cos.shape = [3, 2]");
-  expect_error(
+  expect_error_message(
       [&] {
         RopePlan::from_shapes({1, 3, 4}, {3, 1}, {3, 1}, a);
       },
       "cos.shape", "cos.shape = [3, 1] must have T >= max(n_rot/2, 1) = 2");
-  expect_error(
+  expect_error_message(
       [&] {
         RopePlan::from_shapes({1, 3, 6}, {3, 2}, {3, 2}, a);
       },
       "width", "width = 6 must be a positive multiple of head_dim = 4");
   // head_dim is required below rank 4 (rank 4 takes the last dim).
-  expect_error(
+  expect_error_message(
       [] {
         RopePlan::from_shapes({1, 3, 4}, {3, 2}, {3, 2}, {});
       },
       "head_dim", "head_dim = (absent) is required for x.shape = [1, 3, 4] (rank < 4)");
-  expect_error(
+  expect_error_message(
       [] {
         RopePlan::from_shapes({3, 4}, {3, 2}, {3, 2}, {});
       },
       "head_dim", "head_dim = (absent) is required for x.shape = [3, 4] (rank < 4)");
   a.n_rot = 3;
-  expect_error(
+  expect_error_message(
       [&] {
         RopePlan::from_shapes({1, 3, 4}, {3, 2}, {3, 2}, a);
       },
       "n_rot", "n_rot = 3 must be even and <= head_dim = 4");
   // Sizes are checked for overflow, even of an empty x.
   a.n_rot.reset();
-  expect_error(
+  expect_error_message(
       [&] {
         RopePlan::from_shapes({kHuge, 4, 0}, {3, 2}, {3, 2}, a);
       },
@@ -269,35 +260,39 @@ TEST(AxialRopePlan, MakeRejectsEachBadParameter) {
     change(p);
     return [p] { AxialRopePlan::make(p); };
   };
-  expect_error(with([](AxialRopeParams& p) { p.batch = 0; }), "batch", "batch = 0 must be >= 1");
-  expect_error(with([](AxialRopeParams& p) { p.seq = 0; }), "seq", "seq = 0 must be >= 1");
-  expect_error(with([](AxialRopeParams& p) { p.num_heads = 0; }), "num_heads",
-               "num_heads = 0 must be >= 1");
-  expect_error(with([](AxialRopeParams& p) { p.num_heads = 3; }), "width",
-               "width = 8 must be a positive multiple of num_heads = 3");
-  expect_error(with([](AxialRopeParams& p) { p.width = 6; }), "head_dim",
-               "head_dim = 6 (width / num_heads) must be divisible by 4");
-  expect_error(with([](AxialRopeParams& p) { p.num_heads = 4; }), "head_dim",
-               "head_dim = 2 (width / num_heads) must be divisible by 4");
-  expect_error(with([](AxialRopeParams& p) { p.end_x = 0; }), "end_x", "end_x = 0 must be >= 1");
-  expect_error(with([](AxialRopeParams& p) { p.end_y = 0; }), "end_y", "end_y = 0 must be >= 1");
-  expect_error(with([](AxialRopeParams& p) { p.repeat_factor = 0; }), "repeat_factor",
-               "repeat_factor = 0 must be >= 1");
-  expect_error(with([](AxialRopeParams& p) { p.theta = 0.0; }), "theta",
-               "theta = 0.000000 must be finite and > 0");
-  expect_error(with([](AxialRopeParams& p) { p.theta = -2.0; }), "theta",
-               "theta = -2.000000 must be finite and > 0");
-  expect_error(with([](AxialRopeParams& p) { p.theta = std::numeric_limits<double>::infinity(); }),
-               "theta", "theta = inf must be finite and > 0");
+  expect_error_message(with([](AxialRopeParams& p) { p.batch = 0; }), "batch",
+                       "batch = 0 must be >= 1");
+  expect_error_message(with([](AxialRopeParams& p) { p.seq = 0; }), "seq", "seq = 0 must be >= 1");
+  expect_error_message(with([](AxialRopeParams& p) { p.num_heads = 0; }), "num_heads",
+                       "num_heads = 0 must be >= 1");
+  expect_error_message(with([](AxialRopeParams& p) { p.num_heads = 3; }), "width",
+                       "width = 8 must be a positive multiple of num_heads = 3");
+  expect_error_message(with([](AxialRopeParams& p) { p.width = 6; }), "head_dim",
+                       "head_dim = 6 (width / num_heads) must be divisible by 4");
+  expect_error_message(with([](AxialRopeParams& p) { p.num_heads = 4; }), "head_dim",
+                       "head_dim = 2 (width / num_heads) must be divisible by 4");
+  expect_error_message(with([](AxialRopeParams& p) { p.end_x = 0; }), "end_x",
+                       "end_x = 0 must be >= 1");
+  expect_error_message(with([](AxialRopeParams& p) { p.end_y = 0; }), "end_y",
+                       "end_y = 0 must be >= 1");
+  expect_error_message(with([](AxialRopeParams& p) { p.repeat_factor = 0; }), "repeat_factor",
+                       "repeat_factor = 0 must be >= 1");
+  expect_error_message(with([](AxialRopeParams& p) { p.theta = 0.0; }), "theta",
+                       "theta = 0.000000 must be finite and > 0");
+  expect_error_message(with([](AxialRopeParams& p) { p.theta = -2.0; }), "theta",
+                       "theta = -2.000000 must be finite and > 0");
+  expect_error_message(
+      with([](AxialRopeParams& p) { p.theta = std::numeric_limits<double>::infinity(); }), "theta",
+      "theta = inf must be finite and > 0");
   // S must be r·end_x·end_y.
-  expect_error(with([](AxialRopeParams& p) { p.seq = 7; }), "seq",
-               "seq = 7 must equal repeat_factor*end_x*end_y = 8");
-  expect_error(with([](AxialRopeParams& p) { p.repeat_factor = 1; }), "seq",
-               "seq = 8 must equal repeat_factor*end_x*end_y = 4");
-  expect_error(with([](AxialRopeParams& p) { p.src_row_stride = 4; }), "src_row_stride",
-               "src_row_stride = 4 must be >= width = 8");
-  expect_error(with([](AxialRopeParams& p) { p.end_x = kHuge; }), "end_x*end_y",
-               "end_x*end_y overflows a 64-bit size (4611686018427387904 * 2)");
+  expect_error_message(with([](AxialRopeParams& p) { p.seq = 7; }), "seq",
+                       "seq = 7 must equal repeat_factor*end_x*end_y = 8");
+  expect_error_message(with([](AxialRopeParams& p) { p.repeat_factor = 1; }), "seq",
+                       "seq = 8 must equal repeat_factor*end_x*end_y = 4");
+  expect_error_message(with([](AxialRopeParams& p) { p.src_row_stride = 4; }), "src_row_stride",
+                       "src_row_stride = 4 must be >= width = 8");
+  expect_error_message(with([](AxialRopeParams& p) { p.end_x = kHuge; }), "end_x*end_y",
+                       "end_x*end_y overflows a 64-bit size (4611686018427387904 * 2)");
 }
 
 TEST(AxialRopePlan, FromShapesFoldsAndChecksTheGrid) {
@@ -316,14 +311,14 @@ TEST(AxialRopePlan, FromShapesFoldsAndChecksTheGrid) {
   EXPECT_EQ(plan.B, 3);
   EXPECT_EQ(plan.D, 8);
   EXPECT_EQ(plan.num_heads, 2);
-  expect_error([&] { AxialRopePlan::from_shapes({16}, a); }, "x.shape",
-               "x.shape = [16] must have rank >= 2");
-  expect_error(
+  expect_error_message([&] { AxialRopePlan::from_shapes({16}, a); }, "x.shape",
+                       "x.shape = [16] must have rank >= 2");
+  expect_error_message(
       [&] {
         AxialRopePlan::from_shapes({1, 5, 16}, a);
       },
       "seq", "seq = 5 must equal repeat_factor*end_x*end_y = 4");
-  expect_error(
+  expect_error_message(
       [&] {
         AxialRopePlan::from_shapes({1, 4, 12}, a);
       },
@@ -353,27 +348,31 @@ TEST(SwigluPlan, ShapeRulesAndHalves) {
 }
 
 TEST(SwigluPlan, RejectsBadShapes) {
-  expect_error([] { SwigluPlan::from_shapes({}, true); }, "x.shape",
-               "x.shape = [] must have rank >= 1");
-  expect_error(
+  expect_error_message([] { SwigluPlan::from_shapes({}, true); }, "x.shape",
+                       "x.shape = [] must have rank >= 1");
+  expect_error_message(
       [] {
         SwigluPlan::from_shapes({2, 3}, true);
       },
       "x.shape", "x.shape = [2, 3] must have an even, non-zero last dim (2n)");
-  expect_error(
+  expect_error_message(
       [] {
         SwigluPlan::from_shapes({2, 0}, true);
       },
       "x.shape", "x.shape = [2, 0] must have an even, non-zero last dim (2n)");
-  expect_error(
+  expect_error_message(
       [] {
         SwigluPlan::from_shapes({2, -4}, true);
       },
       "x.shape", "x.shape = [2, -4] has a negative dimension");
-  expect_error([] { SwigluPlan::from_shapes({0, 4}, true); }, "rows", "rows = 0 must be >= 1");
-  expect_error([] { SwigluPlan::make({0, 2, true}); }, "rows", "rows = 0 must be >= 1");
-  expect_error([] { SwigluPlan::make({3, 0, true}); }, "n", "n = 0 must be >= 1");
-  expect_error(
+  expect_error_message(
+      [] {
+        SwigluPlan::from_shapes({0, 4}, true);
+      },
+      "rows", "rows = 0 must be >= 1");
+  expect_error_message([] { SwigluPlan::make({0, 2, true}); }, "rows", "rows = 0 must be >= 1");
+  expect_error_message([] { SwigluPlan::make({3, 0, true}); }, "n", "n = 0 must be >= 1");
+  expect_error_message(
       [] {
         SwigluPlan::make({kHuge, 2, true});
       },
@@ -384,9 +383,11 @@ TEST(SwigluPlan, RejectsBadShapes) {
 // AttentionBlockPlan
 
 /// x [B, S, E] = [2, 3, 8], H = 2 (D = 4), with optional parts.
-AttentionBlockPlan block_from_shapes(std::optional<Shape> b_qkv, std::optional<Shape> b_out,
-                                     std::optional<Shape> keep, std::optional<Shape> cos,
-                                     std::optional<Shape> sin, std::int64_t heads = 2) {
+AttentionBlockPlan block_from_shapes(const std::optional<Shape>& b_qkv,
+                                     const std::optional<Shape>& b_out,
+                                     const std::optional<Shape>& keep,
+                                     const std::optional<Shape>& cos,
+                                     const std::optional<Shape>& sin, std::int64_t heads = 2) {
   return AttentionBlockPlan::from_shapes({2, 3, 8}, {24, 8}, b_qkv, {8, 8}, b_out, keep, cos, sin,
                                          heads);
 }
@@ -421,68 +422,68 @@ TEST(AttentionBlockPlan, PlansItsParts) {
 
 TEST(AttentionBlockPlan, FromShapesRejectsBadShapes) {
   const auto none = std::nullopt;
-  expect_error(
+  expect_error_message(
       [] {
         AttentionBlockPlan::from_shapes({3, 8}, {24, 8}, {}, {8, 8}, {}, {}, {}, {}, 2);
       },
       "x.shape", "x.shape = [3, 8] must be [B, S, E]");
-  expect_error(
+  expect_error_message(
       [] {
         AttentionBlockPlan::from_shapes({2, 3, 8}, {8, 24}, {}, {8, 8}, {}, {}, {}, {}, 2);
       },
       "w_qkv.shape", "w_qkv.shape = [8, 24] must be [3E, E] = [24, 8]");
-  expect_error([&] { block_from_shapes(Shape{8}, none, none, none, none); }, "b_qkv.shape",
-               "b_qkv.shape = [8] must be [3E] = [24]");
-  expect_error(
+  expect_error_message([&] { block_from_shapes(Shape{8}, none, none, none, none); }, "b_qkv.shape",
+                       "b_qkv.shape = [8] must be [3E] = [24]");
+  expect_error_message(
       [] {
         AttentionBlockPlan::from_shapes({2, 3, 8}, {24, 8}, {}, {8, 4}, {}, {}, {}, {}, 2);
       },
       "w_out.shape", "w_out.shape = [8, 4] must be [E, E] = [8, 8]");
-  expect_error([&] { block_from_shapes(none, Shape{24}, none, none, none); }, "b_out.shape",
-               "b_out.shape = [24] must be [E] = [8]");
-  expect_error(
+  expect_error_message([&] { block_from_shapes(none, Shape{24}, none, none, none); }, "b_out.shape",
+                       "b_out.shape = [24] must be [E] = [8]");
+  expect_error_message(
       [&] {
         block_from_shapes(none, none, Shape{3, 2}, none, none);
       },
       "mask.shape", "mask.shape = [3, 2] must be [B, S] = [2, 3]");
-  expect_error(
+  expect_error_message(
       [&] {
         block_from_shapes(none, none, none, Shape{3, 2}, none);
       },
       "sin", "sin = (absent) must be given with the other RoPE table");
-  expect_error(
+  expect_error_message(
       [&] {
         block_from_shapes(none, none, none, none, Shape{3, 2});
       },
       "cos", "cos = (absent) must be given with the other RoPE table");
-  expect_error([&] { block_from_shapes(none, none, none, Shape{6}, Shape{6}); }, "cos.shape",
-               "cos.shape = [6] must be [R, T]");
-  expect_error(
+  expect_error_message([&] { block_from_shapes(none, none, none, Shape{6}, Shape{6}); },
+                       "cos.shape", "cos.shape = [6] must be [R, T]");
+  expect_error_message(
       [&] {
         block_from_shapes(none, none, none, Shape{3, 2}, Shape{3, 1});
       },
       "sin.shape", "sin.shape = [3, 1] must equal cos.shape = [3, 2]");
-  expect_error(
+  expect_error_message(
       [&] {
         block_from_shapes(none, none, none, Shape{3, 0}, Shape{3, 0});
       },
       "cos.shape", "cos.shape = [3, 0] must have T >= 1");
   // The RoPE part is validated as a RoPE call: T >= D/2 and R >= S.
-  expect_error(
+  expect_error_message(
       [&] {
         block_from_shapes(none, none, none, Shape{3, 1}, Shape{3, 1});
       },
       "table_stride", "table_stride = 1 must be >= n_rot/2 = 2");
-  expect_error(
+  expect_error_message(
       [&] {
         block_from_shapes(none, none, none, Shape{2, 2}, Shape{2, 2});
       },
       "table_rows", "table_rows = 2 must be >= seq = 3 for position rows");
-  expect_error([&] { block_from_shapes(none, none, none, none, none, 3); }, "embed",
-               "embed = 8 must be a positive multiple of num_heads = 3");
-  expect_error([&] { block_from_shapes(none, none, none, none, none, 0); }, "num_heads",
-               "num_heads = 0 must be >= 1");
-  expect_error(
+  expect_error_message([&] { block_from_shapes(none, none, none, none, none, 3); }, "embed",
+                       "embed = 8 must be a positive multiple of num_heads = 3");
+  expect_error_message([&] { block_from_shapes(none, none, none, none, none, 0); }, "num_heads",
+                       "num_heads = 0 must be >= 1");
+  expect_error_message(
       [] {
         AttentionBlockPlan::from_shapes({1, 1, kHuge}, {3, 1}, {}, {1, 1}, {}, {}, {}, {}, 1);
       },
@@ -499,19 +500,20 @@ TEST(AttentionBlockPlan, MakeRejectsEachBadParameter) {
     change(p);
     return [p] { AttentionBlockPlan::make(p); };
   };
-  expect_error(with([](AttentionBlockParams& p) { p.batch = 0; }), "batch",
-               "batch = 0 must be >= 1");
-  expect_error(with([](AttentionBlockParams& p) { p.seq = 0; }), "seq", "seq = 0 must be >= 1");
-  expect_error(with([](AttentionBlockParams& p) { p.embed = 0; }), "embed",
-               "embed = 0 must be a positive multiple of num_heads = 2");
+  expect_error_message(with([](AttentionBlockParams& p) { p.batch = 0; }), "batch",
+                       "batch = 0 must be >= 1");
+  expect_error_message(with([](AttentionBlockParams& p) { p.seq = 0; }), "seq",
+                       "seq = 0 must be >= 1");
+  expect_error_message(with([](AttentionBlockParams& p) { p.embed = 0; }), "embed",
+                       "embed = 0 must be a positive multiple of num_heads = 2");
   // RoPE needs an even head width: E = 6, H = 6 → D = 1, n_rot = D = 1.
-  expect_error(with([](AttentionBlockParams& p) {
-                 p.embed = 6;
-                 p.heads = 6;
-                 p.rope = true;
-                 p.table_rows = 3;
-               }),
-               "n_rot", "n_rot = 1 must be even and <= head_dim = 1");
+  expect_error_message(with([](AttentionBlockParams& p) {
+                         p.embed = 6;
+                         p.heads = 6;
+                         p.rope = true;
+                         p.table_rows = 3;
+                       }),
+                       "n_rot", "n_rot = 1 must be even and <= head_dim = 1");
 }
 
 // ---------------------------------------------------------------------------
@@ -534,7 +536,7 @@ void expect_untouched(const tandem::Backend& b, std::size_t n, F&& f, const std:
                       const std::string& message) {
   SCOPED_TRACE(b.name + ": " + message);
   std::vector<float> out(n, kSentinel);
-  expect_error([&] { f(std::span<float>(out)); }, parameter, message);
+  expect_error_message([&] { f(std::span<float>(out)); }, parameter, message);
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], kSentinel) << "element " << i;
 }
 

@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "support/tandem_test_support.hpp"
 #include "tandem/reference/backend.hpp"
 #include "tandem/reference/swiglu.hpp"
 #include "tandem/swiglu.hpp"
@@ -32,14 +33,6 @@ std::vector<double> backward(const SwigluPlan& plan, const std::vector<double>& 
   std::vector<double> dx(static_cast<std::size_t>(plan.in_size()));
   tandem::reference::swiglu_backward<double>(plan, x, dy, std::span<double>(dx));
   return dx;
-}
-
-std::vector<double> random_values(std::size_t n, unsigned seed, double scale) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> dist(-scale, scale);
-  std::vector<double> v(n);
-  for (double& e : v) e = dist(gen);
-  return v;
 }
 
 // Hand values used below:
@@ -123,7 +116,8 @@ TEST(Swiglu, BackwardMatchesCentralDifferences) {
   // with error O(h²) ≈ 1e-10 for h = 1e-5 and values of order 1.
   for (bool gate_first : {true, false}) {
     const SwigluPlan plan = SwigluPlan::from_shapes({3, 8}, gate_first);
-    const std::vector<double> x = random_values(24, 1, 3.0), dy = random_values(12, 2, 1.0);
+    const std::vector<double> x = tandem::test::random_values<double>(24, 1, -3.0, 3.0),
+                              dy = tandem::test::random_values<double>(12, 2, -1.0, 1.0);
     const std::vector<double> dx = backward(plan, x, dy);
     const auto loss = [&](const std::vector<double>& xx) {
       const std::vector<double> y = forward(plan, xx);
@@ -148,7 +142,8 @@ TEST(Swiglu, BackwardMatchesTheComplexStep) {
   using C = std::complex<double>;
   for (bool gate_first : {true, false}) {
     const SwigluPlan plan = SwigluPlan::from_shapes({2, 6}, gate_first);
-    const std::vector<double> x = random_values(12, 3, 4.0), dy = random_values(6, 4, 1.0);
+    const std::vector<double> x = tandem::test::random_values<double>(12, 3, -4.0, 4.0),
+                              dy = tandem::test::random_values<double>(6, 4, -1.0, 1.0);
     const std::vector<double> dx = backward(plan, x, dy);
     const double h = 1e-20;
     for (std::size_t k = 0; k < x.size(); ++k) {
@@ -165,7 +160,8 @@ TEST(Swiglu, BackwardMatchesTheComplexStep) {
 
 TEST(Swiglu, Float32BackendAgreesWithDouble) {
   const SwigluPlan plan = SwigluPlan::from_shapes({4, 10}, true);
-  const std::vector<double> x0 = random_values(40, 5, 5.0), dy0 = random_values(20, 6, 1.0);
+  const std::vector<double> x0 = tandem::test::random_values<double>(40, 5, -5.0, 5.0),
+                            dy0 = tandem::test::random_values<double>(20, 6, -1.0, 1.0);
   const std::vector<float> xf(x0.begin(), x0.end()), dyf(dy0.begin(), dy0.end());
   std::vector<float> yf(20), dxf(40);
   const tandem::Backend b = tandem::reference::backend();

@@ -36,6 +36,9 @@
 #include "tandem/reference/attention.hpp"
 #include "tandem/reference/backend.hpp"
 #include "tandem/tandem.hpp"
+#ifdef TANDEM_HAVE_OPTIMIZED
+#include "tandem/optimized/backend.hpp"
+#endif
 
 namespace fs = std::filesystem;
 using std::int64_t;
@@ -822,16 +825,6 @@ std::pair<int, int> tiling_picture(const fs::path& out, int64_t S, int64_t Br, i
   return {full + partial, full + partial + empty};
 }
 
-// The block sizes of the optimized attention, read from its source so that
-// the page shows what the code uses.
-std::optional<int64_t> constant_in(const fs::path& file, const std::string& name) {
-  if (!fs::exists(file)) return std::nullopt;
-  const std::string text = read_file(file);
-  const auto at = text.find(name + " = ");
-  if (at == std::string::npos) return std::nullopt;
-  return std::atoll(text.c_str() + at + name.size() + 3);
-}
-
 // Figures from the performance report (report/report.md, written by
 // `make report`), when one exists: its provenance line, its warning if the
 // machine was busy, and the rows of its summary table that bear on the
@@ -862,7 +855,7 @@ void report_figures(const fs::path& src, const fs::path& out) {
     if (n <= 4 && provenance.empty() && line.find("UTC") != std::string::npos) provenance = line;
     if (line.rfind("**Warning", 0) == 0) warning = line;
     if (line.rfind("## ", 0) == 0) in_summary = line.find("Summary") != std::string::npos;
-    if (!in_summary || line.rfind("|", 0) != 0) continue;
+    if (!in_summary || line.rfind('|', 0) != 0) continue;
     if (header.empty()) {
       header = line;
       continue;
@@ -891,27 +884,27 @@ void report_figures(const fs::path& src, const fs::path& out) {
   write_file(out / "report_figures.md", f.str());
 }
 
-void fast_page(const fs::path& src, const fs::path& out) {
-  const fs::path inl = src / "optimized/src/attention-inl.h";
-  const auto rows = constant_in(inl, "kRowsTarget");
-  const auto keys = constant_in(inl, "kKeyBlock");
+void fast_page(const fs::path& out) {
   std::ostringstream f;
   int64_t Br = 64, Bc = 64;
   std::string source;
-  if (rows && keys) {
-    Br = *rows;
-    Bc = *keys;
-    source = "block sizes from optimized/src/attention-inl.h";
-    f << "The optimized attention (optimized/src/attention-inl.h) packs `kRowsTarget = " << Br
-      << "` query rows per tile — `block_q = kRowsTarget / G` queries of each of the G = H/Hkv "
-      << "query heads that share a kv head, so a GQA group reads its K and V rows once — and "
-      << "walks the keys in blocks of `kKeyBlock = " << Bc << "`. The pictures use these sizes "
-      << "with G = 1.\n";
-  } else {
-    source = "illustrative block sizes";
-    f << "The optimized attention sources are not part of this tree; the pictures use "
-      << "illustrative 64 × 64 tiles.\n";
-  }
+#ifdef TANDEM_HAVE_OPTIMIZED
+  // The block sizes the optimized backend uses by default, from its exported
+  // default geometry, so that the page shows what the code uses.
+  const tandem::optimized::Geometry geometry{};
+  Br = geometry.rows_per_tile;
+  Bc = geometry.key_block;
+  source = "block sizes of tandem::optimized::Geometry{}";
+  f << "The optimized attention packs `rows_per_tile = " << Br
+    << "` query rows per tile (tandem::optimized::Geometry) — `block_q = rows_per_tile / G` "
+    << "queries of each of the G = H/Hkv query heads that share a kv head, so a GQA group "
+    << "reads its K and V rows once — and walks the keys in blocks of `key_block = " << Bc
+    << "`. The pictures use these default sizes with G = 1.\n";
+#else
+  source = "illustrative block sizes";
+  f << "This site was built without the optimized backend; the pictures use illustrative " << Br
+    << " × " << Bc << " tiles.\n";
+#endif
   const auto [causal_visited, causal_all] =
       tiling_picture(out, 512, Br, Bc, 0, "tiling_causal.svg", source);
   const auto [window_visited, window_all] =
@@ -1167,7 +1160,7 @@ int main(int argc, char** argv) {
     rope_page(ref, out);
     layout_page(out);
     mask_pictures(ref, out);
-    fast_page(src, out);
+    fast_page(out);
     report_figures(src, out);
     fixture_table(src, out);
     code_links(src, out);

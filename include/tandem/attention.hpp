@@ -189,13 +189,15 @@ void check_inputs(const AttentionPlan& plan, const AttentionInputs<T>& in) {
   require_size(in.mask.size(), plan.mask_size(), "mask");
 }
 
-/// Throws Error unless every non-empty gradient view has its full size and at
-/// least one is asked for when `need_all` is false; all three when it is true.
+/// Throws Error unless at least one gradient is asked for (a non-empty view)
+/// and every non-empty view has its full size.
 template <class T>
-void check_grads(const AttentionPlan& plan, const AttentionGrads<T>& g, bool need_all) {
-  if (need_all || !g.dq.empty()) require_size(g.dq.size(), plan.dq.extent, "dq");
-  if (need_all || !g.dk.empty()) require_size(g.dk.size(), plan.dk.extent, "dk");
-  if (need_all || !g.dv.empty()) require_size(g.dv.size(), plan.dv.extent, "dv");
+void check_grads(const AttentionPlan& plan, const AttentionGrads<T>& g) {
+  require(!(g.dq.empty() && g.dk.empty() && g.dv.empty()), "grads",
+          std::string("(dq, dk and dv all empty)"), "must ask for at least one gradient");
+  if (!g.dq.empty()) require_size(g.dq.size(), plan.dq.extent, "dq");
+  if (!g.dk.empty()) require_size(g.dk.size(), plan.dk.extent, "dk");
+  if (!g.dv.empty()) require_size(g.dv.size(), plan.dv.extent, "dv");
 }
 
 /// Throws Error unless the saved out and lse have their full sizes.

@@ -30,8 +30,9 @@ struct Backend {
   /// out `[B,Sq,H,Dv]` (layout of q, contiguous) = attention(q, k, v, mask).
   std::function<void(const AttentionPlan&, const AttentionInputs<float>&, std::span<float> out)>
       attention_forward;
-  /// dq, dk, dv (all three, contiguous, shapes of q, k, v) from dout
-  /// (shape of out) in one pass.
+  /// dq, dk, dv (contiguous, shapes of q, k, v) from dout (shape of out) in
+  /// one pass: any non-empty subset of them; an empty view is not computed
+  /// and never written.
   std::function<void(const AttentionPlan&, const AttentionInputs<float>&,
                      std::span<const float> dout, const AttentionGrads<float>&)>
       attention_backward;
@@ -40,7 +41,7 @@ struct Backend {
   std::function<void(const AttentionPlan&, const AttentionInputs<float>&, std::span<float> out,
                      std::span<float> lse)>
       attention_forward_lse;
-  /// dq, dk, dv (all three) as attention_backward, from the forward's saved out
+  /// dq, dk, dv (any non-empty subset) as attention_backward, from the forward's saved out
   /// and lse: `p_ij = exp(s_ij − lse_i)` and `rowsum(dO ∘ O)` without running
   /// the forward again.
   std::function<void(const AttentionPlan&, const AttentionInputs<float>&,

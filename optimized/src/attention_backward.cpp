@@ -22,9 +22,9 @@
 // (dQ rows of its G query heads, dK and dV rows of its kv head); inside it the
 // query blocks and key blocks run in a fixed order, so dK/dV (summed over all
 // query rows of the group, GQA included) and dQ (summed over key blocks) are
-// the same for any thread count and any schedule. With fewer than kMinTasks
-// (batch, kv head) pairs the query blocks of each are split into parts (a
-// number fixed by the shape, see QueryParts), each summing its own dK/dV
+// the same for any thread count and any schedule. With few (batch, kv head)
+// pairs the query blocks of each are split into parts (a number fixed by the
+// shape and the geometry, see QueryParts), each summing its own dK/dV
 // partial, added in part order at the end. No atomics.
 
 #undef HWY_TARGET_INCLUDE
@@ -38,50 +38,70 @@
 #include <memory>
 #include <vector>
 
-#include "attention-inl.h"
+#include "attention_forward_tile-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tandem::optimized::HWY_NAMESPACE {
 namespace {
 
 namespace hn = hwy::HWY_NAMESPACE;
-using attn::DF;
-using attn::VF;
+using attn::Call;
+using attn::Tile;
+
+/// What the gradients of one call need besides the Call: dout, the
+/// gradients asked for, the forward's saved state (or null).
+struct Backward {
+  const Call& c;
+  const float* dout;
+  const AttentionGrads<float>& grads;
+  const AttentionSaved<float>* saved;
+  bool want_dq, want_dk, want_dv;
+  bool need_ds;  ///< dS, for dQ or dK
+  Backward(const Call& call, const float* dout_, const AttentionGrads<float>& g,
+           const AttentionSaved<float>* saved_)
+      : c(call),
+        dout(dout_),
+        grads(g),
+        saved(saved_),
+        want_dq(!g.dq.empty()),
+        want_dk(!g.dk.empty()),
+        want_dv(!g.dv.empty()),
+        need_ds(want_dq || want_dk) {}
+};
 
 /// Per-thread scratch of the backward: the forward's, the tile's dO and Q in
-/// both orientations, dP/dS, tanh, dQ, and the dK/dV accumulators of one kv
-/// head (rows of Dp / Dvp floats, the widths rounded up to whole vectors).
+/// both orientations, dP/dS, tanh(s/c), dQ, the rows' lse, dsum and 1/l, and
+/// the dK/dV accumulators of one kv head (rows of Dp / Dvp floats, the widths
+/// rounded up to whole vectors).
 struct BackwardScratch {
   attn::ForwardScratch fwd;
-  attn::Buffer Qp, dOt, dOp, dPt, T, dQt, lse, Drow, inv, dK, dV;
+  Buffer Qp, dOt, dOp, dPt, tanh_s, dQt, lse, dsum, inv, dK, dV;
   std::int64_t Dp, Dvp;
   /// `own_sums`: dK and dV accumulate here (one part per kv head); else in
   /// the call's partial sums.
-  BackwardScratch(const attn::Call& c, bool want_dq, bool want_dk, bool want_dv, bool own_sums)
-      : fwd(c) {
-    const AttentionPlan& p = *c.plan;
-    const std::int64_t R = c.max_rows_p, N = attn::Lanes();
-    Dp = attn::RoundUp(p.D, N);
-    Dvp = attn::RoundUp(p.Dv, N);
-    const bool need_ds = want_dq || want_dk;
-    if (want_dk) Qp.resize(R * Dp);
-    if (need_ds) dOt.resize(p.Dv * R);
-    if (want_dv) dOp.resize(R * Dvp);
-    if (need_ds) dPt.resize(attn::kKeyBlock * R);
-    if (need_ds && p.softcap > 0) T.resize(attn::kKeyBlock * R);
-    if (want_dq) dQt.resize(p.D * R);
+  BackwardScratch(const Backward& bw, bool own_sums) : fwd(bw.c, true) {
+    const AttentionPlan& p = *bw.c.plan;
+    const std::int64_t R = bw.c.max_rows_p, N = Lanes(), key_block = bw.c.key_block;
+    Dp = RoundUp(p.D, N);
+    Dvp = RoundUp(p.Dv, N);
+    if (bw.want_dk) Qp.resize(R * Dp);
+    if (bw.need_ds) dOt.resize(p.Dv * R);
+    if (bw.want_dv) dOp.resize(R * Dvp);
+    if (bw.need_ds) dPt.resize(key_block * R);
+    if (bw.need_ds && p.softcap > 0) tanh_s.resize(key_block * R);
+    if (bw.want_dq) dQt.resize(p.D * R);
     lse.resize(R);
-    Drow.resize(R);
+    dsum.resize(R);
     inv.resize(R);
-    if (want_dk && own_sums) dK.resize(p.Sk * Dp);
-    if (want_dv && own_sums) dV.resize(p.Sk * Dvp);
+    if (bw.want_dk && own_sums) dK.resize(p.Sk * Dp);
+    if (bw.want_dv && own_sums) dV.resize(p.Sk * Dvp);
   }
 };
 
 /// Dst[r][x] = src_r[x] (x < width, zero up to wp) and/or Dt[x][r] = src_r[x]
 /// for the rows of a tile; padding rows are zero.
 template <class RowPtr>
-void PackRows(const attn::Tile& t, std::int64_t width, std::int64_t wp, RowPtr row, float* Dst,
+void PackRows(const Tile& t, std::int64_t width, std::int64_t wp, RowPtr row, float* Dst,
               float* Dt) {
   for (std::int64_t r = 0; r < t.rows_p; ++r) {
     const float* src = r < t.rows ? row(r) : nullptr;
@@ -96,21 +116,245 @@ void PackRows(const attn::Tile& t, std::int64_t width, std::int64_t wp, RowPtr r
   }
 }
 
-/// Query-block parts of one (batch, kv head): 1 when there are kMinTasks
-/// (batch, kv head) tasks or more, else enough parts for kMinTasks tasks
-/// (at most one per query block), part k taking query blocks k, k + parts,
-/// ... (interleaved, so causal parts weigh alike). Each part sums its own
-/// dK/dV partial over its query rows and the partials are added in part
-/// order afterwards; the count depends on the shape alone, never on the
-/// thread count, and keeps the partials within kPartialBytes.
-constexpr std::int64_t kMinTasks = 8;
+/// The backward of one tile of query rows against the key blocks it may
+/// see: LoadRowStatistics, then KeyBlock for each block in key order, then
+/// WriteDq. dK and dV (rows of s.Dp / s.Dvp floats) accumulate over the
+/// tiles of a task.
+class TileBackward {
+ public:
+  TileBackward(const Backward& bw, const Tile& t, BackwardScratch& s)
+      : bw_(bw),
+        c_(bw.c),
+        t_(t),
+        s_(s),
+        keys_(c_.keys(t.b, t.g)),
+        values_(c_.values(t.b, t.g)),
+        score_(c_, t_, s.fwd.score) {}
+
+  /// Packs the tile's Q and dO, and forms each row's lse and
+  /// dsum = rowsum(dO ∘ O): from the saved state when given, else by the
+  /// forward over the tile. Clears the tile's dQ.
+  void LoadRowStatistics() {
+    const AttentionPlan& p = *c_.plan;
+    const auto q_row = [&](std::int64_t r) { return t_.q_row(c_, r); };
+    const auto do_row = [&](std::int64_t r) { return bw_.dout + t_.o_at(c_, r); };
+    PackRows(t_, p.D, s_.Dp, q_row, bw_.want_dk ? s_.Qp.get() : nullptr, s_.fwd.Qt.get());
+    PackRows(t_, p.Dv, s_.Dvp, do_row, bw_.want_dv ? s_.dOp.get() : nullptr,
+             bw_.need_ds ? s_.dOt.get() : nullptr);
+    if (bw_.saved != nullptr) {
+      SavedRowStatistics();
+    } else {
+      ForwardRowStatistics();
+    }
+    if (bw_.want_dq) std::fill(s_.dQt.get(), s_.dQt.get() + p.D * t_.rows_p, 0.0f);
+    rows_finite_ = RowStatisticsFinite();
+  }
+
+  /// dV, dK (the sums over the task's rows) and the tile's dQ for the keys
+  /// of block kb, by the careful path where it must (see Skip in gemm-inl.h).
+  void KeyBlock(const attn::KeyBlock& kb, float* dK, float* dV) {
+    const AttentionPlan& p = *c_.plan;
+    const std::int64_t R = t_.rows_p, ks = attn::PackedStride(p.D);
+    const std::int64_t vs = attn::PackedStride(p.Dv);
+    // only the rows lo .. active_end−1 may see a key of this block
+    const std::int64_t active = std::min(kb.hi, t_.rows) - kb.lo;
+    float* Kp = s_.fwd.Kp.get();
+    float* Vp = s_.fwd.Vp.get();
+    float* Pt = s_.fwd.St.get();
+    score_.SetBlock(kb.j0, kb.nk);
+    attn::PackKeyRows(keys_, kb.j0, kb.nk, ks, Kp);
+    score_.ZeroHiddenRows(Kp, ks, kb.nk);
+    if (bw_.need_ds) {
+      attn::PackKeyRows(values_, kb.j0, kb.nk, vs, Vp);
+      score_.ZeroHiddenRows(Vp, vs, kb.nk);
+    }
+    const bool careful = Careful(kb.nk);
+    // S <- Q K^T (transposed: St[jj][r])
+    Gemm(kb.nk, kb.hi - kb.lo, p.D, Kp, ks, 1, s_.fwd.Qt.get() + kb.lo, R, Pt + kb.lo, R, false);
+    Probabilities(kb, careful);
+    // dV <- dV + P^T dO  (careful: the products P marks hidden left out)
+    if (bw_.want_dv) {
+      GemmCareful<Skip::by_a>(careful, kb.nk, s_.Dvp, active, Pt + kb.lo, R, 1,
+                              s_.dOp.get() + kb.lo * s_.Dvp, s_.Dvp, dV + kb.j0 * s_.Dvp, s_.Dvp,
+                              true, Pt + kb.lo);
+    }
+    if (!bw_.need_ds) return;
+    // dP <- dO V^T (transposed: dPt[jj][r])
+    float* dSt = s_.dPt.get();
+    Gemm(kb.nk, kb.hi - kb.lo, p.Dv, Vp, vs, 1, s_.dOt.get() + kb.lo, R, dSt + kb.lo, R, false);
+    ScoreGradient(kb, careful);
+    // dK <- dK + scale * dS^T Q  (careful: dS is A, P's marks say which
+    // products to leave out)
+    if (bw_.want_dk) {
+      GemmCareful<Skip::by_a>(careful, kb.nk, s_.Dp, active, dSt + kb.lo, R, 1,
+                              s_.Qp.get() + kb.lo * s_.Dp, s_.Dp, dK + kb.j0 * s_.Dp, s_.Dp, true,
+                              Pt + kb.lo);
+    }
+    // dQ <- dQ + scale * dS K (transposed: dQt[d][r])
+    if (bw_.want_dq) {  // dS is B here, P's marks laid out alike
+      GemmCareful<Skip::by_b>(careful, p.D, kb.hi - kb.lo, kb.nk, Kp, 1, ks, dSt + kb.lo, R,
+                              s_.dQt.get() + kb.lo, R, true, Pt + kb.lo);
+    }
+  }
+
+  /// dq of the tile's rows, in the layout of q.
+  void WriteDq() const {
+    if (!bw_.want_dq) return;
+    const float* dQt = s_.dQt.get();
+    for (std::int64_t r = 0; r < t_.rows; ++r) {
+      float* dst = bw_.grads.dq.data() + c_.dq_at(t_.b, t_.query(r), t_.head(r));
+      for (std::int64_t x = 0; x < c_.plan->D; ++x) dst[x] = dQt[x * t_.rows_p + r];
+    }
+  }
+
+ private:
+  /// lse <- the saved log-sum-exp; dsum <- rowsum(dO * O) from the saved O
+  /// (padding rows: lse = −inf, so their P is 0).
+  void SavedRowStatistics() {
+    const AttentionPlan& p = *c_.plan;
+    for (std::int64_t r = 0; r < t_.rows_p; ++r) {
+      const bool real = r < t_.rows;
+      s_.lse.get()[r] = real ? bw_.saved->lse[static_cast<std::size_t>(t_.lse_at(c_, r))]
+                             : -std::numeric_limits<float>::infinity();
+      float dsum = 0.0f;
+      for (std::int64_t x = 0; real && bw_.need_ds && x < p.Dv; ++x) {
+        const std::int64_t at = t_.o_at(c_, r) + x;
+        dsum += bw_.dout[at] * bw_.saved->out[static_cast<std::size_t>(at)];
+      }
+      s_.dsum.get()[r] = dsum;
+    }
+  }
+  /// lse <- the forward's log-sum-exp; O (unnormalized) only when dsum needs
+  /// it, then dsum <- rowsum(dO * O).
+  void ForwardRowStatistics() {
+    attn::ForwardTileTransposed(c_, t_, s_.fwd, bw_.need_ds);
+    attn::FinishRows(t_, s_.fwd, s_.inv.get(), s_.lse.get());
+    if (!bw_.need_ds) return;
+    const DF d;
+    const std::int64_t R = t_.rows_p;
+    const float* Ot = s_.fwd.Ot.get();
+    const float* dOt = s_.dOt.get();
+    for (std::int64_t r0 = 0; r0 < R; r0 += Lanes()) {
+      VF acc = hn::Zero(d);
+      for (std::int64_t dv = 0; dv < c_.plan->Dv; ++dv) {
+        acc = hn::MulAdd(hn::LoadU(d, dOt + dv * R + r0), hn::LoadU(d, Ot + dv * R + r0), acc);
+      }
+      hn::StoreU(hn::Mul(acc, hn::LoadU(d, s_.inv.get() + r0)), d, s_.dsum.get() + r0);
+    }
+  }
+  /// Whether every row has a finite lse (or −inf: no visible key), a finite
+  /// dsum and finite q and dO (the rows' part of the careful test).
+  bool RowStatisticsFinite() const {
+    bool finite = true;
+    for (std::int64_t r = 0; r < t_.rows; ++r) {
+      const float x = s_.lse.get()[r];
+      finite = finite && (std::isfinite(x) || x == -std::numeric_limits<float>::infinity());
+      finite = finite && (!bw_.need_ds || std::isfinite(s_.dsum.get()[r]));
+    }
+    const AttentionPlan& p = *c_.plan;
+    if (bw_.want_dk) finite = finite && RowsFinite(s_.Qp.get(), s_.Dp, p.D, t_.rows);
+    if (bw_.want_dv) {
+      finite = finite && RowsFinite(s_.dOp.get(), s_.Dvp, p.Dv, t_.rows);
+    }
+    return finite;
+  }
+  /// Whether the current block takes the careful path: a key of it may be
+  /// hidden from some rows, and the rows, or the packed K (for dQ) or V
+  /// rows, are not all finite.
+  bool Careful(std::int64_t nk) const {
+    const AttentionPlan& p = *c_.plan;
+    const std::int64_t ks = attn::PackedStride(p.D), vs = attn::PackedStride(p.Dv);
+    if (!score_.hides_per_row() && !score_.any_hidden()) return false;
+    return !(rows_finite_ && (!bw_.want_dq || RowsFinite(s_.fwd.Kp.get(), ks, p.D, nk)) &&
+             (!bw_.need_ds || RowsFinite(s_.fwd.Vp.get(), vs, p.Dv, nk)));
+  }
+  /// P <- exp(S − lse) in place (St of the block); a row with no visible key
+  /// (lse = −inf) gets exp(s − inf) = 0 for every key instead of
+  /// exp(−inf − (−inf)). tanh(s/c) is kept for dS. Careful: the hidden
+  /// entries marked −0.0.
+  void Probabilities(const attn::KeyBlock& kb, bool careful) {
+    const DF d;
+    const std::int64_t R = t_.rows_p;
+    float* Pt = s_.fwd.St.get();
+    float* tanh_s = c_.softcap > 0.0f && bw_.need_ds ? s_.tanh_s.get() : nullptr;
+    const VF scale = hn::Set(d, c_.scale);
+    for (std::int64_t r0 = kb.lo; r0 < kb.hi; r0 += Lanes()) {
+      const VF lse = hn::LoadU(d, s_.lse.get() + r0);
+      const VF lse_use = hn::IfThenElse(hn::Eq(lse, hn::Set(d, -kInf)), hn::Set(d, kInf), lse);
+      if (score_.plain_at(r0)) {  // scale only
+        for (std::int64_t jj = 0; jj < kb.nk; ++jj) {
+          const VF sc = hn::Mul(hn::LoadU(d, Pt + jj * R + r0), scale);
+          hn::StoreU(attn::SoftmaxExp(d, hn::Sub(sc, lse_use)), d, Pt + jj * R + r0);
+        }
+      } else {
+        for (std::int64_t jj = 0; jj < kb.nk; ++jj) {
+          const VF sc = score_(hn::LoadU(d, Pt + jj * R + r0), jj, r0, tanh_s);
+          hn::StoreU(attn::SoftmaxExp(d, hn::Sub(sc, lse_use)), d, Pt + jj * R + r0);
+        }
+        if (careful) score_.MarkHidden(Pt, kb.nk, r0);
+      }
+    }
+  }
+  /// dS <- P * (dP - dsum) * (1 - tanh^2) * scale in place of dP (the
+  /// softcap factor only when softcap > 0; scale folded in here for dQ and
+  /// dK); careful: dS = 0 exactly where the key is hidden (dP and tanh may
+  /// be NaN there).
+  void ScoreGradient(const attn::KeyBlock& kb, bool careful) {
+    const DF d;
+    const std::int64_t R = t_.rows_p;
+    const float* Pt = s_.fwd.St.get();
+    float* dSt = s_.dPt.get();
+    const float* tanh_s = c_.softcap > 0.0f ? s_.tanh_s.get() : nullptr;
+    const VF scale = hn::Set(d, c_.scale);
+    for (std::int64_t r0 = kb.lo; r0 < kb.hi; r0 += Lanes()) {
+      const VF dsum = hn::LoadU(d, s_.dsum.get() + r0);
+      for (std::int64_t jj = 0; jj < kb.nk; ++jj) {
+        const std::int64_t at = jj * R + r0;
+        VF ds = hn::Mul(hn::LoadU(d, Pt + at), hn::Sub(hn::LoadU(d, dSt + at), dsum));
+        if (tanh_s != nullptr) {
+          const VF th = hn::LoadU(d, tanh_s + at);
+          ds = hn::Mul(ds, hn::NegMulAdd(th, th, hn::Set(d, 1.0f)));
+        }
+        hn::StoreU(hn::Mul(ds, scale), d, dSt + at);
+      }
+      for (std::int64_t jj = 0; careful && jj < kb.nk; ++jj) {
+        const std::int64_t at = jj * R + r0;
+        hn::StoreU(
+            hn::IfThenElseZero(NotHiddenMark(d, hn::LoadU(d, Pt + at)), hn::LoadU(d, dSt + at)), d,
+            dSt + at);
+      }
+    }
+  }
+
+  static constexpr float kInf = std::numeric_limits<float>::infinity();
+  const Backward& bw_;
+  const Call& c_;
+  const Tile t_;
+  BackwardScratch& s_;
+  attn::KeyRows keys_, values_;
+  attn::ScoreTransform score_;
+  bool rows_finite_ = true;
+};
+
+/// Query-block parts of one (batch, kv head) (see Geometry): part k takes
+/// query blocks k, k + parts, ... (interleaved, so causal parts weigh
+/// alike). 1 when there are backward_min_tasks (batch, kv head) tasks or
+/// more, else enough parts for backward_min_tasks tasks (at most one per
+/// query block) whose dK/dV partials stay within kPartialBytes; or
+/// backward_query_parts when set. Each part sums its own dK/dV partial over
+/// its query rows and the partials are added in part order afterwards; the
+/// count depends on the shape and the geometry alone, never on the thread
+/// count.
 constexpr std::int64_t kPartialBytes = std::int64_t{64} << 20;
-std::int64_t QueryParts(const attn::Call& c) {
+std::int64_t QueryParts(const Call& c) {
   const AttentionPlan& p = *c.plan;
-  const std::int64_t heads = p.B * p.Hkv;
-  if (heads >= kMinTasks) return 1;
-  std::int64_t parts = std::min((kMinTasks + heads - 1) / heads, c.n_qblocks);
-  const std::int64_t part_bytes = 4 * heads * p.Sk * (p.D + p.Dv);
+  const Geometry& geo = *c.geometry;
+  if (geo.backward_query_parts > 0) return std::min(geo.backward_query_parts, c.n_qblocks);
+  const std::int64_t heads = p.B * p.Hkv, min_tasks = geo.backward_min_tasks;
+  if (heads >= min_tasks) return 1;
+  std::int64_t parts = std::min((min_tasks + heads - 1) / heads, c.n_qblocks);
+  const std::int64_t part_bytes =
+      static_cast<std::int64_t>(sizeof(float)) * heads * p.Sk * (p.D + p.Dv);
   while (parts > 1 && parts * part_bytes > kPartialBytes) --parts;
   return std::max<std::int64_t>(parts, 1);
 }
@@ -118,195 +362,48 @@ std::int64_t QueryParts(const attn::Call& c) {
 /// The backward of one (batch b, kv head g) over the query blocks of part
 /// `part` of `parts` (qb = part, part + parts, ...): each against every key
 /// block it may see. dK and dV (Sk rows of s.Dp / s.Dvp floats) accumulate
-/// the part's sums; with one part they are written to grads at the end.
-void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, std::int64_t part,
-                  std::int64_t parts, const float* dout, const AttentionGrads<float>& grads,
-                  const AttentionSaved<float>* saved, BackwardScratch& s, float* dK, float* dV) {
-  const AttentionPlan& p = *c.plan;
-  const DF d;
-  const std::int64_t N = attn::Lanes();
-  const bool want_dq = !grads.dq.empty(), want_dk = !grads.dk.empty(), want_dv = !grads.dv.empty();
-  const bool need_ds = want_dq || want_dk;
-  const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-  const VF pos_inf = hn::Set(d, std::numeric_limits<float>::infinity());
-  const VF scale = hn::Set(d, c.scale);
-  const float* k_rows = c.k + p.k.at(b, 0, g);
-  const float* v_rows = c.v + p.v.at(b, 0, g);
-  if (want_dk) std::fill(dK, dK + p.Sk * s.Dp, 0.0f);
-  if (want_dv) std::fill(dV, dV + p.Sk * s.Dvp, 0.0f);
-
+/// the part's sums; with one part they are written to the gradients at the
+/// end.
+void BackwardTask(const Backward& bw, std::int64_t b, std::int64_t g, std::int64_t part,
+                  std::int64_t parts, BackwardScratch& s, float* dK, float* dV) {
+  const Call& c = bw.c;
+  const std::int64_t Sk = c.lengths(b).Sk;
+  if (bw.want_dk) std::fill(dK, dK + Sk * s.Dp, 0.0f);
+  if (bw.want_dv) std::fill(dV, dV + Sk * s.Dvp, 0.0f);
   for (std::int64_t qb = part; qb < c.n_qblocks; qb += parts) {
-    const attn::Tile t(c, b, g, qb);
-    const std::int64_t R = t.rows_p;
-    const auto q_row = [&](std::int64_t r) {
-      return c.q + p.q.at(b, t.query(r, c.G), t.head(r, c.G));
-    };
-    const auto do_row = [&](std::int64_t r) {
-      return dout + p.o.at(b, t.query(r, c.G), t.head(r, c.G));
-    };
-    PackRows(t, p.D, s.Dp, q_row, want_dk ? s.Qp.get() : nullptr, s.fwd.Qt.get());
-    PackRows(t, p.Dv, s.Dvp, do_row, want_dv ? s.dOp.get() : nullptr,
-             need_ds ? s.dOt.get() : nullptr);
-
-    float* HWY_RESTRICT Drow = s.Drow.get();
-    if (saved != nullptr) {
-      // lse <- the saved log-sum-exp; dsum <- rowsum(dO * O) from the saved O
-      // (padding rows: lse = −inf, so their P is 0)
-      for (std::int64_t r = 0; r < R; ++r) {
-        const bool real = r < t.rows;
-        const std::int64_t i = t.query(r, c.G), h = t.head(r, c.G);
-        s.lse.get()[r] = real ? saved->lse[static_cast<std::size_t>(p.lse_at(b, h, i))]
-                              : -std::numeric_limits<float>::infinity();
-        float dsum = 0.0f;
-        for (std::int64_t x = 0; real && need_ds && x < p.Dv; ++x) {
-          dsum += do_row(r)[x] * saved->out[static_cast<std::size_t>(p.o.at(b, i, h) + x)];
-        }
-        Drow[r] = dsum;
-      }
-    } else {
-      // lse <- the forward's log-sum-exp; O (unnormalized) only when dsum needs it
-      attn::ForwardTile(c, t, s.fwd, need_ds);
-      attn::FinishRows(t, s.fwd, s.inv.get(), s.lse.get());
-    }
-    if (need_ds && saved == nullptr) {
-      // dsum <- rowsum(dO * O)
-      const float* Ot = s.fwd.Ot.get();
-      const float* dOt = s.dOt.get();
-      for (std::int64_t r0 = 0; r0 < R; r0 += N) {
-        VF acc = hn::Zero(d);
-        for (std::int64_t dv = 0; dv < p.Dv; ++dv) {
-          acc = hn::MulAdd(hn::LoadU(d, dOt + dv * R + r0), hn::LoadU(d, Ot + dv * R + r0), acc);
-        }
-        hn::StoreU(hn::Mul(acc, hn::LoadU(d, s.inv.get() + r0)), d, Drow + r0);
-      }
-    }
-    if (want_dq) std::fill(s.dQt.get(), s.dQt.get() + p.D * R, 0.0f);
-    // Whether every row has a finite lse (or −inf: no visible key), a
-    // finite dsum and finite q and dO. A row that sees a key holding NaN or
-    // inf may not, nor a row whose own q or dO does: then exp(−inf − lse),
-    // 0·(dP − dsum), 0·q and 0·dO are NaN even for the keys hidden from it,
-    // which must not reach their dK and dV (see careful below).
-    bool rows_finite = true;
-    for (std::int64_t r = 0; r < t.rows; ++r) {
-      const float x = s.lse.get()[r];
-      rows_finite =
-          rows_finite && (std::isfinite(x) || x == -std::numeric_limits<float>::infinity());
-      rows_finite = rows_finite && (!need_ds || std::isfinite(Drow[r]));
-    }
-    if (want_dk) rows_finite = rows_finite && attn::RowsFinite(s.Qp.get(), s.Dp, p.D, t.rows);
-    if (want_dv) rows_finite = rows_finite && attn::RowsFinite(s.dOp.get(), s.Dvp, p.Dv, t.rows);
-
-    attn::ScoreTransform score(c, t, s.fwd);
-    float* HWY_RESTRICT Pt = s.fwd.St.get();
-    float* HWY_RESTRICT dSt = s.dPt.get();
-    float* T = c.softcap > 0.0f && need_ds ? s.T.get() : nullptr;
-    for (std::int64_t j0 = t.j_begin, nk = 0; j0 < t.j_end; j0 += nk) {
-      nk = t.BlockSize(c, j0);
-      const std::int64_t ks = attn::PackedStride(p.D), vs = attn::PackedStride(p.Dv);
-      float* Kp = s.fwd.Kp.get();
-      float* Vp = s.fwd.Vp.get();
-      // only the rows lo .. hi−1 may see a key of this block
-      std::int64_t lo, hi;
-      t.ActiveColumns(c, j0, nk, lo, hi);
-      const std::int64_t k_rows_active = std::min(hi, t.rows) - lo;
-      if (k_rows_active <= 0) continue;
-      score.SetBlock(j0, nk);
-      attn::PackKeyRows(k_rows, p.k.seq, p.D, j0, nk, Kp);
-      score.ZeroHiddenRows(Kp, ks, nk);
-      if (need_ds) {
-        attn::PackKeyRows(v_rows, p.v.seq, p.Dv, j0, nk, Vp);
-        score.ZeroHiddenRows(Vp, vs, nk);
-      }
-      // Careful path (as in attn::ForwardTile). Where a key of the block is
-      // hidden from some rows, its entry of P must be exactly 0 and never
-      // meet its k or v: a NaN or an infinity in its v would reach dS through
-      // 0·(dP − dsum), one in its k would reach dQ through 0·k, and a row
-      // with a non-finite lse or dsum (it sees such a key elsewhere) would
-      // make exp(−inf − lse) and 0·(dP − dsum) NaN for the keys hidden from
-      // it, reaching their dV and dK. For such blocks the hidden entries of P
-      // are set to −0.0 (whatever exp gave), dS to 0 there, and dQ, dK and
-      // dV leave their products out (attn::Skip), so that a NaN or an
-      // infinity in a row's own q or dO reaches no key hidden from it either.
-      // The all-finite case (checked here, one integer max per vector of K
-      // and V) keeps the plain products.
-      const bool careful = (score.hides_per_row() || score.any_hidden()) &&
-                           !(rows_finite && (!want_dq || attn::RowsFinite(Kp, ks, p.D, nk)) &&
-                             (!need_ds || attn::RowsFinite(Vp, vs, p.Dv, nk)));
-      // S <- Q K^T (transposed: St[jj][r])
-      attn::Gemm(nk, hi - lo, p.D, Kp, ks, 1, s.fwd.Qt.get() + lo, R, Pt + lo, R, false);
-      // P <- exp(S - lse); a row with no visible key (lse = −inf) gets
-      // exp(s − inf) = 0 for every key instead of exp(−inf − (−inf)).
-      for (std::int64_t r0 = lo; r0 < hi; r0 += N) {
-        const VF lse = hn::LoadU(d, s.lse.get() + r0);
-        const VF lse_use = hn::IfThenElse(hn::Eq(lse, neg_inf), pos_inf, lse);
-        if (score.plain_at(r0)) {  // scale only
-          for (std::int64_t jj = 0; jj < nk; ++jj) {
-            const VF sc = hn::Mul(hn::LoadU(d, Pt + jj * R + r0), scale);
-            hn::StoreU(attn::SoftmaxExp(d, hn::Sub(sc, lse_use)), d, Pt + jj * R + r0);
-          }
-        } else {
-          for (std::int64_t jj = 0; jj < nk; ++jj) {
-            const VF sc = score(hn::LoadU(d, Pt + jj * R + r0), jj, r0, T);
-            hn::StoreU(attn::SoftmaxExp(d, hn::Sub(sc, lse_use)), d, Pt + jj * R + r0);
-          }
-          if (careful) score.MarkHidden(Pt, nk, r0);
-        }
-      }
-      // dV <- dV + P^T dO  (careful: the products P marks hidden left out)
-      if (want_dv) {
-        attn::GemmCareful<attn::Skip::by_a>(careful, nk, s.Dvp, k_rows_active, Pt + lo, R, 1,
-                                            s.dOp.get() + lo * s.Dvp, s.Dvp, dV + j0 * s.Dvp, s.Dvp,
-                                            true, Pt + lo);
-      }
-      if (!need_ds) continue;
-      // dP <- dO V^T (transposed: dPt[jj][r])
-      attn::Gemm(nk, hi - lo, p.Dv, Vp, vs, 1, s.dOt.get() + lo, R, dSt + lo, R, false);
-      // dS <- P * (dP - dsum) * (1 - tanh^2) * scale   (the softcap factor
-      // only when softcap > 0; scale folded in here for dQ and dK)
-      for (std::int64_t r0 = lo; r0 < hi; r0 += N) {
-        const VF dsum = hn::LoadU(d, Drow + r0);
-        for (std::int64_t jj = 0; jj < nk; ++jj) {
-          const std::int64_t at = jj * R + r0;
-          VF ds = hn::Mul(hn::LoadU(d, Pt + at), hn::Sub(hn::LoadU(d, dSt + at), dsum));
-          if (T != nullptr) {
-            const VF th = hn::LoadU(d, T + at);
-            ds = hn::Mul(ds, hn::NegMulAdd(th, th, hn::Set(d, 1.0f)));
-          }
-          hn::StoreU(hn::Mul(ds, scale), d, dSt + at);
-        }
-        // ds = 0 exactly where the key is hidden (dP, tanh may be NaN there)
-        for (std::int64_t jj = 0; careful && jj < nk; ++jj) {
-          const std::int64_t at = jj * R + r0;
-          hn::StoreU(hn::IfThenElseZero(attn::NotHiddenMark(d, hn::LoadU(d, Pt + at)),
-                                        hn::LoadU(d, dSt + at)),
-                     d, dSt + at);
-        }
-      }
-      // dK <- dK + scale * dS^T Q  (careful: dS is A, P's marks say which
-      // products to leave out)
-      if (want_dk) {
-        attn::GemmCareful<attn::Skip::by_a>(careful, nk, s.Dp, k_rows_active, dSt + lo, R, 1,
-                                            s.Qp.get() + lo * s.Dp, s.Dp, dK + j0 * s.Dp, s.Dp,
-                                            true, Pt + lo);
-      }
-      // dQ <- dQ + scale * dS K (transposed: dQt[d][r])
-      if (want_dq) {  // dS is B here, P's marks laid out alike
-        attn::GemmCareful<attn::Skip::by_b>(careful, p.D, hi - lo, nk, Kp, 1, ks, dSt + lo, R,
-                                            s.dQt.get() + lo, R, true, Pt + lo);
-      }
-    }
-    if (want_dq) {
-      const float* dQt = s.dQt.get();
-      for (std::int64_t r = 0; r < t.rows; ++r) {
-        float* dst = grads.dq.data() + p.dq.at(b, t.query(r, c.G), t.head(r, c.G));
-        for (std::int64_t x = 0; x < p.D; ++x) dst[x] = dQt[x * R + r];
-      }
-    }
+    const Tile t(c, b, g, qb);
+    TileBackward tile(bw, t, s);
+    tile.LoadRowStatistics();
+    attn::ForEachKeyBlock(c, t, t.j_begin, t.j_end,
+                          [&](const attn::KeyBlock& kb) { tile.KeyBlock(kb, dK, dV); });
+    tile.WriteDq();
   }
-  for (std::int64_t j = 0; parts == 1 && j < p.Sk; ++j) {
-    if (want_dk) std::copy_n(dK + j * s.Dp, p.D, grads.dk.data() + p.dk.at(b, j, g));
-    if (want_dv) std::copy_n(dV + j * s.Dvp, p.Dv, grads.dv.data() + p.dv.at(b, j, g));
+  for (std::int64_t j = 0; parts == 1 && j < Sk; ++j) {
+    const AttentionPlan& p = *c.plan;
+    if (bw.want_dk) std::copy_n(dK + j * s.Dp, p.D, bw.grads.dk.data() + c.dk_at(b, j, g));
+    if (bw.want_dv) std::copy_n(dV + j * s.Dvp, p.Dv, bw.grads.dv.data() + c.dv_at(b, j, g));
   }
+}
+
+/// dk and dv row (head, j) = Σ_part partial, in part order (partials
+/// [heads·parts][Sk][Dp or Dvp]).
+void AddParts(const Backward& bw, std::int64_t parts, std::int64_t row, const Buffer& part_dk,
+              const Buffer& part_dv, std::int64_t Dp, std::int64_t Dvp) {
+  const AttentionPlan& plan = *bw.c.plan;
+  const std::int64_t head = row / plan.Sk, j = row % plan.Sk;
+  const std::int64_t b = head / plan.Hkv, g = head % plan.Hkv;
+  const auto add_parts = [&](const float* partial, std::int64_t wp, std::int64_t width,
+                             float* dst) {
+    for (std::int64_t x = 0; x < width; ++x) {
+      float sum = partial[(head * parts * plan.Sk + j) * wp + x];
+      for (std::int64_t k = 1; k < parts; ++k) {
+        sum += partial[((head * parts + k) * plan.Sk + j) * wp + x];
+      }
+      dst[x] = sum;
+    }
+  };
+  if (bw.want_dk) add_parts(part_dk.get(), Dp, plan.D, bw.grads.dk.data() + bw.c.dk_at(b, j, g));
+  if (bw.want_dv) add_parts(part_dv.get(), Dvp, plan.Dv, bw.grads.dv.data() + bw.c.dv_at(b, j, g));
 }
 
 }  // namespace
@@ -316,9 +413,10 @@ void BackwardTask(const attn::Call& c, std::int64_t b, std::int64_t g, std::int6
 /// the parts' dK/dV partials added in part order.
 void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<float>& in,
                              std::span<const float> dout, const AttentionGrads<float>& grads,
-                             const AttentionSaved<float>* saved, int threads) {
-  const attn::Call c(plan, in);
-  const bool want_dq = !grads.dq.empty(), want_dk = !grads.dk.empty(), want_dv = !grads.dv.empty();
+                             const AttentionSaved<float>* saved, const Geometry& geometry,
+                             int threads) {
+  const Call c(plan, in, geometry);
+  const Backward bw(c, dout.data(), grads, saved);
   const std::int64_t parts = QueryParts(c), heads = plan.B * plan.Hkv;
   const std::int64_t n_tasks = heads * parts;
   const int nt =
@@ -328,13 +426,11 @@ void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<fl
   // inside the parallel region).
   std::vector<std::unique_ptr<BackwardScratch>> scratch;
   scratch.reserve(static_cast<std::size_t>(nt));
-  for (int i = 0; i < nt; ++i) {
-    scratch.push_back(std::make_unique<BackwardScratch>(c, want_dq, want_dk, want_dv, parts == 1));
-  }
+  for (int i = 0; i < nt; ++i) scratch.push_back(std::make_unique<BackwardScratch>(bw, parts == 1));
   const std::int64_t Dp = scratch[0]->Dp, Dvp = scratch[0]->Dvp;
-  attn::Buffer part_dk, part_dv;  // [heads·parts][Sk][Dp or Dvp]
-  if (parts > 1 && want_dk) part_dk.resize(n_tasks * plan.Sk * Dp);
-  if (parts > 1 && want_dv) part_dv.resize(n_tasks * plan.Sk * Dvp);
+  Buffer part_dk, part_dv;  // [heads·parts][Sk][Dp or Dvp]
+  if (parts > 1 && bw.want_dk) part_dk.resize(n_tasks * plan.Sk * Dp);
+  if (parts > 1 && bw.want_dv) part_dv.resize(n_tasks * plan.Sk * Dvp);
 #pragma omp parallel num_threads(nt)
   {
     BackwardScratch& s = *scratch[static_cast<std::size_t>(omp_get_thread_num())];
@@ -343,27 +439,13 @@ void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<fl
       const std::int64_t head = task / parts, part = task % parts;
       float* dK = parts == 1 ? s.dK.get() : part_dk.get() + task * plan.Sk * Dp;
       float* dV = parts == 1 ? s.dV.get() : part_dv.get() + task * plan.Sk * Dvp;
-      BackwardTask(c, head / plan.Hkv, head % plan.Hkv, part, parts, dout.data(), grads, saved, s,
-                   dK, dV);
+      BackwardTask(bw, head / plan.Hkv, head % plan.Hkv, part, parts, s, dK, dV);
     }
     // dK, dV <- Σ_part partial, in part order (the barrier above: all written)
-    if (parts > 1 && (want_dk || want_dv)) {
+    if (parts > 1 && (bw.want_dk || bw.want_dv)) {
 #pragma omp for schedule(static)
       for (std::int64_t row = 0; row < heads * plan.Sk; ++row) {
-        const std::int64_t head = row / plan.Sk, j = row % plan.Sk;
-        const std::int64_t b = head / plan.Hkv, g = head % plan.Hkv;
-        const auto add_parts = [&](const float* partial, std::int64_t wp, std::int64_t width,
-                                   float* dst) {
-          for (std::int64_t x = 0; x < width; ++x) {
-            float sum = partial[(head * parts * plan.Sk + j) * wp + x];
-            for (std::int64_t k = 1; k < parts; ++k) {
-              sum += partial[((head * parts + k) * plan.Sk + j) * wp + x];
-            }
-            dst[x] = sum;
-          }
-        };
-        if (want_dk) add_parts(part_dk.get(), Dp, plan.D, grads.dk.data() + plan.dk.at(b, j, g));
-        if (want_dv) add_parts(part_dv.get(), Dvp, plan.Dv, grads.dv.data() + plan.dv.at(b, j, g));
+        AddParts(bw, parts, row, part_dk, part_dv, Dp, Dvp);
       }
     }
   }
@@ -373,7 +455,7 @@ void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<fl
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-#include "attention.hpp"
+#include "entry_points.hpp"
 
 namespace tandem::optimized {
 HWY_EXPORT(AttentionBackwardTarget);
@@ -382,15 +464,37 @@ namespace detail {
 
 void attention_backward(const AttentionPlan& plan, const AttentionInputs<float>& in,
                         std::span<const float> dout, const AttentionGrads<float>& grads,
-                        const AttentionSaved<float>* saved, int threads) {
+                        const AttentionSaved<float>* saved, const Options& options) {
   check_inputs(plan, in);
   require_size(dout.size(), plan.o.extent, "dout");
-  require(!(grads.dq.empty() && grads.dk.empty() && grads.dv.empty()), "grads",
-          std::string("(dq, dk and dv all empty)"), "must ask for at least one gradient");
-  check_grads(plan, grads, false);
+  check_grads(plan, grads);
   if (saved != nullptr) check_saved(plan, *saved);
-  if (threads <= 0) threads = omp_get_max_threads();
-  HWY_DYNAMIC_DISPATCH(AttentionBackwardTarget)(plan, in, dout, grads, saved, threads);
+  HWY_DYNAMIC_DISPATCH(AttentionBackwardTarget)
+  (plan, in, dout, grads, saved, options.geometry, threads_of(options));
+}
+
+void attention_backward_one(const AttentionPlan& plan, const AttentionInputs<float>& in,
+                            std::span<const float> dout, Gradient which, std::span<float> grad,
+                            const Options& options) {
+  check_inputs(plan, in);
+  require_size(dout.size(), plan.o.extent, "dout");
+  AttentionGrads<float> grads;
+  switch (which) {
+    case Gradient::dq:
+      require_size(grad.size(), plan.dq.extent, "dq");
+      grads.dq = grad;
+      break;
+    case Gradient::dk:
+      require_size(grad.size(), plan.dk.extent, "dk");
+      grads.dk = grad;
+      break;
+    case Gradient::dv:
+      require_size(grad.size(), plan.dv.extent, "dv");
+      grads.dv = grad;
+      break;
+  }
+  HWY_DYNAMIC_DISPATCH(AttentionBackwardTarget)
+  (plan, in, dout, grads, nullptr, options.geometry, threads_of(options));
 }
 
 }  // namespace detail

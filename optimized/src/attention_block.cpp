@@ -18,31 +18,20 @@
 // the bias. Each element is computed by exactly one thread in this fixed
 // order, so the result is bitwise the same for any thread count.
 //
-// Why our own Highway GEMM and not OpenBLAS (Debian's 0.3.21, pthread build):
-// at the block's size, x[4096, 768] · W_qkv[2304, 768]ᵀ, a first packed
-// 6×2-vector kernel here already ran at OpenBLAS's speed on one AVX-512 core
-// (best of 6: 48–51 GFLOP/s vs 45–49 for cblas_sgemm; an unpacked
-// dot-product kernel reached only ~30–36), and the blocked kernel that
-// replaced it is faster still, so nothing is gained by the dependency, and it
-// costs: OpenBLAS keeps
-// its own pthread pool, set only process-wide (openblas_set_num_threads, not
-// per call as Options::threads is), whose workers spin for a while after each
-// call and compete with the OpenMP attention that follows (on the shared
-// 2-core machine we measured on, too noisy to quantify); its
-// thread-count independence is observed, not documented; and it ignores
+// The projections run the attention's own register-tiled micro-kernel (Gemm,
+// gemm-inl.h) over w packed once per call into panels of its width, blocked
+// by rows of a and by slices of k so that the panel slice in use stays in L1
+// (see Project), rather than a BLAS: a BLAS keeps its own thread pool, set
+// process-wide rather than per call as Options::threads is, and ignores
 // force_target(), so the tests could not run the block on every target. The
-// kernel here is the attention's register-tiled micro-kernel (attn::Gemm:
-// 8 rows × 3 vectors of accumulators with AVX-512) over w packed once per
-// call into panels of its width, blocked by rows of a and by slices of k so
-// that the panel slice in use stays in L1 (see Project).
+// measurements behind this choice are in bench/README.md.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention_block.cpp"
-#include <hwy/aligned_allocator.h>
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
-#include "attention-inl.h"
+#include "gemm-inl.h"
 
 #ifndef TANDEM_OPTIMIZED_ATTENTION_BLOCK_ONCE
 #define TANDEM_OPTIMIZED_ATTENTION_BLOCK_ONCE
@@ -50,11 +39,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <new>
 #include <vector>
 
-#include "attention.hpp"
-#include "streaming.hpp"
+#include "buffer.hpp"
+#include "entry_points.hpp"
 
 namespace tandem::optimized::detail {
 /// One projection c[M, N] = a[M, K] · w[N, K]ᵀ + bias[N].
@@ -97,27 +85,21 @@ void PackPanels(const detail::ProjectArgs& p, std::int64_t SW, float* wp) {
 
 /// c = a · wᵀ (+ bias), blocked: for each block of kBlockM rows of a (one
 /// thread), for each kDepth slice of k, for each packed panel of w, the
-/// attention's register-tiled micro-kernel (attn::Gemm, kMR rows × kNR
+/// attention's register-tiled micro-kernel (Gemm, kMR rows × kNR
 /// vectors) accumulates into the block's C tile; then the bias is added and
 /// the tile copied out. Each C element is one chain of fused multiply-adds
 /// over k = 0..K−1 in order (a slice resumes from the stored partial sum),
 /// then + bias: bitwise the same for any thread count and any blocking.
 void Project(const detail::ProjectArgs& p) {
-  const std::int64_t SW = static_cast<std::int64_t>(attn::kNR) * attn::Lanes();
+  const std::int64_t SW = static_cast<std::int64_t>(kNR) * Lanes();
   const std::int64_t panels = (p.N + SW - 1) / SW, Np = panels * SW;
-  const auto packed = hwy::AllocateAligned<float>(static_cast<std::size_t>(panels * SW * p.K));
+  const Buffer packed(panels * SW * p.K, Buffer::Init::uninitialized);
   const std::int64_t blocks = (p.M + kBlockM - 1) / kBlockM;
   const int nt =
       static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(p.threads, blocks)));
-  std::vector<hwy::AlignedFreeUniquePtr<float[]>> tiles;
+  std::vector<Buffer> tiles;
   tiles.reserve(static_cast<std::size_t>(nt));
-  for (int t = 0; t < nt; ++t) {
-    tiles.push_back(hwy::AllocateAligned<float>(static_cast<std::size_t>(kBlockM * Np)));
-  }
-  if (!packed) throw std::bad_alloc();
-  for (const auto& t : tiles) {
-    if (!t) throw std::bad_alloc();
-  }
+  for (int t = 0; t < nt; ++t) tiles.emplace_back(kBlockM * Np, Buffer::Init::uninitialized);
   PackPanels(p, SW, packed.get());
 #pragma omp parallel num_threads(nt)
   {
@@ -129,8 +111,8 @@ void Project(const detail::ProjectArgs& p) {
         const std::int64_t kc = std::min(kDepth, p.K - k0);
         for (std::int64_t q = 0; q < panels; ++q) {
           // tile[r][q·SW + c] (+)= Σ_{k in slice} a[i0 + r, k] · w[q·SW + c, k]
-          attn::Gemm(mb, SW, kc, p.a + i0 * p.K + k0, p.K, 1, packed.get() + (q * p.K + k0) * SW,
-                     SW, tile + q * SW, Np, k0 > 0);
+          Gemm(mb, SW, kc, p.a + i0 * p.K + k0, p.K, 1, packed.get() + (q * p.K + k0) * SW, SW,
+               tile + q * SW, Np, k0 > 0);
         }
       }
       // c = tile + bias, the padding columns dropped
@@ -162,38 +144,28 @@ void project(const float* a, const float* w, std::span<const float> bias, float*
   HWY_DYNAMIC_DISPATCH(Project)(p);
 }
 
-/// A float buffer left uninitialized: every element is written before it is
-/// read, so its pages are first touched by the threads that fill it.
-struct Workspace {
-  hwy::AlignedFreeUniquePtr<float[]> data;
-  std::size_t n = 0;
-  explicit Workspace(std::int64_t count)
-      : data(hwy::AllocateAligned<float>(
-            static_cast<std::size_t>(std::max<std::int64_t>(count, 1)))),
-        n(static_cast<std::size_t>(count)) {
-    if (!data) throw std::bad_alloc();
-  }
-  std::span<float> span() const { return {data.get(), n}; }
-};
-
 void attention_block(const AttentionBlockPlan& plan, const AttentionBlockInputs& in,
-                     std::span<float> out, int threads) {
+                     std::span<float> out, const Options& options) {
   check_views(plan, in, out.size());
+  const int threads = threads_of(options);
   const std::int64_t rows = plan.B * plan.S, E = plan.E, E3 = 3 * plan.E;
   const AttentionPlan& ap = plan.attention;
   // Every buffer up front, so an allocation failure leaves out unwritten.
-  const Workspace qkv(rows * E3), attn(ap.o.extent);
-  const Workspace q_rot(plan.has_rope ? rows * E : 0), k_rot(plan.has_rope ? rows * E : 0);
+  // Every element is written before it is read: no zero fill.
+  constexpr auto kUninitialized = Buffer::Init::uninitialized;
+  const Buffer qkv(rows * E3, kUninitialized), attn(ap.o.extent, kUninitialized);
+  const Buffer q_rot(plan.has_rope ? rows * E : 0, kUninitialized),
+      k_rot(plan.has_rope ? rows * E : 0, kUninitialized);
   // qkv = x · W_qkvᵀ + b_qkv: [B·S, 3E], q then k then v in each row.
-  project(in.x.data(), in.w_qkv.data(), in.b_qkv, qkv.data.get(), rows, E3, E, threads);
+  project(in.x.data(), in.w_qkv.data(), in.b_qkv, qkv.get(), rows, E3, E, threads);
   const std::span<const float> all = qkv.span();
   AttentionInputs<float> ai;
   if (plan.has_rope) {
     // q and k rotated out of the qkv rows (row stride 3E) into contiguous [B·S, E].
     const RopeTables<float> tables{in.cos, in.sin};
     const std::int64_t src = plan.rope.src_extent();
-    rope_forward(plan.rope, all.subspan(0, src), tables, q_rot.span(), threads);
-    rope_forward(plan.rope, all.subspan(E, src), tables, k_rot.span(), threads);
+    rope_forward(plan.rope, all.subspan(0, src), tables, q_rot.span(), options);
+    rope_forward(plan.rope, all.subspan(E, src), tables, k_rot.span(), options);
     ai.q = q_rot.span();
     ai.k = k_rot.span();
   } else {
@@ -203,9 +175,9 @@ void attention_block(const AttentionBlockPlan& plan, const AttentionBlockInputs&
   ai.v = all.subspan(2 * E, ap.v.extent);
   ai.mask = in.keep;
   // a = attention(q, k, v, keep): [B, S, H, D] = [B·S, E].
-  attention_forward(ap, ai, attn.span(), {}, threads);
+  attention_forward(ap, ai, attn.span(), options);
   // y = a · W_outᵀ + b_out
-  project(attn.data.get(), in.w_out.data(), in.b_out, out.data(), rows, E, E, threads);
+  project(attn.get(), in.w_out.data(), in.b_out, out.data(), rows, E, E, threads);
 }
 
 }  // namespace detail

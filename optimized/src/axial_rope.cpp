@@ -29,9 +29,9 @@
 #define TANDEM_OPTIMIZED_AXIAL_ROPE_ONCE
 #include <cmath>
 #include <cstdint>
-#include <vector>
 
-#include "streaming.hpp"
+#include "buffer.hpp"
+#include "entry_points.hpp"
 
 namespace tandem::optimized::detail {
 /// One axial RoPE call after validation, with its per-call tables.
@@ -90,11 +90,13 @@ namespace {
 
 /// cos and sin of `pos·f_k` for pos < positions, k < D/4, in double, rounded
 /// to float: `[positions, D/4]` each.
-void axial_tables(const AxialRopePlan& plan, std::int64_t positions, std::vector<float>& c,
-                  std::vector<float>& s) {
+void axial_tables(const AxialRopePlan& plan, std::int64_t positions, Buffer& cos_table,
+                  Buffer& sin_table) {
   const std::int64_t Q = plan.D / 4;
-  c.resize(static_cast<std::size_t>(positions * Q));
-  s.resize(c.size());
+  cos_table.resize(positions * Q, Buffer::Init::uninitialized);
+  sin_table.resize(positions * Q, Buffer::Init::uninitialized);
+  float* c = cos_table.get();
+  float* s = sin_table.get();
   for (std::int64_t k = 0; k < Q; ++k) {
     // f_k = theta^(−4k/D)
     const double f_k =
@@ -110,26 +112,26 @@ void axial_tables(const AxialRopePlan& plan, std::int64_t positions, std::vector
 void axial_rope(const AxialRopePlan& plan, const float* src, float* dst, bool transpose,
                 int threads) {
   // The rotation tables, computed once per call.
-  std::vector<float> cx, sx, cy, sy;
+  Buffer cx, sx, cy, sy;
   axial_tables(plan, plan.end_x, cx, sx);
   axial_tables(plan, plan.end_y, cy, sy);
-  const AxialRopeArgs a{&plan,     src,       dst,       cx.data(), sx.data(),
-                        cy.data(), sy.data(), transpose, threads};
+  const AxialRopeArgs a{&plan,    src,      dst,       cx.get(), sx.get(),
+                        cy.get(), sy.get(), transpose, threads};
   HWY_DYNAMIC_DISPATCH(AxialRope)(a);
 }
 
 }  // namespace
 
 void axial_rope_forward(const AxialRopePlan& plan, std::span<const float> x, std::span<float> out,
-                        int threads) {
+                        const Options& options) {
   check_views(plan, x, out.size(), "x", "out");
-  axial_rope(plan, x.data(), out.data(), false, threads);
+  axial_rope(plan, x.data(), out.data(), false, threads_of(options));
 }
 
 void axial_rope_backward(const AxialRopePlan& plan, std::span<const float> dy, std::span<float> dx,
-                         int threads) {
+                         const Options& options) {
   check_views(plan, dy, dx.size(), "dy", "dx");
-  axial_rope(plan, dy.data(), dx.data(), true, threads);
+  axial_rope(plan, dy.data(), dx.data(), true, threads_of(options));
 }
 
 }  // namespace detail

@@ -27,7 +27,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "streaming.hpp"
+#include "entry_points.hpp"
 
 namespace tandem::optimized::detail {
 /// The raw pointers and sizes of one RoPE call, after validation.
@@ -91,18 +91,18 @@ HWY_EXPORT(Rope);
 namespace detail {
 
 void rope_forward(const RopePlan& plan, std::span<const float> x, const RopeTables<float>& tables,
-                  std::span<float> out, int threads) {
+                  std::span<float> out, const Options& options) {
   check_views(plan, x, tables, out.size(), "x", "out");
-  const RopeArgs a{&plan, x.data(), tables.cos.data(), tables.sin.data(), out.data(),
-                   false, threads};
+  const RopeArgs a{&plan,      x.data(), tables.cos.data(),  tables.sin.data(),
+                   out.data(), false,    threads_of(options)};
   HWY_DYNAMIC_DISPATCH(Rope)(a);
 }
 
 void rope_backward(const RopePlan& plan, std::span<const float> dy, const RopeTables<float>& tables,
-                   std::span<float> dx, int threads) {
+                   std::span<float> dx, const Options& options) {
   check_views(plan, dy, tables, dx.size(), "dy", "dx");
-  const RopeArgs a{&plan, dy.data(), tables.cos.data(), tables.sin.data(), dx.data(),
-                   true,  threads};
+  const RopeArgs a{&plan,     dy.data(), tables.cos.data(),  tables.sin.data(),
+                   dx.data(), true,      threads_of(options)};
   HWY_DYNAMIC_DISPATCH(Rope)(a);
 }
 

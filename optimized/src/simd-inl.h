@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Per-target helpers shared by the streaming kernels: partial-vector loads
-// and stores that touch exactly the n elements they are given, and the pair
-// rotation used by RoPE and axial RoPE. Included once per Highway target (the
-// toggle guard below), after <hwy/highway.h>.
+// Per-target helpers shared by every kernel: the float vector type and its
+// lane count, partial-vector loads and stores that touch exactly the n
+// elements they are given, and the pair rotation used by RoPE and axial RoPE. Included once per
+// Highway target (the toggle guard below), after <hwy/highway.h>.
 //
 // Why not MaskedLoad/BlendedStore: in Highway 1.0.3 the SSE4 and scalar
 // MaskedLoad is an *aligned* full-vector Load (it may fault on an unaligned
@@ -30,6 +30,17 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 /// Lanes of the widest float vector of any target: the size of tail buffers.
 inline constexpr std::size_t kMaxFloatLanes = HWY_MAX_BYTES / sizeof(float);
+
+/// The float vector of this target, its tag and its lane count.
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+inline std::int64_t Lanes() {
+  return static_cast<std::int64_t>(hn::Lanes(DF()));
+}
+/// x rounded up to a multiple of m.
+inline std::int64_t RoundUp(std::int64_t x, std::int64_t m) {
+  return (x + m - 1) / m * m;
+}
 
 /// The first n elements of p in lanes 0..n−1 and zero above; reads exactly
 /// p[0..n). n <= Lanes(d).

@@ -32,7 +32,7 @@
 #define TANDEM_OPTIMIZED_SWIGLU_ONCE
 #include <cstdint>
 
-#include "streaming.hpp"
+#include "entry_points.hpp"
 
 namespace tandem::optimized::detail {
 /// One SwiGLU call after validation; dy and dx are null for the forward.
@@ -145,18 +145,20 @@ HWY_EXPORT(SwigluBackward);
 namespace detail {
 
 void swiglu_forward(const SwigluPlan& plan, std::span<const float> x, std::span<float> out,
-                    int threads) {
+                    const Options& options) {
   require_size(x.size(), plan.in_size(), "x");
   require_size(out.size(), plan.out_size(), "out");
-  HWY_DYNAMIC_DISPATCH(SwigluForward)({&plan, x.data(), nullptr, out.data(), threads});
+  HWY_DYNAMIC_DISPATCH(SwigluForward)
+  ({&plan, x.data(), nullptr, out.data(), threads_of(options)});
 }
 
 void swiglu_backward(const SwigluPlan& plan, std::span<const float> x, std::span<const float> dy,
-                     std::span<float> dx, int threads) {
+                     std::span<float> dx, const Options& options) {
   require_size(x.size(), plan.in_size(), "x");
   require_size(dy.size(), plan.out_size(), "dy");
   require_size(dx.size(), plan.in_size(), "dx");
-  HWY_DYNAMIC_DISPATCH(SwigluBackward)({&plan, x.data(), dy.data(), dx.data(), threads});
+  HWY_DYNAMIC_DISPATCH(SwigluBackward)
+  ({&plan, x.data(), dy.data(), dx.data(), threads_of(options)});
 }
 
 }  // namespace detail

@@ -396,7 +396,8 @@ void attention_backward_dv(const AttentionPlan& plan, const AttentionInputs<T>& 
 /// `dq_i = scale · sum_j dx_ij k_j`, `dk_j = scale · sum_{h,i} dx_ij q_i`,
 /// `dv_j = sum_{h,i} p_ij dO_i` (h over the query heads sharing kv head g).
 /// dout `[B,Sq,H,Dv]` (plan.o); grads.dq `[B,Sq,H,D]`, grads.dk `[B,Sk,Hkv,D]`,
-/// grads.dv `[B,Sk,Hkv,Dv]`, all three required, contiguous. With `saved`
+/// grads.dv `[B,Sk,Hkv,Dv]`, contiguous: any non-empty subset of them, an
+/// empty view is neither computed nor written. With `saved`
 /// (the forward's out and lse) P and delta come from it instead of a second
 /// forward; see attention_backward_saved. Throws tandem::Error before
 /// writing anything.
@@ -406,7 +407,7 @@ void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
                         const AttentionSaved<T>* saved = nullptr) {
   check_inputs(plan, in);
   require_size(dout.size(), plan.o.extent, "dout");
-  check_grads(plan, grads, true);
+  check_grads(plan, grads);
   if (saved != nullptr) check_saved(plan, *saved);
   const Acc scale = static_cast<Acc>(plan.scale);
 
@@ -427,7 +428,7 @@ void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
 
         // pass 5a: dq_i = scale * sum_j dx_ij * k_j
         //   forward: x_ij = scale * <q_i, k_j>
-        for (std::int64_t d = 0; d < plan.D; ++d) {
+        for (std::int64_t d = 0; !grads.dq.empty() && d < plan.D; ++d) {
           Acc dq_id = Acc(0);
           for (std::int64_t j = 0; j < plan.Sk; ++j) {
             if (!row.visible[j]) continue;
@@ -438,7 +439,7 @@ void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
 
         // pass 5b: dk_j += scale * dx_ij * q_i   (into kv head g = kv_head(h))
         //   forward: x_ij = scale * <q_i, k_j>
-        for (std::int64_t j = 0; j < plan.Sk; ++j) {
+        for (std::int64_t j = 0; !grads.dk.empty() && j < plan.Sk; ++j) {
           if (!row.visible[j]) continue;
           for (std::int64_t d = 0; d < plan.D; ++d) {
             dk_sum[plan.dk.at(b, j, kv_head) + d] +=
@@ -448,7 +449,7 @@ void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
 
         // pass 5c: dv_j += p_ij * dO_i   (into kv head g = kv_head(h))
         //   forward: o_i = sum_j p_ij * v_j
-        for (std::int64_t j = 0; j < plan.Sk; ++j) {
+        for (std::int64_t j = 0; !grads.dv.empty() && j < plan.Sk; ++j) {
           if (!row.visible[j]) continue;
           for (std::int64_t d = 0; d < plan.Dv; ++d) {
             dv_sum[plan.dv.at(b, j, kv_head) + d] +=

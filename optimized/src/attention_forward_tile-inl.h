@@ -1,0 +1,468 @@
+// SPDX-License-Identifier: Apache-2.0
+// Per-target FlashAttention-2 forward over one tile of query rows, by two
+// algorithms over one online-softmax step (Geometry::decode_tiles chooses,
+// per call):
+//
+//  - WideTile: vectors across query rows (the transposed layout of
+//    attention_tile-inl.h); S = K·Qt and Ot += V^T·P by the broadcast
+//    micro-kernel. By default every tile of more than one vector of rows.
+//  - DecodeTile: vectors along d; S by dot products, O += P·V with rows as
+//    broadcasts. By default tiles of one vector of rows (a decode step: one
+//    query of the G heads of a group), which would waste most lanes of the
+//    wide tile and load every K and V element on its own.
+//
+// The forward, the split-key decode and the backward's recomputation of the
+// log-sum-exp run them. Included once per Highway target (the toggle guard
+// below), after <hwy/highway.h>.
+
+#if defined(TANDEM_OPTIMIZED_ATTENTION_FORWARD_TILE_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef TANDEM_OPTIMIZED_ATTENTION_FORWARD_TILE_INL_H_
+#undef TANDEM_OPTIMIZED_ATTENTION_FORWARD_TILE_INL_H_
+#else
+#define TANDEM_OPTIMIZED_ATTENTION_FORWARD_TILE_INL_H_
+#endif
+
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "attention_tile-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tandem::optimized::HWY_NAMESPACE::attn {
+
+namespace hn = hwy::HWY_NAMESPACE;
+
+/// Per-thread scratch of the forward tiles, sized for the largest tile of
+/// the call: St (scores, then probabilities, [key_block][rows_p]) and the
+/// online softmax's m, l, alpha for every tile; Qt, Ot, Kp, Vp for the wide
+/// tile (and the backward) when `transposed`; Qn, On, Kn, Vn for the decode
+/// tile when the call takes it.
+struct ForwardScratch {
+  Buffer St, m, l, alpha;
+  ScoreScratch score;
+  Buffer Qt, Ot, Kp, Vp;
+  Buffer Qn, On, Kn, Vn;
+  ForwardScratch(const Call& c, bool transposed) : score(c.max_rows_p) {
+    const AttentionPlan& p = *c.plan;
+    const std::int64_t R = c.max_rows_p;
+    St.resize(c.key_block * R);
+    m.resize(R);
+    l.resize(R);
+    alpha.resize(R);
+    if (transposed) {
+      Qt.resize(p.D * R);
+      Ot.resize(p.Dv * R);
+      Kp.resize(c.key_block * PackedStride(p.D));
+      Vp.resize(c.key_block * PackedStride(p.Dv));
+    }
+    if (c.decode) {
+      const std::int64_t Dp = RoundUp(p.D, Lanes()), Dvp = RoundUp(p.Dv, Lanes());
+      Qn.resize(R * Dp);
+      On.resize(R * Dvp);
+      // K and V rows are packed only when not whole vectors wide, or when
+      // padding keys must be zeroed (see DecodeTile)
+      const bool padding = p.mask == MaskKind::key_padding;
+      if (p.D != Dp || padding) Kn.resize(c.key_block * Dp);
+      if (p.Dv != Dvp || padding) Vn.resize(c.key_block * Dvp);
+    }
+  }
+};
+
+/// A tile's unnormalized output O[r][dv] = base[r·row_step + dv·col_step]:
+/// Ot (transposed) or On (natural).
+struct OutputRows {
+  const float* base = nullptr;
+  std::int64_t row_step = 0, col_step = 0;
+  float at(std::int64_t r, std::int64_t dv) const { return base[r * row_step + dv * col_step]; }
+};
+
+/// The online softmax over one tile's rows (vectors over N rows at a time,
+/// no horizontal reduction): per row the running max m, the running sum l of
+/// exp(s − m) and, for the last key block, the factor alpha = exp(m_old −
+/// m_new) the running output must be rescaled by. Starts at m = −inf, l = 0;
+/// a row with no visible key keeps both.
+class OnlineSoftmax {
+ public:
+  OnlineSoftmax(ForwardScratch& s, std::int64_t rows_p)
+      : m_(s.m.get()), l_(s.l.get()), alpha_(s.alpha.get()), R_(rows_p) {
+    const DF d;
+    for (std::int64_t r = 0; r < R_; r += Lanes()) {
+      hn::StoreU(hn::Set(d, -std::numeric_limits<float>::infinity()), d, m_ + r);
+      hn::StoreU(hn::Zero(d), d, l_ + r);
+    }
+  }
+
+  /// One key block of nk keys for the rows in the columns [lo, hi): turns the
+  /// raw dot products St[jj][r] (row stride rows_p) into scores (`score`),
+  /// then into probabilities exp(s − m_new), and updates m, l and alpha;
+  /// with `careful` the hidden entries of P are marked for the products to
+  /// leave out (see Skip in gemm-inl.h). Returns whether any alpha is not 1
+  /// (only then must the running output be rescaled).
+  bool Step(float* St, std::int64_t nk, std::int64_t lo, std::int64_t hi,
+            const ScoreTransform& score, bool careful) {
+    const DF d;
+    const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+    bool rescale = false;
+    for (std::int64_t r0 = lo; r0 < hi; r0 += Lanes()) {
+      // m_new <- max(m, rowmax(S)), masked keys at −inf
+      const VF m_old = hn::LoadU(d, m_ + r0);
+      const VF m_new = hn::Max(m_old, Scores(St, nk, r0, score));
+      // A row that has seen no visible key yet keeps m = −inf; subtract 0
+      // there so that exp(−inf − (−inf)) is never formed.
+      const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
+      // P <- exp(S − m_new); l <- exp(m − m_new)·l + rowsum(P)
+      const VF a = SoftmaxExp(d, hn::Sub(m_old, m_use));
+      VF sum = hn::Zero(d);
+      for (std::int64_t jj = 0; jj < nk; ++jj) {
+        const VF pr = SoftmaxExp(d, hn::Sub(hn::LoadU(d, St + jj * R_ + r0), m_use));
+        hn::StoreU(pr, d, St + jj * R_ + r0);
+        sum = hn::Add(sum, pr);
+      }
+      hn::StoreU(hn::MulAdd(hn::LoadU(d, l_ + r0), a, sum), d, l_ + r0);
+      hn::StoreU(m_new, d, m_ + r0);
+      hn::StoreU(a, d, alpha_ + r0);
+      rescale = rescale || !hn::AllTrue(d, hn::Eq(a, hn::Set(d, 1.0f)));
+      // the sum above is unchanged by the marks (+0 and −0 add alike)
+      if (careful && !score.plain_at(r0)) score.MarkHidden(St, nk, r0);
+    }
+    return rescale;
+  }
+
+  /// alpha[r] of the last block.
+  const float* alpha() const { return alpha_; }
+
+ private:
+  /// S <- the scores of rows r0 .. r0+N−1 in place (the cheapest transform
+  /// the block allows: scale alone, scale and band, or the whole transform);
+  /// returns their row max.
+  VF Scores(float* St, std::int64_t nk, std::int64_t r0, const ScoreTransform& score) const {
+    const DF d;
+    const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+    const VF scale = hn::Set(d, score.scale());
+    VF mx = neg_inf;
+    if (score.plain() || score.plain_at(r0)) {
+      for (std::int64_t jj = 0; jj < nk; ++jj) {
+        const VF sc = hn::Mul(hn::LoadU(d, St + jj * R_ + r0), scale);
+        hn::StoreU(sc, d, St + jj * R_ + r0);
+        mx = hn::Max(mx, sc);
+      }
+    } else if (score.band_only()) {
+      VF band_lo, band_hi;
+      score.Band(r0, band_lo, band_hi);
+      for (std::int64_t jj = 0; jj < nk; ++jj) {
+        const VF j = hn::Set(d, static_cast<float>(jj));
+        const auto visible = hn::And(hn::Ge(j, band_lo), hn::Le(j, band_hi));
+        const VF sc =
+            hn::IfThenElse(visible, hn::Mul(hn::LoadU(d, St + jj * R_ + r0), scale), neg_inf);
+        hn::StoreU(sc, d, St + jj * R_ + r0);
+        mx = hn::Max(mx, sc);
+      }
+    } else {
+      for (std::int64_t jj = 0; jj < nk; ++jj) {
+        const VF sc = score(hn::LoadU(d, St + jj * R_ + r0), jj, r0, nullptr);
+        hn::StoreU(sc, d, St + jj * R_ + r0);
+        mx = hn::Max(mx, sc);
+      }
+    }
+    return mx;
+  }
+
+  float* m_;
+  float* l_;
+  float* alpha_;
+  std::int64_t R_;
+};
+
+/// The rows of one block of V that P·V reads: `rows` (row stride `stride`)
+/// in place, or a packed copy.
+struct ValueBlock {
+  const float* rows = nullptr;
+  std::int64_t stride = 0;
+};
+
+/// Whether a block needs the careful P·V (see Skip in gemm-inl.h): a key may
+/// be hidden from some rows and seen by others, and its V rows are not all
+/// finite (checked with one integer max per vector of V). The scores of
+/// hidden keys are −inf whatever k holds (ScoreTransform).
+inline bool CarefulPV(const ScoreTransform& score, const ValueBlock& v, std::int64_t Dv,
+                      std::int64_t nk) {
+  return score.hides_per_row() && !RowsFinite(v.rows, v.stride, Dv, nk);
+}
+
+/// The FlashAttention-2 forward of one tile by vectors across rows: with the
+/// queries in s.Qt, over the key blocks the tile may see, St = K·Qt, then the
+/// online softmax step, then Ot = diag(alpha)·Ot + V^T·P (with `with_pv`;
+/// without, only m and l are formed: the backward's dV-only path). After
+/// Run, s.m and s.l hold the row max and the row sum of exp(s − m) (−inf and
+/// 0 for a row with no visible key) and s.Ot the unnormalized output.
+class WideTile {
+ public:
+  WideTile(const Call& c, const Tile& t, ForwardScratch& s, bool with_pv)
+      : c_(c),
+        t_(t),
+        s_(s),
+        with_pv_(with_pv),
+        keys_(c.keys(t.b, t.g)),
+        values_(c.values(t.b, t.g)),
+        score_(c, t_, s.score),
+        softmax_(s, t.rows_p),
+        prefetched_(t.j_begin + c.key_block) {
+    if (with_pv) std::fill(s.Ot.get(), s.Ot.get() + c.plan->Dv * t.rows_p, 0.0f);
+  }
+  WideTile(const WideTile&) = delete;
+  WideTile& operator=(const WideTile&) = delete;
+
+  /// Adds the keys of [j_from, j_to) that the tile may see (call with
+  /// consecutive ranges; the blocks depend on the ranges given).
+  void Run(std::int64_t j_from, std::int64_t j_to) {
+    ForEachKeyBlock(c_, t_, j_from, j_to, [&](const KeyBlock& kb) { Block(kb); });
+  }
+  OutputRows output() const { return {s_.Ot.get(), 1, t_.rows_p}; }
+
+ private:
+  void Block(const KeyBlock& kb) {
+    const AttentionPlan& p = *c_.plan;
+    const std::int64_t R = t_.rows_p, ks = PackedStride(p.D);
+    float* St = s_.St.get();
+    Prefetch(kb.j0);
+    score_.SetBlock(kb.j0, kb.nk);
+    // S <- Q K^T (transposed: St[jj][r] = <k_{j0+jj}, q_r>, rows lo .. hi−1)
+    PackKeyRows(keys_, kb.j0, kb.nk, ks, s_.Kp.get());
+    score_.ZeroHiddenRows(s_.Kp.get(), ks, kb.nk);
+    Gemm(kb.nk, kb.hi - kb.lo, p.D, s_.Kp.get(), ks, 1, s_.Qt.get() + kb.lo, R, St + kb.lo, R,
+         false);
+    const ValueBlock v = with_pv_ ? Values(kb) : ValueBlock{};
+    const bool careful = with_pv_ && CarefulPV(score_, v, p.Dv, kb.nk);
+    const bool rescale = softmax_.Step(St, kb.nk, kb.lo, kb.hi, score_, careful);
+    if (!with_pv_) return;
+    // O <- diag(exp(m − m_new))·O + P V (transposed: Ot[dv][r]); the
+    // rescale is skipped when no row's max moved (every factor exactly 1)
+    const DF d;
+    float* Ot = s_.Ot.get();
+    for (std::int64_t dv = 0; rescale && dv < p.Dv; ++dv) {
+      for (std::int64_t r0 = kb.lo; r0 < kb.hi; r0 += Lanes()) {
+        hn::StoreU(hn::Mul(hn::LoadU(d, Ot + dv * R + r0), hn::LoadU(d, softmax_.alpha() + r0)), d,
+                   Ot + dv * R + r0);
+      }
+    }
+    // P is B here (its own marks)
+    GemmCareful<Skip::by_b>(careful, p.Dv, kb.hi - kb.lo, kb.nk, v.rows, 1, v.stride, St + kb.lo, R,
+                            Ot + kb.lo, R, true, St + kb.lo);
+  }
+  /// The block's V rows: in place (P·V reads one V row per step, see
+  /// attention_tile-inl.h), packed where a padding key needs zeroing.
+  ValueBlock Values(const KeyBlock& kb) {
+    if (!score_.any_hidden() && values_.strided(kb.j0, kb.nk)) {
+      return {values_.row(kb.j0), values_.stride};
+    }
+    const std::int64_t vs = PackedStride(values_.width);
+    PackKeyRows(values_, kb.j0, kb.nk, vs, s_.Vp.get());
+    score_.ZeroHiddenRows(s_.Vp.get(), vs, kb.nk);
+    return {s_.Vp.get(), vs};
+  }
+  /// Keeps the K and V rows of the next kPrefetchKeys keys on their way into
+  /// the cache while the block computes.
+  void Prefetch(std::int64_t j0) {
+    const std::int64_t ahead = std::min(t_.j_end, j0 + c_.key_block + kPrefetchKeys);
+    if (ahead <= prefetched_) return;
+    PrefetchRows(keys_, prefetched_, ahead - prefetched_);
+    if (with_pv_) PrefetchRows(values_, prefetched_, ahead - prefetched_);
+    prefetched_ = ahead;
+  }
+
+  const Call& c_;
+  const Tile t_;
+  ForwardScratch& s_;
+  bool with_pv_;
+  KeyRows keys_, values_;
+  ScoreTransform score_;
+  OnlineSoftmax softmax_;
+  std::int64_t prefetched_;
+};
+
+/// out[r] = <Qn row r0 + r, krow> for kRows rows, vectors along d (wp floats).
+template <std::size_t kRows>
+HWY_INLINE void DotRows(const float* HWY_RESTRICT Qn, std::int64_t r0,
+                        const float* HWY_RESTRICT krow, std::int64_t wp, float* out) {
+  const DF d;
+  const std::int64_t N = Lanes();
+  VF acc[kRows];
+  for (std::size_t r = 0; r < kRows; ++r) acc[r] = hn::Zero(d);
+  for (std::int64_t x = 0; x < wp; x += N) {
+    const VF kv = hn::LoadU(d, krow + x);
+    for (std::size_t r = 0; r < kRows; ++r) {
+      acc[r] =
+          hn::MulAdd(hn::LoadU(d, Qn + (r0 + static_cast<std::int64_t>(r)) * wp + x), kv, acc[r]);
+    }
+  }
+  for (std::size_t r = 0; r < kRows; ++r) out[r] = hn::GetLane(hn::SumOfLanes(d, acc[r]));
+}
+
+/// How a decode tile prefetches: the K and V rows of key j + ahead while it
+/// computes key j, as long as j + ahead < end (a split-key call, which steps
+/// through every kv head in turn, aims one step ahead).
+struct DecodePrefetch {
+  std::int64_t ahead = kPrefetchKeys, end = 0;
+};
+
+/// The FlashAttention-2 forward of one tile by vectors along d: with the
+/// queries in s.Qn (row r at r·Dp, Dp = D rounded up to whole vectors, zero
+/// beyond D; PackQueriesNatural), over the key blocks the tile may see,
+/// S[jj][r] = <q_r, k_j> by dot products, then the online softmax step,
+/// then On = diag(alpha)·On + P·V (with `with_pv`) with rows as broadcasts.
+/// Rows whose width is a whole number of vectors are read in place. After
+/// Run, s.m and s.l are as for WideTile and s.On (row r at r·Dvp) holds the
+/// unnormalized output.
+class DecodeTile {
+ public:
+  DecodeTile(const Call& c, const Tile& t, ForwardScratch& s, bool with_pv, DecodePrefetch pf)
+      : c_(c),
+        t_(t),
+        s_(s),
+        with_pv_(with_pv),
+        pf_(pf),
+        Dp_(RoundUp(c.plan->D, Lanes())),
+        Dvp_(RoundUp(c.plan->Dv, Lanes())),
+        keys_(c.keys(t.b, t.g)),
+        values_(c.values(t.b, t.g)),
+        score_(c, t_, s.score),
+        softmax_(s, t.rows_p) {
+    if (with_pv) std::fill(s.On.get(), s.On.get() + t.rows_p * Dvp_, 0.0f);
+  }
+  DecodeTile(const DecodeTile&) = delete;
+  DecodeTile& operator=(const DecodeTile&) = delete;
+
+  /// As WideTile::Run.
+  void Run(std::int64_t j_from, std::int64_t j_to) {
+    ForEachKeyBlock(c_, t_, j_from, j_to, [&](const KeyBlock& kb) { Block(kb); });
+  }
+  const Tile& tile() const { return t_; }
+  OutputRows output() const { return {s_.On.get(), Dvp_, 1}; }
+
+ private:
+  void Block(const KeyBlock& kb) {
+    const std::int64_t R = t_.rows_p;
+    // the rows of the tile in the block's columns (padding rows excluded)
+    const std::int64_t r_end = std::min(kb.hi, t_.rows);
+    float* St = s_.St.get();
+    score_.SetBlock(kb.j0, kb.nk);
+    Scores(kb, r_end);
+    const ValueBlock v = with_pv_ ? Values(kb) : ValueBlock{};
+    const bool careful = with_pv_ && CarefulPV(score_, v, c_.plan->Dv, kb.nk);
+    const bool rescale = softmax_.Step(St, kb.nk, kb.lo, kb.hi, score_, careful);
+    if (!with_pv_) return;
+    // O <- diag(exp(m − m_new))·O + P V, On[r][dv] natural, rows as broadcasts
+    const DF d;
+    float* On = s_.On.get();
+    for (std::int64_t r = kb.lo; rescale && r < r_end; ++r) {
+      const VF a = hn::Set(d, softmax_.alpha()[r]);
+      for (std::int64_t x = 0; x < Dvp_; x += Lanes())
+        hn::StoreU(hn::Mul(hn::LoadU(d, On + r * Dvp_ + x), a), d, On + r * Dvp_ + x);
+    }
+    // P is A here (its own marks)
+    GemmCareful<Skip::by_a>(careful, r_end - kb.lo, Dvp_, kb.nk, St + kb.lo, 1, R, v.rows, v.stride,
+                            On + kb.lo * Dvp_, Dvp_, true, St + kb.lo);
+  }
+  /// S <- Q K^T by dot products along d, St[jj][r] for the rows lo .. r_end−1
+  /// (zero in the padding rows up to hi, never stored).
+  void Scores(const KeyBlock& kb, std::int64_t r_end) {
+    const std::int64_t R = t_.rows_p;
+    float* St = s_.St.get();
+    const bool in_place = keys_.width == Dp_ && !score_.any_hidden() && keys_.strided(kb.j0, kb.nk);
+    if (!in_place) {
+      PackKeyRows(keys_, kb.j0, kb.nk, Dp_, s_.Kn.get());
+      score_.ZeroHiddenRows(s_.Kn.get(), Dp_, kb.nk);
+    }
+    for (std::int64_t jj = 0; jj < kb.nk; ++jj) {
+      // a decode tile computes little per key: spread the prefetches over
+      // the keys instead of issuing a block's worth at once
+      const std::int64_t j = kb.j0 + jj;
+      if (j + pf_.ahead < pf_.end) {
+        PrefetchRows(keys_, j + pf_.ahead, 1);
+        if (with_pv_) PrefetchRows(values_, j + pf_.ahead, 1);
+      }
+      const float* krow = in_place ? keys_.row(j) : s_.Kn.get() + jj * Dp_;
+      float* out = St + jj * R;
+      std::int64_t r = kb.lo;
+      for (; r + 4 <= r_end; r += 4) DotRows<4>(s_.Qn.get(), r, krow, Dp_, out + r);
+      for (; r < r_end; ++r) DotRows<1>(s_.Qn.get(), r, krow, Dp_, out + r);
+      for (; r < kb.hi; ++r) out[r] = 0.0f;  // padding rows, never stored
+    }
+  }
+  /// The block's V rows: in place where they are whole vectors wide and no
+  /// padding key needs zeroing, else packed with whole-vector rows.
+  ValueBlock Values(const KeyBlock& kb) {
+    if (values_.width == Dvp_ && !score_.any_hidden() && values_.strided(kb.j0, kb.nk)) {
+      return {values_.row(kb.j0), values_.stride};
+    }
+    PackKeyRows(values_, kb.j0, kb.nk, Dvp_, s_.Vn.get());
+    score_.ZeroHiddenRows(s_.Vn.get(), Dvp_, kb.nk);
+    return {s_.Vn.get(), Dvp_};
+  }
+
+  const Call& c_;
+  const Tile t_;
+  ForwardScratch& s_;
+  bool with_pv_;
+  DecodePrefetch pf_;
+  std::int64_t Dp_, Dvp_;  ///< D and Dv rounded up to whole vectors
+  KeyRows keys_, values_;
+  ScoreTransform score_;
+  OnlineSoftmax softmax_;
+};
+
+/// The whole forward of one tile with the queries in s.Qt and the
+/// unnormalized output left in s.Ot (the backward's layout), by the call's
+/// algorithm; a decode tile is fed s.Qn from s.Qt and its s.On is copied
+/// back to s.Ot.
+inline void ForwardTileTransposed(const Call& c, const Tile& t, ForwardScratch& s, bool with_pv) {
+  if (!c.decode) {
+    WideTile(c, t, s, with_pv).Run(t.j_begin, t.j_end);
+    return;
+  }
+  const std::int64_t R = t.rows_p, D = c.plan->D, Dp = RoundUp(D, Lanes());
+  const float* Qt = s.Qt.get();
+  for (std::int64_t r = 0; r < R; ++r) {
+    for (std::int64_t x = 0; x < Dp; ++x) s.Qn.get()[r * Dp + x] = x < D ? Qt[x * R + r] : 0.0f;
+  }
+  DecodeTile tile(c, t, s, with_pv, {kPrefetchKeys, t.j_end});
+  tile.Run(t.j_begin, t.j_end);
+  if (!with_pv) return;
+  const OutputRows o = tile.output();
+  for (std::int64_t r = 0; r < R; ++r) {
+    for (std::int64_t dv = 0; dv < c.plan->Dv; ++dv) s.Ot.get()[dv * R + r] = o.at(r, dv);
+  }
+}
+
+/// inv[r] = 1/l[r] (0 for a row with no visible key) and, when lse is given,
+/// lse[r] = m[r] + log(l[r]) (−inf for such a row). A row that sees a key
+/// with a NaN score has l = NaN: it counts as seen (NaN, as in the
+/// reference), not as a row with no visible key (0, no gradient).
+inline void FinishRows(const Tile& t, const ForwardScratch& s, float* inv, float* lse) {
+  const DF d;
+  const std::int64_t N = Lanes();
+  const VF zero = hn::Zero(d);
+  for (std::int64_t r0 = 0; r0 < t.rows_p; r0 += N) {
+    const VF l = hn::LoadU(d, s.l.get() + r0);
+    const auto seen = hn::Not(hn::Eq(l, zero));
+    hn::StoreU(hn::IfThenElseZero(seen, hn::Div(hn::Set(d, 1.0f), l)), d, inv + r0);
+    if (lse != nullptr) {
+      const VF m = hn::LoadU(d, s.m.get() + r0);
+      // Log of the other lanes is never used; feed it 1 to keep it quiet.
+      const auto positive = hn::Gt(l, zero);
+      const VF lg = hn::Log(d, hn::IfThenElse(positive, l, hn::Set(d, 1.0f)));
+      // l = 0 (no visible key): −inf; l = NaN: NaN
+      const VF other = hn::IfThenElse(seen, l, hn::Set(d, -std::numeric_limits<float>::infinity()));
+      hn::StoreU(hn::IfThenElse(positive, hn::Add(m, lg), other), d, lse + r0);
+    }
+  }
+}
+
+}  // namespace tandem::optimized::HWY_NAMESPACE::attn
+HWY_AFTER_NAMESPACE();
+
+#endif  // toggle guard

@@ -1,0 +1,544 @@
+// SPDX-License-Identifier: Apache-2.0
+// Per-target geometry of the optimized attention: one call (Call) and one
+// tile of query rows (Tile), the packing of K, V and Q blocks, the softmax's
+// exp and the score transform (scale, softcap, bias, masks). Included once
+// per Highway target (the toggle guard below), after <hwy/highway.h>.
+//
+// The wide tile and the backward run in "transposed space": a tile holds the
+// query rows of one (batch, kv head, query block) — the G = H/Hkv query heads
+// of the group times nq queries, row r = qi*G + gi — as the *columns* of its
+// buffers, so one vector covers N query rows:
+//
+//     Qt[d][r]   the tile's queries, packed once per tile
+//     St[jj][r]  scores of key j0 + jj against row r (then probabilities)
+//     Ot[dv][r]  unnormalized output accumulator
+//
+// K and V are never transposed: the micro-kernel broadcasts their elements.
+// Q·Kᵀ broadcasts from kMR key rows at once, so K is copied per key block
+// into rows of an odd stride (rows a caller keeps 4 KiB apart would share a
+// cache set); P·V broadcasts consecutive elements of one V row per step, so
+// wide tiles read V in place (a copy only where padding keys must be zeroed).
+// The running max / sum of the online softmax are vectors over N rows, and
+// no horizontal reduction is needed. Decode tiles take vectors along d
+// instead (DecodeTile, attention_forward_tile-inl.h). Only buffers owned
+// here, or caller rows whose width is a whole number of vectors, are loaded
+// as whole vectors, so there are no tails to mask: owned widths are rounded
+// up and the padding is zero.
+//
+// The block sizes come from the call's Geometry (Call), never from globals.
+//
+// Hidden keys never reach a sum: see Skip (gemm-inl.h).
+#if defined(TANDEM_OPTIMIZED_ATTENTION_TILE_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef TANDEM_OPTIMIZED_ATTENTION_TILE_INL_H_
+#undef TANDEM_OPTIMIZED_ATTENTION_TILE_INL_H_
+#else
+#define TANDEM_OPTIMIZED_ATTENTION_TILE_INL_H_
+#endif
+
+#include <hwy/cache_control.h>
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "buffer.hpp"
+#include "gemm-inl.h"
+#include "tandem/attention.hpp"
+#include "tandem/optimized/backend.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace tandem::optimized::HWY_NAMESPACE::attn {
+
+namespace hn = hwy::HWY_NAMESPACE;
+
+/// How far ahead of the block being computed K and V rows are prefetched.
+inline constexpr std::int64_t kPrefetchKeys = 256;
+
+// ---------------------------------------------------------------------------
+// exp for the softmax
+
+/// e^x for the softmax's arguments (x <= 0 up to rounding; −inf gives 0):
+/// e^x = 2^n·2^f with n = round(x·log2 e), |f| <= 1/2, 2^f by its degree-6
+/// Taylor polynomial (truncation < 1.3e-7 relative). The rounding of x·log2 e
+/// adds at most |x|·6e-8 relative error, so a probability e^x keeps about 6
+/// correct digits even at x = −87; below that it is 0. About half the work
+/// of hn::Exp, which also handles large positive x (not needed here).
+HWY_INLINE VF SoftmaxExp(DF d, VF x) {
+  const hn::RebindToSigned<DF> di;
+  const VF t = hn::Mul(x, hn::Set(d, 1.44269504088896341f));
+  const VF n = hn::Round(hn::Max(t, hn::Set(d, -126.0f)));
+  const VF f = hn::Sub(t, n);
+  VF p = hn::Set(d, 1.5403530393381606e-4f);
+  p = hn::MulAdd(p, f, hn::Set(d, 1.3333558146428443e-3f));
+  p = hn::MulAdd(p, f, hn::Set(d, 9.6181291076284772e-3f));
+  p = hn::MulAdd(p, f, hn::Set(d, 5.5504108664821580e-2f));
+  p = hn::MulAdd(p, f, hn::Set(d, 2.4022650695910071e-1f));
+  p = hn::MulAdd(p, f, hn::Set(d, 6.9314718055994531e-1f));
+  p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
+  const auto bits = hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127)));
+  const VF y = hn::Mul(p, hn::BitCast(d, bits));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.0f)), y);
+}
+
+// ---------------------------------------------------------------------------
+// One call and one tile of query rows
+
+/// The rows of k or v (keys) of one (batch entry, kv head): key j at row(j).
+/// Every address of a key row is formed here, so that a cache whose rows are
+/// found through a block table plugs in at this one place.
+struct KeyRows {
+  const float* base = nullptr;
+  std::int64_t stride = 0;  ///< from one key's row to the next
+  std::int64_t width = 0;   ///< floats per row: D or Dv
+  const float* row(std::int64_t j) const { return base + j * stride; }
+  /// Whether rows j0 .. j0+n−1 lie `stride` apart from row(j0), so that a
+  /// block can be read in place (always, in the dense layouts).
+  bool strided(std::int64_t /*j0*/, std::int64_t /*n*/) const { return true; }
+};
+
+/// The sequence lengths of one batch entry: Sq queries, Sk keys, and the
+/// causal alignment q_offset = max(Sk − Sq, 0) (key position of query i:
+/// q_offset + i).
+struct Lengths {
+  std::int64_t Sq = 0, Sk = 0, q_offset = 0;
+};
+
+/// Sizes of one call, derived from the plan and the geometry once, and the
+/// addresses of its rows: every q, out, dout, dq, dk and dv row, lse entry
+/// and K or V row is found through the accessors below.
+struct Call {
+  const AttentionPlan* plan = nullptr;
+  const Geometry* geometry = nullptr;
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const float* mask = nullptr;
+  std::int64_t G = 1;           ///< query heads per kv head
+  std::int64_t block_q = 1;     ///< queries per tile
+  std::int64_t max_rows = 1;    ///< G·block_q
+  std::int64_t max_rows_p = 1;  ///< max_rows rounded up to whole vectors
+  std::int64_t n_qblocks = 1;   ///< ceil(Sq / block_q)
+  std::int64_t window = 0;      ///< w, capped at Sk + Sq (no key lies further back)
+  std::int64_t key_block = 1;   ///< Geometry::key_block
+  std::int64_t edge_block = 1;  ///< Geometry::edge_block
+  /// Whether the tiles take the decode algorithm (DecodeTile: vectors along
+  /// d) rather than the wide one (WideTile: vectors across rows): decided per
+  /// call, so that the scratch is sized once; the short last query block of
+  /// a wider call stays wide.
+  bool decode = false;
+  float scale = 1.0f;
+  float softcap = 0.0f;
+
+  Call(const AttentionPlan& p, const AttentionInputs<float>& in, const Geometry& geo)
+      : plan(&p), geometry(&geo), key_block(geo.key_block), edge_block(geo.edge_block) {
+    q = in.q.data();
+    k = in.k.data();
+    v = in.v.data();
+    mask = in.mask.empty() ? nullptr : in.mask.data();
+    G = p.group();
+    // a − w <= 0 <= j for every query position a < Sk + Sq: a larger window
+    // changes nothing, and the cap keeps a − w − j0 far from overflow.
+    window = std::min(p.window, p.Sk + p.Sq);
+    // Large tiles read each K/V block for more rows; with causal or
+    // sliding-window masks smaller ones waste less work on the diagonal.
+    const std::int64_t rows_aimed = banded() ? geo.rows_per_tile_banded : geo.rows_per_tile;
+    block_q = std::max<std::int64_t>(1, rows_aimed / G);
+    block_q = std::min(block_q, p.Sq);
+    n_qblocks = (p.Sq + block_q - 1) / block_q;
+    max_rows = G * block_q;
+    max_rows_p = RoundUp(max_rows, Lanes());
+    // Tiles of one vector of rows (a decode step: one query of the G heads
+    // of a group) would waste most lanes of the broadcast micro-kernel.
+    switch (geo.decode_tiles) {
+      case DecodeTiles::one_vector:
+        decode = max_rows_p == Lanes();
+        break;
+      case DecodeTiles::never:
+        decode = false;
+        break;
+      case DecodeTiles::always:
+        decode = true;
+        break;
+    }
+    scale = static_cast<float>(p.scale);
+    softcap = static_cast<float>(p.softcap);
+  }
+
+  /// Causal and sliding-window masks: each row sees a band of keys.
+  bool banded() const {
+    return plan->mask == MaskKind::causal || plan->mask == MaskKind::sliding_window;
+  }
+  Lengths lengths(std::int64_t /*b*/) const { return {plan->Sq, plan->Sk, plan->q_offset()}; }
+  const float* q_row(std::int64_t b, std::int64_t i, std::int64_t h) const {
+    return q + plan->q.at(b, i, h);
+  }
+  /// Offset of row (b, i, h) of out, dout and the saved out.
+  std::int64_t o_at(std::int64_t b, std::int64_t i, std::int64_t h) const {
+    return plan->o.at(b, i, h);
+  }
+  std::int64_t dq_at(std::int64_t b, std::int64_t i, std::int64_t h) const {
+    return plan->dq.at(b, i, h);
+  }
+  std::int64_t dk_at(std::int64_t b, std::int64_t j, std::int64_t g) const {
+    return plan->dk.at(b, j, g);
+  }
+  std::int64_t dv_at(std::int64_t b, std::int64_t j, std::int64_t g) const {
+    return plan->dv.at(b, j, g);
+  }
+  std::int64_t lse_at(std::int64_t b, std::int64_t h, std::int64_t i) const {
+    return plan->lse_at(b, h, i);
+  }
+  KeyRows keys(std::int64_t b, std::int64_t g) const {
+    return {k + plan->k.at(b, 0, g), plan->k.seq, plan->D};
+  }
+  KeyRows values(std::int64_t b, std::int64_t g) const {
+    return {v + plan->v.at(b, 0, g), plan->v.seq, plan->Dv};
+  }
+};
+
+/// The query rows of one tile: batch entry b, kv head g, queries
+/// i0 .. i0+nq−1 of the G query heads h = g·G + gi; row r = qi·G + gi.
+/// rows_p = rows rounded up to whole vectors (the padding rows are zero and
+/// never stored).
+struct Tile {
+  std::int64_t b = 0, g = 0, G = 1, i0 = 0, nq = 0, rows = 0, rows_p = 0;
+  std::int64_t Sq = 0, Sk = 0, q_offset = 0;  ///< the lengths of entry b
+  std::int64_t j_begin = 0, j_end = 0;        ///< keys any row of the tile may see
+
+  Tile(const Call& c, std::int64_t b_, std::int64_t g_, std::int64_t qblock)
+      : b(b_), g(g_), G(c.G) {
+    const Lengths n = c.lengths(b);
+    Sq = n.Sq;
+    Sk = n.Sk;
+    q_offset = n.q_offset;
+    i0 = qblock * c.block_q;
+    nq = std::min(c.block_q, Sq - i0);
+    rows = nq * G;
+    rows_p = RoundUp(rows, Lanes());
+    // Blocks that causal or sliding-window masks hide for every row are
+    // skipped wholesale: a = q_offset + i is the key position of query i.
+    const std::int64_t a_first = q_offset + i0, a_last = q_offset + i0 + nq - 1;
+    j_begin = 0;
+    j_end = Sk;
+    if (c.banded()) j_end = std::min(Sk, a_last + 1);
+    if (c.plan->mask == MaskKind::sliding_window) {
+      j_begin = std::max<std::int64_t>(0, a_first - c.window);
+    }
+    if (j_begin > j_end) j_begin = j_end;
+  }
+  /// Restricts the tile to the keys [k_begin, k_end) (one chunk of a
+  /// split-key call); rows then see no key outside that range.
+  void ClipKeys(std::int64_t k_begin, std::int64_t k_end) {
+    j_begin = std::max(j_begin, k_begin);
+    j_end = std::min(j_end, k_end);
+    if (j_begin > j_end) j_begin = j_end;
+  }
+  /// The columns [lo, hi) of the tile's buffers (whole vectors) holding every
+  /// row that may see a key of block [j0, j0 + nk): with causal and
+  /// sliding-window masks the rows of a tile see a band of keys, so blocks
+  /// near the diagonal need only part of the tile (rows are in query order).
+  void ActiveColumns(const Call& c, std::int64_t j0, std::int64_t nk, std::int64_t& lo,
+                     std::int64_t& hi) const {
+    const std::int64_t N = Lanes();
+    std::int64_t qi_lo = 0, qi_hi = nq;
+    if (c.banded()) {
+      // row sees the block iff a >= j0 (and a − w <= j0 + nk − 1), a = q_offset + i0 + qi
+      qi_lo = std::clamp<std::int64_t>(j0 - q_offset - i0, 0, nq);
+    }
+    if (c.plan->mask == MaskKind::sliding_window) {
+      qi_hi = std::clamp<std::int64_t>(j0 + nk - 1 + c.window - q_offset - i0 + 1, 0, nq);
+    }
+    lo = qi_lo * G / N * N;
+    hi = std::min(rows_p, RoundUp(qi_hi * G, N));
+    if (hi < lo) hi = lo;
+  }
+  /// Keys in the block starting at j0 (j0 < j_end): c.key_block, or
+  /// c.edge_block where the causal or sliding-window edge runs through the
+  /// tile's rows (only some rows see such a block, and a short block wastes
+  /// less on the rest).
+  std::int64_t BlockSize(const Call& c, std::int64_t j0) const {
+    const std::int64_t nk = std::min(c.key_block, j_end - j0);
+    if (!c.banded()) return nk;
+    const std::int64_t a_first = q_offset + i0, a_last = a_first + nq - 1;
+    const bool edge = j0 + nk - 1 > a_first ||
+                      (c.plan->mask == MaskKind::sliding_window && j0 < a_last - c.window);
+    return edge ? std::min(nk, c.edge_block) : nk;
+  }
+  std::int64_t query(std::int64_t r) const { return i0 + r / G; }
+  std::int64_t head(std::int64_t r) const { return g * G + r % G; }
+  const float* q_row(const Call& c, std::int64_t r) const { return c.q_row(b, query(r), head(r)); }
+  std::int64_t o_at(const Call& c, std::int64_t r) const { return c.o_at(b, query(r), head(r)); }
+  std::int64_t lse_at(const Call& c, std::int64_t r) const {
+    return c.lse_at(b, head(r), query(r));
+  }
+};
+
+/// One key block of a tile: keys [j0, j0 + nk), of which only the rows in
+/// the columns [lo, hi) may see any.
+struct KeyBlock {
+  std::int64_t j0 = 0, nk = 0, lo = 0, hi = 0;
+};
+
+/// Calls f(KeyBlock) for the key blocks of [j_from, j_to) ∩ [t.j_begin,
+/// t.j_end), in key order, leaving out those no row of the tile sees. The
+/// blocks depend on the range: callers that split the keys into consecutive
+/// ranges (split-key decode) get the blocks of each range.
+template <class F>
+void ForEachKeyBlock(const Call& c, const Tile& t, std::int64_t j_from, std::int64_t j_to, F&& f) {
+  const std::int64_t j_lo = std::max(j_from, t.j_begin), j_hi = std::min(j_to, t.j_end);
+  for (std::int64_t j0 = j_lo, nk = 0; j0 < j_hi; j0 += nk) {
+    nk = std::min(t.BlockSize(c, j0), j_hi - j0);
+    KeyBlock kb{j0, nk, 0, 0};
+    t.ActiveColumns(c, j0, nk, kb.lo, kb.hi);
+    if (kb.lo < kb.hi) f(kb);
+  }
+}
+
+/// Row stride of a packed K or V block: odd, so that the rows the
+/// micro-kernel broadcasts from never share a cache set (a caller's bshd rows
+/// are often a multiple of 4 KiB apart).
+inline std::int64_t PackedStride(std::int64_t width) {
+  return width | 1;
+}
+
+/// Copies key rows j0 .. j0+nk−1 into dst with row stride ws >= rows.width,
+/// zero beyond the width (PackedStride for the wide tile's broadcasts, whole
+/// vectors for the decode tile's loads).
+inline void PackKeyRows(const KeyRows& rows, std::int64_t j0, std::int64_t nk, std::int64_t ws,
+                        float* dst) {
+  for (std::int64_t jj = 0; jj < nk; ++jj) {
+    std::memcpy(dst + jj * ws, rows.row(j0 + jj),
+                static_cast<std::size_t>(rows.width) * sizeof(float));
+    std::fill(dst + jj * ws + rows.width, dst + (jj + 1) * ws, 0.0f);
+  }
+}
+
+/// Asks for key rows j0 .. j0+nk−1 to be brought into the cache.
+inline void PrefetchRows(const KeyRows& rows, std::int64_t j0, std::int64_t nk) {
+  constexpr std::int64_t kLine = 64 / sizeof(float);  // floats per cache line
+  for (std::int64_t jj = 0; jj < nk; ++jj) {
+    const float* row = rows.row(j0 + jj);
+    for (std::int64_t x = 0; x < rows.width; x += kLine) __builtin_prefetch(row + x, 0, 2);
+  }
+}
+
+/// Per-thread scratch of the score transform, sized for the largest tile:
+/// the band of visible keys per row and the bias rows.
+struct ScoreScratch {
+  Buffer lo, hi, gather;
+  std::vector<std::int64_t> bias_row;
+  explicit ScoreScratch(std::int64_t rows)
+      : lo(rows), hi(rows), gather(rows), bias_row(static_cast<std::size_t>(rows), -1) {}
+};
+
+/// Qt[d][r] = q_r[d] for the tile's rows, zero in the padding rows (the wide
+/// tile's layout, and the backward's).
+inline void PackQueriesTransposed(const Call& c, const Tile& t, float* Qt) {
+  const std::int64_t D = c.plan->D;
+  for (std::int64_t r = 0; r < t.rows; ++r) {
+    const float* src = t.q_row(c, r);
+    for (std::int64_t d = 0; d < D; ++d) Qt[d * t.rows_p + r] = src[d];
+  }
+  for (std::int64_t d = 0; d < D; ++d) {
+    for (std::int64_t r = t.rows; r < t.rows_p; ++r) Qt[d * t.rows_p + r] = 0.0f;
+  }
+}
+
+/// Qn[r][x] = q_r[x] for the tile's rows (row stride Dp = D rounded up to
+/// whole vectors), zero beyond D and in the padding rows (the decode tile's
+/// layout).
+inline void PackQueriesNatural(const Call& c, const Tile& t, float* Qn) {
+  const std::int64_t D = c.plan->D, Dp = RoundUp(D, Lanes());
+  for (std::int64_t r = 0; r < t.rows_p; ++r) {
+    float* dst = Qn + r * Dp;
+    if (r < t.rows) std::copy(t.q_row(c, r), t.q_row(c, r) + D, dst);
+    std::fill(dst + (r < t.rows ? D : 0), dst + Dp, 0.0f);
+  }
+}
+
+/// Turns the raw dot products St[jj][r] = <q_r, k_j> of keys j = j0 + jj into
+/// scores: s = scale·<q, k>; s = c·tanh(s/c) (softcap c > 0; tanh(s/c) kept
+/// in `tanh_out` when given, for the backward); s += bias; s = −inf where the mask
+/// hides key j from row r. Row r's lanes are independent.
+class ScoreTransform {
+ public:
+  ScoreTransform(const Call& c, const Tile& t, ScoreScratch& s)
+      : c_(c),
+        t_(t),
+        lo_(s.lo.get()),
+        hi_(s.hi.get()),
+        gather_(s.gather.get()),
+        bias_row_(s.bias_row.data()) {
+    const AttentionPlan& p = *c.plan;
+    if (p.mask == MaskKind::bias) {
+      for (std::int64_t r = 0; r < t.rows_p; ++r) {
+        bias_row_[r] = r < t.rows ? p.mask_row(t.b, t.head(r), t.query(r)) : -1;
+      }
+    }
+    if (p.mask == MaskKind::key_padding) keep_ = c.mask + p.mask_row(t.b, 0, 0);
+  }
+
+  /// Prepares key block [j0, j0 + nk): the per-row visible range (causal,
+  /// sliding window) relative to j0, and whether any row needs it.
+  void SetBlock(std::int64_t j0, std::int64_t nk) {
+    const AttentionPlan& p = *c_.plan;
+    j0_ = j0;
+    bounded_ = false;
+    hidden_keys_ = false;
+    if (keep_ != nullptr) {
+      for (std::int64_t jj = 0; jj < nk; ++jj)
+        hidden_keys_ = hidden_keys_ || keep_[j0 + jj] == 0.0f;
+    }
+    if (p.mask != MaskKind::causal && p.mask != MaskKind::sliding_window) return;
+    const std::int64_t N = Lanes();
+    vec_bounded_.assign(static_cast<std::size_t>(t_.rows_p / N), 0);
+    for (std::int64_t r = 0; r < t_.rows_p; ++r) {
+      std::int64_t lo = -1, hi = nk;
+      if (r < t_.rows) {
+        const std::int64_t a = t_.q_offset + t_.query(r);
+        hi = std::clamp<std::int64_t>(a - j0, -1, nk);
+        if (p.mask == MaskKind::sliding_window) {
+          lo = std::clamp<std::int64_t>(a - c_.window - j0, -1, nk);
+        }
+        if (lo > 0 || hi < nk - 1) {
+          bounded_ = true;
+          vec_bounded_[static_cast<std::size_t>(r / N)] = 1;
+        }
+      }
+      lo_[r] = static_cast<float>(lo);  // small integers: exact in float
+      hi_[r] = static_cast<float>(hi);
+    }
+  }
+
+  /// Whether key j0 + jj of the current block is padding (keep = 0).
+  bool key_hidden(std::int64_t jj) const { return hidden_keys_ && keep_[j0_ + jj] == 0.0f; }
+  /// Zeroes the packed rows (row stride ws) of the padding keys of the
+  /// current block (see Skip in gemm-inl.h).
+  void ZeroHiddenRows(float* rows, std::int64_t ws, std::int64_t nk) const {
+    if (!hidden_keys_) return;
+    for (std::int64_t jj = 0; jj < nk; ++jj) {
+      if (key_hidden(jj)) std::fill(rows + jj * ws, rows + (jj + 1) * ws, 0.0f);
+    }
+  }
+  bool any_hidden() const { return hidden_keys_; }
+  float scale() const { return c_.scale; }
+
+  /// True when the current block needs nothing but the scale: no softcap,
+  /// no bias, no row of the tile with a hidden key in it.
+  bool plain() const {
+    return c_.softcap <= 0.0f && c_.plan->mask != MaskKind::bias && !bounded_ && !hidden_keys_;
+  }
+  /// As plain(), for the rows r0 .. r0+N−1 alone.
+  bool plain_at(std::int64_t r0) const {
+    return c_.softcap <= 0.0f && c_.plan->mask != MaskKind::bias && !hidden_keys_ &&
+           (!bounded_ || vec_bounded_[static_cast<std::size_t>(r0 / Lanes())] == 0);
+  }
+  /// True when the block needs the scale and the causal / sliding-window
+  /// band only (the diagonal blocks of a plain causal call).
+  bool band_only() const {
+    return c_.softcap <= 0.0f && c_.plan->mask != MaskKind::bias && bounded_ && !hidden_keys_;
+  }
+  /// The band of visible keys of rows r0 .. r0+N−1, relative to j0.
+  HWY_INLINE void Band(std::int64_t r0, VF& lo, VF& hi) const {
+    const DF d;
+    lo = hn::LoadU(d, lo_ + r0);
+    hi = hn::LoadU(d, hi_ + r0);
+  }
+
+  /// Score of key j0 + jj for rows r0 .. r0+N−1 from the raw dot products.
+  HWY_INLINE VF operator()(VF raw, std::int64_t jj, std::int64_t r0, float* tanh_out) const {
+    const DF d;
+    const AttentionPlan& p = *c_.plan;
+    VF s = hn::Mul(raw, hn::Set(d, c_.scale));
+    if (c_.softcap > 0.0f) {
+      // s = c·tanh(s/c)
+      const VF t = hn::Tanh(d, hn::Div(s, hn::Set(d, c_.softcap)));
+      if (tanh_out != nullptr) hn::StoreU(t, d, tanh_out + jj * t_.rows_p + r0);
+      s = hn::Mul(hn::Set(d, c_.softcap), t);
+    }
+    if (p.mask == MaskKind::bias) {
+      // s + bias, and −inf where the bias hides the key (whatever s is)
+      const VF bias = Bias(jj, r0);
+      s = hn::IfThenElse(hn::Eq(bias, hn::Set(d, -std::numeric_limits<float>::infinity())), bias,
+                         hn::Add(s, bias));
+    }
+    if (bounded_) {
+      s = hn::IfThenElse(InBand(jj, r0), s, hn::Set(d, -std::numeric_limits<float>::infinity()));
+    }
+    if (hidden_keys_ && keep_[j0_ + jj] == 0.0f) {
+      s = hn::Set(d, -std::numeric_limits<float>::infinity());
+    }
+    return s;
+  }
+
+  /// Whether a key of the current block may be hidden from some rows of the
+  /// tile and seen by others (a causal or sliding-window edge runs through
+  /// the block, or a bias): the blocks that may need the careful path (see
+  /// Skip in gemm-inl.h).
+  bool hides_per_row() const { return bounded_ || c_.plan->mask == MaskKind::bias; }
+
+  /// Lanes of the rows r0 .. r0+N−1 from which key j0 + jj is hidden (the
+  /// mask of SPEC §2, exactly: a score of −inf does not make a key hidden).
+  HWY_INLINE hn::Mask<DF> Hidden(std::int64_t jj, std::int64_t r0) const {
+    const DF d;
+    auto hidden = hn::FirstN(d, 0);
+    if (c_.plan->mask == MaskKind::bias) {
+      hidden = hn::Eq(Bias(jj, r0), hn::Set(d, -std::numeric_limits<float>::infinity()));
+    }
+    if (bounded_) hidden = hn::Or(hidden, hn::Not(InBand(jj, r0)));
+    if (key_hidden(jj)) hidden = hn::FirstN(d, hn::Lanes(d));
+    return hidden;
+  }
+
+  /// Rewrites the probabilities P[jj][r] (row stride rows_p) of key j0 + jj,
+  /// jj < nk, for the rows r0 .. r0+N−1 with −0.0 where the key is hidden:
+  /// the careful path's mark of a product to leave out (see Skip).
+  HWY_INLINE void MarkHidden(float* P, std::int64_t nk, std::int64_t r0) const {
+    const DF d;
+    for (std::int64_t jj = 0; jj < nk; ++jj) {
+      float* at = P + jj * t_.rows_p + r0;
+      hn::StoreU(hn::IfThenElse(Hidden(jj, r0), hn::Set(d, -0.0f), hn::LoadU(d, at)), d, at);
+    }
+  }
+
+ private:
+  /// bias[row r][j0 + jj] for the rows r0 .. r0+N−1 (0 in the padding rows).
+  HWY_INLINE VF Bias(std::int64_t jj, std::int64_t r0) const {
+    const std::int64_t N = Lanes();
+    for (std::int64_t n = 0; n < N; ++n) {
+      const std::int64_t row = bias_row_[r0 + n];
+      gather_[n] = row >= 0 ? c_.mask[row + j0_ + jj] : 0.0f;
+    }
+    return hn::LoadU(DF(), gather_);
+  }
+  /// Lanes of the rows r0 .. r0+N−1 whose causal / sliding-window band holds
+  /// key j0 + jj (only when bounded_).
+  HWY_INLINE hn::Mask<DF> InBand(std::int64_t jj, std::int64_t r0) const {
+    const DF d;
+    const VF j = hn::Set(d, static_cast<float>(jj));
+    return hn::And(hn::Ge(j, hn::LoadU(d, lo_ + r0)), hn::Le(j, hn::LoadU(d, hi_ + r0)));
+  }
+
+  const Call& c_;
+  const Tile& t_;
+  float* lo_;
+  float* hi_;
+  float* gather_;
+  std::int64_t* bias_row_;
+  const float* keep_ = nullptr;
+  std::int64_t j0_ = 0;
+  bool bounded_ = false;
+  std::vector<char> vec_bounded_;  ///< per vector of rows: some row sees part of the block
+  bool hidden_keys_ = false;
+};
+
+}  // namespace tandem::optimized::HWY_NAMESPACE::attn
+HWY_AFTER_NAMESPACE();
+
+#endif  // toggle guard

@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file entry_points.hpp
+/// @brief The entry points of the optimized kernels, bound to
+///        tandem::Backend by backend.cpp and composed by the attention block:
+///        the backend's one validation and thread-count layer.
+///
+/// Each entry point validates its views against the plan (the check_*
+/// helpers of the plan headers) before it writes anything, resolves the
+/// thread count of the call once (threads_of), then dispatches once to the
+/// best Highway target. Outer loops run on that many OpenMP threads, and no
+/// result depends on their number: bitwise identical for any thread count.
+#pragma once
+
+#include <omp.h>
+
+#include <cstdint>
+#include <span>
+
+#include "tandem/attention.hpp"
+#include "tandem/attention_block.hpp"
+#include "tandem/axial_rope.hpp"
+#include "tandem/optimized/backend.hpp"
+#include "tandem/rope.hpp"
+#include "tandem/swiglu.hpp"
+
+namespace tandem::optimized::detail {
+
+/// The OpenMP threads of one call: Options::threads, or all of OpenMP's
+/// threads (omp_get_max_threads at call time) when it is 0.
+inline int threads_of(const Options& options) {
+  return options.threads > 0 ? options.threads : omp_get_max_threads();
+}
+
+/// out = attention(q, k, v, mask).
+void attention_forward(const AttentionPlan& plan, const AttentionInputs<float>& in,
+                       std::span<float> out, const Options& options);
+/// out as attention_forward, and lse the log-sum-exp per (b, h, i) row
+/// ([B, H, Sq], contiguous), −inf for a row with no visible key.
+void attention_forward_lse(const AttentionPlan& plan, const AttentionInputs<float>& in,
+                           std::span<float> out, std::span<float> lse, const Options& options);
+/// Any non-empty subset of dq, dk, dv (an empty view is not computed); with
+/// `saved` (the forward's out and lse) P and rowsum(dO ∘ O) come from it
+/// instead of a forward run over each query block.
+void attention_backward(const AttentionPlan& plan, const AttentionInputs<float>& in,
+                        std::span<const float> dout, const AttentionGrads<float>& grads,
+                        const AttentionSaved<float>* saved, const Options& options);
+/// One gradient alone.
+enum class Gradient { dq, dk, dv };
+/// dq, dk or dv alone (`which`) into `grad`, as attention_backward.
+void attention_backward_one(const AttentionPlan& plan, const AttentionInputs<float>& in,
+                            std::span<const float> dout, Gradient which, std::span<float> grad,
+                            const Options& options);
+
+/// out `[B', S, W]` = rope(x) (SPEC §4); x read with plan.src_row_stride.
+void rope_forward(const RopePlan& plan, std::span<const float> x, const RopeTables<float>& tables,
+                  std::span<float> out, const Options& options);
+/// dx `[B', S, W]` = rope_backward(dy), the transpose of rope_forward.
+void rope_backward(const RopePlan& plan, std::span<const float> dy, const RopeTables<float>& tables,
+                   std::span<float> dx, const Options& options);
+
+/// out `[B', S, W]` = axial_rope(x) (SPEC §5).
+void axial_rope_forward(const AxialRopePlan& plan, std::span<const float> x, std::span<float> out,
+                        const Options& options);
+/// dx `[B', S, W]` = axial_rope_backward(dy), the transpose of axial_rope_forward.
+void axial_rope_backward(const AxialRopePlan& plan, std::span<const float> dy, std::span<float> dx,
+                         const Options& options);
+
+/// out `[rows, n]` = silu(g)·u for x `[rows, 2n]` (SPEC §6).
+void swiglu_forward(const SwigluPlan& plan, std::span<const float> x, std::span<float> out,
+                    const Options& options);
+/// dx `[rows, 2n]` from x `[rows, 2n]` and dy `[rows, n]` (SPEC §6).
+void swiglu_backward(const SwigluPlan& plan, std::span<const float> x, std::span<const float> dy,
+                     std::span<float> dx, const Options& options);
+
+/// out `[B, S, E]` = the attention block of SPEC §7.
+void attention_block(const AttentionBlockPlan& plan, const AttentionBlockInputs& in,
+                     std::span<float> out, const Options& options);
+
+/// The dense projection `c[M, N] = a[M, K] · w[N, K]ᵀ (+ bias[N])` of the
+/// attention block (rows of w are output features, as PyTorch's Linear), on
+/// `threads` threads. `bias` is empty or has N elements. Every c element is
+/// computed by one thread in a fixed order, so the result does not depend on
+/// `threads`. Not an entry point: sizes are trusted (the block validates
+/// them).
+void project(const float* a, const float* w, std::span<const float> bias, float* c, std::int64_t M,
+             std::int64_t N, std::int64_t K, int threads);
+
+}  // namespace tandem::optimized::detail

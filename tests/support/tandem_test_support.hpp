@@ -1,0 +1,250 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file tandem_test_support.hpp
+/// @brief What the unit tests (tests/) and the property suite (props/) share:
+///        guarded output buffers, bitwise and tolerance comparison, the
+///        check that a call throws tandem::Error naming a parameter, seeded
+///        random values, attention parameters in one line, and (with the
+///        optimized backend) a loop over its SIMD targets.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <random>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tandem/tandem.hpp"
+#ifdef TANDEM_HAVE_OPTIMIZED
+#include "tandem/optimized/backend.hpp"
+#endif
+
+namespace tandem::test {
+
+/// The sentinel around and inside outputs before a call: a NaN with a
+/// payload no kernel computes.
+inline float sentinel() {
+  return std::bit_cast<float>(0x7fa5a5a5u);
+}
+/// The junk written into every gap of an input (stride padding, table
+/// padding): a NaN, so any read of it poisons the result.
+inline float junk() {
+  return std::bit_cast<float>(0x7fc0beefu);
+}
+inline bool same_bits(float a, float b) {
+  return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b);
+}
+inline bool is_sentinel(float x) {
+  return same_bits(x, sentinel());
+}
+
+/// An output buffer of n floats with kGuard sentinels on either side; the
+/// view handed to a kernel is exactly n long and starts as sentinels too.
+class Guarded {
+ public:
+  static constexpr std::size_t kGuard = 16;
+  explicit Guarded(std::int64_t n)
+      : n_(static_cast<std::size_t>(n)), buf_(n_ + 2 * kGuard, sentinel()) {}
+  [[nodiscard]] std::span<float> view() { return {buf_.data() + kGuard, n_}; }
+  [[nodiscard]] std::vector<float> values() const {
+    return {buf_.begin() + kGuard, buf_.begin() + static_cast<std::ptrdiff_t>(kGuard + n_)};
+  }
+  /// Empty when both guards still hold the sentinel, else where one was
+  /// overwritten.
+  [[nodiscard]] std::string guard_damage() const {
+    for (std::size_t i = 0; i < kGuard; ++i) {
+      if (!is_sentinel(buf_[i])) {
+        return "wrote " + std::to_string(kGuard - i) + " element(s) before the output (value " +
+               std::to_string(buf_[i]) + ")";
+      }
+      if (!is_sentinel(buf_[kGuard + n_ + i])) {
+        return "wrote element " + std::to_string(n_ + i) + " past an output of " +
+               std::to_string(n_) + " (value " + std::to_string(buf_[kGuard + n_ + i]) + ")";
+      }
+    }
+    return {};
+  }
+  [[nodiscard]] bool guards_intact() const { return guard_damage().empty(); }
+  /// Empty when every element of the view was written, else the first one
+  /// that was not.
+  [[nodiscard]] std::string unwritten() const {
+    for (std::size_t i = 0; i < n_; ++i) {
+      if (is_sentinel(buf_[kGuard + i])) {
+        return "output element " + std::to_string(i) + " of " + std::to_string(n_) +
+               " was never written";
+      }
+    }
+    return {};
+  }
+  /// Whether no element of the view was written.
+  [[nodiscard]] bool untouched() const {
+    for (std::size_t i = 0; i < n_; ++i) {
+      if (!is_sentinel(buf_[kGuard + i])) return false;
+    }
+    return true;
+  }
+
+ private:
+  std::size_t n_;
+  std::vector<float> buf_;
+};
+
+/// Empty when every element satisfies `|got − exp| <= atol + rtol·|exp|`
+/// (NaN matches only NaN, an infinity only the same infinity), otherwise a
+/// message naming `what`, the first bad index, both values and the bound.
+template <class G, class E>
+std::string mismatch(const std::string& what, std::span<const G> got, std::span<const E> exp,
+                     double atol, double rtol) {
+  if (got.size() != exp.size()) {
+    return what + ": " + std::to_string(got.size()) + " elements, expected " +
+           std::to_string(exp.size());
+  }
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double g = static_cast<double>(got[i]), e = static_cast<double>(exp[i]);
+    bool ok;
+    if (std::isnan(e) || std::isnan(g)) {
+      ok = std::isnan(e) && std::isnan(g);
+    } else if (std::isinf(e) || std::isinf(g)) {
+      ok = g == e;
+    } else {
+      ok = std::abs(g - e) <= atol + rtol * std::abs(e);
+    }
+    if (!ok) {
+      std::ostringstream os;
+      os.precision(9);
+      os << what << "[" << i << "] = " << g << ", expected " << e << " (|diff| " << std::abs(g - e)
+         << " > atol " << atol << " + rtol " << rtol << "·|exp|)";
+      return os.str();
+    }
+  }
+  return {};
+}
+template <class G, class E>
+std::string mismatch(const std::string& what, const std::vector<G>& got, const std::vector<E>& exp,
+                     double atol, double rtol) {
+  return mismatch(what, std::span<const G>(got), std::span<const E>(exp), atol, rtol);
+}
+
+/// As mismatch(), demanding identical bits.
+inline std::string bit_mismatch(const std::string& what, std::span<const float> a,
+                                std::span<const float> b) {
+  if (a.size() != b.size()) return what + ": sizes differ";
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!same_bits(a[i], b[i])) {
+      std::ostringstream os;
+      os.precision(9);
+      os << what << "[" << i << "] differs: " << a[i] << " vs " << b[i];
+      return os.str();
+    }
+  }
+  return {};
+}
+inline bool bitwise_equal(std::span<const float> a, std::span<const float> b) {
+  return bit_mismatch("", a, b).empty();
+}
+
+/// GoogleTest: got agrees with want to `atol + rtol·|want|` (see mismatch).
+template <class G, class E>
+::testing::AssertionResult close(const std::vector<G>& got, const std::vector<E>& want, double rtol,
+                                 double atol) {
+  const std::string m = mismatch("element", got, want, atol, rtol);
+  if (m.empty()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << m;
+}
+/// GoogleTest: EXPECT_TRUE(close(...)).
+template <class G, class E>
+void expect_close(const std::vector<G>& got, const std::vector<E>& want, double rtol, double atol) {
+  EXPECT_TRUE(close(got, want, rtol, atol));
+}
+/// GoogleTest: the same bits (NaNs included).
+inline ::testing::AssertionResult bitwise(std::span<const float> a, std::span<const float> b) {
+  const std::string m = bit_mismatch("element", a, b);
+  if (m.empty()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << m;
+}
+
+/// GoogleTest: f() throws tandem::Error whose parameter() is `parameter`
+/// and whose message contains every fragment.
+template <class F>
+void expect_error(F&& f, const std::string& parameter,
+                  std::initializer_list<std::string> fragments = {}) {
+  try {
+    f();
+  } catch (const tandem::Error& e) {
+    EXPECT_EQ(e.parameter(), parameter) << "message: " << e.what();
+    const std::string message = e.what();
+    for (const std::string& fragment : fragments) {
+      EXPECT_NE(message.find(fragment), std::string::npos)
+          << "message \"" << message << "\" lacks \"" << fragment << "\"";
+    }
+    return;
+  }
+  ADD_FAILURE() << "no tandem::Error thrown (expected one about " << parameter << ")";
+}
+/// GoogleTest: f() throws tandem::Error naming `parameter` with exactly
+/// this message.
+template <class F>
+void expect_error_message(F&& f, const std::string& parameter, const std::string& message) {
+  try {
+    f();
+  } catch (const tandem::Error& e) {
+    EXPECT_EQ(e.parameter(), parameter);
+    EXPECT_EQ(std::string(e.what()), message);
+    return;
+  }
+  ADD_FAILURE() << "no error; expected: " << message;
+}
+
+/// n values uniform in [lo, hi) from a generator seeded with `seed`.
+template <class T = float>
+std::vector<T> random_values(std::size_t n, unsigned seed, T lo = T(-1), T hi = T(1)) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<T> dist(lo, hi);
+  std::vector<T> v(n);
+  for (T& e : v) e = dist(gen);
+  return v;
+}
+
+/// Attention parameters in one line (window for sliding_window only).
+inline AttentionParams attention_params(std::int64_t B, std::int64_t Sq, std::int64_t Sk,
+                                        std::int64_t H, std::int64_t Hkv, std::int64_t D,
+                                        std::int64_t Dv = 0, Layout layout = Layout::bshd,
+                                        MaskKind mask = MaskKind::none, std::int64_t window = 0) {
+  AttentionParams p;
+  p.batch = B;
+  p.seq_q = Sq;
+  p.seq_k = Sk;
+  p.heads = H;
+  p.kv_heads = Hkv;
+  p.head_dim = D;
+  p.v_head_dim = Dv;
+  p.layout = layout;
+  p.mask = mask;
+  p.window = window;
+  return p;
+}
+
+#ifdef TANDEM_HAVE_OPTIMIZED
+/// GoogleTest: runs `body` once per Highway target this CPU supports, with
+/// the optimized backend's dispatch forced onto it, and restores the default
+/// choice afterwards.
+inline void for_each_target(const std::function<void()>& body) {
+  const std::vector<std::int64_t> targets = optimized::supported_targets();
+  ASSERT_FALSE(targets.empty());
+  for (const std::int64_t t : targets) {
+    optimized::force_target(t);
+    SCOPED_TRACE("target " + optimized::target_name(t));
+    body();
+  }
+  optimized::force_target(0);
+}
+#endif
+
+}  // namespace tandem::test

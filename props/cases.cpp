@@ -327,9 +327,12 @@ rc::Gen<RopeCase> gen_rope(RopeGen g) {
     p.layout = g.layout ? *g.layout
                         : *rc::gen::element(RopeLayout::bshd, RopeLayout::bhsd, RopeLayout::thd);
     p.batch = p.layout == RopeLayout::thd ? 1 : *rc::gen::inRange<i64>(1, 4);
-    p.seq = *gen_dim(17);
-    p.head_dim = *gen_dim(33);
-    p.width = p.head_dim * *rc::gen::inRange<i64>(1, 4);
+    // Sometimes long and narrow: the optimized bhsd kernel works in blocks of 128 tokens.
+    const bool lng =
+        *rc::gen::weightedOneOf<bool>({{9, rc::gen::just(false)}, {1, rc::gen::just(true)}});
+    p.seq = lng ? *rc::gen::inRange<i64>(120, 300) : *gen_dim(17);
+    p.head_dim = *gen_dim(lng ? 9 : 33);
+    p.width = p.head_dim * *rc::gen::inRange<i64>(1, lng ? 3 : 4);
     const i64 half = p.head_dim / 2;
     const i64 n_rot =
         g.full_rot ? 2 * half

@@ -270,6 +270,8 @@ TEST(OptimizedRope, LayoutsPositionIdsAndQkInOnePass) {
     check_rope({2, 6, 4, 32, 32, style, 0, false, 3, 7, L::bshd, true, 1}, seed++);
     check_rope({2, 6, 3, 12, 8, style, 1, true, 0, 0, L::bhsd, false, 2}, seed++);
     check_rope({1, 9, 2, 18, 18, style, 0, false, 0, 2, L::thd, false, 5}, seed++);
+    // bhsd runs in blocks of 128 tokens: several blocks and a partial last one.
+    check_rope({2, 300, 3, 8, 8, style, 0, false, 5, 0, L::bhsd, true, 2}, seed++);
   }
 }
 

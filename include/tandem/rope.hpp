@@ -197,11 +197,9 @@ inline void check_positions(const RopePlan& plan, const Indices& positions) {
   require_size(positions.size(), plan.B * plan.S, "positions");
   for (std::size_t i = 0; i < positions.size(); ++i) {
     const std::int64_t pos = positions[i];
-    if (pos < 0 || pos >= plan.R) {
-      throw Error("positions", "positions[" + std::to_string(i) + "] = " + std::to_string(pos) +
-                                   " must be in [0, max_position = " + std::to_string(plan.R) +
-                                   ") (the rows of cos and sin)");
-    }
+    require_entry(
+        pos >= 0 && pos < plan.R, "positions", static_cast<std::int64_t>(i), std::to_string(pos),
+        "must be in [0, max_position = " + std::to_string(plan.R) + ") (the rows of cos and sin)");
   }
 }
 

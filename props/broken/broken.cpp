@@ -230,10 +230,10 @@ i64 rope_row(const RopePlan& p, const Indices& positions, i64 b, i64 s, bool bac
     case TableRows::position_ids: {
       const i64 t = bug == Bug::rope_positions_per_batch_row ? b * p.S : b * p.S + s;
       const i64 pos = positions[static_cast<std::size_t>(t)];
-      if (bug == Bug::rope_positions_checked_late && (pos < 0 || pos >= p.R)) {
-        throw Error("positions", "positions[" + std::to_string(t) + "] = " + std::to_string(pos) +
-                                     " must be in [0, max_position = " + std::to_string(p.R) +
-                                     ") (the rows of cos and sin)");
+      if (bug == Bug::rope_positions_checked_late) {
+        require_entry(
+            pos >= 0 && pos < p.R, "positions", t, std::to_string(pos),
+            "must be in [0, max_position = " + std::to_string(p.R) + ") (the rows of cos and sin)");
       }
       return pos;
     }

@@ -130,12 +130,12 @@ def write_bad_rope(w):
     pos = np.array([[0, 1, 2], [4, 3, 1]], dtype="<i8")
     w.case("rope_positions_out_of_range", rope_positions_case({"head_dim": 8}),
            {**x, "positions.npy": np.array([[0, 1, 2], [5, 3, 1]], dtype="<i8")},
-           expect=(2, "positions.npy: positions: backend reference rejected the call: "
-                      "positions[3] = 5 must be in [0, max_position = 5)"))
+           expect=(2, "positions.npy: inputs.positions: positions[3] = 5 must be in "
+                      "[0, max_position = 5)"))
     w.case("rope_positions_negative", rope_positions_case({"head_dim": 8}),
            {**x, "positions.npy": np.array([[0, 1, 2], [4, -1, 1]], dtype="<i4")},
-           expect=(2, "positions.npy: positions: backend reference rejected the call: "
-                      "positions[4] = -1 must be in [0, max_position = 5)"))
+           expect=(2, "positions.npy: inputs.positions: positions[4] = -1 must be in "
+                      "[0, max_position = 5)"))
     w.case("rope_positions_float_dtype", rope_positions_case({"head_dim": 8}),
            {**x, "positions.npy": pos.astype("<f4")},
            expect=(2, "positions.npy: inputs.positions: dtype <f4 is not allowed here: "

@@ -132,8 +132,10 @@ struct Case {
   PlannedCase planned;
 };
 
-/// Reads `<dir>/case.json` and every file it names, builds the plan and
-/// checks that each expected tensor has its output's shape. Throws CaseError.
+/// Reads `<dir>/case.json` and every file it names, builds the plan, checks
+/// the dtypes (index inputs — positions — are `<i4` or `<i8`), the values of
+/// the position ids (the library's check_positions) and that each expected
+/// tensor has its output's shape. Throws CaseError.
 Case load_case(const std::string& dir);
 
 /// Runs the case on `backend`; returns every output of the op, contiguous,

@@ -193,9 +193,8 @@ NpyDtype parse_descr(const std::string& d) {
                       "' is big-endian; only little-endian data is read "
                       "(convert with a.astype(a.dtype.newbyteorder('<')))");
   }
-  fail("descr",
-       "unsupported dtype descr '" + excerpt(d) +
-           "'; supported: <f4, <f8 (any tensor), |b1, <i4, <i8 (keep masks, index inputs)");
+  fail("descr", "unsupported dtype descr '" + excerpt(d) +
+                    "'; supported: <f4, <f8 (any tensor), |b1, <i4, <i8 (keep masks)");
 }
 
 std::size_t item_size(NpyDtype t) {

@@ -4,10 +4,11 @@
 ///
 /// Reads format versions 1.0, 2.0 and 3.0, C order, little-endian
 /// `<f4`, `<f8`, `<i4`, `<i8` and `|b1` arrays of any rank; every value is
-/// converted to float32 (the backends' type), and integers are also kept exactly. Writes `<f4`, C
-/// order, version 1.0 (2.0 only when the header does not fit 1.0's 16-bit length). A malformed file
-/// raises NpyError; nothing a file says is trusted: the header is parsed by a strict grammar, sizes
-/// are overflow-checked 64-bit integers and the data length must match the shape exactly.
+/// converted to float32 (the backends' type). Writes `<f4`, C order,
+/// version 1.0 (2.0 only when the header does not fit 1.0's 16-bit length).
+/// A malformed file raises NpyError; nothing a file says is trusted: the
+/// header is parsed by a strict grammar, sizes are overflow-checked 64-bit
+/// integers and the data length must match the shape exactly.
 #pragma once
 
 #include <cstdint>
@@ -48,12 +49,13 @@ inline bool is_float(NpyDtype dtype) {
 /// An array read from a `.npy` file: its shape (C order), the dtype it was
 /// stored in and its values converted to float32 (`<f8` rounds to nearest;
 /// integers and booleans convert exactly up to 2^24, and non-zero stays
-/// non-zero). Integer arrays also keep their exact values, for index inputs.
+/// non-zero). `<i4` and `<i8` arrays also keep their exact values in
+/// `integers` (index inputs: sequence offsets, block tables, lengths).
 struct NpyArray {
   Shape shape;
   NpyDtype dtype = NpyDtype::f4;
   std::vector<float> values;
-  std::vector<std::int64_t> integers = {};  ///< `<i4`, `<i8`: the exact values; else empty
+  std::vector<std::int64_t> integers = {};  ///< exact values of `<i4`/`<i8` arrays; empty otherwise
 };
 
 /// True for `<i4` and `<i8`.

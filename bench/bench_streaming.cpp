@@ -28,7 +28,8 @@ using StreamCall = std::function<void(const Backend&, StreamFixture&)>;
 void add_stream(const std::string& op, const BackendUnderTest& bu, const std::string& shape,
                 const std::vector<std::string>& tags, double bytes,
                 std::map<std::string, double> params,
-                std::function<std::unique_ptr<StreamFixture>()> make, StreamCall call) {
+                const std::function<std::unique_ptr<StreamFixture>()>& make,
+                const StreamCall& call) {
   Spec s;
   s.op = op;
   s.backend = bu.name;

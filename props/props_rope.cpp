@@ -167,33 +167,8 @@ void table_junk(const Backend& be) {
                                     bwd(be, d, p, d.dy)));
 }
 
-/// A per-token table whose row b·S + s repeats position row s ≡ the per-position table.
-void token_equals_position(const Backend& be) {
-  const RopeData d = make_data(*gen_rope(RopeGen{}.with_rows(TableRows::position)));
-  const RopePlan& p = d.plan;
-  RopeParams pt = d.params;
-  pt.table_rows = p.B * p.S;
-  pt.rows = TableRows::token;
-  RopeData t = d;
-  t.plan = RopePlan::make(pt);
-  t.cos.resize(pt.table_rows * p.T);
-  t.sin.resize(pt.table_rows * p.T);
-  for (i64 b = 0; b < p.B; ++b)
-    for (i64 s = 0; s < p.S; ++s)
-      for (i64 i = 0; i < p.T; ++i) {
-        t.cos[(b * p.S + s) * p.T + i] = d.cos[s * p.T + i];
-        t.sin[(b * p.S + s) * p.T + i] = d.sin[s * p.T + i];
-      }
-  TANDEM_REQUIRE_EMPTY(rope_close("token-table rope", fwd(be, t, t.plan, d.x),
-                                  to_double(fwd(be, d, p, d.x)), xmax(d.x)));
-  TANDEM_REQUIRE_EMPTY(rope_close("token-table rope_backward", bwd(be, t, t.plan, d.dy),
-                                  to_double(bwd(be, d, p, d.dy)), xmax(d.dy)));
-}
-
-/// Position ids ≡ a per-token table of the rows they select: row b·S + s of
-/// the gathered table is row positions[b·S + s] of the cache (identical bits).
-void positions_equal_token_table(const Backend& be) {
-  const RopeData d = make_data(*gen_rope(RopeGen{}.with_rows(TableRows::position_ids)));
+/// d's call with a per-token table: row b·S + s is the row token (b, s) reads in d.
+RopeData gathered_token_table(const RopeData& d) {
   const RopePlan& p = d.plan;
   RopeParams pt = d.params;
   pt.table_rows = p.B * p.S;
@@ -203,15 +178,34 @@ void positions_equal_token_table(const Backend& be) {
   t.positions = {};
   t.cos.resize(pt.table_rows * p.T);
   t.sin.resize(pt.table_rows * p.T);
-  for (i64 tok = 0; tok < p.B * p.S; ++tok) {
-    const i64 row = d.positions.values[tok];
-    std::copy_n(d.cos.begin() + row * p.T, p.T, t.cos.begin() + tok * p.T);
-    std::copy_n(d.sin.begin() + row * p.T, p.T, t.sin.begin() + tok * p.T);
-  }
-  TANDEM_REQUIRE_EMPTY(bit_mismatch("rope by position ids vs gathered table", fwd(be, d, p, d.x),
-                                    fwd(be, t, t.plan, d.x)));
+  for (i64 b = 0; b < p.B; ++b)
+    for (i64 s = 0; s < p.S; ++s) {
+      const i64 row = p.table_row(b, s, d.positions.view());
+      std::copy_n(d.cos.begin() + row * p.T, p.T, t.cos.begin() + (b * p.S + s) * p.T);
+      std::copy_n(d.sin.begin() + row * p.T, p.T, t.sin.begin() + (b * p.S + s) * p.T);
+    }
+  return t;
+}
+
+/// A per-token table whose row b·S + s repeats position row s ≡ the per-position table.
+void token_equals_position(const Backend& be) {
+  const RopeData d = make_data(*gen_rope(RopeGen{}.with_rows(TableRows::position)));
+  const RopeData t = gathered_token_table(d);
+  TANDEM_REQUIRE_EMPTY(rope_close("token-table rope", fwd(be, t, t.plan, d.x),
+                                  to_double(fwd(be, d, d.plan, d.x)), xmax(d.x)));
+  TANDEM_REQUIRE_EMPTY(rope_close("token-table rope_backward", bwd(be, t, t.plan, d.dy),
+                                  to_double(bwd(be, d, d.plan, d.dy)), xmax(d.dy)));
+}
+
+/// Position ids ≡ a per-token table of the rows they select: row b·S + s of
+/// the gathered table is row positions[b·S + s] of the cache (identical bits).
+void positions_equal_token_table(const Backend& be) {
+  const RopeData d = make_data(*gen_rope(RopeGen{}.with_rows(TableRows::position_ids)));
+  const RopeData t = gathered_token_table(d);
+  TANDEM_REQUIRE_EMPTY(bit_mismatch("rope by position ids vs gathered table",
+                                    fwd(be, d, d.plan, d.x), fwd(be, t, t.plan, d.x)));
   TANDEM_REQUIRE_EMPTY(bit_mismatch("rope_backward by position ids vs gathered table",
-                                    bwd(be, d, p, d.dy), bwd(be, t, t.plan, d.dy)));
+                                    bwd(be, d, d.plan, d.dy), bwd(be, t, t.plan, d.dy)));
 }
 
 /// The layouts only decide where heads live: the same logical tensor as bshd

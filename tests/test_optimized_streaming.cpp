@@ -250,7 +250,7 @@ TEST(OptimizedRope, StridedTablesTokenRowsAndSourceStrides) {
     check_rope({2, 5, 2, 34, 30, style, /*T+*/ 5, false, /*R+*/ 7}, seed++);
     check_rope({3, 4, 2, 18, 18, style, 0, /*token*/ true}, seed++);
     check_rope({3, 4, 2, 40, 32, style, 2, /*token*/ true, 0, /*stride+*/ 11}, seed++);
-    check_rope({2, 6, 3, 16, 16, style, 0, false, 0, /*stride+*/ 2 * 3 * 16}, seed++);
+    check_rope({2, 6, 3, 16, 16, style, 0, false, 0, /*stride+ 2·3·16*/ 96}, seed++);
     check_rope({1, 9, 1, 6, 6, style, 1, false, 4, /*stride+*/ 1}, seed++);
   }
 }

@@ -661,9 +661,11 @@ TEST(SwigluPlan, RejectsBadShapes) {
 // AttentionBlockPlan
 
 /// x [B, S, E] = [2, 3, 8], H = 2 (D = 4), with optional parts.
-AttentionBlockPlan block_from_shapes(std::optional<Shape> b_qkv, std::optional<Shape> b_out,
-                                     std::optional<Shape> keep, std::optional<Shape> cos,
-                                     std::optional<Shape> sin, std::int64_t heads = 2) {
+AttentionBlockPlan block_from_shapes(const std::optional<Shape>& b_qkv,
+                                     const std::optional<Shape>& b_out,
+                                     const std::optional<Shape>& keep,
+                                     const std::optional<Shape>& cos,
+                                     const std::optional<Shape>& sin, std::int64_t heads = 2) {
   return AttentionBlockPlan::from_shapes({2, 3, 8}, {24, 8}, b_qkv, {8, 8}, b_out, keep, cos, sin,
                                          heads);
 }

@@ -466,11 +466,11 @@ void rope_positions_and_layouts(const Backend& ref, const fs::path& out) {
   f << "x = `[[1, 2], [3, 4]]` (2 tokens, one head of D = 2), a cache of 3 rows at 0°, 90° and "
     << "180° (cos = `[1, 0, −1]`, sin = `[0, 1, 0]`), positions = `[2, 0]`:\n\n"
     << "| token | position | row (cos, sin) | x | rope(x) |\n|---|---|---|---|---|\n";
-  for (int t = 0; t < 2; ++t) {
-    const auto r = static_cast<std::size_t>(positions[static_cast<std::size_t>(t)]);
-    f << "| " << t << " | " << positions[static_cast<std::size_t>(t)] << " | (" << num(cos[r])
-      << ", " << num(sin[r]) << ") | " << vec({x[2 * t], x[2 * t + 1]}) << " | "
-      << vec({y[2 * t], y[2 * t + 1]}) << " |\n";
+  for (std::size_t t = 0; t < 2; ++t) {
+    const auto r = static_cast<std::size_t>(positions[t]);
+    f << "| " << t << " | " << positions[t] << " | (" << num(cos[r]) << ", " << num(sin[r])
+      << ") | " << vec({x[2 * t], x[2 * t + 1]}) << " | " << vec({y[2 * t], y[2 * t + 1]})
+      << " |\n";
   }
   f << "\nRow 1 is never read. Computed with the reference backend.\n";
   write_file(out / "rope_positions.md", f.str());
@@ -922,7 +922,7 @@ void report_figures(const fs::path& src, const fs::path& out) {
     if (n <= 4 && provenance.empty() && line.find("UTC") != std::string::npos) provenance = line;
     if (line.rfind("**Warning", 0) == 0) warning = line;
     if (line.rfind("## ", 0) == 0) in_summary = line.find("Summary") != std::string::npos;
-    if (!in_summary || line.rfind("|", 0) != 0) continue;
+    if (!in_summary || line.rfind('|', 0) != 0) continue;
     if (header.empty()) {
       header = line;
       continue;

@@ -86,6 +86,7 @@ class JsonReader {
   E choice(const json& v, const std::string& field,
            const std::vector<std::pair<const char*, E>>& options) const {
     std::vector<std::string> names;
+    names.reserve(options.size());
     for (const auto& [name, value] : options) names.emplace_back(std::string("\"") + name + "\"");
     if (v.is_string()) {
       const std::string s = v.get<std::string>();
@@ -154,6 +155,8 @@ CaseError::CaseError(std::string case_name, std::string file, std::string field,
       detail_(std::move(detail)) {}
 
 const std::vector<OpInfo>& op_table() {
+  static const std::vector<std::string> rope_attrs = {"head_dim", "num_heads", "layout",
+                                                      "n_rot",    "style",     "table_rows"};
   static const std::vector<OpInfo> table = {
       {Op::attention,
        "attention",
@@ -169,33 +172,27 @@ const std::vector<OpInfo>& op_table() {
        {"dq", "dk", "dv"},
        {"num_heads", "layout", "mask", "window", "scale", "softcap"},
        {1e-3, 1e-4}},
-      {Op::rope,
-       "rope",
-       {"x", "cos", "sin"},
-       {"positions"},
-       {"out"},
-       {"head_dim", "num_heads", "layout", "n_rot", "style", "table_rows"},
-       {1e-5, 1e-6}},
+      {Op::rope, "rope", {"x", "cos", "sin"}, {"positions"}, {"out"}, rope_attrs, {1e-5, 1e-6}},
       {Op::rope_backward,
        "rope_backward",
        {"dout", "cos", "sin"},
        {"positions"},
        {"dx"},
-       {"head_dim", "num_heads", "layout", "n_rot", "style", "table_rows"},
+       rope_attrs,
        {1e-5, 1e-6}},
       {Op::rope_qk,
        "rope_qk",
        {"q", "k", "cos", "sin"},
        {"positions"},
        {"q_out", "k_out"},
-       {"head_dim", "num_heads", "layout", "n_rot", "style", "table_rows"},
+       rope_attrs,
        {1e-5, 1e-6}},
       {Op::rope_qk_backward,
        "rope_qk_backward",
        {"dq_out", "dk_out", "cos", "sin"},
        {"positions"},
        {"dq", "dk"},
-       {"head_dim", "num_heads", "layout", "n_rot", "style", "table_rows"},
+       rope_attrs,
        {1e-5, 1e-6}},
       {Op::axial_rope,
        "axial_rope",

@@ -138,10 +138,12 @@ const char* op_name(int op) {
   return names[op];
 }
 
-/// Whether `be` has the entry point of `op` (the saved-state pair is optional
-/// for a user's backend).
+/// Whether `be` has the entry point of `op` (the saved-state pair and the
+/// q-and-k RoPE pair are optional for a user's backend).
 bool has_op(const Backend& be, int op) {
   if (op == kAttnFwdLse) return static_cast<bool>(be.attention_forward_lse);
+  if (op == kRopeQkFwd) return static_cast<bool>(be.rope_forward_qk);
+  if (op == kRopeQkBwd) return static_cast<bool>(be.rope_backward_qk);
   if (op == kAttnBwdSaved) return static_cast<bool>(be.attention_backward_saved);
   return true;
 }

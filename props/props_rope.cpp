@@ -46,8 +46,10 @@ void agree_rope(const Backend& be) {
 }
 
 /// rope_forward_qk / rope_backward_qk: q's and k's outputs each as reference<double>'s
-/// single-tensor RoPE with the shared tables and positions.
+/// single-tensor RoPE with the shared tables and positions (skipped for a
+/// backend without the pair).
 void agree_rope_qk(const Backend& be) {
+  if (!be.rope_forward_qk || !be.rope_backward_qk) return;
   const RopeQkCase c = *gen_rope_qk();
   const RopeQkData d = make_data(c);
   const RopeTables<float> t = d.q.tables();
@@ -289,7 +291,7 @@ void rank4_equals_per_head(const Backend& be) {
 /// Error naming positions, the index and the value, thrown before anything
 /// is written: every output (and its guards) still holds the sentinel.
 void bad_positions_rejected(const Backend& be) {
-  const bool qk = *rc::gen::arbitrary<bool>();
+  const bool qk = *rc::gen::arbitrary<bool>() && be.rope_forward_qk && be.rope_backward_qk;
   RopeQkCase c = *gen_rope_qk();
   c.q.params.rows = TableRows::position_ids;
   c.q.params.table_rows = *rc::gen::inRange<i64>(1, 2 * c.q.params.seq + 6);

@@ -3,6 +3,7 @@
 // tensors far larger than the caches. Their figure is bandwidth: bytes read
 // plus bytes written per call (tables included), against the copy
 // bandwidth of the roofline probe.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <exception>
@@ -27,7 +28,8 @@ using StreamCall = std::function<void(const Backend&, StreamFixture&)>;
 void add_stream(const std::string& op, const BackendUnderTest& bu, const std::string& shape,
                 const std::vector<std::string>& tags, double bytes,
                 std::map<std::string, double> params,
-                std::function<std::unique_ptr<StreamFixture>()> make, StreamCall call) {
+                const std::function<std::unique_ptr<StreamFixture>()>& make,
+                const StreamCall& call) {
   Spec s;
   s.op = op;
   s.backend = bu.name;
@@ -60,29 +62,55 @@ void add_stream(const std::string& op, const BackendUnderTest& bu, const std::st
 
 // ---- RoPE ----------------------------------------------------------------------------
 
+/// What a RoPE benchmark varies beyond the shape: the layout, position ids
+/// (a table row per token, spread over a longer cache) and q and k in one
+/// call (k with k_heads heads).
+struct RopeVariant {
+  RopeLayout layout = RopeLayout::bshd;
+  bool position_ids = false;
+  std::int64_t k_heads = 0;
+};
+
+/// Buffers of a RoPE call: x (or q) in src, k in src2, outputs in dst (q's, then k's).
 void add_rope(const BackendUnderTest& bu, std::int64_t batch, std::int64_t S, std::int64_t H,
-              std::int64_t D, const std::vector<std::string>& tags) {
-  RopeParams p;
+              std::int64_t D, const std::vector<std::string>& tags, RopeVariant v = {}) {
+  RopeQkParams qk;
+  RopeParams& p = qk.q;
   p.batch = batch;
   p.seq = S;
   p.width = H * D;
   p.head_dim = D;
+  p.layout = v.layout;
   p.style = RopeStyle::neox;
-  p.table_rows = S;
-  p.rows = TableRows::position;
-  const RopePlan plan = RopePlan::make(p);
-  const double x_bytes = 4.0 * static_cast<double>(plan.out_size());
-  const double table_bytes = 2.0 * 4.0 * static_cast<double>(plan.R * plan.T);
-  const std::string shape = join_tag({{"B", batch}, {"S", S}, {"H", H}, {"D", D}});
+  p.table_rows = v.position_ids ? 4 * S : S;
+  p.rows = v.position_ids ? TableRows::position_ids : TableRows::position;
+  qk.k_width = std::max<std::int64_t>(v.k_heads, 1) * D;
+  const RopeQkPlan both = RopeQkPlan::make(qk);
+  const RopePlan& plan = both.q;
+  const std::int64_t k_size = v.k_heads > 0 ? both.k.out_size() : 0;
+  const double x_bytes = 4.0 * static_cast<double>(plan.out_size() + k_size);
+  const double table_bytes = 2.0 * 4.0 * static_cast<double>(plan.R * plan.T) +
+                             (v.position_ids ? 8.0 * static_cast<double>(batch * S) : 0.0);
+  std::string shape = join_tag({{"B", batch}, {"S", S}, {"H", H}, {"D", D}});
+  if (v.k_heads > 0) shape += "_Hkv" + std::to_string(v.k_heads);
+  if (v.layout != RopeLayout::bshd) shape += std::string("_") + to_string(v.layout);
+  if (v.position_ids) shape += "_ids";
   std::map<std::string, double> params{{"B", double(batch)},
                                        {"S", double(S)},
                                        {"H", double(H)},
                                        {"D", double(D)},
                                        {"x_MiB", x_bytes / kMiB}};
-  auto make = [plan] {
+  auto positions = std::make_shared<std::vector<std::int64_t>>();
+  if (v.position_ids) {  // every sequence at its own offset into the cache
+    for (std::int64_t b = 0; b < batch; ++b) {
+      for (std::int64_t s = 0; s < S; ++s) positions->push_back((b * 977 + s) % plan.R);
+    }
+  }
+  auto make = [plan, k_size] {
     auto f = std::make_unique<StreamFixture>();
     f->src = random_buffer(static_cast<std::size_t>(plan.out_size()), 21);
-    f->dst = zero_buffer(static_cast<std::size_t>(plan.out_size()));
+    f->src2 = random_buffer(static_cast<std::size_t>(k_size), 22);
+    f->dst = zero_buffer(static_cast<std::size_t>(plan.out_size() + k_size));
     f->cos.resize(static_cast<std::size_t>(plan.R * plan.T));
     f->sin.resize(f->cos.size());
     for (std::int64_t r = 0; r < plan.R; ++r) {
@@ -96,17 +124,28 @@ void add_rope(const BackendUnderTest& bu, std::int64_t batch, std::int64_t S, st
     }
     return f;
   };
-  if (op_selected("rope_forward")) {
-    add_stream("rope_forward", bu, shape, tags, 2 * x_bytes + table_bytes, params, make,
-               [plan](const Backend& be, StreamFixture& f) {
-                 be.rope_forward(plan, f.src, {f.cos, f.sin}, f.dst);
-               });
-  }
-  if (op_selected("rope_backward")) {
-    add_stream("rope_backward", bu, shape, tags, 2 * x_bytes + table_bytes, params, make,
-               [plan](const Backend& be, StreamFixture& f) {
-                 be.rope_backward(plan, f.src, {f.cos, f.sin}, f.dst);
-               });
+  const auto tables = [positions](const StreamFixture& f) {
+    return RopeTables<float>{f.cos, f.sin, Indices(std::span<const std::int64_t>(*positions))};
+  };
+  for (const bool backward : {false, true}) {
+    const std::string op =
+        std::string(backward ? "rope_backward" : "rope_forward") + (v.k_heads > 0 ? "_qk" : "");
+    if (!op_selected(op)) continue;
+    if (v.k_heads > 0) {
+      const auto& entry = backward ? &Backend::rope_backward_qk : &Backend::rope_forward_qk;
+      add_stream(op, bu, shape, tags, 2 * x_bytes + table_bytes, params, make,
+                 [both, entry, tables](const Backend& be, StreamFixture& f) {
+                   const std::span<float> out(f.dst);
+                   (be.*entry)(both, f.src, f.src2, tables(f), out.first(both.q.out_size()),
+                               out.subspan(both.q.out_size()));
+                 });
+    } else {
+      const auto& entry = backward ? &Backend::rope_backward : &Backend::rope_forward;
+      add_stream(op, bu, shape, tags, 2 * x_bytes + table_bytes, params, make,
+                 [plan, entry, tables](const Backend& be, StreamFixture& f) {
+                   (be.*entry)(plan, f.src, tables(f), f.dst);
+                 });
+    }
   }
 }
 
@@ -193,6 +232,9 @@ void register_streaming() {
   const std::int64_t big = quick ? 1 : 2;
   for (const auto& bu : backends_at(c.threads, false)) {
     add_rope(bu, big, 4096, 32, 128, {"main", "peer"});
+    // [B, H, S, D] with position ids; q (32 heads) and k (8) in one call.
+    add_rope(bu, big, 4096, 32, 128, {"main"}, {RopeLayout::bhsd, true, 0});
+    add_rope(bu, big, 4096, 32, 128, {"main"}, {RopeLayout::bshd, true, 8});
     add_axial(bu, 16 * big, 64, 256, 1, {"main", "peer"});
     add_swiglu(bu, 2048 * big, 4096, {"main", "peer"});
   }

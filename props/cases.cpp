@@ -314,18 +314,25 @@ Grads reference_backward_ff(const AttentionData& d) {
 // ===================================================================== rope
 
 std::ostream& operator<<(std::ostream& os, const RopeCase& c) {
-  return os << RopePlan::make(c.params).describe() << " | data seed=" << c.seed
-            << (c.true_tables ? " true cos/sin tables" : " random tables");
+  os << RopePlan::make(c.params).describe() << " | data seed=" << c.seed
+     << (c.true_tables ? " true cos/sin tables" : " random tables");
+  if (c.params.rows == TableRows::position_ids) os << (c.int32_positions ? " int32" : " int64");
+  return os;
 }
 
 rc::Gen<RopeCase> gen_rope(RopeGen g) {
   return rc::gen::exec([g] {
     RopeCase c;
     RopeParams& p = c.params;
-    p.batch = *rc::gen::inRange<i64>(1, 4);
-    p.seq = *gen_dim(17);
-    p.head_dim = *gen_dim(33);
-    p.width = p.head_dim * *rc::gen::inRange<i64>(1, 4);
+    p.layout = g.layout ? *g.layout
+                        : *rc::gen::element(RopeLayout::bshd, RopeLayout::bhsd, RopeLayout::thd);
+    p.batch = p.layout == RopeLayout::thd ? 1 : *rc::gen::inRange<i64>(1, 4);
+    // Sometimes long and narrow: the optimized bhsd kernel works in blocks of 128 tokens.
+    const bool lng =
+        *rc::gen::weightedOneOf<bool>({{9, rc::gen::just(false)}, {1, rc::gen::just(true)}});
+    p.seq = lng ? *rc::gen::inRange<i64>(120, 300) : *gen_dim(17);
+    p.head_dim = *gen_dim(lng ? 9 : 33);
+    p.width = p.head_dim * *rc::gen::inRange<i64>(1, lng ? 3 : 4);
     const i64 half = p.head_dim / 2;
     const i64 n_rot =
         g.full_rot ? 2 * half
@@ -335,10 +342,26 @@ rc::Gen<RopeCase> gen_rope(RopeGen g) {
     p.n_rot = n_rot;
     p.style = g.style ? *g.style : *rc::gen::element(RopeStyle::neox, RopeStyle::gptj);
     p.table_stride = n_rot / 2 + *rc::gen::element<i64>(0, 0, 1, 3);
-    p.rows = g.rows ? *g.rows : *rc::gen::element(TableRows::position, TableRows::token);
-    p.table_rows =
-        p.rows == TableRows::token ? p.batch * p.seq : p.seq + *rc::gen::element<i64>(0, 0, 2, 5);
-    if (g.strides && *rc::gen::element(false, true)) {
+    if (g.rows) {
+      p.rows = *g.rows;
+    } else if (g.position_ids) {
+      p.rows = *rc::gen::element(TableRows::position, TableRows::token, TableRows::position_ids);
+    } else {
+      p.rows = *rc::gen::element(TableRows::position, TableRows::token);
+    }
+    switch (p.rows) {
+      case TableRows::position:
+        p.table_rows = p.seq + *rc::gen::element<i64>(0, 0, 2, 5);
+        break;
+      case TableRows::token:
+        p.table_rows = p.batch * p.seq;
+        break;
+      case TableRows::position_ids:  // max_position: shorter or longer than S
+        p.table_rows = *rc::gen::inRange<i64>(1, 2 * p.seq + 6);
+        c.int32_positions = *rc::gen::arbitrary<bool>();
+        break;
+    }
+    if (g.strides && p.layout != RopeLayout::bhsd && *rc::gen::element(false, true)) {
       p.src_row_stride = p.width + *rc::gen::inRange<i64>(1, 6);
     }
     c.true_tables = g.true_tables ? *g.true_tables : *rc::gen::element(false, true);
@@ -347,8 +370,22 @@ rc::Gen<RopeCase> gen_rope(RopeGen g) {
   });
 }
 
+PositionIds PositionIds::of(std::vector<std::int64_t> v, bool int32) {
+  PositionIds p;
+  p.int32 = int32;
+  if (int32) p.values32.assign(v.begin(), v.end());
+  p.values = std::move(v);
+  return p;
+}
+
+Indices PositionIds::view() const {
+  if (int32) return Indices(std::span<const std::int32_t>(values32));
+  return Indices(std::span<const std::int64_t>(values));
+}
+
 RopeData make_data(const RopeCase& c) {
   RopeData d;
+  d.params = c.params;
   d.plan = RopePlan::make(c.params);
   const RopePlan& p = d.plan;
   Rng r(c.seed);
@@ -370,48 +407,88 @@ RopeData make_data(const RopeCase& c) {
       }
     }
   }
+  if (p.rows == TableRows::position_ids) {
+    std::vector<std::int64_t> ids(p.B * p.S);
+    for (auto& id : ids) id = r.index(p.R);
+    d.positions = PositionIds::of(std::move(ids), c.int32_positions);
+  }
   return d;
 }
 
 std::vector<float> rope_source(const RopePlan& p, std::span<const float> logical) {
-  std::vector<float> mem(p.src_extent(), junk());
-  for (i64 row = 0; row < p.B * p.S; ++row) {
-    std::copy_n(logical.begin() + row * p.W, p.W, mem.begin() + row * p.src_row_stride);
-  }
-  return mem;
+  return place<float, float>(p.src, p.B, p.S, p.heads(), p.D, logical);
 }
 
 std::vector<float> run_rope(const Backend& be, const RopePlan& p, std::span<const float> x,
-                            std::span<const float> cos, std::span<const float> sin, bool backward) {
+                            const RopeTables<float>& t, bool backward) {
   const auto src = rope_source(p, x);
   Guarded out(p.out_size());
-  (backward ? be.rope_backward : be.rope_forward)(p, cspan(src), {cos, sin}, out.view());
-  return out.values();
+  (backward ? be.rope_backward : be.rope_forward)(p, cspan(src), t, out.view());
+  const auto o = out.values();
+  return gather<float>(p.out, p.B, p.S, p.heads(), p.D, cspan(o));
 }
 
 template <class T, class Acc>
 std::vector<T> reference_rope(const RopePlan& p, std::span<const float> x,
-                              std::span<const float> cos, std::span<const float> sin,
-                              bool backward) {
-  const auto srcf = rope_source(p, x);
-  const std::vector<T> src(srcf.begin(), srcf.end()), c(cos.begin(), cos.end()),
-      s(sin.begin(), sin.end());
+                              const RopeTables<float>& t, bool backward) {
+  const auto src = place<T, float>(p.src, p.B, p.S, p.heads(), p.D, x, T(junk()));
+  const std::vector<T> c(t.cos.begin(), t.cos.end()), s(t.sin.begin(), t.sin.end());
+  const RopeTables<T> tables{cspan(c), cspan(s), t.positions};
   std::vector<T> out(p.out_size());
   if (backward) {
-    reference::rope_backward<T, Acc>(p, cspan(src), RopeTables<T>{cspan(c), cspan(s)},
-                                     std::span<T>(out));
+    reference::rope_backward<T, Acc>(p, cspan(src), tables, std::span<T>(out));
   } else {
-    reference::rope_forward<T, Acc>(p, cspan(src), RopeTables<T>{cspan(c), cspan(s)},
-                                    std::span<T>(out));
+    reference::rope_forward<T, Acc>(p, cspan(src), tables, std::span<T>(out));
   }
-  return out;
+  return gather<T>(p.out, p.B, p.S, p.heads(), p.D, cspan(out));
 }
 template std::vector<double> reference_rope<double, double>(const RopePlan&, std::span<const float>,
-                                                            std::span<const float>,
-                                                            std::span<const float>, bool);
+                                                            const RopeTables<float>&, bool);
 template std::vector<float> reference_rope<float, float>(const RopePlan&, std::span<const float>,
-                                                         std::span<const float>,
-                                                         std::span<const float>, bool);
+                                                         const RopeTables<float>&, bool);
+
+std::ostream& operator<<(std::ostream& os, const RopeQkCase& c) {
+  return os << c.q << " | k: " << c.k_heads << " heads, row padding " << c.k_pad;
+}
+
+rc::Gen<RopeQkCase> gen_rope_qk() {
+  return rc::gen::exec([] {
+    RopeQkCase c;
+    c.q = *gen_rope();
+    c.k_heads = *rc::gen::inRange<i64>(1, 4);
+    if (c.q.params.layout != RopeLayout::bhsd && *rc::gen::arbitrary<bool>()) {
+      c.k_pad = *rc::gen::inRange<i64>(1, 6);
+    }
+    return c;
+  });
+}
+
+RopeQkData make_data(const RopeQkCase& c) {
+  RopeQkData d;
+  d.q = make_data(c.q);
+  RopeQkParams p;
+  p.q = c.q.params;
+  p.k_width = c.k_heads * p.q.head_dim;
+  if (c.k_pad > 0) p.k_src_row_stride = p.k_width + c.k_pad;
+  d.plan = RopeQkPlan::make(p);
+  Rng r(c.q.seed + 7);
+  d.k = r.values(d.plan.k.out_size(), 1.0);
+  d.dk = r.values(d.plan.k.out_size(), 1.0);
+  return d;
+}
+
+std::pair<std::vector<float>, std::vector<float>> run_rope_qk(const Backend& be,
+                                                              const RopeQkData& d, bool backward) {
+  const RopePlan &pq = d.plan.q, &pk = d.plan.k;
+  const auto q = rope_source(pq, backward ? d.q.dy : d.q.x);
+  const auto k = rope_source(pk, backward ? d.dk : d.k);
+  Guarded q_out(pq.out_size()), k_out(pk.out_size());
+  (backward ? be.rope_backward_qk : be.rope_forward_qk)(d.plan, cspan(q), cspan(k), d.q.tables(),
+                                                        q_out.view(), k_out.view());
+  const auto qo = q_out.values(), ko = k_out.values();
+  return {gather<float>(pq.out, pq.B, pq.S, pq.heads(), pq.D, cspan(qo)),
+          gather<float>(pk.out, pk.B, pk.S, pk.heads(), pk.D, cspan(ko))};
+}
 
 std::ostream& operator<<(std::ostream& os, const AxialCase& c) {
   return os << AxialRopePlan::make(c.params).describe() << " | data seed=" << c.seed;

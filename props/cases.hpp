@@ -9,6 +9,7 @@
 #include <optional>
 #include <ostream>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "support.hpp"
@@ -119,13 +120,16 @@ struct RopeCase {
   std::uint64_t seed = 0;
   bool true_tables =
       false;  ///< cos/sin of real angles (pos·θ^(−2i/n_rot)), token rows repeat positions
+  bool int32_positions = false;  ///< position ids held as int32 (else int64)
 };
 std::ostream& operator<<(std::ostream& os, const RopeCase& c);
 struct RopeGen {
   bool strides = true;
   std::optional<TableRows> rows;
+  bool position_ids = true;  ///< rows may be position ids (when not fixed)
   std::optional<bool> true_tables;
   std::optional<RopeStyle> style;
+  std::optional<RopeLayout> layout;
   bool full_rot = false;  ///< n_rot = D
 
   RopeGen no_strides() const {
@@ -138,6 +142,11 @@ struct RopeGen {
     g.rows = r;
     return g;
   }
+  RopeGen no_position_ids() const {
+    RopeGen g = *this;
+    g.position_ids = false;
+    return g;
+  }
   RopeGen with_true_tables() const {
     RopeGen g = *this;
     g.true_tables = true;
@@ -148,24 +157,59 @@ struct RopeGen {
     g.style = s;
     return g;
   }
+  RopeGen with_layout(RopeLayout l) const {
+    RopeGen g = *this;
+    g.layout = l;
+    return g;
+  }
 };
 rc::Gen<RopeCase> gen_rope(RopeGen g = {});
 
+/// Position ids as a test holds them: int64 values, viewed as int32 or int64 memory.
+struct PositionIds {
+  std::vector<std::int64_t> values;
+  std::vector<std::int32_t> values32;  ///< the same values, when held as int32
+  bool int32 = false;
+  static PositionIds of(std::vector<std::int64_t> v, bool int32);
+  Indices view() const;
+};
+
 struct RopeData {
+  RopeParams params;  ///< the plan's parameters, to derive related plans from
   RopePlan plan;
-  std::vector<float> x;         ///< logical [B', S, W]
+  std::vector<float> x;         ///< logical [B, S, H, D] (bshd order, whatever the layout)
   std::vector<float> cos, sin;  ///< [R, T]; padding columns hold finite filler
-  std::vector<float> dy;        ///< logical [B', S, W]
+  PositionIds positions;        ///< [B·S] in [0, R) for position_ids rows, else empty
+  std::vector<float> dy;        ///< logical [B, S, H, D]
+  RopeTables<float> tables() const { return {cos, sin, positions.view()}; }
 };
 RopeData make_data(const RopeCase& c);
-/// Source memory of a plan (rows src_row_stride apart, junk between).
+/// Source memory of a plan: the logical [B, S, H, D] placed by plan.src, junk in the gaps.
 std::vector<float> rope_source(const RopePlan& p, std::span<const float> logical);
+/// The backend's forward (or backward) of logical x, read back as logical [B, S, H, D].
 std::vector<float> run_rope(const Backend& be, const RopePlan& p, std::span<const float> x,
-                            std::span<const float> cos, std::span<const float> sin, bool backward);
+                            const RopeTables<float>& t, bool backward);
 template <class T, class Acc>
 std::vector<T> reference_rope(const RopePlan& p, std::span<const float> x,
-                              std::span<const float> cos, std::span<const float> sin,
-                              bool backward);
+                              const RopeTables<float>& t, bool backward);
+
+/// q and k in one call: q is a RopeCase, k has k_heads heads and its own row padding.
+struct RopeQkCase {
+  RopeCase q;
+  i64 k_heads = 1;
+  i64 k_pad = 0;  ///< k's row stride beyond its width (bshd, thd)
+};
+std::ostream& operator<<(std::ostream& os, const RopeQkCase& c);
+rc::Gen<RopeQkCase> gen_rope_qk();
+struct RopeQkData {
+  RopeQkPlan plan;
+  RopeData q;                ///< q's data (x = q, dy = dq_out) and the shared tables
+  std::vector<float> k, dk;  ///< logical k and dk_out [B, S, Hkv, D]
+};
+RopeQkData make_data(const RopeQkCase& c);
+/// The backend's q-and-k forward (or backward): logical outputs of q and of k.
+std::pair<std::vector<float>, std::vector<float>> run_rope_qk(const Backend& be,
+                                                              const RopeQkData& d, bool backward);
 
 struct AxialCase {
   AxialRopeParams params;

@@ -86,8 +86,9 @@ void block_equals_composition(const Backend& be) {
   AttentionData a;
   a.plan = p.attention;
   if (p.has_rope) {
-    a.q = run_rope(be, p.rope, q, d.cos, d.sin, false);
-    a.k = run_rope(be, p.rope, k, d.cos, d.sin, false);
+    const RopeTables<float> t{d.cos, d.sin};
+    a.q = run_rope(be, p.rope, q, t, false);
+    a.k = run_rope(be, p.rope, k, t, false);
   } else {
     a.q = q;
     a.k = k;
@@ -117,6 +118,8 @@ enum Op {
   kAttnBwdSaved,
   kRopeFwd,
   kRopeBwd,
+  kRopeQkFwd,
+  kRopeQkBwd,
   kAxialFwd,
   kAxialBwd,
   kSwigluFwd,
@@ -129,15 +132,18 @@ const char* op_name(int op) {
       "attention_forward",        "attention_backward",    "attention_backward_dq",
       "attention_backward_dk",    "attention_backward_dv", "attention_forward_lse",
       "attention_backward_saved", "rope_forward",          "rope_backward",
-      "axial_rope_forward",       "axial_rope_backward",   "swiglu_forward",
-      "swiglu_backward",          "attention_block"};
+      "rope_forward_qk",          "rope_backward_qk",      "axial_rope_forward",
+      "axial_rope_backward",      "swiglu_forward",        "swiglu_backward",
+      "attention_block"};
   return names[op];
 }
 
-/// Whether `be` has the entry point of `op` (the saved-state pair is optional
-/// for a user's backend).
+/// Whether `be` has the entry point of `op` (the saved-state pair and the
+/// q-and-k RoPE pair are optional for a user's backend).
 bool has_op(const Backend& be, int op) {
   if (op == kAttnFwdLse) return static_cast<bool>(be.attention_forward_lse);
+  if (op == kRopeQkFwd) return static_cast<bool>(be.rope_forward_qk);
+  if (op == kRopeQkBwd) return static_cast<bool>(be.rope_backward_qk);
   if (op == kAttnBwdSaved) return static_cast<bool>(be.attention_backward_saved);
   return true;
 }
@@ -220,7 +226,20 @@ std::vector<std::vector<float>> call(const Backend& be, int op, std::string* mem
     const auto src = in.add(rope_source(d.plan, op == kRopeFwd ? d.x : d.dy));
     const auto cs = in.add(d.cos), sn = in.add(d.sin);
     outs.emplace_back(d.plan.out_size());
-    (op == kRopeFwd ? be.rope_forward : be.rope_backward)(d.plan, src, {cs, sn}, outs[0].view());
+    (op == kRopeFwd ? be.rope_forward : be.rope_backward)(d.plan, src, {cs, sn, d.positions.view()},
+                                                          outs[0].view());
+  } else if (op <= kRopeQkBwd) {
+    const RopeQkCase c = *gen_rope_qk();
+    RC_LOG() << c << "\n";
+    const RopeQkData d = make_data(c);
+    const bool fwd = op == kRopeQkFwd;
+    const auto q = in.add(rope_source(d.plan.q, fwd ? d.q.x : d.q.dy));
+    const auto k = in.add(rope_source(d.plan.k, fwd ? d.k : d.dk));
+    const auto cs = in.add(d.q.cos), sn = in.add(d.q.sin);
+    outs.emplace_back(d.plan.q.out_size());
+    outs.emplace_back(d.plan.k.out_size());
+    (fwd ? be.rope_forward_qk : be.rope_backward_qk)(d.plan, q, k, {cs, sn, d.q.positions.view()},
+                                                     outs[0].view(), outs[1].view());
   } else if (op <= kAxialBwd) {
     const AxialCase c = *gen_axial();
     RC_LOG() << c << "\n";
@@ -346,9 +365,9 @@ void accuracy(const Backend& be) {
     const RopeData d = make_data(*gen_rope());
     const bool back = op == kRopeBwd;
     const auto& x = back ? d.dy : d.x;
-    ts.push_back({"rope", to_double(run_rope(be, d.plan, x, d.cos, d.sin, back)),
-                  to_double(reference_rope<float, float>(d.plan, x, d.cos, d.sin, back)),
-                  reference_rope<double, double>(d.plan, x, d.cos, d.sin, back), 0.0});
+    ts.push_back({"rope", to_double(run_rope(be, d.plan, x, d.tables(), back)),
+                  to_double(reference_rope<float, float>(d.plan, x, d.tables(), back)),
+                  reference_rope<double, double>(d.plan, x, d.tables(), back), 0.0});
   } else if (op <= kAxialBwd) {
     const AxialData d = make_data(*gen_axial());
     const bool back = op == kAxialBwd;

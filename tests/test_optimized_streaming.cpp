@@ -62,35 +62,56 @@ struct RopeCase {
   tandem::RopeStyle style;
   std::int64_t extra_T = 0;       ///< table stride beyond n_rot/2
   bool token_rows = false;        ///< R = B·S, token rows
-  std::int64_t extra_rows = 0;    ///< table rows beyond S (position rows)
-  std::int64_t extra_stride = 0;  ///< source row stride beyond W
+  std::int64_t extra_rows = 0;    ///< table rows beyond S (position rows, position ids)
+  std::int64_t extra_stride = 0;  ///< source row stride beyond W (bshd)
+  tandem::RopeLayout layout = tandem::RopeLayout::bshd;
+  bool position_ids = false;  ///< rows from random int32 positions in [0, R)
+  std::int64_t k_heads = 0;   ///< > 0: q and k in one call, k with this many heads
 };
 
 std::string describe(const RopeCase& c) {
-  return "B=" + std::to_string(c.B) + " S=" + std::to_string(c.S) +
-         " heads=" + std::to_string(c.heads) + " D=" + std::to_string(c.D) +
-         " n_rot=" + std::to_string(c.n_rot) + " " + tandem::to_string(c.style) +
-         " T+=" + std::to_string(c.extra_T) + (c.token_rows ? " token" : " position") +
-         " R+=" + std::to_string(c.extra_rows) + " stride+=" + std::to_string(c.extra_stride);
+  return std::string(tandem::to_string(c.layout)) + " B=" + std::to_string(c.B) +
+         " S=" + std::to_string(c.S) + " heads=" + std::to_string(c.heads) +
+         " D=" + std::to_string(c.D) + " n_rot=" + std::to_string(c.n_rot) + " " +
+         tandem::to_string(c.style) + " T+=" + std::to_string(c.extra_T) +
+         (c.position_ids ? " position_ids"
+          : c.token_rows ? " token"
+                         : " position") +
+         " R+=" + std::to_string(c.extra_rows) + " stride+=" + std::to_string(c.extra_stride) +
+         " k_heads=" + std::to_string(c.k_heads);
 }
 
-void check_rope(const RopeCase& c, std::uint32_t seed) {
-  SCOPED_TRACE(describe(c));
+tandem::RopeParams rope_params(const RopeCase& c) {
   tandem::RopeParams p;
   p.batch = c.B;
   p.seq = c.S;
   p.head_dim = c.D;
   p.width = c.heads * c.D;
+  p.layout = c.layout;
   p.n_rot = c.n_rot;
   p.style = c.style;
   p.table_stride = c.n_rot / 2 + c.extra_T;
-  p.rows = c.token_rows ? tandem::TableRows::token : tandem::TableRows::position;
+  p.rows = c.position_ids ? tandem::TableRows::position_ids
+           : c.token_rows ? tandem::TableRows::token
+                          : tandem::TableRows::position;
   p.table_rows = c.token_rows ? c.B * c.S : c.S + c.extra_rows;
-  p.src_row_stride = p.width + c.extra_stride;
+  if (c.extra_stride > 0) p.src_row_stride = p.width + c.extra_stride;
   if (p.table_stride == 0) p.table_stride = 1;  // n_rot = 0: a one-column table
-  const tandem::RopePlan plan = tandem::RopePlan::make(p);
+  return p;
+}
+
+void check_rope(const RopeCase& c, std::uint32_t seed) {
+  SCOPED_TRACE(describe(c));
+  tandem::RopeQkParams qk;
+  qk.q = rope_params(c);
+  qk.k_width = (c.k_heads > 0 ? c.k_heads : 1) * c.D;
+  if (c.extra_stride > 0) qk.k_src_row_stride = qk.k_width + c.extra_stride;
+  const tandem::RopeQkPlan both = tandem::RopeQkPlan::make(qk);
+  const tandem::RopePlan& plan = both.q;
   const Vec x =
       test::random_values<float>(static_cast<std::size_t>(plan.src_extent()), seed, -2, 2);
+  const Vec xk =
+      test::random_values<float>(static_cast<std::size_t>(both.k.src_extent()), seed + 2, -2, 2);
   // Real rotations: c = cos(θ), s = sin(θ) for random angles.
   const Vec angles =
       test::random_values<float>(static_cast<std::size_t>(plan.R * plan.T), seed + 1, -10, 10);
@@ -99,22 +120,31 @@ void check_rope(const RopeCase& c, std::uint32_t seed) {
     cos[i] = std::cos(angles[i]);
     sin[i] = std::sin(angles[i]);
   }
-  const tandem::RopeTables<float> tables{cos, sin};
-  {
-    SCOPED_TRACE("forward");
-    compare(
-        plan.out_size(),
-        [&](const tandem::Backend& b, std::span<float> out) {
-          b.rope_forward(plan, x, tables, out);
-        },
-        1e-5, 1e-6);
+  std::vector<std::int32_t> positions;
+  if (c.position_ids) {
+    std::mt19937 gen(seed + 3);
+    for (std::int64_t t = 0; t < plan.B * plan.S; ++t) {
+      positions.push_back(static_cast<std::int32_t>(gen() % static_cast<std::uint32_t>(plan.R)));
+    }
   }
-  {
-    SCOPED_TRACE("backward");
+  const tandem::RopeTables<float> tables{cos, sin,
+                                         tandem::Indices(std::span<const std::int32_t>(positions))};
+  for (const bool backward : {false, true}) {
+    SCOPED_TRACE(backward ? "backward" : "forward");
+    const auto& one = backward ? &tandem::Backend::rope_backward : &tandem::Backend::rope_forward;
     compare(
         plan.out_size(),
-        [&](const tandem::Backend& b, std::span<float> dx) {
-          b.rope_backward(plan, x, tables, dx);
+        [&](const tandem::Backend& b, std::span<float> out) { (b.*one)(plan, x, tables, out); },
+        1e-5, 1e-6);
+    if (c.k_heads == 0) continue;
+    // q and k in one call: each output as the reference's, bitwise across threads.
+    const auto& two =
+        backward ? &tandem::Backend::rope_backward_qk : &tandem::Backend::rope_forward_qk;
+    const std::int64_t nq = plan.out_size(), nk = both.k.out_size();
+    compare(
+        nq + nk,
+        [&](const tandem::Backend& b, std::span<float> out) {
+          (b.*two)(both, x, xk, tables, out.first(nq), out.subspan(nq));
         },
         1e-5, 1e-6);
   }
@@ -148,8 +178,28 @@ TEST(OptimizedRope, StridedTablesTokenRowsAndSourceStrides) {
     check_rope({2, 5, 2, 34, 30, style, /*T+*/ 5, false, /*R+*/ 7}, seed++);
     check_rope({3, 4, 2, 18, 18, style, 0, /*token*/ true}, seed++);
     check_rope({3, 4, 2, 40, 32, style, 2, /*token*/ true, 0, /*stride+*/ 11}, seed++);
-    check_rope({2, 6, 3, 16, 16, style, 0, false, 0, /*stride+*/ std::int64_t{2} * 3 * 16}, seed++);
+    check_rope({2, 6, 3, 16, 16, style, 0, false, 0, /*stride+ 2·3·16*/ 96}, seed++);
     check_rope({1, 9, 1, 6, 6, style, 1, false, 4, /*stride+*/ 1}, seed++);
+  }
+}
+
+TEST(OptimizedRope, LayoutsPositionIdsAndQkInOnePass) {
+  using L = tandem::RopeLayout;
+  std::uint32_t seed = 300;
+  for (tandem::RopeStyle style : {tandem::RopeStyle::neox, tandem::RopeStyle::gptj}) {
+    // bhsd [B, H, S, D] with every kind of table row.
+    check_rope({2, 5, 3, 16, 16, style, 0, false, 2, 0, L::bhsd}, seed++);
+    check_rope({2, 5, 3, 18, 12, style, 1, true, 0, 0, L::bhsd}, seed++);
+    check_rope({2, 5, 3, 34, 34, style, 0, false, 9, 0, L::bhsd, true}, seed++);
+    // Position ids (any order, repeats, a table shorter than S), bshd and thd.
+    check_rope({3, 7, 2, 16, 16, style, 2, false, -4, 5, L::bshd, true}, seed++);
+    check_rope({1, 11, 4, 10, 8, style, 0, false, 30, 3, L::thd, true}, seed++);
+    // q and k (GQA 4:1, 3:2, and k with more heads than q) in one call.
+    check_rope({2, 6, 4, 32, 32, style, 0, false, 3, 7, L::bshd, true, 1}, seed++);
+    check_rope({2, 6, 3, 12, 8, style, 1, true, 0, 0, L::bhsd, false, 2}, seed++);
+    check_rope({1, 9, 2, 18, 18, style, 0, false, 0, 2, L::thd, false, 5}, seed++);
+    // bhsd runs in blocks of 128 tokens: several blocks and a partial last one.
+    check_rope({2, 300, 3, 8, 8, style, 0, false, 5, 0, L::bhsd, true, 2}, seed++);
   }
 }
 

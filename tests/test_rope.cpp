@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // RoPE (SPEC §4) on cases small enough to work out by hand: rotations by 90°
 // and 0°, the partial-rotation tail, table padding, position and token rows,
-// strided sources, the [B, H, S, D] fold, and the backward as the transpose.
+// position ids, strided sources, the bshd, bhsd and thd layouts, q and k in
+// one call, and the backward as the transpose.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -186,16 +187,18 @@ TEST(Rope, SourceRowStrideSkipsTheGapsBetweenRows) {
   expect_exact(backward(plan, x, cos, sin), {3, 4, -1, -2, 5, 6, 7, 8});
 }
 
-TEST(Rope, BhsdInputFoldsToOneBatchPerHead) {
-  // x [B=1, H=2, S=3, D=2] folds to [B'=2, S=3, W=2]; head_dim comes from the
-  // last dim. The [3, 1] table (R = 3 != B'·S = 6 → position rows) rotates row
-  // s by s·90°: (1, 0), (0, 1), (−1, 0). x = 1..12:
+TEST(Rope, BhsdInputRotatesEveryHeadOfATokenByItsRow) {
+  // x [B=1, H=2, S=3, D=2] in layout bhsd: head h of token s at (h·3 + s)·2.
+  // The [3, 1] table (R = 3 != B·S → position rows) rotates row s by s·90°:
+  // (1, 0), (0, 1), (−1, 0). x = 1..12:
   //   head 0: [1,2] → [1,2];   [3,4] → [−4,3];   [5,6] → [−5,−6]
   //   head 1: [7,8] → [7,8];   [9,10] → [−10,9]; [11,12] → [−11,−12]
-  const RopePlan plan = RopePlan::from_shapes({1, 2, 3, 2}, {3, 1}, {3, 1}, {});
-  ASSERT_EQ(plan.B, 2);
+  tandem::RopeAttrs a;
+  a.layout = tandem::RopeLayout::bhsd;
+  const RopePlan plan = RopePlan::from_shapes({1, 2, 3, 2}, {3, 1}, {3, 1}, a);
+  ASSERT_EQ(plan.B, 1);
   ASSERT_EQ(plan.S, 3);
-  ASSERT_EQ(plan.W, 2);
+  ASSERT_EQ(plan.W, 4);
   ASSERT_EQ(plan.D, 2);
   ASSERT_EQ(plan.rows, TableRows::position);
   const std::vector<double> cos = {1, 0, -1}, sin = {0, 1, 0};
@@ -204,7 +207,7 @@ TEST(Rope, BhsdInputFoldsToOneBatchPerHead) {
   const std::vector<double> y = forward(plan, x, cos, sin);
   expect_exact(y, {1, 2, -4, 3, -5, -6, 7, 8, -10, 9, -11, -12});
   // The same as RoPE on each head alone ([1, 3, 2], one batch).
-  tandem::RopeAttrs a;
+  a = {};
   a.head_dim = 2;
   const RopePlan per_head = RopePlan::from_shapes({1, 3, 2}, {3, 1}, {3, 1}, a);
   for (std::size_t h = 0; h < 2; ++h) {
@@ -212,6 +215,118 @@ TEST(Rope, BhsdInputFoldsToOneBatchPerHead) {
     const std::vector<double> y_h(y.begin() + 6 * h, y.begin() + 6 * (h + 1));
     expect_exact(forward(per_head, x_h, cos, sin), y_h);
   }
+}
+
+TEST(Rope, BshdRank4HeadsOfOneTokenShareItsRow) {
+  // x [B=1, S=3, H=2, D=2] in layout bshd (FlashAttention's and vLLM's):
+  // token s holds both heads, [x(s,0), x(s,1)], at s·4. Same table: s·90°.
+  //   s = 0: [1,2 | 3,4] unchanged
+  //   s = 1: [5,6 | 7,8] → [−6,5 | −8,7]
+  //   s = 2: [9,10 | 11,12] → [−9,−10 | −11,−12]
+  // (Folded as [B, H, S, D], the same numbers would be rotated by the head
+  // index and the wrong token's angle.)
+  tandem::RopeAttrs a;
+  a.num_heads = 2;  // dims 1 and 2 are 3 and 2: num_heads picks bshd
+  const RopePlan plan = RopePlan::from_shapes({1, 3, 2, 2}, {3, 1}, {3, 1}, a);
+  ASSERT_EQ(plan.layout, tandem::RopeLayout::bshd);
+  ASSERT_EQ(plan.S, 3);
+  ASSERT_EQ(plan.heads(), 2);
+  std::vector<double> x(12);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<double>(i + 1);
+  expect_exact(forward(plan, x, {1, 0, -1}, {0, 1, 0}),
+               {1, 2, 3, 4, -6, 5, -8, 7, -9, -10, -11, -12});
+}
+
+TEST(Rope, PositionIdsPickTheTableRowOfEachToken) {
+  // Two tokens, one head of D = 2, a 3-row table: row 0 at 0°, row 1 at 90°,
+  // row 2 at 180°. positions = [2, 0]: token 0 reads row 2, token 1 row 0.
+  //   token 0: [1, 2] → [1·(−1) − 2·0, 2·(−1) + 1·0] = [−1, −2]
+  //   token 1: [3, 4] → [3, 4]
+  // Row 1 is never read (NaN there changes nothing).
+  const std::vector<double> cos = {1, kNaN, -1}, sin = {0, kNaN, 0};
+  const std::vector<std::int64_t> pos64 = {2, 0};
+  const std::vector<std::int32_t> pos32 = {2, 0};
+  tandem::RopeAttrs a;
+  a.head_dim = 2;
+  const RopePlan plan = RopePlan::from_shapes({2, 2}, {3, 1}, {3, 1}, tandem::Shape{2}, a);
+  ASSERT_EQ(plan.rows, TableRows::position_ids);
+  for (const tandem::Indices& positions : {tandem::Indices(std::span<const std::int64_t>(pos64)),
+                                           tandem::Indices(std::span<const std::int32_t>(pos32))}) {
+    std::vector<double> y(4), dx(4);
+    tandem::reference::rope_forward<double>(plan, std::vector<double>{1, 2, 3, 4},
+                                            RopeTables<double>{cos, sin, positions},
+                                            std::span<double>(y));
+    expect_exact(y, {-1, -2, 3, 4});
+    // The backward reads the same rows (a 180° rotation is its own transpose).
+    tandem::reference::rope_backward<double>(plan, std::vector<double>{1, 2, 3, 4},
+                                             RopeTables<double>{cos, sin, positions},
+                                             std::span<double>(dx));
+    expect_exact(dx, {-1, -2, 3, 4});
+  }
+}
+
+TEST(Rope, PositionIdsOfABatchAreIndexedByBatchAndToken) {
+  // x [B=2, S=2, H*D=2] with positions [[1, 0], [0, 1]] on a 2-row table
+  // (row 0: 0°, row 1: 90°). Token (b, s) reads positions[b·2 + s]:
+  //   (0,0) row 1: [1,2] → [−2,1];   (0,1) row 0: [3,4] → [3,4]
+  //   (1,0) row 0: [5,6] → [5,6];    (1,1) row 1: [7,8] → [−8,7]
+  tandem::RopeAttrs a;
+  a.head_dim = 2;
+  const RopePlan plan = RopePlan::from_shapes({2, 2, 2}, {2, 1}, {2, 1}, tandem::Shape{2, 2}, a);
+  const std::vector<std::int32_t> pos = {1, 0, 0, 1};
+  std::vector<double> y(8);
+  tandem::reference::rope_forward<double>(
+      plan, std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8},
+      RopeTables<double>{std::vector<double>{1, 0}, std::vector<double>{0, 1},
+                         tandem::Indices(std::span<const std::int32_t>(pos))},
+      std::span<double>(y));
+  expect_exact(y, {-2, 1, 3, 4, 5, 6, -8, 7});
+}
+
+TEST(Rope, PackedTokensReadTheirOwnPositions) {
+  // thd: two sequences of lengths 2 and 1 packed as T = 3 tokens [T, H=1, D=2];
+  // positions restart per sequence: [0, 1, 0]. Row 0: 0°, row 1: 90°.
+  //   t0 [1,2] → [1,2];  t1 [3,4] → [−4,3];  t2 [5,6] → [5,6]
+  tandem::RopeAttrs a;
+  a.layout = tandem::RopeLayout::thd;
+  const RopePlan plan = RopePlan::from_shapes({3, 1, 2}, {2, 1}, {2, 1}, tandem::Shape{3}, a);
+  ASSERT_EQ(plan.B, 1);
+  ASSERT_EQ(plan.S, 3);
+  const std::vector<std::int64_t> pos = {0, 1, 0};
+  std::vector<double> y(6);
+  tandem::reference::rope_forward<double>(
+      plan, std::vector<double>{1, 2, 3, 4, 5, 6},
+      RopeTables<double>{std::vector<double>{1, 0}, std::vector<double>{0, 1},
+                         tandem::Indices(std::span<const std::int64_t>(pos))},
+      std::span<double>(y));
+  expect_exact(y, {1, 2, -4, 3, 5, 6});
+}
+
+TEST(Rope, QkRotatesQAndKHeadsByTheSameRows) {
+  // GQA: q [S=2, H=2, D=2], k [S=2, Hkv=1, D=2] (bshd, rank 4 with B = 1),
+  // positions [1, 0] on a 2-row table (row 0: 0°, row 1: 90°):
+  //   token 0 (row 1): q [1,2 | 3,4] → [−2,1 | −4,3],  k [5,6] → [−6,5]
+  //   token 1 (row 0): q [7,8 | 9,10] unchanged,       k [11,12] unchanged
+  tandem::RopeAttrs a;
+  a.layout = tandem::RopeLayout::bshd;
+  const tandem::RopeQkPlan plan = tandem::RopeQkPlan::from_shapes(
+      {1, 2, 2, 2}, {1, 2, 1, 2}, {2, 1}, {2, 1}, tandem::Shape{1, 2}, a);
+  ASSERT_EQ(plan.q.heads(), 2);
+  ASSERT_EQ(plan.k.heads(), 1);
+  const std::vector<std::int64_t> pos = {1, 0};
+  const std::vector<double> cos = {1, 0}, sin = {0, 1};
+  const RopeTables<double> tables{cos, sin, tandem::Indices(std::span<const std::int64_t>(pos))};
+  const std::vector<double> q = {1, 2, 3, 4, 7, 8, 9, 10}, k = {5, 6, 11, 12};
+  std::vector<double> q_out(8), k_out(4), dq(8), dk(4);
+  tandem::reference::rope_forward_qk<double>(plan, q, k, tables, std::span<double>(q_out),
+                                             std::span<double>(k_out));
+  expect_exact(q_out, {-2, 1, -4, 3, 7, 8, 9, 10});
+  expect_exact(k_out, {-6, 5, 11, 12});
+  // The backward rotates back by −90°.
+  tandem::reference::rope_backward_qk<double>(plan, q_out, k_out, tables, std::span<double>(dq),
+                                              std::span<double>(dk));
+  expect_exact(dq, q);
+  expect_exact(dk, k);
 }
 
 TEST(Rope, BackwardUndoesForwardWithTrueCosSin) {

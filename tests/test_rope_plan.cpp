@@ -98,6 +98,20 @@ TEST(RopePlan, MakeRejectsEachBadParameter) {
                        "src_row_stride = 7 must be >= width = 8");
   expect_error_message(with([](RopeParams& p) { p.batch = kHuge; }), "batch*seq",
                        "batch*seq overflows a 64-bit size (4611686018427387904 * 3)");
+  expect_error_message(with([](RopeParams& p) { p.layout = tandem::RopeLayout::thd; }), "batch",
+                       "batch = 2 must be 1 for layout thd (packed tokens: seq = T)");
+  expect_error_message(with([](RopeParams& p) {
+                         p.layout = tandem::RopeLayout::bhsd;
+                         p.src_row_stride = 8;
+                       }),
+                       "src_row_stride",
+                       "src_row_stride = 8 must be 0 for layout bhsd (a contiguous source)");
+  expect_error_message(with([](RopeParams& p) {
+                         p.rows = TableRows::position_ids;
+                         p.table_rows = 0;
+                       }),
+                       "table_rows",
+                       "table_rows = 0 must be >= 1 for position_ids rows (max_position)");
 }
 
 TEST(RopePlan, MakeAcceptsTheEdgesOfEachRule) {
@@ -117,27 +131,83 @@ TEST(RopePlan, MakeAcceptsTheEdgesOfEachRule) {
   p = rope_params();
   p.src_row_stride = 24;  // q out of a fused qkv row
   EXPECT_EQ(RopePlan::make(p).src_extent(), 5 * 24 + 8);
+  p = rope_params();
+  p.rows = TableRows::position_ids;  // any number of rows: positions pick them
+  p.table_rows = 1;
+  EXPECT_EQ(RopePlan::make(p).R, 1);
 }
 
-TEST(RopePlan, FromShapesFoldsEveryLeadingAxisIntoTheBatch) {
-  // [B, H, S, D] = [2, 3, 5, 4] → [B' = 6, S = 5, W = 4], head_dim = 4 (last dim).
-  RopePlan plan = RopePlan::from_shapes({2, 3, 5, 4}, {5, 2}, {5, 2}, {});
-  EXPECT_EQ(plan.B, 6);
-  EXPECT_EQ(plan.S, 5);
-  EXPECT_EQ(plan.W, 4);
-  EXPECT_EQ(plan.D, 4);
-  EXPECT_EQ(plan.heads(), 1);
-  // Rank 5 folds too: [2, 2, 3, 5, 4] → B' = 12.
-  EXPECT_EQ(RopePlan::from_shapes({2, 2, 3, 5, 4}, {5, 2}, {5, 2}, {}).B, 12);
-  // [B, S, H*D] = [2, 5, 12] with head_dim 4 → 3 heads per row.
+TEST(RopePlan, StridesPlaceEveryHeadOfEveryToken) {
+  RopeParams p = rope_params();  // B = 2, S = 3, two heads of D = 4
+  p.src_row_stride = 10;
+  RopePlan plan = RopePlan::make(p);
+  EXPECT_EQ(plan.layout, tandem::RopeLayout::bshd);
+  EXPECT_EQ(plan.src.at(1, 2, 1), (1 * 3 + 2) * 10 + 4);  // token row, then head
+  EXPECT_EQ(plan.out.at(1, 2, 1), (1 * 3 + 2) * 8 + 4);   // contiguous
+  p.src_row_stride = 0;
+  p.layout = tandem::RopeLayout::bhsd;  // [B, H, S, D]
+  plan = RopePlan::make(p);
+  EXPECT_EQ(plan.src.at(1, 2, 1), ((1 * 2 + 1) * 3 + 2) * 4);
+  EXPECT_EQ(plan.out.at(1, 2, 1), ((1 * 2 + 1) * 3 + 2) * 4);
+  EXPECT_EQ(plan.src_extent(), 48);
+  p.layout = tandem::RopeLayout::thd;  // [T, H, D], one sequence axis
+  p.batch = 1;
+  p.seq = 6;
+  p.table_rows = 6;
+  p.src_row_stride = 12;
+  plan = RopePlan::make(p);
+  EXPECT_EQ(plan.src.at(0, 5, 1), 5 * 12 + 4);
+  EXPECT_EQ(plan.src_extent(), 5 * 12 + 8);
+  EXPECT_EQ(plan.out_size(), 48);
+}
+
+TEST(RopePlan, FromShapesReadsEachLayout) {
   RopeAttrs a;
+  // Rank 4 with an explicit layout: bhsd [B, H, S, D] = [2, 3, 5, 4].
+  a.layout = tandem::RopeLayout::bhsd;
+  RopePlan plan = RopePlan::from_shapes({2, 3, 5, 4}, {5, 2}, {5, 2}, a);
+  EXPECT_EQ(plan.layout, tandem::RopeLayout::bhsd);
+  EXPECT_EQ(plan.B, 2);
+  EXPECT_EQ(plan.S, 5);
+  EXPECT_EQ(plan.W, 12);
+  EXPECT_EQ(plan.D, 4);  // head_dim: the last dim
+  EXPECT_EQ(plan.heads(), 3);
+  // The same shape as bshd [B, S, H, D]: S = 3, H = 5.
+  a.layout = tandem::RopeLayout::bshd;
+  plan = RopePlan::from_shapes({2, 3, 5, 4}, {5, 2}, {5, 2}, a);
+  EXPECT_EQ(plan.S, 3);
+  EXPECT_EQ(plan.heads(), 5);
+  // Rank 4 without a layout: num_heads decides when exactly one of dims 1, 2 equals it.
+  a = {};
+  a.num_heads = 3;
+  EXPECT_EQ(RopePlan::from_shapes({2, 3, 5, 4}, {5, 2}, {5, 2}, a).layout,
+            tandem::RopeLayout::bhsd);
+  a.num_heads = 5;
+  EXPECT_EQ(RopePlan::from_shapes({2, 3, 5, 4}, {5, 2}, {5, 2}, a).layout,
+            tandem::RopeLayout::bshd);
+  // [B, S, H*D] = [2, 5, 12] with head_dim 4, or num_heads 3 → 3 heads per token.
+  a = {};
   a.head_dim = 4;
   plan = RopePlan::from_shapes({2, 5, 12}, {5, 2}, {5, 2}, a);
+  EXPECT_EQ(plan.layout, tandem::RopeLayout::bshd);
   EXPECT_EQ(plan.B, 2);
   EXPECT_EQ(plan.S, 5);
   EXPECT_EQ(plan.W, 12);
   EXPECT_EQ(plan.heads(), 3);
-  // Rank 2 [S, W]: B' = 1.
+  a = {};
+  a.num_heads = 3;
+  EXPECT_EQ(RopePlan::from_shapes({2, 5, 12}, {5, 2}, {5, 2}, a).D, 4);
+  // thd [T, H, D] = [7, 3, 4]: one sequence axis of 7 tokens.
+  a = {};
+  a.layout = tandem::RopeLayout::thd;
+  plan = RopePlan::from_shapes({7, 3, 4}, {7, 2}, {7, 2}, a);
+  EXPECT_EQ(plan.B, 1);
+  EXPECT_EQ(plan.S, 7);
+  EXPECT_EQ(plan.heads(), 3);
+  EXPECT_EQ(plan.D, 4);
+  // Rank 2 [S, W]: B = 1, bshd (or thd, the same thing).
+  a = {};
+  a.head_dim = 4;
   plan = RopePlan::from_shapes({5, 12}, {5, 2}, {5, 2}, a);
   EXPECT_EQ(plan.B, 1);
   EXPECT_EQ(plan.S, 5);
@@ -149,6 +219,135 @@ TEST(RopePlan, FromShapesFoldsEveryLeadingAxisIntoTheBatch) {
   EXPECT_EQ(plan.style, tandem::RopeStyle::gptj);
   EXPECT_EQ(plan.R, 7);
   EXPECT_EQ(plan.T, 3);
+}
+
+TEST(RopePlan, FromShapesRejectsAnAmbiguousOrInconsistentLayout) {
+  RopeAttrs a;
+  // Rank 4 is never guessed: no layout and no num_heads.
+  expect_error_message(
+      [&] {
+        RopePlan::from_shapes({2, 3, 5, 4}, {5, 2}, {5, 2}, a);
+      },
+      "layout",
+      "layout = (absent) is ambiguous for x.shape = [2, 3, 5, 4]; give layout bshd or bhsd (or "
+      "num_heads)");
+  // num_heads equal to both dims 1 and 2, or to neither.
+  a.num_heads = 3;
+  expect_error_message(
+      [&] {
+        RopePlan::from_shapes({2, 3, 3, 4}, {5, 2}, {5, 2}, a);
+      },
+      "layout",
+      "layout = (absent) is ambiguous for x.shape = [2, 3, 3, 4] and num_heads = 3; give layout "
+      "bshd or bhsd");
+  expect_error_message(
+      [&] {
+        RopePlan::from_shapes({2, 4, 5, 4}, {5, 2}, {5, 2}, a);
+      },
+      "layout",
+      "layout = (absent) is ambiguous for x.shape = [2, 4, 5, 4] and num_heads = 3; give layout "
+      "bshd or bhsd");
+  // An explicit layout whose head axis disagrees with num_heads.
+  a.layout = tandem::RopeLayout::bshd;
+  expect_error_message(
+      [&] {
+        RopePlan::from_shapes({2, 3, 5, 4}, {5, 2}, {5, 2}, a);
+      },
+      "x.shape", "x.shape = [2, 3, 5, 4] must have num_heads = 3 on its head axis (bshd)");
+  // head_dim must be the last dim when x has a head axis.
+  a = {};
+  a.layout = tandem::RopeLayout::bhsd;
+  a.head_dim = 2;
+  expect_error_message(
+      [&] {
+        RopePlan::from_shapes({2, 3, 5, 4}, {5, 2}, {5, 2}, a);
+      },
+      "head_dim", "head_dim = 2 must equal the last dim of x.shape = [2, 3, 5, 4]");
+  // Layouts that do not fit the rank.
+  a = {};
+  a.layout = tandem::RopeLayout::thd;
+  expect_error_message(
+      [&] {
+        RopePlan::from_shapes({2, 3, 5, 4}, {5, 2}, {5, 2}, a);
+      },
+      "layout",
+      "layout = thd needs rank 2 or 3 ([T, H*D] or [T, H, D]), not x.shape = [2, 3, 5, 4]");
+  a.layout = tandem::RopeLayout::bhsd;
+  a.head_dim = 4;
+  expect_error_message(
+      [&] {
+        RopePlan::from_shapes({2, 5, 12}, {5, 2}, {5, 2}, a);
+      },
+      "layout", "layout = bhsd needs rank 4 [B, H, S, D], not x.shape = [2, 5, 12]");
+  // num_heads and head_dim that disagree with W.
+  a = {};
+  a.head_dim = 4;
+  a.num_heads = 2;
+  expect_error_message(
+      [&] {
+        RopePlan::from_shapes({2, 5, 12}, {5, 2}, {5, 2}, a);
+      },
+      "num_heads", "num_heads = 2 must equal the last dim of x.shape = [2, 5, 12] / head_dim = 4");
+  a = {};
+  a.num_heads = 5;
+  expect_error_message(
+      [&] {
+        RopePlan::from_shapes({2, 5, 12}, {5, 2}, {5, 2}, a);
+      },
+      "x.shape", "x.shape = [2, 5, 12] must have a last dim divisible by num_heads = 5");
+  a.num_heads = 0;
+  expect_error_message(
+      [&] {
+        RopePlan::from_shapes({2, 5, 12}, {5, 2}, {5, 2}, a);
+      },
+      "num_heads", "num_heads = 0 must be >= 1");
+}
+
+TEST(RopePlan, FromShapesTakesPositionIdsOfTheTokenAxes) {
+  RopeAttrs a;
+  a.head_dim = 4;
+  // [B, S] for [B, S, W]; any table length (max_position).
+  RopePlan plan = RopePlan::from_shapes({2, 3, 8}, {100, 2}, {100, 2}, Shape{2, 3}, a);
+  EXPECT_EQ(plan.rows, TableRows::position_ids);
+  EXPECT_EQ(plan.R, 100);
+  plan = RopePlan::from_shapes({2, 3, 8}, {1, 2}, {1, 2}, Shape{2, 3}, a);
+  EXPECT_EQ(plan.R, 1);
+  // [S] for [S, W]; [T] for thd; [B, S] for either rank-4 layout.
+  EXPECT_EQ(RopePlan::from_shapes({3, 8}, {9, 2}, {9, 2}, Shape{3}, a).rows,
+            TableRows::position_ids);
+  a = {};
+  a.layout = tandem::RopeLayout::thd;
+  EXPECT_EQ(RopePlan::from_shapes({5, 2, 4}, {9, 2}, {9, 2}, Shape{5}, a).S, 5);
+  a.layout = tandem::RopeLayout::bhsd;
+  EXPECT_EQ(RopePlan::from_shapes({2, 3, 5, 4}, {9, 2}, {9, 2}, Shape{2, 5}, a).S, 5);
+  expect_error_message(
+      [&] {
+        RopePlan::from_shapes({2, 3, 5, 4}, {9, 2}, {9, 2}, Shape{2, 3}, a);
+      },
+      "positions.shape", "positions.shape = [2, 3] must be x's token axes [B, S] = [2, 5]");
+  a.layout = tandem::RopeLayout::thd;
+  expect_error_message(
+      [&] {
+        RopePlan::from_shapes({5, 2, 4}, {9, 2}, {9, 2}, Shape{1, 5}, a);
+      },
+      "positions.shape", "positions.shape = [1, 5] must be x's token axes [T] = [5]");
+  // table_rows and positions: position_ids or nothing.
+  a = {};
+  a.head_dim = 4;
+  a.table_rows = TableRows::token;
+  expect_error_message(
+      [&] {
+        RopePlan::from_shapes({2, 3, 8}, {6, 2}, {6, 2}, Shape{2, 3}, a);
+      },
+      "table_rows", "table_rows = token must be absent (or position_ids) when positions are given");
+  a.table_rows = TableRows::position_ids;
+  EXPECT_EQ(RopePlan::from_shapes({2, 3, 8}, {6, 2}, {6, 2}, Shape{2, 3}, a).rows,
+            TableRows::position_ids);
+  expect_error_message(
+      [&] {
+        RopePlan::from_shapes({2, 3, 8}, {6, 2}, {6, 2}, a);
+      },
+      "positions", "positions = (absent) is required for table_rows = position_ids");
 }
 
 TEST(RopePlan, FromShapesChoosesTableRows) {
@@ -187,7 +386,12 @@ TEST(RopePlan, FromShapesRejectsBadShapes) {
       [&] {
         RopePlan::from_shapes({4}, {1, 2}, {1, 2}, a);
       },
-      "x.shape", "x.shape = [4] must have rank >= 2");
+      "x.shape", "x.shape = [4] must have rank 2, 3 or 4");
+  expect_error_message(
+      [&] {
+        RopePlan::from_shapes({1, 2, 3, 5, 4}, {5, 2}, {5, 2}, a);
+      },
+      "x.shape", "x.shape = [1, 2, 3, 5, 4] must have rank 2, 3 or 4");
   expect_error_message(
       [&] {
         RopePlan::from_shapes({2, -1, 4}, {1, 2}, {1, 2}, a);
@@ -213,17 +417,21 @@ TEST(RopePlan, FromShapesRejectsBadShapes) {
         RopePlan::from_shapes({1, 3, 6}, {3, 2}, {3, 2}, a);
       },
       "width", "width = 6 must be a positive multiple of head_dim = 4");
-  // head_dim is required below rank 4 (rank 4 takes the last dim).
+  // head_dim (or num_heads) is required without a head axis (rank 4 and thd take the last dim).
   expect_error_message(
       [] {
         RopePlan::from_shapes({1, 3, 4}, {3, 2}, {3, 2}, {});
       },
-      "head_dim", "head_dim = (absent) is required for x.shape = [1, 3, 4] (rank < 4)");
+      "head_dim",
+      "head_dim = (absent) is required for x.shape = [1, 3, 4] (no head axis): give head_dim or "
+      "num_heads");
   expect_error_message(
       [] {
         RopePlan::from_shapes({3, 4}, {3, 2}, {3, 2}, {});
       },
-      "head_dim", "head_dim = (absent) is required for x.shape = [3, 4] (rank < 4)");
+      "head_dim",
+      "head_dim = (absent) is required for x.shape = [3, 4] (no head axis): give head_dim or "
+      "num_heads");
   a.n_rot = 3;
   expect_error_message(
       [&] {
@@ -237,6 +445,76 @@ TEST(RopePlan, FromShapesRejectsBadShapes) {
         RopePlan::from_shapes({kHuge, 4, 0}, {3, 2}, {3, 2}, a);
       },
       "x.shape", "x.shape overflows a 64-bit size (4611686018427387904 * 4)");
+}
+
+// ---------------------------------------------------------------------------
+// RopeQkPlan
+
+TEST(RopeQkPlan, KSharesEverythingButItsHeadsAndStride) {
+  tandem::RopeQkParams p;
+  p.q = rope_params();  // B = 2, S = 3, two heads of D = 4
+  p.q.src_row_stride = 24;
+  p.k_width = 4;  // one kv head (GQA)
+  p.k_src_row_stride = 24;
+  const tandem::RopeQkPlan plan = tandem::RopeQkPlan::make(p);
+  EXPECT_EQ(plan.q.heads(), 2);
+  EXPECT_EQ(plan.k.heads(), 1);
+  EXPECT_EQ(plan.k.S, 3);
+  EXPECT_EQ(plan.k.R, 3);
+  EXPECT_EQ(plan.k.src_row_stride, 24);
+  EXPECT_EQ(plan.k.out_size(), 2 * 3 * 4);
+  // Errors about k's own parameters name them.
+  p.k_width = 6;
+  expect_error_message([&] { tandem::RopeQkPlan::make(p); }, "k_width",
+                       "k_width = 6 must be a positive multiple of head_dim = 4");
+  p.k_width = 4;
+  p.k_src_row_stride = 3;
+  expect_error_message([&] { tandem::RopeQkPlan::make(p); }, "k_src_row_stride",
+                       "k_src_row_stride = 3 must be >= width = 4");
+  // q's are q's.
+  p.q.n_rot = 3;
+  expect_error_message([&] { tandem::RopeQkPlan::make(p); }, "n_rot",
+                       "n_rot = 3 must be even and <= head_dim = 4");
+}
+
+TEST(RopeQkPlan, FromShapesGivesKTheLayoutAndHeadWidthOfQ) {
+  RopeAttrs a;
+  a.num_heads = 4;  // q [B, S, H, D] = [2, 3, 4, 8]: bshd
+  tandem::RopeQkPlan plan =
+      tandem::RopeQkPlan::from_shapes({2, 3, 4, 8}, {2, 3, 2, 8}, {3, 4}, {3, 4}, std::nullopt, a);
+  EXPECT_EQ(plan.q.layout, tandem::RopeLayout::bshd);
+  EXPECT_EQ(plan.k.layout, tandem::RopeLayout::bshd);
+  EXPECT_EQ(plan.k.heads(), 2);
+  // Rank 3 [B, S, H*D]: k's head width is q's.
+  a = {};
+  a.num_heads = 4;
+  plan = tandem::RopeQkPlan::from_shapes({2, 3, 32}, {2, 3, 8}, {6, 4}, {6, 4}, Shape{2, 3}, a);
+  EXPECT_EQ(plan.q.D, 8);
+  EXPECT_EQ(plan.k.heads(), 1);
+  EXPECT_EQ(plan.k.rows, TableRows::position_ids);
+  expect_error_message(
+      [&] {
+        tandem::RopeQkPlan::from_shapes({2, 3, 32}, {2, 4, 8}, {6, 4}, {6, 4}, Shape{2, 3}, a);
+      },
+      "k.shape", "k.shape = [2, 4, 8] must have the token axes of q.shape = [2, 3, 32]");
+  expect_error_message(
+      [&] {
+        tandem::RopeQkPlan::from_shapes({2, 3, 32}, {2, 3, 1, 8}, {6, 4}, {6, 4}, Shape{2, 3}, a);
+      },
+      "k.shape", "k.shape = [2, 3, 1, 8] must have the rank of q.shape = [2, 3, 32]");
+  expect_error_message(
+      [&] {
+        tandem::RopeQkPlan::from_shapes({2, 3, 32}, {2, 3, 12}, {6, 4}, {6, 4}, Shape{2, 3}, a);
+      },
+      "k_width", "k_width = 12 must be a positive multiple of head_dim = 8");
+  expect_error_message(
+      [&] {
+        tandem::RopeQkPlan::from_shapes({2, 3, 4, 8}, {2, 3, 2, 8}, {6, 4}, {6, 4}, Shape{2, 3},
+                                        {});
+      },
+      "layout",
+      "layout = (absent) is ambiguous for q.shape = [2, 3, 4, 8]; give layout bshd or bhsd (or "
+      "num_heads)");
 }
 
 // ---------------------------------------------------------------------------
@@ -574,6 +852,99 @@ TEST(BadViews, RopeLeavesTheOutputUntouched) {
             entry(plan, x, {table, table}, o);
           },
           dst + ".size()", dst + ".size() = 49 must be 48");
+    }
+  }
+}
+
+TEST(BadViews, RopePositionsAreCheckedBeforeAnythingIsWritten) {
+  RopeParams p = rope_params();  // B = 2, S = 3, W = 8: 6 tokens, 48 outputs
+  p.rows = TableRows::position_ids;
+  p.table_rows = 3;  // max_position = 3
+  const RopePlan plan = RopePlan::make(p);
+  const std::vector<float> x(48, 1.0f), table(6, 0.5f);
+  const std::vector<std::int64_t> good = {0, 1, 2, 2, 1, 0}, high = {0, 1, 2, 3, 1, 0},
+                                  short_ = {0, 1, 2};
+  const std::vector<std::int32_t> negative = {0, 1, 2, 2, -1, 0};
+  using Pos64 = std::span<const std::int64_t>;
+  struct Bad {
+    tandem::Indices positions;
+    std::string parameter, message;
+  };
+  const std::vector<Bad> bad = {
+      {tandem::Indices(Pos64(high)), "positions",
+       "positions[3] = 3 must be in [0, max_position = 3) (the rows of cos and sin)"},
+      {tandem::Indices(std::span<const std::int32_t>(negative)), "positions",
+       "positions[4] = -1 must be in [0, max_position = 3) (the rows of cos and sin)"},
+      {tandem::Indices(Pos64(short_)), "positions.size()", "positions.size() = 3 must be 6"},
+      {tandem::Indices(), "positions.size()", "positions.size() = 0 must be 6"},
+  };
+  for (const tandem::Backend& b : backends()) {
+    for (const bool fwd : {true, false}) {
+      const auto& entry = fwd ? b.rope_forward : b.rope_backward;
+      for (const Bad& c : bad) {
+        expect_untouched(
+            b, 48,
+            [&](std::span<float> o) {
+              entry(plan, x, {table, table, c.positions}, o);
+            },
+            c.parameter, c.message);
+      }
+      std::vector<float> out(48, kSentinel);
+      entry(plan, x, {table, table, tandem::Indices(Pos64(good))}, out);  // the good ones run
+      EXPECT_NE(out[0], kSentinel);
+    }
+  }
+  // Positions given to a plan that reads rows by position.
+  const RopePlan by_position = RopePlan::make(rope_params());
+  for (const tandem::Backend& b : backends()) {
+    expect_untouched(
+        b, 48,
+        [&](std::span<float> o) {
+          b.rope_forward(by_position, x, {table, table, tandem::Indices(Pos64(good))}, o);
+        },
+        "positions.size()", "positions.size() = 6 must be 0 for table_rows = position");
+  }
+}
+
+TEST(BadViews, RopeQkChecksQAndKBeforeWritingEither) {
+  tandem::RopeQkParams p;
+  p.q = rope_params();  // q: 6 tokens of W = 8 (48); k: W = 4 (24)
+  p.q.rows = TableRows::position_ids;
+  p.k_width = 4;
+  const tandem::RopeQkPlan plan = tandem::RopeQkPlan::make(p);
+  const std::vector<float> q(48, 1.0f), k(24, 1.0f), k_short(23, 1.0f), table(6, 0.5f);
+  const std::vector<std::int64_t> good = {0, 1, 2, 2, 1, 0}, high = {0, 1, 2, 3, 1, 0};
+  using Pos64 = std::span<const std::int64_t>;
+  for (const tandem::Backend& b : backends()) {
+    for (const bool fwd : {true, false}) {
+      const auto& entry = fwd ? b.rope_forward_qk : b.rope_backward_qk;
+      ASSERT_TRUE(static_cast<bool>(entry)) << b.name;
+      const tandem::RopeQkNames names = fwd ? tandem::kRopeQkForward : tandem::kRopeQkBackward;
+      const std::string k_name = names.k, k_out_name = names.k_out;
+      // Each bad view leaves both outputs untouched.
+      struct Call {
+        std::span<const float> k;
+        std::vector<std::int64_t> positions;
+        std::size_t k_out;
+        std::string parameter, message;
+      };
+      const std::vector<Call> calls = {
+          {k, high, 24, "positions",
+           "positions[3] = 3 must be in [0, max_position = 3) (the rows of cos and sin)"},
+          {k_short, good, 24, k_name + ".size()", k_name + ".size() = 23 must be >= 24"},
+          {k, good, 25, k_out_name + ".size()", k_out_name + ".size() = 25 must be 24"},
+      };
+      for (const Call& c : calls) {
+        std::vector<float> k_out(c.k_out, kSentinel);
+        expect_untouched(
+            b, 48,
+            [&](std::span<float> q_out) {
+              entry(plan, q, c.k, {table, table, tandem::Indices(Pos64(c.positions))}, q_out,
+                    k_out);
+            },
+            c.parameter, c.message);
+        for (float v : k_out) ASSERT_EQ(v, kSentinel);
+      }
     }
   }
 }

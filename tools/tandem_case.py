@@ -13,7 +13,8 @@ A case is a directory holding case.json and one .npy file per tensor:
 
 Tensors are saved as C-order little-endian float32 (`<f4`); a key-padding
 keep mask (input "mask" of attention with mask "key_padding", or of
-attention_block) keeps a boolean or integer dtype. Anything with
+attention_block) keeps a boolean or integer dtype, and index inputs (RoPE's
+"positions") are saved as `<i4` or `<i8`, as given. Anything with
 `.detach().cpu().numpy()` (a PyTorch tensor) or `__array__` is accepted.
 """
 
@@ -34,12 +35,23 @@ def _to_numpy(name, value):
     return array
 
 
+INDEX_INPUTS = {"positions"}
+
+
 def _keeps_dtype(op, attrs, name):
     if name != "mask":
         return False
     if op == "attention_block":
         return True
     return op.startswith("attention") and attrs.get("mask") == "key_padding"
+
+
+def _save_indices(directory, filename, array):
+    if not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"{filename}: index input of dtype {array.dtype}; give an integer array")
+    width = "<i4" if array.dtype.itemsize <= 4 else "<i8"
+    np.save(os.path.join(directory, filename), np.ascontiguousarray(array, dtype=width),
+            allow_pickle=False)
 
 
 def _plain(value, where):
@@ -70,9 +82,9 @@ def write_case(directory, op, attrs=None, inputs=None, expected=None, tolerance=
     """Writes `directory`/case.json and one .npy file per tensor.
 
     directory: created if missing; existing files of the same names are replaced.
-    op:        "attention", "attention_backward", "rope", "rope_backward",
-               "axial_rope", "axial_rope_backward", "swiglu", "swiglu_backward"
-               or "attention_block".
+    op:        "attention", "attention_backward", "rope", "rope_backward", "rope_qk",
+               "rope_qk_backward", "axial_rope", "axial_rope_backward", "swiglu",
+               "swiglu_backward" or "attention_block".
     attrs:     the op's attrs (see `tandem --help`), e.g. {"num_heads": 8}.
     inputs:    {name: array}; written as <name>.npy.
     expected:  {output name: array} or None; written as expected_<name>.npy.
@@ -90,7 +102,10 @@ def write_case(directory, op, attrs=None, inputs=None, expected=None, tolerance=
             "inputs": {}}
     for name, value in inputs.items():
         filename = f"{name}.npy"
-        _save(directory, filename, _to_numpy(name, value), _keeps_dtype(op, attrs, name))
+        if name in INDEX_INPUTS:
+            _save_indices(directory, filename, _to_numpy(name, value))
+        else:
+            _save(directory, filename, _to_numpy(name, value), _keeps_dtype(op, attrs, name))
         case["inputs"][name] = filename
     if expected:
         case["expected"] = {}

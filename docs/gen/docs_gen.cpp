@@ -453,6 +453,64 @@ void attention_pages(const Backend& ref, const fs::path& out) {
 // ---------------------------------------------------------------------------
 // Page 3: RoPE.
 
+// Position ids pick a row per token; layouts only move heads: both computed.
+void rope_positions_and_layouts(const Backend& ref, const fs::path& out) {
+  // Two tokens, one head of D = 2, a cache of 3 rows at 0°, 90°, 180°; positions [2, 0].
+  const std::vector<float> cos = {1, 0, -1}, sin = {0, 1, 0}, x = {1, 2, 3, 4};
+  const std::vector<std::int64_t> positions = {2, 0};
+  tandem::RopeAttrs a;
+  a.head_dim = 2;
+  const auto plan = tandem::RopePlan::from_shapes({2, 2}, {3, 1}, {3, 1}, tandem::Shape{2}, a);
+  std::vector<float> y(4);
+  ref.rope_forward(plan, x, {cos, sin, tandem::Indices(positions)}, y);
+  const std::vector<double> want = {-1, -2, 3, 4};
+  for (std::size_t i = 0; i < 4; ++i) expect_close(y[i], want[i], 0, "rope positions [2, 0]");
+  std::ostringstream f;
+  f << "x = `[[1, 2], [3, 4]]` (2 tokens, one head of D = 2), a cache of 3 rows at 0°, 90° and "
+    << "180° (cos = `[1, 0, −1]`, sin = `[0, 1, 0]`), positions = `[2, 0]`:\n\n"
+    << "| token | position | row (cos, sin) | x | rope(x) |\n|---|---|---|---|---|\n";
+  for (std::size_t t = 0; t < 2; ++t) {
+    const auto r = static_cast<std::size_t>(positions[t]);
+    f << "| " << t << " | " << positions[t] << " | (" << num(cos[r]) << ", " << num(sin[r])
+      << ") | " << vec({x[2 * t], x[2 * t + 1]}) << " | " << vec({y[2 * t], y[2 * t + 1]})
+      << " |\n";
+  }
+  f << "\nRow 1 is never read. Computed with the reference backend.\n";
+  write_file(out / "rope_positions.md", f.str());
+
+  // What from_shapes makes of each shape, and what it refuses.
+  std::ostringstream l;
+  l << "| x.shape | attrs | layout | B | S | H | D | or the error "
+       "|\n|---|---|---|---|---|---|---|---|\n";
+  const auto row = [&](const tandem::Shape& xs, const std::string& what,
+                       const tandem::RopeAttrs& attrs) {
+    l << "| `" << tandem::to_string(xs) << "` | " << what << " | ";
+    try {
+      const auto p = tandem::RopePlan::from_shapes(xs, {8, 4}, {8, 4}, attrs);
+      l << tandem::to_string(p.layout) << " | " << p.B << " | " << p.S << " | " << p.heads()
+        << " | " << p.D << " | |\n";
+    } catch (const tandem::Error& e) {
+      l << "| | | | | " << e.what() << " |\n";
+    }
+  };
+  tandem::RopeAttrs r;
+  r.head_dim = 8;
+  row({2, 6, 32}, "head_dim 8", r);
+  r = {};
+  r.layout = tandem::RopeLayout::thd;
+  row({6, 4, 8}, "layout thd", r);
+  r = {};
+  r.num_heads = 4;
+  row({2, 6, 4, 8}, "num_heads 4", r);
+  row({2, 4, 6, 8}, "num_heads 4", r);
+  row({2, 4, 4, 8}, "num_heads 4", r);
+  r = {};
+  row({2, 6, 4, 8}, "(none)", r);
+  r.layout = tandem::RopeLayout::bhsd;
+  row({2, 4, 4, 8}, "layout bhsd", r);
+  write_file(out / "rope_layouts.md", l.str());
+}
+
 std::vector<float> rope_call(const Backend& ref, const tandem::RopePlan& plan,
                              const std::vector<float>& x, const std::vector<float>& cos,
                              const std::vector<float>& sin, bool backward = false) {
@@ -658,6 +716,8 @@ void rope_page(const Backend& ref, const fs::path& out) {
     << "`<rope(x), y>` = " << num(lhs, 6) << " and `<x, rope_backward(y)>` = " << num(rhs, 6)
     << " (reference backend, float32 outputs summed in double).\n";
   write_file(out / "rope_transpose.md", t.str());
+
+  rope_positions_and_layouts(ref, out);
 }
 
 // ---------------------------------------------------------------------------

@@ -56,10 +56,17 @@ struct Backend {
   ///@}
 
   ///@{
-  /// out `[B',S,W]` = rope(x); dx = rope_backward(dy) (the transpose).
+  /// out = rope(x); dx = rope_backward(dy) (the transpose); contiguous, the layout of the source.
   std::function<void(const RopePlan&, std::span<const float> src, const RopeTables<float>&,
                      std::span<float> dst)>
       rope_forward, rope_backward;
+  ///@}
+  ///@{
+  /// q_out, k_out = rope(q), rope(k); dq, dk = rope_backward(dq_out), rope_backward(dk_out):
+  /// q and k (different head counts) with the same tables and positions, in one call.
+  std::function<void(const RopeQkPlan&, std::span<const float> q_src, std::span<const float> k_src,
+                     const RopeTables<float>&, std::span<float> q_dst, std::span<float> k_dst)>
+      rope_forward_qk, rope_backward_qk;
   ///@}
 
   ///@{

@@ -8,6 +8,7 @@
 #include "tandem/axial_rope.hpp"
 #include "tandem/backend.hpp"
 #include "tandem/error.hpp"
+#include "tandem/indices.hpp"
 #include "tandem/rope.hpp"
 #include "tandem/shape.hpp"
 #include "tandem/swiglu.hpp"

@@ -89,6 +89,16 @@ Backend backend(Options options) {
                               const RopeTables<float>& tables, std::span<float> dx) {
     detail::rope_backward(plan, dy, tables, dx, options);
   };
+  b.rope_forward_qk = [options](const RopeQkPlan& plan, std::span<const float> q,
+                                std::span<const float> k, const RopeTables<float>& tables,
+                                std::span<float> q_out, std::span<float> k_out) {
+    detail::rope_qk(plan, q, k, tables, q_out, k_out, false, options);
+  };
+  b.rope_backward_qk = [options](const RopeQkPlan& plan, std::span<const float> dq_out,
+                                 std::span<const float> dk_out, const RopeTables<float>& tables,
+                                 std::span<float> dq, std::span<float> dk) {
+    detail::rope_qk(plan, dq_out, dk_out, tables, dq, dk, true, options);
+  };
   b.axial_rope_forward = [options](const AxialRopePlan& plan, std::span<const float> x,
                                    std::span<float> out) {
     detail::axial_rope_forward(plan, x, out, options);

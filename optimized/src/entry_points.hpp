@@ -51,12 +51,18 @@ void attention_backward_one(const AttentionPlan& plan, const AttentionInputs<flo
                             std::span<const float> dout, Gradient which, std::span<float> grad,
                             const Options& options);
 
-/// out `[B', S, W]` = rope(x) (SPEC §4); x read with plan.src_row_stride.
+/// out = rope(x) (SPEC §4); x read through plan.src, out contiguous (plan.out).
 void rope_forward(const RopePlan& plan, std::span<const float> x, const RopeTables<float>& tables,
                   std::span<float> out, const Options& options);
-/// dx `[B', S, W]` = rope_backward(dy), the transpose of rope_forward.
+/// dx = rope_backward(dy), the transpose of rope_forward.
 void rope_backward(const RopePlan& plan, std::span<const float> dy, const RopeTables<float>& tables,
                    std::span<float> dx, const Options& options);
+/// q_dst, k_dst = rope(q), rope(k) (or the backward when `transpose`), in one
+/// pass over the tokens: both validated first, then each token's table row
+/// found once for the heads of q and of k.
+void rope_qk(const RopeQkPlan& plan, std::span<const float> q, std::span<const float> k,
+             const RopeTables<float>& tables, std::span<float> q_dst, std::span<float> k_dst,
+             bool transpose, const Options& options);
 
 /// out `[B', S, W]` = axial_rope(x) (SPEC §5).
 void axial_rope_forward(const AxialRopePlan& plan, std::span<const float> x, std::span<float> out,

@@ -1,19 +1,26 @@
 // SPDX-License-Identifier: Apache-2.0
-// Optimized RoPE, forward and backward (SPEC §4).
+// Optimized RoPE, forward and backward, of one tensor or of q and k (SPEC §4).
 //
-// Agrees with tandem::reference::rope_forward / rope_backward
-// (reference/include/tandem/reference/rope.hpp) within float rounding. The
+// Agrees with tandem::reference::rope_forward / rope_backward and
+// rope_forward_qk / rope_backward_qk (reference/include/tandem/reference/rope.hpp)
+// within float rounding; the q-and-k call does in one pass over the tokens
+// what the reference does as two calls. The
 // order of operations differs: the reference widens x, c_i and s_i to double,
 // forms x[p]·c_i − x[q]·s_i there and rounds once; here each output is one
 // float fused multiply-add on one rounded float product (see RotatePairs in
 // simd-inl.h), about 1 ulp apart. The backward rotates by −angle by negating
 // the sines, which is exact.
 //
-// Layout of the loop: one OpenMP iteration per token row (b, s) with a static
-// schedule; within a row, every head rotates its m = n_rot/2 pairs with
-// vectors of pairs i (NeoX: x[i] and x[i+m] are two contiguous runs; GPT-J:
-// LoadInterleaved2 splits x[2i] and x[2i+1] into two vectors) against the
-// contiguous table row c[0..m), s[0..m); dims n_rot..D−1 are copied.
+// Layout of the loop: the source is walked in memory order, one OpenMP
+// iteration per token (b, s) for bshd and thd (RopeByToken: the token's table
+// row — position, token or position id — is found once for every head of x,
+// or of q and then k) and one per block of 128 tokens for bhsd (RopeByHead:
+// each head's contiguous run of the block's rows), with a static schedule.
+// Each head rotates its m = n_rot/2 pairs with vectors of pairs i (NeoX: x[i]
+// and x[i+m] are two contiguous runs; GPT-J: LoadInterleaved2 splits x[2i]
+// and x[2i+1] into two vectors) against the contiguous table row c[0..m),
+// s[0..m); dims n_rot..D−1 are copied. Heads are found through the plan's
+// Strides.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "rope.cpp"
@@ -24,19 +31,27 @@
 
 #ifndef TANDEM_OPTIMIZED_ROPE_ONCE
 #define TANDEM_OPTIMIZED_ROPE_ONCE
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "entry_points.hpp"
 
 namespace tandem::optimized::detail {
-/// The raw pointers and sizes of one RoPE call, after validation.
-struct RopeArgs {
+/// One tensor of a RoPE call, after validation: its plan, source and output.
+struct RopeTensor {
   const RopePlan* plan;
   const float* src;
+  float* dst;
+};
+/// The raw pointers of one RoPE call (x alone, or q and k), after validation.
+/// Every tensor has the tokens and tables of tensors[0].
+struct RopeArgs {
+  RopeTensor tensors[2];
+  int count;  ///< 1, or 2 for q and k
   const float* cos;
   const float* sin;
-  float* dst;
+  Indices positions;
   bool transpose;  ///< the backward: rotate by −angle
   int threads;
 };
@@ -46,38 +61,85 @@ struct RopeArgs {
 HWY_BEFORE_NAMESPACE();
 namespace tandem::optimized::HWY_NAMESPACE {
 
+/// Head h of token (b, s) of one tensor, rotated by the table row c, sn.
 template <bool kInterleaved, bool kTranspose>
-void RopeRows(const detail::RopeArgs& a) {
-  const RopePlan& plan = *a.plan;
-  const std::int64_t rows = plan.B * plan.S;
-  const std::int64_t m = plan.n_rot / 2;
-  const std::int64_t heads = plan.heads();
-  const std::int64_t D = plan.D, W = plan.W, T = plan.T;
+void RotateHead(const detail::RopeTensor& t, std::int64_t b, std::int64_t s, std::int64_t h,
+                const float* c, const float* sn) {
+  const RopePlan& plan = *t.plan;
+  const float* x = t.src + plan.src.at(b, s, h);
+  float* y = t.dst + plan.out.at(b, s, h);
+  RotatePairs<kInterleaved, kTranspose>(x, c, sn, plan.n_rot / 2, y);
   const std::int64_t pass = plan.D - plan.n_rot;  // dims n_rot..D−1, copied
+  if (pass > 0) {
+    std::memcpy(y + plan.n_rot, x + plan.n_rot, static_cast<std::size_t>(pass) * sizeof(float));
+  }
+}
+
+/// bshd, thd: one iteration per token (b, s), whose heads (of x, or of q and
+/// then k) sit side by side in one row; the table row is found once per token.
+template <bool kInterleaved, bool kTranspose>
+void RopeByToken(const detail::RopeArgs& a) {
+  const RopePlan& plan = *a.tensors[0].plan;
+  const std::int64_t tokens = plan.B * plan.S;
 #pragma omp parallel for schedule(static) num_threads(a.threads)
-  for (std::int64_t r = 0; r < rows; ++r) {
+  for (std::int64_t r = 0; r < tokens; ++r) {
     const std::int64_t b = r / plan.S, s = r % plan.S;
-    const std::int64_t row = plan.table_row(b, s);
-    const float* c = a.cos + row * T;
-    const float* sn = a.sin + row * T;
-    const float* x = a.src + r * plan.src_row_stride;
-    float* y = a.dst + r * W;
-    for (std::int64_t h = 0; h < heads; ++h) {
-      RotatePairs<kInterleaved, kTranspose>(x + h * D, c, sn, m, y + h * D);
-      if (pass > 0) {
-        std::memcpy(y + h * D + plan.n_rot, x + h * D + plan.n_rot,
-                    static_cast<std::size_t>(pass) * sizeof(float));
+    const std::int64_t row = plan.table_row(b, s, a.positions);
+    const float* c = a.cos + row * plan.T;
+    const float* sn = a.sin + row * plan.T;
+    for (int t = 0; t < a.count; ++t) {
+      for (std::int64_t h = 0; h < a.tensors[t].plan->heads(); ++h) {
+        RotateHead<kInterleaved, kTranspose>(a.tensors[t], b, s, h, c, sn);
       }
     }
   }
 }
 
-void Rope(const detail::RopeArgs& a) {
-  const bool gptj = a.plan->style == RopeStyle::gptj;
-  if (gptj) {
-    a.transpose ? RopeRows<true, true>(a) : RopeRows<true, false>(a);
+/// Tokens per block of RopeByHead: their table rows (64 KiB of cos and sin at
+/// T = 64) stay in cache while every head's run of them (64 KiB at D = 128)
+/// streams by; 32-token blocks measured about 10 % slower (bench/README.md).
+constexpr std::int64_t kBlockTokens = 128;
+
+/// bhsd: one iteration per block of kBlockTokens tokens of one batch entry;
+/// every head (of x, or of q's heads and then k's) rotates its contiguous run
+/// of the block's rows in memory order. Token-major order keeps 2·H streams
+/// open at once, head-major order over whole sequences streams the table once
+/// per head: both measured 10–20 % below bshd (bench/README.md).
+template <bool kInterleaved, bool kTranspose>
+void RopeByHead(const detail::RopeArgs& a) {
+  const RopePlan& plan = *a.tensors[0].plan;
+  const std::int64_t blocks = (plan.S + kBlockTokens - 1) / kBlockTokens;
+#pragma omp parallel for schedule(static) num_threads(a.threads)
+  for (std::int64_t u = 0; u < plan.B * blocks; ++u) {
+    const std::int64_t b = u / blocks, s0 = (u % blocks) * kBlockTokens;
+    const std::int64_t s1 = std::min(s0 + kBlockTokens, plan.S);
+    for (int t = 0; t < a.count; ++t) {
+      for (std::int64_t h = 0; h < a.tensors[t].plan->heads(); ++h) {
+        for (std::int64_t s = s0; s < s1; ++s) {
+          const std::int64_t row = plan.table_row(b, s, a.positions);
+          RotateHead<kInterleaved, kTranspose>(a.tensors[t], b, s, h, a.cos + row * plan.T,
+                                               a.sin + row * plan.T);
+        }
+      }
+    }
+  }
+}
+
+template <bool kInterleaved, bool kTranspose>
+void RopeIn(const detail::RopeArgs& a) {
+  if (a.tensors[0].plan->layout == RopeLayout::bhsd) {
+    RopeByHead<kInterleaved, kTranspose>(a);
   } else {
-    a.transpose ? RopeRows<false, true>(a) : RopeRows<false, false>(a);
+    RopeByToken<kInterleaved, kTranspose>(a);
+  }
+}
+
+void Rope(const detail::RopeArgs& a) {
+  const bool gptj = a.tensors[0].plan->style == RopeStyle::gptj;
+  if (gptj) {
+    a.transpose ? RopeIn<true, true>(a) : RopeIn<true, false>(a);
+  } else {
+    a.transpose ? RopeIn<false, true>(a) : RopeIn<false, false>(a);
   }
 }
 
@@ -90,20 +152,40 @@ HWY_EXPORT(Rope);
 
 namespace detail {
 
+namespace {
+/// Rotates `count` validated tensors that share tokens and tables.
+void rope(const RopeTensor (&tensors)[2], int count, const RopeTables<float>& tables,
+          bool transpose, int threads) {
+  const RopeArgs a{{tensors[0], tensors[1]},
+                   count,
+                   tables.cos.data(),
+                   tables.sin.data(),
+                   tables.positions,
+                   transpose,
+                   threads};
+  HWY_DYNAMIC_DISPATCH(Rope)(a);
+}
+}  // namespace
+
 void rope_forward(const RopePlan& plan, std::span<const float> x, const RopeTables<float>& tables,
                   std::span<float> out, const Options& options) {
   check_views(plan, x, tables, out.size(), "x", "out");
-  const RopeArgs a{&plan,      x.data(), tables.cos.data(),  tables.sin.data(),
-                   out.data(), false,    threads_of(options)};
-  HWY_DYNAMIC_DISPATCH(Rope)(a);
+  rope({{&plan, x.data(), out.data()}, {}}, 1, tables, false, threads_of(options));
 }
 
 void rope_backward(const RopePlan& plan, std::span<const float> dy, const RopeTables<float>& tables,
                    std::span<float> dx, const Options& options) {
   check_views(plan, dy, tables, dx.size(), "dy", "dx");
-  const RopeArgs a{&plan,     dy.data(), tables.cos.data(),  tables.sin.data(),
-                   dx.data(), true,      threads_of(options)};
-  HWY_DYNAMIC_DISPATCH(Rope)(a);
+  rope({{&plan, dy.data(), dx.data()}, {}}, 1, tables, true, threads_of(options));
+}
+
+void rope_qk(const RopeQkPlan& plan, std::span<const float> q, std::span<const float> k,
+             const RopeTables<float>& tables, std::span<float> q_dst, std::span<float> k_dst,
+             bool transpose, const Options& options) {
+  check_views(plan, q, k, tables, q_dst.size(), k_dst.size(),
+              transpose ? kRopeQkBackward : kRopeQkForward);
+  rope({{&plan.q, q.data(), q_dst.data()}, {&plan.k, k.data(), k_dst.data()}}, 2, tables, transpose,
+       threads_of(options));
 }
 
 }  // namespace detail

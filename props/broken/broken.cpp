@@ -222,31 +222,78 @@ void copy_out(const std::vector<double>& src, std::span<float> dst) {
 
 // --------------------------------------------------------------------- rope
 
+/// The table row token (b, s) reads, with the row bugs planted.
+i64 rope_row(const RopePlan& p, const Indices& positions, i64 b, i64 s, bool backward, Bug bug) {
+  switch (p.rows) {
+    case TableRows::token:
+      if (backward && bug == Bug::rope_backward_other_row) return s;
+      return bug == Bug::token_rows_transposed ? s * p.B + b : b * p.S + s;
+    case TableRows::position_ids: {
+      const i64 t = bug == Bug::rope_positions_per_batch_row ? b * p.S : b * p.S + s;
+      const i64 pos = positions[static_cast<std::size_t>(t)];
+      if (bug == Bug::rope_positions_checked_late) {
+        require_entry(
+            pos >= 0 && pos < p.R, "positions", t, std::to_string(pos),
+            "must be in [0, max_position = " + std::to_string(p.R) + ") (the rows of cos and sin)");
+      }
+      return pos;
+    }
+    case TableRows::position:
+      return bug == Bug::rope_rank4_as_bshd ? (b * p.S + s) / p.B : s;
+  }
+  return s;
+}
+
+/// Every view of a RoPE call fits its plan (positions only by size with
+/// Bug::rope_positions_checked_late, which checks their values while writing).
+void check_rope(const RopePlan& p, std::span<const float> src, const RopeTables<float>& t,
+                std::size_t dst, bool backward, Bug bug) {
+  const char* src_name = backward ? "dy" : "x";
+  const char* dst_name = backward ? "dx" : "out";
+  if (bug != Bug::rope_positions_checked_late) {
+    check_views(p, src, t, dst, src_name, dst_name);
+    return;
+  }
+  require_extent(src.size(), p.src_extent(), src_name);
+  require_size(t.cos.size(), p.R * p.T, "cos");
+  require_size(t.sin.size(), p.R * p.T, "sin");
+  require_size(t.positions.size(), p.rows == TableRows::position_ids ? p.B * p.S : 0, "positions");
+  require_size(dst, p.out_size(), dst_name);
+}
+
+/// RoPE of one tensor. `q_heads` > 0: this is k of a q-and-k call whose q has q_heads heads.
 void rope(const RopePlan& p, std::span<const float> src, const RopeTables<float>& t,
-          std::span<float> dst, bool backward, Bug bug) {
-  check_views(p, src, t, dst.size(), backward ? "dy" : "x", backward ? "dx" : "out");
-  const i64 m = p.n_rot / 2;
+          std::span<float> dst, bool backward, Bug bug, i64 q_heads = 0) {
+  const i64 m = p.n_rot / 2, H = p.W / p.D;
   const i64 T = bug == Bug::rope_table_stride_half_nrot ? m : p.T;
+  // Where head h of token (b, s) is in the source and the output.
+  const auto at = [&](const Strides& st, i64 row_stride, i64 b, i64 s, i64 h) {
+    if (bug == Bug::rope_bhsd_as_bshd && p.layout == RopeLayout::bhsd) {
+      return (b * p.S + s) * p.W + h * p.D;
+    }
+    if (bug == Bug::rope_src_stride_ignored && p.layout != RopeLayout::bhsd) {
+      return (b * p.S + s) * row_stride + h * p.D;
+    }
+    return st.at(b, s, h);
+  };
   for (i64 b = 0; b < p.B; ++b) {
     for (i64 s = 0; s < p.S; ++s) {
-      i64 row;
-      if (p.rows == TableRows::token && !(backward && bug == Bug::rope_backward_other_row)) {
-        row = bug == Bug::token_rows_transposed ? s * p.B + b : b * p.S + s;
-      } else {
-        row = bug == Bug::rope_rank4_as_bshd ? (b * p.S + s) / p.B : s;
-      }
-      const i64 so = (b * p.S + s) * (bug == Bug::rope_src_stride_ignored ? p.W : p.src_row_stride);
-      const i64 dofs = (b * p.S + s) * p.W;
-      for (i64 w = 0; w < p.W; ++w) dst[dofs + w] = src[so + w];
-      for (i64 hd = 0; hd < p.W / p.D; ++hd) {
-        const i64 base = hd * p.D;
+      for (i64 hd = 0; hd < H; ++hd) {
+        i64 row = rope_row(p, t.positions, b, s, backward, bug);
+        if (bug == Bug::rope_qk_k_rows_by_q_heads && q_heads > 0) {
+          // k's (token, head) pairs counted off with q's head count (within the tokens)
+          const i64 tk = std::min(((b * p.S + s) * H + hd) / q_heads, p.B * p.S - 1);
+          row = rope_row(p, t.positions, tk / p.S, tk % p.S, backward, bug);
+        }
+        const i64 so = at(p.src, p.W, b, s, hd), dofs = at(p.out, p.W, b, s, hd);
+        for (i64 d = 0; d < p.D; ++d) dst[dofs + d] = src[so + d];
         for (i64 i = 0; i < m; ++i) {
           const double c = t.cos[row * T + i];
           double sn = t.sin[row * T + i];
           if (backward) sn = -sn;
           if (p.style == RopeStyle::gptj && bug == Bug::gptj_angle_negated) sn = -sn;
-          const i64 i0 = base + (p.style == RopeStyle::neox ? i : 2 * i);
-          const i64 i1 = base + (p.style == RopeStyle::neox ? i + m : 2 * i + 1);
+          const i64 i0 = p.style == RopeStyle::neox ? i : 2 * i;
+          const i64 i1 = p.style == RopeStyle::neox ? i + m : 2 * i + 1;
           const double x0 = src[so + i0], x1 = src[so + i1];
           double y1 = x1 * c + x0 * sn;
           if (p.style == RopeStyle::neox && bug == Bug::rope_sin_sign && !backward) {
@@ -258,6 +305,18 @@ void rope(const RopePlan& p, std::span<const float> src, const RopeTables<float>
       }
     }
   }
+}
+
+/// RoPE of q and k with the same tables: both checked, then q, then k.
+void rope_qk(const RopeQkPlan& p, std::span<const float> q, std::span<const float> k,
+             const RopeTables<float>& t, std::span<float> q_dst, std::span<float> k_dst,
+             bool backward, Bug bug) {
+  const RopeQkNames& names = backward ? kRopeQkBackward : kRopeQkForward;
+  check_rope(p.q, q, t, q_dst.size(), backward, bug);
+  require_extent(k.size(), p.k.src_extent(), names.k);
+  require_size(k_dst.size(), p.k.out_size(), names.k_out);
+  rope(p.q, q, t, q_dst, backward, bug);
+  rope(p.k, k, t, k_dst, backward, bug, p.q.W / p.q.D);
 }
 
 void axial(const AxialRopePlan& p, std::span<const float> src, std::span<float> dst, bool backward,
@@ -418,6 +477,14 @@ const char* to_string(Bug bug) {
       return "v_row_stride_ignored";
     case Bug::saved_lse_without_log:
       return "saved_lse_without_log";
+    case Bug::rope_positions_per_batch_row:
+      return "rope_positions_per_batch_row";
+    case Bug::rope_bhsd_as_bshd:
+      return "rope_bhsd_as_bshd";
+    case Bug::rope_qk_k_rows_by_q_heads:
+      return "rope_qk_k_rows_by_q_heads";
+    case Bug::rope_positions_checked_late:
+      return "rope_positions_checked_late";
   }
   return "?";
 }
@@ -425,7 +492,7 @@ const char* to_string(Bug bug) {
 std::vector<Bug> all_bugs() {
   std::vector<Bug> v;
   for (int b = static_cast<int>(Bug::rope_table_stride_half_nrot);
-       b <= static_cast<int>(Bug::saved_lse_without_log); ++b) {
+       b <= static_cast<int>(Bug::rope_positions_checked_late); ++b) {
     v.push_back(static_cast<Bug>(b));
   }
   return v;
@@ -485,9 +552,25 @@ Backend backend(Bug bug, int threads) {
   be.attention_backward_dk = one(1);
   be.attention_backward_dv = one(2);
   be.rope_forward = [bug](const RopePlan& p, std::span<const float> x, const RopeTables<float>& t,
-                          std::span<float> out) { rope(p, x, t, out, false, bug); };
+                          std::span<float> out) {
+    check_rope(p, x, t, out.size(), false, bug);
+    rope(p, x, t, out, false, bug);
+  };
   be.rope_backward = [bug](const RopePlan& p, std::span<const float> dy, const RopeTables<float>& t,
-                           std::span<float> dx) { rope(p, dy, t, dx, true, bug); };
+                           std::span<float> dx) {
+    check_rope(p, dy, t, dx.size(), true, bug);
+    rope(p, dy, t, dx, true, bug);
+  };
+  be.rope_forward_qk = [bug](const RopeQkPlan& p, std::span<const float> q,
+                             std::span<const float> k, const RopeTables<float>& t,
+                             std::span<float> q_out, std::span<float> k_out) {
+    rope_qk(p, q, k, t, q_out, k_out, false, bug);
+  };
+  be.rope_backward_qk = [bug](const RopeQkPlan& p, std::span<const float> dq_out,
+                              std::span<const float> dk_out, const RopeTables<float>& t,
+                              std::span<float> dq, std::span<float> dk) {
+    rope_qk(p, dq_out, dk_out, t, dq, dk, true, bug);
+  };
   be.axial_rope_forward = [bug](const AxialRopePlan& p, std::span<const float> x,
                                 std::span<float> out) { axial(p, x, out, false, bug); };
   be.axial_rope_backward = [bug](const AxialRopePlan& p, std::span<const float> dy,

@@ -27,6 +27,8 @@ Backend backend() {
   b.attention_backward_dv = attention_backward_dv<float>;
   b.rope_forward = rope_forward<float>;
   b.rope_backward = rope_backward<float>;
+  b.rope_forward_qk = rope_forward_qk<float>;
+  b.rope_backward_qk = rope_backward_qk<float>;
   b.axial_rope_forward = axial_rope_forward<float>;
   b.axial_rope_backward = axial_rope_backward<float>;
   b.swiglu_forward = swiglu_forward<float>;

@@ -6,12 +6,17 @@
                                naming the case, the file and the field
   tests/cases/formats/<name>/  valid cases in every .npy variant the reader
                                accepts (v1/v2/v3 headers, <f8, keep masks of
-                               |b1, <i4, <i8) and one deliberate mismatch
+                               |b1, <i4, <i8, position ids of <i4, <i8) and
+                               one deliberate mismatch
 
 Each directory holds an `expect` file: the exit code on the first line and a
 fragment the command's output must contain on the second. Run it with the
 system Python (NumPy only) from anywhere; it rewrites both trees. The files
 are committed, so building and testing never needs Python.
+
+  --examples   instead (re)writes the RoPE examples in tests/cases/examples/
+               whose expected outputs PyTorch computes (needs torch: run it
+               from a virtual environment with numpy and torch installed)
 """
 import json
 import math
@@ -94,6 +99,102 @@ def rope_case(attrs):
 
 def rope_arrays(x=(1, 5, 16), table=(5, 4)):
     return {"x.npy": f32(*x), "cos.npy": f32(*table), "sin.npy": f32(*table)}
+
+
+# RoPE's cases draw from their own generator, so the files above stay as they are.
+rope_rng = np.random.default_rng(20240612)
+
+
+def rope_f32(*shape):
+    return rope_rng.standard_normal(shape).astype(np.float32)
+
+
+def rope_positions_case(attrs, op="rope", names=("x",), **overrides):
+    inputs = {n: f"{n}.npy" for n in names}
+    inputs.update({"cos": "cos.npy", "sin": "sin.npy", "positions": "positions.npy"})
+    c = {"op": op, "attrs": attrs, "inputs": inputs}
+    c.update(overrides)
+    return c
+
+
+def rope_tables(rows, half):
+    angles = np.arange(rows)[:, None] * (10000.0 ** (-np.arange(half) / half))[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def write_bad_rope(w):
+    """Malformed RoPE cases: layouts, position ids, and the q-and-k ops."""
+    cos, sin = rope_tables(5, 4)
+    tables = {"cos.npy": cos, "sin.npy": sin}
+    x = {"x.npy": rope_f32(2, 3, 16), **tables}
+    pos = np.array([[0, 1, 2], [4, 3, 1]], dtype="<i8")
+    w.case("rope_positions_out_of_range", rope_positions_case({"head_dim": 8}),
+           {**x, "positions.npy": np.array([[0, 1, 2], [5, 3, 1]], dtype="<i8")},
+           expect=(2, "positions.npy: inputs.positions: positions[3] = 5 must be in "
+                      "[0, max_position = 5)"))
+    w.case("rope_positions_negative", rope_positions_case({"head_dim": 8}),
+           {**x, "positions.npy": np.array([[0, 1, 2], [4, -1, 1]], dtype="<i4")},
+           expect=(2, "positions.npy: inputs.positions: positions[4] = -1 must be in "
+                      "[0, max_position = 5)"))
+    w.case("rope_positions_float_dtype", rope_positions_case({"head_dim": 8}),
+           {**x, "positions.npy": pos.astype("<f4")},
+           expect=(2, "positions.npy: inputs.positions: dtype <f4 is not allowed here: "
+                      "positions holds indices, <i4 or <i8"))
+    w.case("rope_positions_wrong_shape", rope_positions_case({"head_dim": 8}),
+           {**x, "positions.npy": pos.reshape(6)},
+           expect=(2, "positions.npy: positions.shape: positions.shape = [6] must be x's token "
+                      "axes [B, S] = [2, 3]"))
+    w.case("rope_table_rows_with_positions",
+           rope_positions_case({"head_dim": 8, "table_rows": "token"}),
+           {**x, "positions.npy": pos},
+           expect=(2, "case.json: attrs.table_rows: table_rows = token must be absent (or "
+                      "position_ids) when positions are given"))
+    w.case("rope_position_ids_without_positions",
+           rope_case({"head_dim": 8, "table_rows": "position_ids"}), x,
+           expect=(2, "case.json: positions: positions = (absent) is required for table_rows = "
+                      "position_ids"))
+    x4 = {"x.npy": rope_f32(2, 3, 3, 8), **tables}
+    w.case("rope_rank4_layout_ambiguous", rope_case({}), x4,
+           expect=(2, "case.json: attrs.layout: layout = (absent) is ambiguous for x.shape = "
+                      "[2, 3, 3, 8]; give layout bshd or bhsd (or num_heads)"))
+    w.case("rope_rank4_num_heads_both_dims", rope_case({"num_heads": 3}), x4,
+           expect=(2, "case.json: attrs.layout: layout = (absent) is ambiguous for x.shape = "
+                      "[2, 3, 3, 8] and num_heads = 3; give layout bshd or bhsd"))
+    w.case("rope_num_heads_not_on_head_axis", rope_case({"layout": "bshd", "num_heads": 4}), x4,
+           expect=(2, "x.npy: x.shape: x.shape = [2, 3, 3, 8] must have num_heads = 4 on its head "
+                      "axis (bshd)"))
+    w.case("rope_bad_layout_name", rope_case({"layout": "sbhd"}), x4,
+           expect=(2, 'case.json: attrs.layout: must be one of "bshd", "bhsd", "thd", got "sbhd"'))
+    w.case("rope_thd_rank4", rope_case({"layout": "thd"}), x4,
+           expect=(2, "case.json: attrs.layout: layout = thd needs rank 2 or 3"))
+    qk = {"q.npy": rope_f32(2, 3, 32), **tables, "positions.npy": pos}
+    w.case("rope_qk_token_axes_differ", rope_positions_case({"num_heads": 4}, "rope_qk", ("q", "k")),
+           {**qk, "k.npy": rope_f32(2, 4, 8)},
+           expect=(2, "k.npy: k.shape: k.shape = [2, 4, 8] must have the token axes of q.shape = "
+                      "[2, 3, 32]"))
+    w.case("rope_qk_k_width", rope_positions_case({"num_heads": 4}, "rope_qk", ("q", "k")),
+           {**qk, "k.npy": rope_f32(2, 3, 12)},
+           expect=(2, "k.npy: k (k_width): k_width = 12 must be a positive multiple of head_dim = 8"))
+    w.case("rope_qk_missing_k", rope_positions_case({"num_heads": 4}, "rope_qk", ("q",)), qk,
+           expect=(2, "case.json: inputs.k: missing input"))
+
+
+def write_formats_rope(w):
+    """Position ids as <i4 and as <i8 (exact NumPy expectations)."""
+    x = rope_f32(2, 3, 2, 8)  # [B, S, H, D], layout from num_heads
+    cos, sin = rope_tables(7, 4)
+    pos = np.array([[6, 0, 3], [1, 1, 5]])
+    xs = x.astype(np.float64)
+    c = cos.astype(np.float64)[pos][:, :, None, :]  # [B, S, 1, D/2]: shared by the heads
+    s = sin.astype(np.float64)[pos][:, :, None, :]
+    a, b = xs[..., :4], xs[..., 4:]
+    out = np.concatenate([a * c - b * s, b * c + a * s], axis=-1).astype(np.float32)
+    for dtype in ["<i4", "<i8"]:
+        w.case("rope_positions_" + {"<i4": "int32", "<i8": "int64"}[dtype],
+               rope_positions_case({"num_heads": 2}, expected={"out": "out.npy"}),
+               {"x.npy": x, "cos.npy": cos, "sin.npy": sin, "positions.npy": pos.astype(dtype),
+                "out.npy": out},
+               expect=(0, "pass"))
 
 
 def write_bad(w):
@@ -271,6 +372,7 @@ def write_bad(w):
     }
     for name, (data, fragment) in npy_cases.items():
         w.case(name, swiglu_case(), raw={"x.npy": data}, expect=(2, "x.npy: inputs.x " + fragment))
+    write_bad_rope(w)
 
 
 def silu(g):
@@ -320,9 +422,91 @@ def write_formats(w):
                               expected={"out": "out.npy"}),
                {"q.npy": q, "k.npy": k, "v.npy": v, "mask.npy": keep.astype(dtype), "out.npy": expected},
                expect=ok)
+    write_formats_rope(w)
+
+
+def write_examples():
+    """RoPE examples whose expected outputs PyTorch computes, the way models do."""
+    import torch  # only here: the corpus above needs NumPy alone
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
+    from tandem_case import write_case
+
+    root = os.path.join(HERE, "examples")
+    gen = torch.Generator().manual_seed(20240613)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float32)
+
+    def rotary_cache(max_position, dim, base=10000.0):
+        # Hugging Face's LlamaRotaryEmbedding: cat(freqs, freqs), [max_position, dim]
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+    def rotate_half(t):
+        t1, t2 = t[..., : t.shape[-1] // 2], t[..., t.shape[-1] // 2:]
+        return torch.cat((-t2, t1), dim=-1)
+
+    def apply_rotary_pos_emb(q, k, cos, sin, position_ids):
+        # transformers' apply_rotary_pos_emb after the cache lookup cos[position_ids]
+        c, s = cos[position_ids].unsqueeze(1), sin[position_ids].unsqueeze(1)
+        return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+
+    # 1. GQA q [B, H, S, D] and k [B, Hkv, S, D] of a left-padded batch: row 0 starts at
+    #    position 0, row 1 continues at 3 (a cache of 16 positions). Forward and backward.
+    B, H, Hkv, S, D = 2, 4, 2, 5, 16
+    q, k = randn(B, H, S, D), randn(B, Hkv, S, D)
+    cos, sin = rotary_cache(16, D)
+    position_ids = torch.tensor([[0, 1, 2, 3, 4], [3, 4, 5, 6, 7]])
+    q_out, k_out = apply_rotary_pos_emb(q, k, cos, sin, position_ids)
+    write_case(os.path.join(root, "rope_qk_hf_position_ids"), "rope_qk", {"layout": "bhsd"},
+               {"q": q, "k": k, "cos": cos, "sin": sin, "positions": position_ids},
+               {"q_out": q_out, "k_out": k_out})
+    qg, kg = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
+    dq_out, dk_out = randn(B, H, S, D), randn(B, Hkv, S, D)
+    qo, ko = apply_rotary_pos_emb(qg, kg, cos, sin, position_ids)
+    torch.autograd.backward([qo, ko], [dq_out, dk_out])
+    write_case(os.path.join(root, "rope_qk_backward_hf_position_ids"), "rope_qk_backward",
+               {"layout": "bhsd"},
+               {"dq_out": dq_out, "dk_out": dk_out, "cos": cos, "sin": sin,
+                "positions": position_ids},
+               {"dq": qg.grad, "dk": kg.grad})
+
+    # 2. [B, S, H, D] (FlashAttention's and vLLM's layout, found from num_heads), rotating
+    #    the first 8 of 12 dims (vLLM's rotary_dim < head_size), int32 position ids.
+    B, S, H, D, n_rot = 2, 3, 2, 12, 8
+    x = randn(B, S, H, D)
+    cos, sin = rotary_cache(9, n_rot)
+    position_ids = torch.tensor([[8, 0, 4], [2, 2, 7]], dtype=torch.int32)
+    c, s = cos[position_ids.long()].unsqueeze(2), sin[position_ids.long()].unsqueeze(2)
+    rot, rest = x[..., :n_rot], x[..., n_rot:]
+    out = torch.cat((rot * c + rotate_half(rot) * s, rest), dim=-1)
+    write_case(os.path.join(root, "rope_bshd_partial_positions"), "rope",
+               {"num_heads": H, "n_rot": n_rot},
+               {"x": x, "cos": cos, "sin": sin, "positions": position_ids}, {"out": out})
+
+    # 3. Packed tokens [T, H, D] of two sequences (lengths 4 and 3, positions restarting),
+    #    GPT-J pairs as Meta's LLaMA code rotates them: complex multiplication.
+    T, H, D = 7, 3, 8
+    x = randn(T, H, D)
+    angles = torch.outer(torch.arange(10, dtype=torch.float32),
+                         1.0 / (10000.0 ** (torch.arange(0, D, 2).float() / D)))
+    freqs_cis = torch.polar(torch.ones_like(angles), angles)  # [max_position, D/2]
+    positions = torch.tensor([0, 1, 2, 3, 0, 1, 2])
+    xc = torch.view_as_complex(x.reshape(T, H, D // 2, 2))
+    out = torch.view_as_real(xc * freqs_cis[positions].unsqueeze(1)).reshape(T, H, D)
+    write_case(os.path.join(root, "rope_thd_packed_gptj"), "rope",
+               {"layout": "thd", "style": "gptj"},
+               {"x": x, "cos": freqs_cis.real.contiguous(), "sin": freqs_cis.imag.contiguous(),
+                "positions": positions},
+               {"out": out})
 
 
 def main():
+    if "--examples" in sys.argv[1:]:
+        write_examples()
+        return 0
     write_bad(Writer(os.path.join(HERE, "bad")))
     write_formats(Writer(os.path.join(HERE, "formats")))
     return 0

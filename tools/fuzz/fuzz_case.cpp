@@ -6,8 +6,9 @@
 //
 // parse_case_json and plan_case must return or throw CaseError — never crash,
 // hang, overflow or throw anything else. When every tensor is small, the
-// reference backend then runs the plan on the remaining bytes as data, so a
-// plan that admits a shape the kernel cannot handle shows up under ASan.
+// reference backend then runs the plan on the remaining bytes as data (index
+// inputs such as positions as small integers, some out of range), so a plan
+// that admits a shape or an index the kernel cannot handle shows up under ASan.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -59,7 +60,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       NpyArray a;
       a.shape = shape;
       a.values.resize(static_cast<std::size_t>(n));
-      for (auto& v : a.values) v = static_cast<float>(static_cast<std::int8_t>(next())) / 16.0f;
+      if (is_index_input(name)) {  // indices: small integers, some out of range
+        a.dtype = NpyDtype::i8;
+        for (auto& v : a.values) {
+          a.integers.push_back(static_cast<std::int8_t>(next()) / 8);
+          v = static_cast<float>(a.integers.back());
+        }
+      } else {
+        for (auto& v : a.values) v = static_cast<float>(static_cast<std::int8_t>(next())) / 16.0f;
+      }
       c.inputs[name] = CaseTensor{c.spec.inputs.at(name), std::move(a)};
     }
     for (const auto& [name, shape] : c.planned.outputs) {

@@ -86,6 +86,7 @@ class JsonReader {
   E choice(const json& v, const std::string& field,
            const std::vector<std::pair<const char*, E>>& options) const {
     std::vector<std::string> names;
+    names.reserve(options.size());
     for (const auto& [name, value] : options) names.emplace_back(std::string("\"") + name + "\"");
     if (v.is_string()) {
       const std::string s = v.get<std::string>();
@@ -154,6 +155,8 @@ CaseError::CaseError(std::string case_name, std::string file, std::string field,
       detail_(std::move(detail)) {}
 
 const std::vector<OpInfo>& op_table() {
+  static const std::vector<std::string> rope_attrs = {"head_dim", "num_heads", "layout",
+                                                      "n_rot",    "style",     "table_rows"};
   static const std::vector<OpInfo> table = {
       {Op::attention,
        "attention",
@@ -169,19 +172,27 @@ const std::vector<OpInfo>& op_table() {
        {"dq", "dk", "dv"},
        {"num_heads", "layout", "mask", "window", "scale", "softcap"},
        {1e-3, 1e-4}},
-      {Op::rope,
-       "rope",
-       {"x", "cos", "sin"},
-       {},
-       {"out"},
-       {"head_dim", "n_rot", "style", "table_rows"},
-       {1e-5, 1e-6}},
+      {Op::rope, "rope", {"x", "cos", "sin"}, {"positions"}, {"out"}, rope_attrs, {1e-5, 1e-6}},
       {Op::rope_backward,
        "rope_backward",
        {"dout", "cos", "sin"},
-       {},
+       {"positions"},
        {"dx"},
-       {"head_dim", "n_rot", "style", "table_rows"},
+       rope_attrs,
+       {1e-5, 1e-6}},
+      {Op::rope_qk,
+       "rope_qk",
+       {"q", "k", "cos", "sin"},
+       {"positions"},
+       {"q_out", "k_out"},
+       rope_attrs,
+       {1e-5, 1e-6}},
+      {Op::rope_qk_backward,
+       "rope_qk_backward",
+       {"dq_out", "dk_out", "cos", "sin"},
+       {"positions"},
+       {"dq", "dk"},
+       rope_attrs,
        {1e-5, 1e-6}},
       {Op::axial_rope,
        "axial_rope",
@@ -214,6 +225,10 @@ const std::vector<OpInfo>& op_table() {
        {1e-3, 1e-4}},
   };
   return table;
+}
+
+bool is_index_input(const std::string& name) {
+  return name == "positions";
 }
 
 const OpInfo& op_info(Op op) {
@@ -261,6 +276,7 @@ CaseSpec parse_case_json(std::string_view text, const std::string& case_name) {
       r.error(attr_field(key), std::string("unknown attr for op ") + info->name +
                                    " (its attrs: " + join(info->attrs) + ")");
     }
+    spec.attrs_given.insert(key);
   }
   const auto has = [&](const char* k) { return attrs.contains(k); };
   const auto integer = [&](const char* k) { return r.integer(attrs.at(k), attr_field(k)); };
@@ -292,18 +308,27 @@ CaseSpec parse_case_json(std::string_view text, const std::string& case_name) {
       break;
     }
     case Op::rope:
-    case Op::rope_backward: {
+    case Op::rope_backward:
+    case Op::rope_qk:
+    case Op::rope_qk_backward: {
       RopeAttrs& a = spec.rope;
       if (has("head_dim")) a.head_dim = integer("head_dim");
+      if (has("num_heads")) a.num_heads = integer("num_heads");
+      if (has("layout")) {
+        a.layout = r.choice<RopeLayout>(
+            attrs.at("layout"), attr_field("layout"),
+            {{"bshd", RopeLayout::bshd}, {"bhsd", RopeLayout::bhsd}, {"thd", RopeLayout::thd}});
+      }
       if (has("n_rot")) a.n_rot = integer("n_rot");
       if (has("style")) {
         a.style = r.choice<RopeStyle>(attrs.at("style"), attr_field("style"),
                                       {{"neox", RopeStyle::neox}, {"gptj", RopeStyle::gptj}});
       }
       if (has("table_rows")) {
-        a.table_rows =
-            r.choice<TableRows>(attrs.at("table_rows"), attr_field("table_rows"),
-                                {{"position", TableRows::position}, {"token", TableRows::token}});
+        a.table_rows = r.choice<TableRows>(attrs.at("table_rows"), attr_field("table_rows"),
+                                           {{"position", TableRows::position},
+                                            {"token", TableRows::token},
+                                            {"position_ids", TableRows::position_ids}});
       }
       break;
     }
@@ -389,13 +414,16 @@ namespace {
 std::optional<std::string> tensor_of_parameter(const CaseSpec& spec, const std::string& param) {
   const std::string head = param.substr(0, param.find('.'));
   if (spec.inputs.count(head)) return head;
+  if (spec.attrs_given.count(param)) return std::nullopt;  // the attr the case sets
   static const std::map<std::string, std::string> attention = {
       {"kv_heads", "k"},      {"v_head_dim", "v"},   {"seq_q", "q"},        {"seq_k", "k"},
       {"batch", "q"},         {"q_row_stride", "q"}, {"k_row_stride", "k"}, {"v_row_stride", "v"},
       {"bias_batch", "mask"}, {"bias_heads", "mask"}};
   static const std::map<std::string, std::string> rope = {
-      {"batch", "x"},          {"seq", "x"},           {"width", "x"}, {"table_rows", "cos"},
-      {"table_stride", "cos"}, {"src_row_stride", "x"}};
+      {"batch", "x"},          {"seq", "x"},
+      {"width", "x"},          {"table_rows", "cos"},
+      {"table_stride", "cos"}, {"src_row_stride", "x"},
+      {"k_width", "k"},        {"k_src_row_stride", "k"}};
   static const std::map<std::string, std::string> swiglu = {{"rows", "x"}, {"n", "x"}};
   static const std::map<std::string, std::string> block = {
       {"embed", "x"},        {"batch", "x"},          {"seq", "x"},
@@ -408,6 +436,8 @@ std::optional<std::string> tensor_of_parameter(const CaseSpec& spec, const std::
       break;
     case Op::rope:
     case Op::rope_backward:
+    case Op::rope_qk:
+    case Op::rope_qk_backward:
     case Op::axial_rope:
     case Op::axial_rope_backward:
       aliases = &rope;
@@ -423,8 +453,12 @@ std::optional<std::string> tensor_of_parameter(const CaseSpec& spec, const std::
   auto it = aliases->find(param);
   if (it == aliases->end()) return std::nullopt;
   std::string name = it->second;
-  // rope_backward and axial_rope_backward read dout where the forward reads x.
-  if (name == "x" && !spec.inputs.count("x") && spec.inputs.count("dout")) name = "dout";
+  // The backward ops read dout where the forward reads x; the q-and-k ops read
+  // q (dq_out) for x and dk_out for k.
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"x", "dout"}, {"x", "q"}, {"x", "dq_out"}, {"k", "dk_out"}}) {
+    if (name == from && !spec.inputs.count(name) && spec.inputs.count(to)) name = to;
+  }
   if (!spec.inputs.count(name)) return std::nullopt;
   return name;
 }
@@ -487,9 +521,21 @@ PlannedCase plan_case(const CaseSpec& spec, const std::map<std::string, Shape>& 
       case Op::rope:
       case Op::rope_backward: {
         const std::string src = spec.op == Op::rope ? "x" : "dout";
-        const auto plan = RopePlan::from_shapes(shape(src), shape("cos"), shape("sin"), spec.rope);
+        const auto plan = RopePlan::from_shapes(shape(src), shape("cos"), shape("sin"),
+                                                optional("positions"), spec.rope);
         pc.outputs[spec.op == Op::rope ? "out" : "dx"] = shape(src);
         pc.plan = plan;
+        break;
+      }
+      case Op::rope_qk:
+      case Op::rope_qk_backward: {
+        const bool fwd = spec.op == Op::rope_qk;
+        const Shape& q = shape(fwd ? "q" : "dq_out");
+        const Shape& k = shape(fwd ? "k" : "dk_out");
+        pc.plan = RopeQkPlan::from_shapes(q, k, shape("cos"), shape("sin"), optional("positions"),
+                                          spec.rope);
+        pc.outputs[fwd ? "q_out" : "dq"] = q;
+        pc.outputs[fwd ? "k_out" : "dk"] = k;
         break;
       }
       case Op::axial_rope:
@@ -591,11 +637,28 @@ Case load_case(const std::string& dir) {
   // such by the plan, not as a dtype problem.
   c.planned = plan_case(c.spec, shapes);
   for (const auto& [name, t] : c.inputs) {
-    if (!is_float(t.array.dtype) && !(name == "mask" && keep_mask)) {
+    if (is_index_input(name)) {
+      if (!is_integer(t.array.dtype)) {
+        throw CaseError(dir, t.file, "inputs." + name,
+                        std::string("dtype ") + to_string(t.array.dtype) +
+                            " is not allowed here: " + name + " holds indices, <i4 or <i8");
+      }
+    } else if (!is_float(t.array.dtype) && !(name == "mask" && keep_mask)) {
       throw CaseError(dir, t.file, "inputs." + name,
                       std::string("dtype ") + to_string(t.array.dtype) +
                           " is not allowed here: float tensors are <f4 or <f8 (|b1, <i4 and <i8 "
-                          "only for a key_padding keep mask)");
+                          "only for a key_padding keep mask and index inputs)");
+    }
+  }
+  // Position ids by the library's own check, before any backend runs.
+  const auto* rope = std::get_if<RopePlan>(&c.planned.plan);
+  if (const auto* qk = std::get_if<RopeQkPlan>(&c.planned.plan)) rope = &qk->q;
+  const auto positions = c.inputs.find("positions");
+  if (rope != nullptr && positions != c.inputs.end()) {
+    try {
+      check_positions(*rope, Indices(positions->second.array.integers));
+    } catch (const Error& e) {
+      throw CaseError(dir, positions->second.file, "inputs.positions", e.what());
     }
   }
   for (const auto& [name, file] : c.spec.expected) {
@@ -624,6 +687,11 @@ std::map<std::string, std::vector<float>> run_case(const Case& c, const Backend&
     auto it = c.inputs.find(name);
     if (it == c.inputs.end()) return {};
     return it->second.array.values;
+  };
+  const auto indices = [&](const std::string& name) -> Indices {
+    auto it = c.inputs.find(name);
+    if (it == c.inputs.end()) return {};
+    return Indices(it->second.array.integers);
   };
   const auto need = [&](bool present, const char* entry) {
     if (!present) {
@@ -662,8 +730,21 @@ std::map<std::string, std::vector<float>> run_case(const Case& c, const Backend&
         const auto& fn = fwd ? backend.rope_forward : backend.rope_backward;
         need(static_cast<bool>(fn), fwd ? "rope_forward" : "rope_backward");
         auto y = sized(plan.out_size());
-        fn(plan, in(fwd ? "x" : "dout"), {in("cos"), in("sin")}, y);
+        fn(plan, in(fwd ? "x" : "dout"), {in("cos"), in("sin"), indices("positions")}, y);
         out[fwd ? "out" : "dx"] = std::move(y);
+        break;
+      }
+      case Op::rope_qk:
+      case Op::rope_qk_backward: {
+        const auto& plan = std::get<RopeQkPlan>(c.planned.plan);
+        const bool fwd = spec.op == Op::rope_qk;
+        const auto& fn = fwd ? backend.rope_forward_qk : backend.rope_backward_qk;
+        need(static_cast<bool>(fn), fwd ? "rope_forward_qk" : "rope_backward_qk");
+        auto q = sized(plan.q.out_size()), k = sized(plan.k.out_size());
+        fn(plan, in(fwd ? "q" : "dq_out"), in(fwd ? "k" : "dk_out"),
+           {in("cos"), in("sin"), indices("positions")}, q, k);
+        out[fwd ? "q_out" : "dq"] = std::move(q);
+        out[fwd ? "k_out" : "dk"] = std::move(k);
         break;
       }
       case Op::axial_rope:

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -46,6 +47,8 @@ enum class Op {
   attention_backward,
   rope,
   rope_backward,
+  rope_qk,
+  rope_qk_backward,
   axial_rope,
   axial_rope_backward,
   swiglu,
@@ -73,6 +76,8 @@ struct OpInfo {
 
 /// All ops, in the order of SPEC §9's table.
 const std::vector<OpInfo>& op_table();
+/// True for the inputs that hold integer indices (`<i4` or `<i8`), e.g. positions.
+bool is_index_input(const std::string& name);
 /// The entry of `op`.
 const OpInfo& op_info(Op op);
 
@@ -84,9 +89,10 @@ struct CaseSpec {
   std::map<std::string, std::string> expected;  ///< output name → file
   Tolerance tolerance;                          ///< the case's, else the op's default
   bool tolerance_from_case = false;
+  std::set<std::string> attrs_given;  ///< the attrs case.json sets
 
   AttentionAttrs attention;      ///< attention, attention_backward
-  RopeAttrs rope;                ///< rope, rope_backward
+  RopeAttrs rope;                ///< rope, rope_backward, rope_qk, rope_qk_backward
   AxialRopeAttrs axial;          ///< axial_rope, axial_rope_backward
   bool gate_first = true;        ///< swiglu, swiglu_backward
   std::int64_t block_heads = 0;  ///< attention_block
@@ -97,7 +103,8 @@ struct CaseSpec {
 CaseSpec parse_case_json(std::string_view text, const std::string& case_name);
 
 /// A validated plan of any op.
-using Plan = std::variant<AttentionPlan, RopePlan, AxialRopePlan, SwigluPlan, AttentionBlockPlan>;
+using Plan = std::variant<AttentionPlan, RopePlan, RopeQkPlan, AxialRopePlan, SwigluPlan,
+                          AttentionBlockPlan>;
 
 /// The plan of a case and the shapes of all its outputs.
 struct PlannedCase {
@@ -125,8 +132,10 @@ struct Case {
   PlannedCase planned;
 };
 
-/// Reads `<dir>/case.json` and every file it names, builds the plan and
-/// checks that each expected tensor has its output's shape. Throws CaseError.
+/// Reads `<dir>/case.json` and every file it names, builds the plan, checks
+/// the dtypes (index inputs — positions — are `<i4` or `<i8`), the values of
+/// the position ids (the library's check_positions) and that each expected
+/// tensor has its output's shape. Throws CaseError.
 Case load_case(const std::string& dir);
 
 /// Runs the case on `backend`; returns every output of the op, contiguous,

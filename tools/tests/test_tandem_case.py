@@ -162,6 +162,25 @@ def main():
                    {"out": rope_np(xr, cos, sin, 12, 6, style)})
         cases.append(d)
 
+    # q and k (GQA) in [B, H, S, D] with per-token position ids (int32) into a longer cache.
+    qr, kr = f32(2, 4, 5, 8), f32(2, 2, 5, 8)
+    angles = np.arange(12)[:, None] * (10000.0 ** (-np.arange(4) / 4))[None, :]
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    positions = np.array([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]], dtype=np.int32)
+
+    def rope_bhsd(t):  # the rows each token selects, broadcast over heads
+        per_token = [rope_np(t[b].transpose(1, 0, 2).reshape(5, -1), cos[positions[b]],
+                             sin[positions[b]], 8, 8, "neox") for b in range(2)]
+        return np.stack(per_token).reshape(2, 5, -1, 8).transpose(0, 2, 1, 3)
+
+    d = os.path.join(root, "rope_qk_bhsd_positions")
+    write_case(d, "rope_qk", {"layout": "bhsd"},
+               {"q": qr, "k": kr, "cos": cos, "sin": sin, "positions": positions},
+               {"q_out": rope_bhsd(qr), "k_out": rope_bhsd(kr)})
+    if np.load(os.path.join(d, "positions.npy")).dtype != np.dtype("<i4"):
+        failures.append("positions saved as <i4")
+    cases.append(d)
+
     q, k, v = f32(2, 4, 4, 8), f32(2, 6, 2, 8), f32(2, 6, 2, 5)
     out, _ = attention_np(q, k, v, causal=True)
     d = os.path.join(root, "attention_gqa_causal_mla")

@@ -106,6 +106,14 @@ TEST(CaseJson, ErrorsNameTheField) {
        "attrs.num_heads", "does not fit"},
       {R"({"op": "attention", "attrs": {"num_heads": 2, "layout": "BSHD"}, "inputs": {}})",
        "attrs.layout", "must be one of \"bshd\", \"bhsd\""},
+      {R"({"op": "rope", "attrs": {"layout": "bsd"}, "inputs": {}})", "attrs.layout",
+       "must be one of \"bshd\", \"bhsd\", \"thd\""},
+      {R"({"op": "rope_qk", "attrs": {"num_heads": "4"}, "inputs": {}})", "attrs.num_heads",
+       "must be an integer"},
+      {R"({"op": "rope", "attrs": {"table_rows": "ids"}, "inputs": {}})", "attrs.table_rows",
+       "must be one of \"position\", \"token\", \"position_ids\""},
+      {R"({"op": "rope_qk", "inputs": {"q": "q", "cos": "c", "sin": "s"}})", "inputs.k",
+       "missing input"},
       {R"({"op": "attention", "attrs": {"num_heads": 2, "mask": 1}, "inputs": {}})", "attrs.mask",
        "must be one of"},
       {R"({"op": "attention", "attrs": {"num_heads": 2, "scale": "x"}, "inputs": {}})",
@@ -219,6 +227,84 @@ TEST(CasePlan, LibraryErrorsNameTheTensorFileOrTheAttr) {
   EXPECT_EQ(e.file(), "d.npy");
   EXPECT_EQ(e.field(), "dout (seq)");
   EXPECT_NE(e.detail().find("seq = 7 must equal repeat_factor*end_x*end_y = 6"), std::string::npos);
+}
+
+TEST(CasePlan, RopeLayoutsPositionsAndTheQkOps) {
+  // A rank-4 x: layout explicit, or from num_heads, else an attr question.
+  const CaseSpec by_heads = parse_case_json(
+      R"({"op": "rope", "attrs": {"num_heads": 4},
+          "inputs": {"x": "x", "cos": "c", "sin": "s", "positions": "p.npy"}})",
+      "c");
+  const PlannedCase pc = plan_case(
+      by_heads, {{"x", {2, 5, 4, 8}}, {"cos", {9, 4}}, {"sin", {9, 4}}, {"positions", {2, 5}}});
+  const auto& plan = std::get<RopePlan>(pc.plan);
+  EXPECT_EQ(plan.layout, RopeLayout::bshd);
+  EXPECT_EQ(plan.rows, TableRows::position_ids);
+  EXPECT_EQ(pc.outputs.at("out"), (Shape{2, 5, 4, 8}));
+  CaseError e = plan_error(R"({"op": "rope", "inputs": {"x": "x", "cos": "c", "sin": "s"}})",
+                           {{"x", {2, 5, 4, 8}}, {"cos", {9, 4}}, {"sin", {9, 4}}});
+  EXPECT_EQ(e.file(), "case.json");
+  EXPECT_EQ(e.field(), "attrs.layout");
+  EXPECT_NE(e.detail().find("ambiguous"), std::string::npos) << e.what();
+  // positions of the wrong shape name their file.
+  e = plan_error(
+      R"({"op": "rope", "attrs": {"layout": "bhsd"},
+          "inputs": {"x": "x", "cos": "c", "sin": "s", "positions": "p.npy"}})",
+      {{"x", {2, 4, 5, 8}}, {"cos", {9, 4}}, {"sin", {9, 4}}, {"positions", {2, 4}}});
+  EXPECT_EQ(e.file(), "p.npy");
+  EXPECT_EQ(e.field(), "positions.shape");
+  // q and k: one plan, two outputs of their inputs' shapes; k's own errors name k.
+  const CaseSpec qk = parse_case_json(
+      R"({"op": "rope_qk_backward", "attrs": {"layout": "thd"},
+          "inputs": {"dq_out": "q.npy", "dk_out": "k.npy", "cos": "c", "sin": "s"}})",
+      "c");
+  const PlannedCase pq = plan_case(
+      qk, {{"dq_out", {7, 4, 8}}, {"dk_out", {7, 2, 8}}, {"cos", {7, 4}}, {"sin", {7, 4}}});
+  EXPECT_EQ(std::get<RopeQkPlan>(pq.plan).k.heads(), 2);
+  EXPECT_EQ(pq.outputs.at("dq"), (Shape{7, 4, 8}));
+  EXPECT_EQ(pq.outputs.at("dk"), (Shape{7, 2, 8}));
+  e = plan_error(R"({"op": "rope_qk", "attrs": {"layout": "thd"},
+                     "inputs": {"q": "q.npy", "k": "k.npy", "cos": "c", "sin": "s"}})",
+                 {{"q", {7, 4, 8}}, {"k", {6, 2, 8}}, {"cos", {7, 4}}, {"sin", {7, 4}}});
+  EXPECT_EQ(e.file(), "k.npy");
+  EXPECT_EQ(e.field(), "k.shape");
+}
+
+TEST(CaseRun, PositionsReachTheBackendExactly) {
+  Case c;
+  c.spec = parse_case_json(
+      R"({"op": "rope", "attrs": {"head_dim": 2},
+          "inputs": {"x": "x.npy", "cos": "c.npy", "sin": "s.npy", "positions": "p.npy"}})",
+      "c");
+  c.inputs["x"] = {"x.npy", {{2, 2}, NpyDtype::f4, {1, 2, 3, 4}}};
+  c.inputs["cos"] = {"c.npy", {{3, 1}, NpyDtype::f4, {1, 0, -1}}};
+  c.inputs["sin"] = {"s.npy", {{3, 1}, NpyDtype::f4, {0, 1, 0}}};
+  // 2^40 + 2 reads as 2^40 through float32; the exact value must arrive.
+  const std::int64_t big = (std::int64_t{1} << 40) + 2;
+  c.inputs["positions"] = {"p.npy", {{2}, NpyDtype::i8, {0x1p40f, 0}, {big, 0}}};
+  c.planned =
+      plan_case(c.spec, {{"x", {2, 2}}, {"cos", {3, 1}}, {"sin", {3, 1}}, {"positions", {2}}});
+  Backend recording;
+  recording.name = "recording";
+  std::vector<std::int64_t> seen;
+  recording.rope_forward = [&](const RopePlan&, std::span<const float>, const RopeTables<float>& t,
+                               std::span<float>) {
+    for (std::size_t i = 0; i < t.positions.size(); ++i) seen.push_back(t.positions[i]);
+  };
+  run_case(c, recording);
+  EXPECT_EQ(seen, (std::vector<std::int64_t>{big, 0}));
+}
+
+TEST(CaseLoad, PositionsOutOfRangeNameTheirFileBeforeAnyBackendRuns) {
+  try {
+    load_case(std::string(TANDEM_CASES_DIR) + "/bad/rope_positions_out_of_range");
+    FAIL();
+  } catch (const CaseError& e) {
+    EXPECT_EQ(e.file(), "positions.npy");
+    EXPECT_EQ(e.field(), "inputs.positions");
+    EXPECT_EQ(e.detail(),
+              "positions[3] = 5 must be in [0, max_position = 5) (the rows of cos and sin)");
+  }
 }
 
 TEST(Compare, AppliesAtolPlusRtolTimesExpected) {

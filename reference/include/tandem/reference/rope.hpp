@@ -1,15 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file reference/rope.hpp
 /// @brief Reference RoPE (rotary position embedding), forward and backward
-///        (SPEC §4), as plain per-element loops.
+///        (SPEC §4), on one tensor or on q and k together, as plain
+///        per-element loops.
 ///
-/// The source (x forward, dy backward) is folded to `[B′, S, W]` and read with
-/// the plan's row stride; the output is contiguous `[B′, S, W]`. Each row
-/// holds W/D heads of width D. Token (b, s) reads table row
-/// `row = plan.table_row(b, s)`; with `c_i = cos[row*T + i]`,
-/// `s_i = sin[row*T + i]` and `m = n_rot/2`, pair i (i < m) of every head is
-/// `(i, i+m)` for neox and `(2i, 2i+1)` for gptj, and is rotated by angle i.
-/// Dims n_rot..D−1 pass through.
+/// The source (x forward, dy backward) holds B·S tokens of H = W/D heads in
+/// the plan's layout; head h of token (b, s) starts at `plan.src.at(b, s, h)`
+/// in the source and at `plan.out.at(b, s, h)` in the contiguous output.
+/// Token (b, s) reads table row `r = plan.table_row(b, s, positions)`; with
+/// `c_i = cos[r*T + i]`, `s_i = sin[r*T + i]` and `m = n_rot/2`, pair i
+/// (i < m) of every head is `(i, i+m)` for neox and `(2i, 2i+1)` for gptj,
+/// and is rotated by angle i. Dims n_rot..D−1 pass through.
 #pragma once
 
 #include <cstdint>
@@ -35,9 +36,9 @@ inline RopePair rope_pair(RopeStyle style, std::int64_t i, std::int64_t m) {
 
 /// RoPE forward.
 ///
-/// For every b < B′, s < S, head h < W/D and i < m = n_rot/2, with
-/// `row = plan.table_row(b, s)`, `c_i = cos[row*T + i]`, `s_i = sin[row*T + i]`
-/// and the pair (j, k) = rope_pair(style, i, m) of head h:
+/// For every b < B, s < S, head h < H and i < m = n_rot/2, with
+/// `row = plan.table_row(b, s, tables.positions)`, `c_i = cos[row*T + i]`,
+/// `s_i = sin[row*T + i]` and the pair (j, k) = rope_pair(style, i, m) of head h:
 ///
 ///     out[j] = x[j]·c_i − x[k]·s_i
 ///     out[k] = x[k]·c_i + x[j]·s_i
@@ -45,11 +46,12 @@ inline RopePair rope_pair(RopeStyle style, std::int64_t i, std::int64_t m) {
 /// and `out[d] = x[d]` for n_rot <= d < D.
 ///
 /// @param plan   a validated RopePlan
-/// @param x      source `[B′, S, W]`, row (b, s) at `(b*S + s)*src_row_stride`;
+/// @param x      source in the plan's layout, head h of token (b, s) at `plan.src.at(b, s, h)`;
 ///               elements between rows are never read
-/// @param tables cos and sin `[R, T]`; only columns < n_rot/2 are read
-/// @param out    contiguous `[B′, S, W]`
-/// @throws tandem::Error (before writing anything) when a view does not fit
+/// @param tables cos and sin `[R, T]` (only columns < n_rot/2 and the rows tokens select are
+///               read), and the position ids of position_ids rows
+/// @param out    contiguous, the layout of x: head h of token (b, s) at `plan.out.at(b, s, h)`
+/// @throws tandem::Error (before writing anything) when a view or a position does not fit
 template <class T, class Acc = accumulator_t<T>>
 void rope_forward(const RopePlan& plan, std::span<const T> x, const RopeTables<T>& tables,
                   std::span<T> out) {
@@ -57,11 +59,11 @@ void rope_forward(const RopePlan& plan, std::span<const T> x, const RopeTables<T
   const std::int64_t m = plan.n_rot / 2;
   for (std::int64_t b = 0; b < plan.B; ++b) {
     for (std::int64_t s = 0; s < plan.S; ++s) {
-      const std::int64_t row = plan.table_row(b, s);
+      const std::int64_t row = plan.table_row(b, s, tables.positions);
       for (std::int64_t h = 0; h < plan.heads(); ++h) {
         // x_h, y_h: where element 0 of head h of token (b, s) sits in x and out.
-        const std::int64_t x_h = (b * plan.S + s) * plan.src_row_stride + h * plan.D;
-        const std::int64_t y_h = (b * plan.S + s) * plan.W + h * plan.D;
+        const std::int64_t x_h = plan.src.at(b, s, h);
+        const std::int64_t y_h = plan.out.at(b, s, h);
         // y[j] = x[j]·c_i − x[k]·s_i,  y[k] = x[k]·c_i + x[j]·s_i  for i < m
         for (std::int64_t i = 0; i < m; ++i) {
           const Acc c_i = static_cast<Acc>(tables.cos[row * plan.T + i]);
@@ -90,10 +92,10 @@ void rope_forward(const RopePlan& plan, std::span<const T> x, const RopeTables<T
 /// `<rope_forward(x), y> == <x, rope_backward(y)>` for every x and y.
 ///
 /// @param plan   a validated RopePlan
-/// @param dy     gradient of out `[B′, S, W]`, read with src_row_stride
-/// @param tables cos and sin `[R, T]`, as for the forward
-/// @param dx     contiguous `[B′, S, W]`
-/// @throws tandem::Error (before writing anything) when a view does not fit
+/// @param dy     gradient of out, read as rope_forward reads x (`plan.src`)
+/// @param tables cos, sin and position ids, as for the forward
+/// @param dx     contiguous, the layout of dy (`plan.out`)
+/// @throws tandem::Error (before writing anything) when a view or a position does not fit
 template <class T, class Acc = accumulator_t<T>>
 void rope_backward(const RopePlan& plan, std::span<const T> dy, const RopeTables<T>& tables,
                    std::span<T> dx) {
@@ -101,10 +103,10 @@ void rope_backward(const RopePlan& plan, std::span<const T> dy, const RopeTables
   const std::int64_t m = plan.n_rot / 2;
   for (std::int64_t b = 0; b < plan.B; ++b) {
     for (std::int64_t s = 0; s < plan.S; ++s) {
-      const std::int64_t row = plan.table_row(b, s);
+      const std::int64_t row = plan.table_row(b, s, tables.positions);
       for (std::int64_t h = 0; h < plan.heads(); ++h) {
-        const std::int64_t dy_h = (b * plan.S + s) * plan.src_row_stride + h * plan.D;
-        const std::int64_t dx_h = (b * plan.S + s) * plan.W + h * plan.D;
+        const std::int64_t dy_h = plan.src.at(b, s, h);
+        const std::int64_t dx_h = plan.out.at(b, s, h);
         for (std::int64_t i = 0; i < m; ++i) {
           const Acc c_i = static_cast<Acc>(tables.cos[row * plan.T + i]);
           const Acc s_i = static_cast<Acc>(tables.sin[row * plan.T + i]);
@@ -126,6 +128,33 @@ void rope_backward(const RopePlan& plan, std::span<const T> dy, const RopeTables
       }
     }
   }
+}
+
+/// RoPE on q and k in one call, with the same tables and position ids:
+///
+///     q_out = rope_forward(plan.q, q),   k_out = rope_forward(plan.k, k)
+///
+/// (q and k may have different head counts, e.g. GQA). Both calls are
+/// validated before either output is written.
+template <class T, class Acc = accumulator_t<T>>
+void rope_forward_qk(const RopeQkPlan& plan, std::span<const T> q, std::span<const T> k,
+                     const RopeTables<T>& tables, std::span<T> q_out, std::span<T> k_out) {
+  check_views(plan, q, k, tables, q_out.size(), k_out.size(), kRopeQkForward);
+  rope_forward<T, Acc>(plan.q, q, tables, q_out);
+  rope_forward<T, Acc>(plan.k, k, tables, k_out);
+}
+
+/// The backward of rope_forward_qk, from the gradients of q_out and k_out:
+///
+///     dq = rope_backward(plan.q, dq_out),   dk = rope_backward(plan.k, dk_out)
+///
+/// Both calls are validated before either output is written.
+template <class T, class Acc = accumulator_t<T>>
+void rope_backward_qk(const RopeQkPlan& plan, std::span<const T> dq_out, std::span<const T> dk_out,
+                      const RopeTables<T>& tables, std::span<T> dq, std::span<T> dk) {
+  check_views(plan, dq_out, dk_out, tables, dq.size(), dk.size(), kRopeQkBackward);
+  rope_backward<T, Acc>(plan.q, dq_out, tables, dq);
+  rope_backward<T, Acc>(plan.k, dk_out, tables, dk);
 }
 
 }  // namespace tandem::reference

@@ -74,23 +74,36 @@ Shape shape_of(const A& a) {
   return s;
 }
 
+/// Throws Error(parameter, "<parameter> = <value> <expectation>"). The
+/// checks below build their messages only when they fail: a call's checks
+/// run on every kernel call from Python.
+[[noreturn]] inline void fail(const std::string& parameter, const std::string& value,
+                              const std::string& expectation) {
+  throw Error(parameter, parameter + " = " + value + " " + expectation);
+}
+
 /// Throws Error naming `name` unless `a` has the shape and strides of `e`
 /// and the element type T.
 template <class T, class A>
 void require_layout(const A& a, const std::string& name, const Expect& e) {
   if (dtype_of(a, name) != dtype_v<T>) {
-    throw Error(name + ".dtype", name + ".dtype = " + dtype_name(a.dtype()) + " must be " +
-                                     (dtype_v<T> == Dtype::float32 ? "float32" : "float64") +
-                                     " (the dtype of the first input)");
+    fail(name + ".dtype", dtype_name(a.dtype()),
+         std::string("must be ") + (dtype_v<T> == Dtype::float32 ? "float32" : "float64") +
+             " (the dtype of the first input)");
   }
-  const Shape shape = shape_of(a);
-  require(shape == e.shape, name + ".shape", to_string(shape), "must be " + to_string(e.shape));
-  if (element_count(shape, name) == 0) return;  // an empty array has no layout
-  Shape strides(a.ndim());
-  for (std::size_t i = 0; i < a.ndim(); ++i) strides[i] = a.stride(i);
+  bool same = a.ndim() == e.shape.size();
+  for (std::size_t i = 0; same && i < a.ndim(); ++i) {
+    same = static_cast<std::int64_t>(a.shape(i)) == e.shape[i];
+  }
+  if (!same) fail(name + ".shape", to_string(shape_of(a)), "must be " + to_string(e.shape));
+  if (element_count(e.shape, name) == 0) return;  // an empty array has no layout
   for (std::size_t i = 0; i < a.ndim(); ++i) {
-    require(e.shape[i] == 1 || strides[i] == e.strides[i], name + ".strides", to_string(strides),
-            "must be " + to_string(e.strides) + " (elements) for shape " + to_string(e.shape));
+    if (e.shape[i] != 1 && a.stride(i) != e.strides[i]) {
+      Shape strides(a.ndim());
+      for (std::size_t j = 0; j < a.ndim(); ++j) strides[j] = a.stride(j);
+      fail(name + ".strides", to_string(strides),
+           "must be " + to_string(e.strides) + " (elements) for shape " + to_string(e.shape));
+    }
   }
 }
 

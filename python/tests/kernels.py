@@ -95,3 +95,8 @@ def torch_swiglu(x, *, gate_first):
     if not gate_first:
         g, u = u, g
     return F.silu(g) * u
+
+
+def my_attention(q, k, v, **kwargs):
+    """The docs' example: a user's attention with a GQA bug (head h % Hkv)."""
+    return numpy_attention(q, k, v, bug="gqa", **kwargs)

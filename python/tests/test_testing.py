@@ -136,3 +136,14 @@ def test_strategies_shrink_toward_the_smallest_configuration():
     assert (smallest.mask, smallest.layout, smallest.strided) == ("none", "bshd", False)
     gqa = find(T.attention_configs(), lambda c: c.H != c.Hkv and c.mask == "bias")
     assert (gqa.H, gqa.Hkv, gqa.Sq, gqa.Sk) == (2, 1, 1, 1)
+
+
+def test_the_docs_page_shows_this_shrunk_failure_verbatim():
+    import os
+    from kernels import my_attention
+    with pytest.raises(T.CheckFailure) as info:
+        T.check_attention(my_attention, **BUDGET)
+    page = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "pages", "09_python.md")
+    with open(page) as f:
+        shown = f.read().split("```text\n", 1)[1].split("```", 1)[0]
+    assert shown == str(info.value)

@@ -66,6 +66,15 @@ inline Expect contiguous(const Shape& shape) {
   return {shape, strides};
 }
 
+/// The number of elements of an array's shape (an existing array's count
+/// cannot overflow, and shape.hpp's element_count builds its error message
+/// eagerly: too slow for every call).
+inline std::int64_t count(const Shape& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) n *= d;
+  return n;
+}
+
 /// The shape of `a`.
 template <class A>
 Shape shape_of(const A& a) {
@@ -96,7 +105,7 @@ void require_layout(const A& a, const std::string& name, const Expect& e) {
     same = static_cast<std::int64_t>(a.shape(i)) == e.shape[i];
   }
   if (!same) fail(name + ".shape", to_string(shape_of(a)), "must be " + to_string(e.shape));
-  if (element_count(e.shape, name) == 0) return;  // an empty array has no layout
+  if (count(e.shape) == 0) return;  // an empty array has no layout
   for (std::size_t i = 0; i < a.ndim(); ++i) {
     if (e.shape[i] != 1 && a.stride(i) != e.strides[i]) {
       Shape strides(a.ndim());
@@ -119,7 +128,7 @@ std::span<const T> in_span(const In& a, const std::string& name, const Expect& e
 template <class T>
 std::span<T> out_span(const Out& a, const std::string& name, const Shape& shape) {
   require_layout<T>(a, name, contiguous(shape));
-  return {static_cast<T*>(a.data()), static_cast<std::size_t>(element_count(shape, name))};
+  return {static_cast<T*>(a.data()), static_cast<std::size_t>(count(shape))};
 }
 
 /// As out_span, or an empty span for an absent output.
@@ -135,7 +144,7 @@ inline std::span<const float> mask_span(const std::optional<In>& a, const Shape&
   if (dtype_of(*a, "mask") != Dtype::float32) {
     throw Error("mask.dtype", "mask.dtype = " + dtype_name(a->dtype()) + " must be float32");
   }
-  return in_span<float>(*a, "mask", contiguous(shape), element_count(shape, "mask"));
+  return in_span<float>(*a, "mask", contiguous(shape), count(shape));
 }
 
 }  // namespace tandem::python

@@ -147,8 +147,9 @@ AttentionInputs<T> attention_inputs(const AttentionPlan& p, const nb::dict& inpu
     throw Error("mask", std::string("mask = ") + to_string(shape_of(*mask)) +
                             " must be absent for mask kind " + to_string(p.mask));
   }
-  require(!shape || mask.has_value(), "mask", std::string("(absent)"),
-          std::string("is required for mask kind ") + to_string(p.mask));
+  if (shape && !mask) {
+    fail("mask", "(absent)", std::string("is required for mask kind ") + to_string(p.mask));
+  }
   if (shape) in.mask = mask_span(mask, *shape);
   return in;
 }
@@ -176,6 +177,34 @@ void attention_forward(const std::string& backend, const AttentionParams& params
   });
 }
 
+/// attention_forward on raw addresses: q, k, v and out contiguous in the
+/// params' layout, of the params' sizes, element type float64 or float32.
+/// The caller vouches for all of that (tandem.torch's inference fast path
+/// checks it on the tensors, and takes the DLPack path otherwise): it spares
+/// the microseconds of four DLPack exports per call.
+void attention_forward_contiguous(const std::string& backend, const AttentionParams& params,
+                                  std::uintptr_t q, std::uintptr_t k, std::uintptr_t v,
+                                  std::uintptr_t out, bool float64) {
+  const AttentionPlan plan = AttentionPlan::make(params);
+  const auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const Kernels<T>& kernel = kernels<T>(backend);
+    const auto in = [](std::uintptr_t a, std::int64_t n) {
+      return std::span<const T>(reinterpret_cast<const T*>(a), static_cast<std::size_t>(n));
+    };
+    const AttentionInputs<T> inputs{in(q, plan.q.extent), in(k, plan.k.extent),
+                                    in(v, plan.v.extent)};
+    const std::span<T> o(reinterpret_cast<T*>(out), static_cast<std::size_t>(plan.o.extent));
+    nb::gil_scoped_release release;
+    kernel.attention_forward(plan, inputs, o);
+  };
+  if (float64) {
+    run(double{});
+  } else {
+    run(float{});
+  }
+}
+
 /// dq, dk, dv views for the outputs given (an absent one stays empty).
 template <class T>
 AttentionGrads<T> attention_grads(const AttentionPlan& p, const std::optional<Out>& dq,
@@ -189,7 +218,7 @@ void attention_backward(const std::string& backend, const AttentionParams& param
                         const nb::dict& inputs, const In& dout, const std::optional<Out>& dq,
                         const std::optional<Out>& dk, const std::optional<Out>& dv) {
   const AttentionPlan plan = AttentionPlan::make(params);
-  require(dq || dk || dv, "dq", std::string("(absent)"), "or dk or dv must be asked for");
+  if (!dq && !dk && !dv) fail("dq", "(absent)", "or dk or dv must be asked for");
   with_dtype(nb::cast<In>(inputs["q"]), "q", [&](auto tag) {
     using T = decltype(tag);
     const Kernels<T>& k = kernels<T>(backend);
@@ -303,9 +332,11 @@ void swiglu_backward(const std::string& backend, const SwigluParams& params, con
 void attention_block(const std::string& backend, std::int64_t num_heads, const nb::dict& inputs,
                      const Out& out) {
   const std::optional<In> x = input(inputs, "x");
-  require(x.has_value(), "x", std::string("(absent)"), "is required");
-  require(dtype_of(*x, "x") == Dtype::float32, "x.dtype", dtype_name(x->dtype()),
-          "must be float32 (the attention block runs in float32 only)");
+  if (!x) fail("x", "(absent)", "is required");
+  if (dtype_of(*x, "x") != Dtype::float32) {
+    fail("x.dtype", dtype_name(x->dtype()),
+         "must be float32 (the attention block runs in float32 only)");
+  }
   const char* names[] = {"x", "w_qkv", "b_qkv", "w_out", "b_out", "mask", "cos", "sin"};
   std::optional<In> a[8];
   std::optional<Shape> s[8];
@@ -313,14 +344,13 @@ void attention_block(const std::string& backend, std::int64_t num_heads, const n
     a[i] = input(inputs, names[i]);
     if (a[i]) s[i] = shape_of(*a[i]);
   }
-  require(a[1].has_value(), "w_qkv", std::string("(absent)"), "is required");
-  require(a[3].has_value(), "w_out", std::string("(absent)"), "is required");
+  if (!a[1]) fail("w_qkv", "(absent)", "is required");
+  if (!a[3]) fail("w_out", "(absent)", "is required");
   const AttentionBlockPlan plan =
       AttentionBlockPlan::from_shapes(*s[0], *s[1], s[2], *s[3], s[4], s[5], s[6], s[7], num_heads);
   std::span<const float> v[8];
   for (int i = 0; i < 8; ++i) {
-    if (a[i])
-      v[i] = in_span<float>(*a[i], names[i], contiguous(*s[i]), element_count(*s[i], names[i]));
+    if (a[i]) v[i] = in_span<float>(*a[i], names[i], contiguous(*s[i]), count(*s[i]));
   }
   const AttentionBlockInputs in{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
   const std::span<float> o = out_span<float>(out, "out", *s[0]);
@@ -425,6 +455,8 @@ NB_MODULE(_ext, m) {
 
   m.def("attention_forward", &attention_forward, "backend"_a, "params"_a, "inputs"_a, "out"_a,
         "lse"_a.none());
+  m.def("attention_forward_contiguous", &attention_forward_contiguous, "backend"_a, "params"_a,
+        "q"_a, "k"_a, "v"_a, "out"_a, "float64"_a);
   m.def("attention_backward", &attention_backward, "backend"_a, "params"_a, "inputs"_a, "dout"_a,
         "dq"_a.none(), "dk"_a.none(), "dv"_a.none());
   m.def("attention_backward_saved", &attention_backward_saved, "backend"_a, "params"_a, "inputs"_a,

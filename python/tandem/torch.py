@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _api
+from . import _api, _ext
 from ._errors import Error
 
 __all__ = ["attention", "rope", "axial_rope", "swiglu", "attention_block",
@@ -311,6 +311,36 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return sdpa_softcap(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
+_FLOATS = (torch.float32, torch.float64)
+
+
+def _fast_sdpa(q, k, v, is_causal, scale, backend):
+    """Inference on contiguous [B, H, S, D] CPU tensors without a mask: the
+    output straight from the kernel, the tensors passed by address (their
+    sizes, contiguity, dtype and device checked here); None when the call
+    needs the general path (autograd, a compiler, another layout, ...)."""
+    if _needs_op(q, k, v) or q.dtype not in _FLOATS or k.dtype != q.dtype or \
+            v.dtype != q.dtype or not (q.is_cpu and k.is_cpu and v.is_cpu) or \
+            not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+        return None
+    B, H, L, D = q.shape
+    Bk, Hkv, S, Dk = k.shape
+    if Bk != B or Dk != D or tuple(v.shape[:3]) != (B, Hkv, S) or min(B, H, L, D, Hkv, S) < 1:
+        return None
+    p = _ext.AttentionParams()
+    p.layout = _ext.Layout.bhsd
+    p.batch, p.heads, p.seq_q, p.head_dim = B, H, L, D
+    p.kv_heads, p.seq_k, p.v_head_dim = Hkv, S, v.shape[3]
+    if is_causal:
+        p.mask = _ext.MaskKind.causal
+    if scale is not None:
+        p.scale = float(scale)
+    out = torch.empty((B, H, L, p.v_head_dim), dtype=q.dtype)
+    _ext.attention_forward_contiguous(backend, p, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                      out.data_ptr(), q.dtype == torch.float64)
+    return out
+
+
 def sdpa_softcap(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                  enable_gqa=False, softcap=0.0, backend="optimized"):
     """scaled_dot_product_attention with tandem's logit softcap c > 0
@@ -331,6 +361,10 @@ def sdpa_softcap(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
     if H != Hq and not (enable_gqa and H >= 1 and Hq % H == 0):
         raise Error(f"key.shape = {list(key.shape)} must have {Hq} heads (query's), or a divisor "
                     "of it with enable_gqa=True", "key.shape")
+    if attn_mask is None and not softcap and (L >= S or not is_causal) and len(batch) == 1:
+        out = _fast_sdpa(query, key, value, is_causal, scale, backend)
+        if out is not None:
+            return out
     N = math.prod(batch)
     q = query.reshape(N, Hq, L, E)
     k = key.reshape(N, H, S, key.shape[-1])

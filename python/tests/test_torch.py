@@ -173,3 +173,21 @@ def test_compiles_without_graph_breaks():
                       fullgraph=True, backend="eager")
     torch.testing.assert_close(f(q, k, v), F.scaled_dot_product_attention(q, k, v,
                                                                           is_causal=True))
+
+
+@pytest.mark.parametrize("case", [dict(), dict(is_causal=True), dict(L=9, S=5, is_causal=True),
+                                  dict(L=3, S=8, is_causal=True), dict(Hkv=2, enable_gqa=True),
+                                  dict(scale=0.3), dict(transposed=True), dict(dtype=torch.float64)])
+def test_sdpa_inference_fast_path_matches_torch(case):
+    # without autograd, contiguous [B, H, L, E] tensors go to the kernel by address
+    L, S, Hkv = case.get("L", 6), case.get("S", 6), case.get("Hkv", 4)
+    dtype = case.get("dtype", torch.float32)
+    q = torch.randn(2, 4, L, 8, dtype=dtype)
+    k, v = torch.randn(2, Hkv, S, 8, dtype=dtype), torch.randn(2, Hkv, S, 5, dtype=dtype)
+    if case.get("transposed"):  # not contiguous: the general path
+        q = torch.randn(2, L, 4, 8, dtype=dtype).transpose(1, 2)
+    kw = {n: case[n] for n in ("is_causal", "scale", "enable_gqa") if n in case}
+    with torch.no_grad():
+        out = tt.scaled_dot_product_attention(q, k, v, **kw)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, **kw),
+                               atol=1e-5 if dtype == torch.float32 else 1e-12, rtol=1e-5)

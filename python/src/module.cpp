@@ -177,15 +177,15 @@ void attention_forward(const std::string& backend, const AttentionParams& params
   });
 }
 
-/// attention_forward on raw addresses: q, k, v and out contiguous in the
-/// params' layout, of the params' sizes, element type float64 or float32.
-/// The caller vouches for all of that (tandem.torch's inference fast path
-/// checks it on the tensors, and takes the DLPack path otherwise): it spares
-/// the microseconds of four DLPack exports per call.
-void attention_forward_contiguous(const std::string& backend, const AttentionParams& params,
+/// attention_forward on raw addresses, with a plan made beforehand: q, k, v
+/// and out contiguous in the plan's layout, of the plan's sizes, element
+/// type float64 or float32. The caller vouches for all of that
+/// (tandem.torch's inference fast path checks it on the tensors and keeps
+/// one plan per shape; anything else takes the DLPack path): it spares the
+/// DLPack exports and the plan's validation on every call.
+void attention_forward_contiguous(const std::string& backend, const AttentionPlan& plan,
                                   std::uintptr_t q, std::uintptr_t k, std::uintptr_t v,
                                   std::uintptr_t out, bool float64) {
-  const AttentionPlan plan = AttentionPlan::make(params);
   const auto run = [&](auto tag) {
     using T = decltype(tag);
     const Kernels<T>& kernel = kernels<T>(backend);
@@ -427,6 +427,9 @@ NB_MODULE(_ext, m) {
       .def_rw("bias_batch", &AttentionParams::bias_batch)
       .def_rw("bias_heads", &AttentionParams::bias_heads)
       .def("describe", [](const AttentionParams& p) { return AttentionPlan::make(p).describe(); });
+  nb::class_<AttentionPlan>(m, "AttentionPlan")
+      .def_static("make", &AttentionPlan::make, "params"_a)
+      .def("describe", &AttentionPlan::describe);
   nb::class_<RopeParams>(m, "RopeParams")
       .def(nb::init<>())
       .def_rw("batch", &RopeParams::batch)
@@ -458,8 +461,8 @@ NB_MODULE(_ext, m) {
 
   m.def("attention_forward", &attention_forward, "backend"_a, "params"_a, "inputs"_a, "out"_a,
         "lse"_a.none());
-  m.def("attention_forward_contiguous", &attention_forward_contiguous, "backend"_a, "params"_a,
-        "q"_a, "k"_a, "v"_a, "out"_a, "float64"_a);
+  m.def("attention_forward_contiguous", &attention_forward_contiguous, "backend"_a, "plan"_a, "q"_a,
+        "k"_a, "v"_a, "out"_a, "float64"_a);
   m.def("attention_backward", &attention_backward, "backend"_a, "params"_a, "inputs"_a, "dout"_a,
         "dq"_a.none(), "dk"_a.none(), "dv"_a.none());
   m.def("attention_backward_saved", &attention_backward_saved, "backend"_a, "params"_a, "inputs"_a,

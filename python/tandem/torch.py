@@ -13,6 +13,7 @@ so torch.autograd.gradcheck applies.
     out = tt.attention(q, k, v, layout="bhsd", mask="causal")         # tandem's own arguments
 """
 
+import atexit
 import math
 from typing import Optional
 
@@ -247,12 +248,12 @@ def attention_block(x, w_qkv, w_out, *, num_heads, b_qkv=None, b_out=None, key_p
 # torch.nn.functional.scaled_dot_product_attention, with its signature.
 
 
-def _needs_op(*tensors):
+def _needs_op(q, k, v):
     """Whether a call must go through the registered op (autograd or a
     compiler is watching); otherwise the kernel is called directly."""
-    if torch.compiler.is_compiling():
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return True
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    return torch.compiler.is_compiling()
 
 
 def _sdpa_mask(attn_mask, is_causal, batch, N, H, L, S):
@@ -312,6 +313,34 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 
 _FLOATS = (torch.float32, torch.float64)
+_PLANS = {}  # (q, k, v shapes, is_causal, scale) -> the fast path's AttentionPlan
+atexit.register(_PLANS.clear)  # before the extension is torn down
+
+
+def _fast_plan(q, k, v, is_causal, scale):
+    """The plan of a [B, H, S, D] call without a mask, made (and validated)
+    once per shape; None when k and v do not fit q (the general path then
+    names the problem)."""
+    key = (q.shape, k.shape, v.shape, is_causal, scale)
+    plan = _PLANS.get(key)
+    if plan is None:
+        B, H, L, D = q.shape
+        Bk, Hkv, S, Dk = k.shape
+        if Bk != B or Dk != D or tuple(v.shape[:3]) != (B, Hkv, S) or min(B, H, L, D, S) < 1:
+            return None
+        p = _ext.AttentionParams()
+        p.layout = _ext.Layout.bhsd
+        p.batch, p.heads, p.seq_q, p.head_dim = B, H, L, D
+        p.kv_heads, p.seq_k, p.v_head_dim = Hkv, S, v.shape[3]
+        if is_causal:
+            p.mask = _ext.MaskKind.causal
+        if scale is not None:
+            p.scale = float(scale)
+        plan = _ext.AttentionPlan.make(p)
+        if len(_PLANS) >= 256:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
 
 
 def _fast_sdpa(q, k, v, is_causal, scale, backend):
@@ -323,20 +352,11 @@ def _fast_sdpa(q, k, v, is_causal, scale, backend):
             v.dtype != q.dtype or not (q.is_cpu and k.is_cpu and v.is_cpu) or \
             not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
         return None
-    B, H, L, D = q.shape
-    Bk, Hkv, S, Dk = k.shape
-    if Bk != B or Dk != D or tuple(v.shape[:3]) != (B, Hkv, S) or min(B, H, L, D, Hkv, S) < 1:
+    plan = _fast_plan(q, k, v, is_causal, scale)
+    if plan is None:
         return None
-    p = _ext.AttentionParams()
-    p.layout = _ext.Layout.bhsd
-    p.batch, p.heads, p.seq_q, p.head_dim = B, H, L, D
-    p.kv_heads, p.seq_k, p.v_head_dim = Hkv, S, v.shape[3]
-    if is_causal:
-        p.mask = _ext.MaskKind.causal
-    if scale is not None:
-        p.scale = float(scale)
-    out = torch.empty((B, H, L, p.v_head_dim), dtype=q.dtype)
-    _ext.attention_forward_contiguous(backend, p, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+    out = torch.empty((*q.shape[:3], v.shape[3]), dtype=q.dtype)
+    _ext.attention_forward_contiguous(backend, plan, q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                       out.data_ptr(), q.dtype == torch.float64)
     return out
 

@@ -39,6 +39,21 @@ def sdpa_attention(q, k, v, *, layout, mask, window, scale, softcap, bias=None,
     return out.transpose(1, 2) if layout == "bshd" else out
 
 
+def sdpa_attention_backward(q, k, v, dout, *, bug=None, **kwargs):
+    """(dq, dk, dv) of sdpa_attention by torch's autograd. bug "gqa_sum": k and
+    v repeated per query head, and each kv head's gradient taken from the
+    first head of its group instead of summed over the group."""
+    q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
+    if bug != "gqa_sum":
+        return torch.autograd.grad(sdpa_attention(q, k, v, **kwargs), (q, k, v), dout)
+    axis = 2 if kwargs["layout"] == "bshd" else 1
+    group = q.shape[axis] // k.shape[axis]
+    k2, v2 = (x.detach().repeat_interleave(group, axis).requires_grad_() for x in (k, v))
+    dq, dk2, dv2 = torch.autograd.grad(sdpa_attention(q, k2, v2, **kwargs), (q, k2, v2), dout)
+    first = torch.arange(0, q.shape[axis], group)
+    return dq, dk2.index_select(axis, first), dv2.index_select(axis, first)
+
+
 def numpy_attention(q, k, v, *, layout, mask, window, scale, softcap, bias=None,
                     key_padding=None, bug=None):
     """Attention in float32 NumPy, written plainly. bug: "gqa" (query head h

@@ -9,7 +9,8 @@ import pytest
 
 import tandem
 from tandem import testing as T
-from kernels import numpy_attention, numpy_rope, sdpa_attention, torch_swiglu
+from kernels import (numpy_attention, numpy_rope, sdpa_attention, sdpa_attention_backward,
+                     torch_swiglu)
 
 BUDGET = dict(seed=12, time_budget=20.0)
 
@@ -24,6 +25,10 @@ def causal_offset_bug_attention(q, k, v, **kw):
 
 def no_max_bug_attention(q, k, v, **kw):
     return numpy_attention(q, k, v, bug="no_max", **kw)
+
+
+def gqa_sum_bug_backward(q, k, v, dout, **kw):
+    return sdpa_attention_backward(q, k, v, dout, bug="gqa_sum", **kw)
 
 
 def rope_pairs_bug(x, cos, sin, **kw):
@@ -52,6 +57,11 @@ def test_numpy_float32_attention_passes():
 def test_tandem_itself_passes_forward_and_backward():
     T.check_attention(tandem.attention, max_examples=60, **BUDGET)
     T.check_attention_backward(tandem.attention_backward, max_examples=60, **BUDGET)
+
+
+def test_torch_autograd_backward_through_an_adapter_passes():
+    T.check_attention_backward(sdpa_attention_backward, array="torch", softcap=False,
+                               max_examples=100, **BUDGET)
 
 
 def test_numpy_rope_and_torch_swiglu_pass():
@@ -84,6 +94,13 @@ def test_rope_pairs_swapped_is_caught_with_four_rotated_dims():
     config, _ = failure(T.check_rope, rope_pairs_bug)
     # (i, i+1) and (2i, 2i+1) coincide for n_rot = 2
     assert config.style == "neox" and config.n_rot == 4 and config.B == 1 and config.S == 1
+
+
+def test_gqa_gradients_not_summed_over_the_group_are_caught():
+    config, report = failure(T.check_attention_backward, gqa_sum_bug_backward, array="torch",
+                             softcap=False)
+    assert (config.H, config.Hkv, config.Sq, config.Sk) == (2, 1, 1, 1)
+    assert report.splitlines()[5].lstrip().startswith(("dk:", "dv:"))  # dk = 0 when Sk = 1
 
 
 def test_a_nondeterministic_kernel_fails():

@@ -384,11 +384,14 @@ def _f64(arrays):
             for n, a in arrays.items()}
 
 
-def check_attention_config(fn, config, array="numpy", policy=Policy()):
-    """Runs `fn` on one AttentionConfig; raises CheckFailure on a mismatch."""
-    problem = _attention_problem(fn, config, array, policy)
+def _raise_on(problem, config):
     if problem:
         raise CheckFailure(problem, config)
+
+
+def check_attention_config(fn, config, array="numpy", policy=Policy()):
+    """Runs `fn` on one AttentionConfig; raises CheckFailure on a mismatch."""
+    _raise_on(_attention_problem(fn, config, array, policy), config)
 
 
 def _attention_problem(fn, config, array, policy):
@@ -411,9 +414,7 @@ def _attention_problem(fn, config, array, policy):
 def check_attention_backward_config(fn, config, array="numpy", policy=Policy()):
     """Runs the backward `fn(q, k, v, dout, **kwargs) -> (dq, dk, dv)` on one
     AttentionConfig; raises CheckFailure on a mismatch."""
-    problem = _attention_backward_problem(fn, config, array, policy)
-    if problem:
-        raise CheckFailure(problem, config)
+    _raise_on(_attention_backward_problem(fn, config, array, policy), config)
 
 
 def _attention_backward_problem(fn, config, array, policy):
@@ -443,9 +444,7 @@ def _attention_backward_problem(fn, config, array, policy):
 def check_rope_config(fn, config, array="numpy", policy=Policy()):
     """Runs `fn(x, cos, sin, *, head_dim, n_rot, style, table_rows)` on one
     RopeConfig; raises CheckFailure on a mismatch."""
-    problem = _rope_problem(fn, config, array, policy)
-    if problem:
-        raise CheckFailure(problem, config)
+    _raise_on(_rope_problem(fn, config, array, policy), config)
 
 
 def _rope_problem(fn, config, array, policy):
@@ -466,9 +465,7 @@ def _rope_problem(fn, config, array, policy):
 def check_swiglu_config(fn, config, array="numpy", policy=Policy()):
     """Runs `fn(x, *, gate_first)` on one SwigluConfig; raises CheckFailure
     on a mismatch."""
-    problem = _swiglu_problem(fn, config, array, policy)
-    if problem:
-        raise CheckFailure(problem, config)
+    _raise_on(_swiglu_problem(fn, config, array, policy), config)
 
 
 def _swiglu_problem(fn, config, array, policy):

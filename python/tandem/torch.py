@@ -309,55 +309,64 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     1/sqrt(E); enable_gqa: Hq a multiple of H. Only dropout_p = 0 is
     supported. A query that sees no key gets 0, as in PyTorch. float32 runs
     the optimized backend, float64 the reference in double."""
+    if attn_mask is None and dropout_p == 0.0:
+        out = _fast_sdpa(query, key, value, is_causal, scale, enable_gqa, "optimized")
+        if out is not None:
+            return out
     return sdpa_softcap(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
 _FLOATS = (torch.float32, torch.float64)
-_PLANS = {}  # (q, k, v shapes, is_causal, scale) -> the fast path's AttentionPlan
+_PLANS = {}  # (q, k, v shapes, is_causal, scale, enable_gqa) -> AttentionPlan, or None: no fast path
 atexit.register(_PLANS.clear)  # before the extension is torn down
 
 
-def _fast_plan(q, k, v, is_causal, scale):
+def _fast_plan(q, k, v, is_causal, scale, enable_gqa):
     """The plan of a [B, H, S, D] call without a mask, made (and validated)
-    once per shape; None when k and v do not fit q (the general path then
-    names the problem)."""
-    key = (q.shape, k.shape, v.shape, is_causal, scale)
-    plan = _PLANS.get(key)
-    if plan is None:
-        B, H, L, D = q.shape
-        Bk, Hkv, S, Dk = k.shape
-        if Bk != B or Dk != D or tuple(v.shape[:3]) != (B, Hkv, S) or min(B, H, L, D, S) < 1:
-            return None
-        p = _ext.AttentionParams()
-        p.layout = _ext.Layout.bhsd
-        p.batch, p.heads, p.seq_q, p.head_dim = B, H, L, D
-        p.kv_heads, p.seq_k, p.v_head_dim = Hkv, S, v.shape[3]
-        if is_causal:
-            p.mask = _ext.MaskKind.causal
-        if scale is not None:
-            p.scale = float(scale)
-        plan = _ext.AttentionPlan.make(p)
-        if len(_PLANS) >= 256:
-            _PLANS.clear()
-        _PLANS[key] = plan
-    return plan
+    once per shape; None when the call needs the general path (another rank,
+    top-left causal with fewer queries than keys, k or v not fitting q: the
+    general path then names the problem)."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return None
+    B, H, L, D = q.shape
+    Bk, Hkv, S, Dk = k.shape
+    if Bk != B or Dk != D or tuple(v.shape[:3]) != (B, Hkv, S) or min(B, H, L, D, S) < 1 or \
+            (is_causal and L < S) or (Hkv != H and not (enable_gqa and H % Hkv == 0)):
+        return None
+    p = _ext.AttentionParams()
+    p.layout = _ext.Layout.bhsd
+    p.batch, p.heads, p.seq_q, p.head_dim = B, H, L, D
+    p.kv_heads, p.seq_k, p.v_head_dim = Hkv, S, v.shape[3]
+    if is_causal:
+        p.mask = _ext.MaskKind.causal
+    if scale is not None:
+        p.scale = float(scale)
+    return _ext.AttentionPlan.make(p)
 
 
-def _fast_sdpa(q, k, v, is_causal, scale, backend):
+def _fast_sdpa(q, k, v, is_causal, scale, enable_gqa, backend):
     """Inference on contiguous [B, H, S, D] CPU tensors without a mask: the
     output straight from the kernel, the tensors passed by address (their
-    sizes, contiguity, dtype and device checked here); None when the call
-    needs the general path (autograd, a compiler, another layout, ...)."""
-    if _needs_op(q, k, v) or q.dtype not in _FLOATS or k.dtype != q.dtype or \
-            v.dtype != q.dtype or not (q.is_cpu and k.is_cpu and v.is_cpu) or \
+    sizes, contiguity, dtype and device checked here, the plan made once per
+    shape); None when the call needs the general path (autograd, a
+    compiler, another layout, ...)."""
+    dtype = q.dtype
+    if k.dtype != dtype or v.dtype != dtype or dtype not in _FLOATS or _needs_op(q, k, v) or \
+            not (q.is_cpu and k.is_cpu and v.is_cpu) or \
             not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
         return None
-    plan = _fast_plan(q, k, v, is_causal, scale)
+    key = (q.shape, k.shape, v.shape, is_causal, scale, enable_gqa)
+    try:
+        plan = _PLANS[key]
+    except KeyError:
+        if len(_PLANS) >= 256:
+            _PLANS.clear()
+        plan = _PLANS[key] = _fast_plan(q, k, v, is_causal, scale, enable_gqa)
     if plan is None:
         return None
-    out = torch.empty((*q.shape[:3], v.shape[3]), dtype=q.dtype)
+    out = torch.empty((*key[0][:3], key[2][3]), dtype=dtype)
     _ext.attention_forward_contiguous(backend, plan, q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                      out.data_ptr(), q.dtype == torch.float64)
+                                      out.data_ptr(), dtype == torch.float64)
     return out
 
 
@@ -381,8 +390,8 @@ def sdpa_softcap(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
     if H != Hq and not (enable_gqa and H >= 1 and Hq % H == 0):
         raise Error(f"key.shape = {list(key.shape)} must have {Hq} heads (query's), or a divisor "
                     "of it with enable_gqa=True", "key.shape")
-    if attn_mask is None and not softcap and (L >= S or not is_causal) and len(batch) == 1:
-        out = _fast_sdpa(query, key, value, is_causal, scale, backend)
+    if attn_mask is None and not softcap:
+        out = _fast_sdpa(query, key, value, is_causal, scale, enable_gqa, backend)
         if out is not None:
             return out
     N = math.prod(batch)

@@ -5,9 +5,10 @@ with the .venv/ interpreter that `make test` creates).
 Measures, in one process:
   - the binding overhead per call: tandem.torch.scaled_dot_product_attention
     on a [1, 1, 1, 8] problem with one thread, where the kernel's own work is
-    a few dozen FLOPs, so the time is what Python, the argument checks,
-    nanobind and the dispatch cost (an upper bound); the same for the layers
-    underneath (tandem.attention on NumPy, the bare extension call);
+    a few dozen FLOPs, minus the kernel call alone (the extension's
+    entry with the plan made and the addresses taken beforehand, which
+    still pays the backend's fixed cost per call); the same for the layers
+    in between (tandem.attention on NumPy, the extension's DLPack entry);
   - forward attention at the report's large shapes: tandem through
     tandem.torch.scaled_dot_product_attention and torch's own
     F.scaled_dot_product_attention, on [B, H, S, D] float32 tensors with the
@@ -61,7 +62,11 @@ def overhead(min_time):
     p.layout = _ext.Layout.bhsd
     out = np.empty((1, 1, 1, 8), np.float32)
     inputs = {"q": qn, "k": qn, "v": qn}
+    plan = _ext.AttentionPlan.make(p)
+    a, o = qn.__array_interface__["data"][0], out.__array_interface__["data"][0]
     result = {
+        "kernel_call_s": per_call(lambda: _ext.attention_forward_contiguous("optimized", plan, a, a,
+                                                                            a, o, False), min_time),
         "extension_call_s": per_call(lambda: _ext.attention_forward("optimized", p, inputs, out,
                                                                     None), min_time),
         "numpy_attention_s": per_call(lambda: tandem.attention(qn, qn, qn, layout="bhsd"),

@@ -3,6 +3,8 @@
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
+## The virtual environment in which CTest installs the Python package and runs its tests.
+PYTHON_VENV ?= $(CURDIR)/.venv
 
 .PHONY: all deps configure build test report report-quick peers docs clean
 
@@ -12,12 +14,13 @@ deps:
 	@tools/install-deps.sh
 
 configure: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DTANDEM_PYTHON_VENV=$(PYTHON_VENV) $(CMAKE_FLAGS)
 
 build: configure
 	cmake --build $(BUILD) -j$(JOBS)
 
-## Install, configure, build and run every test.
+## Install, configure, build and run every test (the Python tests too: CTest's
+## python_install creates $(PYTHON_VENV) from PyPI the first time, label python).
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
 

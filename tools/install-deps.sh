@@ -10,7 +10,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libfmt-dev
   clang libclang-rt-14-dev
   doxygen graphviz
-  python3-numpy python3-matplotlib
+  python3-numpy python3-matplotlib python3-venv python3-dev
 )
 
 missing=()

@@ -401,13 +401,45 @@ def run_accuracy(a, build, raw_dir):
         return {"results": [], "error": str(e)}
 
 
+def run_python(a, plan, raw_dir):
+    """tandem through Python (bench/python/python_bench.py) in the package's
+    environment (.venv/, made by `make test`): the binding overhead and
+    forward attention beside torch's SDPA at the attention shapes with S >= 1024
+    (in the quick preset, the first one)."""
+    venv_py = os.path.join(ROOT, a.python_venv, "bin", "python")
+    if a.no_python:
+        return {"disabled": True}
+    if not os.path.exists(venv_py) or run_text([venv_py, "-c", "import tandem.torch"]) is None:
+        log(f"report: no Python package environment ({a.python_venv}/ with tandem); `make test` creates it")
+        return {"missing": True}
+    shapes = []
+    for b in plan["benchmarks"]:
+        if b["op"] == "attention_forward" and "peer" in b["tags"] and b["threads"] == plan["threads"] \
+                and int(b["params"].get("Sq", 0)) >= 1024 and b["shape"] not in shapes:
+            shapes.append(b["shape"])
+    if a.preset == "quick":
+        shapes = shapes[:1]
+    out = os.path.join(raw_dir, "python.json")
+    log(f"report: tandem through Python on {len(shapes)} shape(s)")
+    cmd = [venv_py, os.path.join(ROOT, "bench", "python", "python_bench.py"), "--shapes", ",".join(shapes),
+           "--threads", str(plan["threads"]), "--min-time", str(a.min_time or (0.3 if a.preset == "quick" else 1.0)),
+           "--out", out]
+    try:
+        subprocess.run(cmd, timeout=900)
+        with open(out) as f:
+            return json.load(f)
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
+        return {"error": str(e)}
+
+
 # ---------------------------------------------------------------------------
 # Analysis
 
 
 class Data:
-    def __init__(self, bench, peers, accuracy, info, plan):
+    def __init__(self, bench, peers, accuracy, info, plan, python=None):
         self.info, self.plan, self.accuracy = info, plan, accuracy
+        self.python = python or {}
         self.peers_doc = peers
         self.rows = []  # tandem results
         self.errors = []
@@ -893,6 +925,50 @@ OP_ORDER = ["attention_forward", "attention_backward", "attention_backward_saved
             "axial_rope_backward", "swiglu_forward", "swiglu_backward", "attention_block"]
 
 
+def write_python_section(doc, d):
+    """tandem called from Python (tandem.torch.scaled_dot_product_attention)
+    beside PyTorch's SDPA, and beside the same kernel measured in C++."""
+    py = d.python
+    doc.h(2, "tandem through Python")
+    if py.get("disabled"):
+        doc.p("Not measured (`--no-python`).")
+        return
+    if py.get("missing") or py.get("error"):
+        doc.p("Not measured: " + (py.get("error") or "no `.venv/` with the tandem package; `make test` creates it."))
+        return
+    ov = py["overhead"]
+    doc.p(f"In `.venv/` (tandem {py['versions']['tandem']}, torch {py['versions']['torch']}), "
+          f"{py.get('threads')} thread(s). Per-call costs on a [1, 1, 1, 8] problem with one thread, where the "
+          "kernel's work is negligible.")
+    kernel = ov.get("kernel_call_s")
+    if kernel is not None:
+        doc.p(f"**Binding overhead: {(ov['torch_sdpa_tandem_s'] - kernel) * 1e6:.1f} µs per call** "
+              "(`tandem.torch.scaled_dot_product_attention` minus the kernel call alone, which still pays the "
+              "optimized backend's own fixed cost per call).")
+    doc.table(["call", "time per call"], [
+        ("`tandem.torch.scaled_dot_product_attention` (torch tensors)", f"{ov['torch_sdpa_tandem_s'] * 1e6:.1f} µs"),
+        ("the kernel call alone (plan made and addresses taken beforehand)",
+         f"{kernel * 1e6:.1f} µs" if kernel is not None else "–"),
+        ("`tandem.attention` (NumPy arrays)", f"{ov['numpy_attention_s'] * 1e6:.1f} µs"),
+        ("`tandem._ext.attention_forward` (the extension's DLPack entry, Params prepared)",
+         f"{ov['extension_call_s'] * 1e6:.1f} µs"),
+        ("`torch.nn.functional.scaled_dot_product_attention`, for scale", f"{ov['torch_sdpa_torch_s'] * 1e6:.1f} µs"),
+    ])
+    rows = []
+    for r in py.get("results", []):
+        cpp = d.find("attention_forward", r["shape"])
+        t_py, t_torch = r["tandem_python_s"], r["torch_sdpa_s"]
+        rows.append((r["shape"], fms(t_py), fms(cpp["seconds"]) if cpp else "–",
+                     f"{(t_py / cpp['seconds'] - 1) * 100:+.1f} %" if cpp else "–", fms(t_torch),
+                     fratio(t_torch / t_py), fratio(t_torch / cpp["seconds"]) if cpp else "–"))
+    doc.p("Forward attention, float32 [B, H, S, D] tensors: tandem called through "
+          "`tandem.torch.scaled_dot_product_attention`, the same kernel measured in C++ (`tandem_bench`, this "
+          "run), and PyTorch's `F.scaled_dot_product_attention` in the same Python process. ×torch: torch's time "
+          "÷ tandem's, through Python and in C++ (the C++ ratio uses the same torch time).")
+    doc.table(["shape", "tandem via Python", "tandem in C++", "Python vs C++", "torch SDPA", "×torch (Python)",
+               "×torch (C++)"], rows)
+
+
 def write_report(d, made, out_dir, a, run_seconds):
     doc = Doc()
     info = d.info
@@ -960,6 +1036,8 @@ def write_report(d, made, out_dir, a, run_seconds):
               + ("no peer environment exists; " if pd.get("no_venv") else "not installed in `.venv-peers/`; ")
               + "create it with `make peers` (a `python3 -m venv` + pip install from PyPI; torch's Linux wheel brings "
                 "several GiB of CUDA libraries) and run the report again.")
+
+    write_python_section(doc, d)
 
     doc.h(2, "Results per op")
     doc.p("Time is the mean wall time of one call. Fraction: of the FMA peak (GFLOP/s ops) or of the copy "
@@ -1103,6 +1181,9 @@ def main():
     ap.add_argument("--peer-budget", type=float, help="seconds for all peers (default 420; quick 90)")
     ap.add_argument("--venv", default=".venv-peers", help="peer environment (default %(default)s)")
     ap.add_argument("--no-accuracy", action="store_true", help="skip tandem_accuracy")
+    ap.add_argument("--python-venv", default=".venv",
+                    help="environment with the tandem package, for tandem through Python (default %(default)s)")
+    ap.add_argument("--no-python", action="store_true", help="skip tandem through Python")
     ap.add_argument("--strict", action="store_true",
                     help="exit 1 when a tandem benchmark or the accuracy run failed (CI); peers never fail a run")
     ap.add_argument("--from-raw", action="store_true",
@@ -1119,7 +1200,7 @@ def main():
         with open(os.path.join(raw_dir, "run.json")) as f:
             run = json.load(f)
         a.preset = run["preset"]
-        d = Data(run["bench"], run["peers"], run["accuracy"], run["info"], run["plan"])
+        d = Data(run["bench"], run["peers"], run["accuracy"], run["info"], run["plan"], run.get("python"))
         made = plots(d, out_dir)
         targets = write_report(d, made, out_dir, a, run["seconds"])
         print_summary(targets, out_dir)
@@ -1146,15 +1227,16 @@ def main():
     bench, context = run_benchmarks(a, exe, plan, raw_dir)
     log(f"report: step 2 of 3: peers (elapsed {fmt_dur(time.time() - start)})")
     peers = run_peers(a, plan, raw_dir)
-    log(f"report: step 3 of 3: accuracy (elapsed {fmt_dur(time.time() - start)})")
+    log(f"report: step 3 of 3: accuracy, then tandem through Python (elapsed {fmt_dur(time.time() - start)})")
     accuracy = {"results": []} if a.no_accuracy else run_accuracy(a, build, raw_dir)
+    python = run_python(a, plan, raw_dir)
     info["load_after"] = load_avg()
     info["benchmark_context"] = context
     seconds = time.time() - start
     with open(os.path.join(raw_dir, "run.json"), "w") as f:
         json.dump({"preset": a.preset, "plan": plan, "info": info, "bench": bench, "peers": peers,
-                   "accuracy": accuracy, "seconds": seconds}, f, indent=1)
-    d = Data(bench, peers, accuracy, info, plan)
+                   "accuracy": accuracy, "python": python, "seconds": seconds}, f, indent=1)
+    d = Data(bench, peers, accuracy, info, plan, python)
     made = plots(d, out_dir)
     targets = write_report(d, made, out_dir, a, seconds)
     print_summary(targets, out_dir)

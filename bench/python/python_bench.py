@@ -1,0 +1,122 @@
+# SPDX-License-Identifier: Apache-2.0
+"""tandem called from Python, beside PyTorch's SDPA (bench/report runs it
+with the .venv/ interpreter that `make test` creates).
+
+Measures, in one process:
+  - the binding overhead per call: tandem.torch.scaled_dot_product_attention
+    on a [1, 1, 1, 8] problem with one thread, where the kernel's own work is
+    a few dozen FLOPs, minus the kernel call alone (the extension's
+    entry with the plan made and the addresses taken beforehand, which
+    still pays the backend's fixed cost per call); the same for the layers
+    in between (tandem.attention on NumPy, the extension's DLPack entry);
+  - forward attention at the report's large shapes: tandem through
+    tandem.torch.scaled_dot_product_attention and torch's own
+    F.scaled_dot_product_attention, on [B, H, S, D] float32 tensors with the
+    same thread count.
+
+    usage: python_bench.py --shapes B1_H8_S2048_D128,B1_H8_S1024_D64_causal
+                           --threads N --min-time S --out result.json
+"""
+
+import argparse
+import json
+import re
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import tandem
+import tandem.torch as tt
+from tandem import _ext
+
+
+def per_call(fn, min_time, repeats=5):
+    """Median over `repeats` runs of the mean seconds per call, each run
+    calling fn for at least min_time / repeats seconds."""
+    fn()
+    n, t0 = 1, time.perf_counter()
+    fn()
+    one = max(time.perf_counter() - t0, 1e-7)
+    n = max(1, int(min_time / repeats / one))
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        runs.append((time.perf_counter() - t0) / n)
+    return statistics.median(runs)
+
+
+def overhead(min_time):
+    """Seconds per call on a [1, 1, 1, 8] problem, one thread, for each layer."""
+    tandem.set_threads(1)
+    torch.set_num_threads(1)
+    q = torch.randn(1, 1, 1, 8)
+    qn = q.numpy()
+    p = _ext.AttentionParams()
+    p.batch = p.seq_q = p.seq_k = p.heads = 1
+    p.head_dim = 8
+    p.layout = _ext.Layout.bhsd
+    out = np.empty((1, 1, 1, 8), np.float32)
+    inputs = {"q": qn, "k": qn, "v": qn}
+    plan = _ext.AttentionPlan.make(p)
+    a, o = qn.__array_interface__["data"][0], out.__array_interface__["data"][0]
+    result = {
+        "kernel_call_s": per_call(lambda: _ext.attention_forward_contiguous("optimized", plan, a, a,
+                                                                            a, o, False), min_time),
+        "extension_call_s": per_call(lambda: _ext.attention_forward("optimized", p, inputs, out,
+                                                                    None), min_time),
+        "numpy_attention_s": per_call(lambda: tandem.attention(qn, qn, qn, layout="bhsd"),
+                                      min_time),
+        "torch_sdpa_tandem_s": per_call(lambda: tt.scaled_dot_product_attention(q, q, q),
+                                        min_time),
+        "torch_sdpa_torch_s": per_call(lambda: F.scaled_dot_product_attention(q, q, q), min_time),
+    }
+    tandem.set_threads(0)
+    return result
+
+
+def shape_of(name):
+    m = re.fullmatch(r"B(\d+)_H(\d+)_S(\d+)_D(\d+)(_causal)?", name)
+    if not m:
+        raise SystemExit(f"python_bench: shape {name!r} is not B<b>_H<h>_S<s>_D<d>[_causal]")
+    B, H, S, D = (int(x) for x in m.groups()[:4])
+    return B, H, S, D, bool(m.group(5))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="B1_H8_S2048_D128")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--min-time", type=float, default=0.5)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    doc = {"versions": {"tandem": tandem.__version__, "torch": torch.__version__,
+                        "numpy": np.__version__},
+           "simd_target": tandem.simd_target(),
+           "overhead": overhead(max(a.min_time, 0.2)), "results": []}
+    tandem.set_threads(a.threads)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    doc["threads"] = torch.get_num_threads()
+    for name in [s for s in a.shapes.split(",") if s]:
+        B, H, S, D, causal = shape_of(name)
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(B, H, S, D) for _ in range(3))
+        ours = per_call(lambda: tt.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                        a.min_time, repeats=3)
+        theirs = per_call(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                          a.min_time, repeats=3)
+        doc["results"].append({"shape": name, "tandem_python_s": ours, "torch_sdpa_s": theirs})
+        print(f"python_bench: {name}: tandem {ours * 1e3:.2f} ms, torch SDPA {theirs * 1e3:.2f} ms",
+              flush=True)
+    with open(a.out, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

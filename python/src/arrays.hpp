@@ -1,0 +1,150 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file arrays.hpp
+/// @brief NumPy arrays and PyTorch tensors (anything nanobind takes through
+///        the buffer protocol or DLPack) as the spans of tandem's views,
+///        without copying: an array is accepted when its shape and strides
+///        are exactly those the plan expects, and is otherwise rejected with
+///        a tandem::Error naming it.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tandem/error.hpp"
+#include "tandem/shape.hpp"
+
+namespace tandem::python {
+
+namespace nb = nanobind;
+
+/// A read-only CPU array of any element type and rank.
+using In = nb::ndarray<nb::ro, nb::device::cpu>;
+/// A writable CPU array of any element type and rank.
+using Out = nb::ndarray<nb::device::cpu>;
+
+/// The element types the kernels take.
+enum class Dtype { float32, float64 };
+
+/// "float32", "float64", or the DLPack code of another type.
+inline std::string dtype_name(nb::dlpack::dtype t) {
+  if (t == nb::dtype<float>()) return "float32";
+  if (t == nb::dtype<double>()) return "float64";
+  return "(dlpack code " + std::to_string(t.code) + ", " + std::to_string(t.bits) + " bits)";
+}
+
+/// The element type of `a`; throws Error naming `name` unless float32 or float64.
+template <class A>
+Dtype dtype_of(const A& a, const std::string& name) {
+  if (a.dtype() == nb::dtype<float>()) return Dtype::float32;
+  if (a.dtype() == nb::dtype<double>()) return Dtype::float64;
+  throw Error(name + ".dtype",
+              name + ".dtype = " + dtype_name(a.dtype()) + " must be float32 or float64");
+}
+
+/// The scalar type of a Dtype.
+template <class T>
+constexpr Dtype dtype_v = std::is_same_v<T, float> ? Dtype::float32 : Dtype::float64;
+
+/// Where an array must sit: its shape and its strides in elements (strides
+/// of size-1 axes, and of empty arrays, are never looked at: NumPy and
+/// PyTorch leave them free).
+struct Expect {
+  Shape shape;
+  Shape strides;
+};
+
+/// Contiguous (C order) strides of `shape`.
+inline Expect contiguous(const Shape& shape) {
+  Shape strides(shape.size(), 1);
+  for (std::size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * shape[i];
+  return {shape, strides};
+}
+
+/// The number of elements of an array's shape (an existing array's count
+/// cannot overflow, and shape.hpp's element_count builds its error message
+/// eagerly: too slow for every call).
+inline std::int64_t count(const Shape& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) n *= d;
+  return n;
+}
+
+/// The shape of `a`.
+template <class A>
+Shape shape_of(const A& a) {
+  Shape s(a.ndim());
+  for (std::size_t i = 0; i < a.ndim(); ++i) s[i] = static_cast<std::int64_t>(a.shape(i));
+  return s;
+}
+
+/// Throws Error(parameter, "<parameter> = <value> <expectation>"). The
+/// checks below build their messages only when they fail: a call's checks
+/// run on every kernel call from Python.
+[[noreturn]] inline void fail(const std::string& parameter, const std::string& value,
+                              const std::string& expectation) {
+  throw Error(parameter, parameter + " = " + value + " " + expectation);
+}
+
+/// Throws Error naming `name` unless `a` has the shape and strides of `e`
+/// and the element type T.
+template <class T, class A>
+void require_layout(const A& a, const std::string& name, const Expect& e) {
+  if (dtype_of(a, name) != dtype_v<T>) {
+    fail(name + ".dtype", dtype_name(a.dtype()),
+         std::string("must be ") + (dtype_v<T> == Dtype::float32 ? "float32" : "float64") +
+             " (the dtype of the first input)");
+  }
+  bool same = a.ndim() == e.shape.size();
+  for (std::size_t i = 0; same && i < a.ndim(); ++i) {
+    same = static_cast<std::int64_t>(a.shape(i)) == e.shape[i];
+  }
+  if (!same) fail(name + ".shape", to_string(shape_of(a)), "must be " + to_string(e.shape));
+  if (count(e.shape) == 0) return;  // an empty array has no layout
+  for (std::size_t i = 0; i < a.ndim(); ++i) {
+    if (e.shape[i] != 1 && a.stride(i) != e.strides[i]) {
+      Shape strides(a.ndim());
+      for (std::size_t j = 0; j < a.ndim(); ++j) strides[j] = a.stride(j);
+      fail(name + ".strides", to_string(strides),
+           "must be " + to_string(e.strides) + " (elements) for shape " + to_string(e.shape));
+    }
+  }
+}
+
+/// The span of `extent` elements that starts at a's first element.
+template <class T>
+std::span<const T> in_span(const In& a, const std::string& name, const Expect& e,
+                           std::int64_t extent) {
+  require_layout<T>(a, name, e);
+  return {static_cast<const T*>(a.data()), static_cast<std::size_t>(extent)};
+}
+
+/// The writable span of `a`, which must be contiguous with shape `shape`.
+template <class T>
+std::span<T> out_span(const Out& a, const std::string& name, const Shape& shape) {
+  require_layout<T>(a, name, contiguous(shape));
+  return {static_cast<T*>(a.data()), static_cast<std::size_t>(count(shape))};
+}
+
+/// As out_span, or an empty span for an absent output.
+template <class T>
+std::span<T> out_span(const std::optional<Out>& a, const std::string& name, const Shape& shape) {
+  return a ? out_span<T>(*a, name, shape) : std::span<T>{};
+}
+
+/// A float32 mask (keep mask or additive bias) of shape `shape`, contiguous;
+/// an empty span when absent.
+inline std::span<const float> mask_span(const std::optional<In>& a, const Shape& shape) {
+  if (!a) return {};
+  if (dtype_of(*a, "mask") != Dtype::float32) {
+    throw Error("mask.dtype", "mask.dtype = " + dtype_name(a->dtype()) + " must be float32");
+  }
+  return in_span<float>(*a, "mask", contiguous(shape), count(shape));
+}
+
+}  // namespace tandem::python

@@ -1,0 +1,491 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file module.cpp
+/// @brief tandem._ext: the kernels of the public API for Python (nanobind).
+///
+/// A client of include/tandem like the `tandem` command. The Python package
+/// (python/tandem/) fills the Params of each op from its keyword arguments
+/// and allocates the outputs; each function here makes the op's plan (which
+/// validates the call), checks every array against the plan without copying
+/// it, releases the GIL and runs the kernel. Element type: float32 runs the
+/// named backend; float64 runs the reference templated in double.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "arrays.hpp"
+#include "kernels.hpp"
+#include "tandem/reference/attention_block.hpp"
+#include "tandem/reference/backend.hpp"
+#include "tandem/tandem.hpp"
+#ifdef TANDEM_PYTHON_HAVE_OPTIMIZED
+#include "tandem/optimized/backend.hpp"
+#endif
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace tandem::python {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Which implementation runs a call
+
+/// The implementations by name, built once (the optimized one again when
+/// its thread count changes).
+struct Implementations {
+  int threads = 0;
+  std::optional<Backend> optimized;
+  Backend reference = tandem::reference::backend();
+  Kernels<float> optimized_k, reference_k = kernels_of(reference),
+                              reference_fp32acc = reference_kernels<float, float>();
+  Kernels<double> reference_f64 = reference_kernels<double, double>();
+
+  void set_threads(int n) {
+#ifdef TANDEM_PYTHON_HAVE_OPTIMIZED
+    threads = n;
+    optimized = tandem::optimized::backend({n});
+    optimized_k = kernels_of(*optimized);
+#else
+    (void)n;
+#endif
+  }
+};
+
+Implementations& implementations() {
+  static Implementations impl = [] {
+    Implementations i;
+    i.set_threads(0);
+    return i;
+  }();
+  return impl;
+}
+
+const char* const kBackends = "optimized, reference or reference_fp32acc";
+
+/// The float32 Backend called `name` (the attention block has no other).
+const Backend& backend_named(const std::string& name) {
+  Implementations& impl = implementations();
+  if (name == "optimized" && impl.optimized) return *impl.optimized;
+  if (name == "reference") return impl.reference;
+  throw Error("backend", "backend = '" + name + "' must be optimized or reference" +
+                             (name == "optimized" ? " (built without the optimized backend)" : ""));
+}
+
+/// The kernels that run a call with element type T on backend `name`:
+/// float32 on the named backend, float64 on the reference in double.
+template <class T>
+const Kernels<T>& kernels(const std::string& name) {
+  Implementations& impl = implementations();
+  if constexpr (std::is_same_v<T, double>) {
+    if (name == "optimized" || name == "reference") return impl.reference_f64;
+    throw Error("backend", "backend = '" + name + "' must be optimized or reference for float64 " +
+                               "(both run the reference in double)");
+  } else {
+    if (name == "optimized" && impl.optimized) return impl.optimized_k;
+    if (name == "reference") return impl.reference_k;
+    if (name == "reference_fp32acc") return impl.reference_fp32acc;
+    throw Error("backend", "backend = '" + name + "' must be " + kBackends);
+  }
+}
+
+/// Calls f(T{}) with T the element type of `a` (float or double).
+template <class F>
+void with_dtype(const In& a, const std::string& name, F&& f) {
+  if (dtype_of(a, name) == Dtype::float32) {
+    f(float{});
+  } else {
+    f(double{});
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Attention
+
+/// Shape and strides of a multi-head tensor of the plan: [B, S, heads, width]
+/// in bshd, [B, heads, S, width] in bhsd, placed by `st`.
+Expect heads_layout(const AttentionPlan& p, const Strides& st, std::int64_t S, std::int64_t heads,
+                    std::int64_t width) {
+  if (p.layout == Layout::bshd) return {{p.B, S, heads, width}, {st.batch, st.seq, st.head, 1}};
+  return {{p.B, heads, S, width}, {st.batch, st.head, st.seq, 1}};
+}
+
+/// The shape of the mask the plan's kind takes (keep [B, Sk] or bias
+/// [Bb, Hb, Sq, Sk]); nullopt when it takes none.
+std::optional<Shape> mask_shape(const AttentionPlan& p) {
+  if (p.mask == MaskKind::key_padding) return Shape{p.B, p.Sk};
+  if (p.mask == MaskKind::bias) return Shape{p.bias_batch, p.bias_heads, p.Sq, p.Sk};
+  return std::nullopt;
+}
+
+/// An input of `inputs` by name; nullopt when absent or None.
+std::optional<In> input(const nb::dict& inputs, const char* name) {
+  if (!inputs.contains(name) || inputs[name].is_none()) return std::nullopt;
+  return nb::cast<In>(inputs[name]);
+}
+
+/// The one place where the arrays of an attention call become its views:
+/// q, k, v (read through the plan's strides) and the mask.
+template <class T>
+AttentionInputs<T> attention_inputs(const AttentionPlan& p, const nb::dict& inputs) {
+  const auto need = [&](const char* name) {
+    std::optional<In> a = input(inputs, name);
+    if (!a) throw Error(name, std::string(name) + " = (absent) is required");
+    return *a;
+  };
+  AttentionInputs<T> in;
+  in.q = in_span<T>(need("q"), "q", heads_layout(p, p.q, p.Sq, p.H, p.D), p.q.extent);
+  in.k = in_span<T>(need("k"), "k", heads_layout(p, p.k, p.Sk, p.Hkv, p.D), p.k.extent);
+  in.v = in_span<T>(need("v"), "v", heads_layout(p, p.v, p.Sk, p.Hkv, p.Dv), p.v.extent);
+  const std::optional<In> mask = input(inputs, "mask");
+  const std::optional<Shape> shape = mask_shape(p);
+  if (mask && !shape) {
+    throw Error("mask", std::string("mask = ") + to_string(shape_of(*mask)) +
+                            " must be absent for mask kind " + to_string(p.mask));
+  }
+  if (shape && !mask) {
+    fail("mask", "(absent)", std::string("is required for mask kind ") + to_string(p.mask));
+  }
+  if (shape) in.mask = mask_span(mask, *shape);
+  return in;
+}
+
+/// The contiguous shape of an output with the plan's layout.
+Shape heads_shape(const AttentionPlan& p, std::int64_t S, std::int64_t heads, std::int64_t width) {
+  return heads_layout(p, {}, S, heads, width).shape;
+}
+
+void attention_forward(const std::string& backend, const AttentionParams& params,
+                       const nb::dict& inputs, const Out& out, const std::optional<Out>& lse) {
+  const AttentionPlan plan = AttentionPlan::make(params);
+  with_dtype(nb::cast<In>(inputs["q"]), "q", [&](auto tag) {
+    using T = decltype(tag);
+    const Kernels<T>& k = kernels<T>(backend);
+    const AttentionInputs<T> in = attention_inputs<T>(plan, inputs);
+    const std::span<T> o = out_span<T>(out, "out", heads_shape(plan, plan.Sq, plan.H, plan.Dv));
+    const std::span<T> l = out_span<T>(lse, "lse", {plan.B, plan.H, plan.Sq});
+    nb::gil_scoped_release release;
+    if (lse) {
+      k.attention_forward_lse(plan, in, o, l);
+    } else {
+      k.attention_forward(plan, in, o);
+    }
+  });
+}
+
+/// attention_forward on raw addresses, with a plan made beforehand: q, k, v
+/// and out contiguous in the plan's layout, of the plan's sizes, element
+/// type float64 or float32. The caller vouches for all of that
+/// (tandem.torch's inference fast path checks it on the tensors and keeps
+/// one plan per shape; anything else takes the DLPack path): it spares the
+/// DLPack exports and the plan's validation on every call.
+void attention_forward_contiguous(const std::string& backend, const AttentionPlan& plan,
+                                  std::uintptr_t q, std::uintptr_t k, std::uintptr_t v,
+                                  std::uintptr_t out, bool float64) {
+  const auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const Kernels<T>& kernel = kernels<T>(backend);
+    // The addresses come from tensors (data_ptr()): the casts are the point.
+    const auto in = [](std::uintptr_t a, std::int64_t n) {
+      return std::span<const T>(reinterpret_cast<const T*>(a),  // NOLINT(performance-no-int-to-ptr)
+                                static_cast<std::size_t>(n));
+    };
+    const AttentionInputs<T> inputs{in(q, plan.q.extent), in(k, plan.k.extent),
+                                    in(v, plan.v.extent)};
+    const std::span<T> o(reinterpret_cast<T*>(out),  // NOLINT(performance-no-int-to-ptr)
+                         static_cast<std::size_t>(plan.o.extent));
+    nb::gil_scoped_release release;
+    kernel.attention_forward(plan, inputs, o);
+  };
+  if (float64) {
+    run(double{});
+  } else {
+    run(float{});
+  }
+}
+
+/// dq, dk, dv views for the outputs given (an absent one stays empty).
+template <class T>
+AttentionGrads<T> attention_grads(const AttentionPlan& p, const std::optional<Out>& dq,
+                                  const std::optional<Out>& dk, const std::optional<Out>& dv) {
+  return {out_span<T>(dq, "dq", heads_shape(p, p.Sq, p.H, p.D)),
+          out_span<T>(dk, "dk", heads_shape(p, p.Sk, p.Hkv, p.D)),
+          out_span<T>(dv, "dv", heads_shape(p, p.Sk, p.Hkv, p.Dv))};
+}
+
+void attention_backward(const std::string& backend, const AttentionParams& params,
+                        const nb::dict& inputs, const In& dout, const std::optional<Out>& dq,
+                        const std::optional<Out>& dk, const std::optional<Out>& dv) {
+  const AttentionPlan plan = AttentionPlan::make(params);
+  if (!dq && !dk && !dv) fail("dq", "(absent)", "or dk or dv must be asked for");
+  with_dtype(nb::cast<In>(inputs["q"]), "q", [&](auto tag) {
+    using T = decltype(tag);
+    const Kernels<T>& k = kernels<T>(backend);
+    const AttentionInputs<T> in = attention_inputs<T>(plan, inputs);
+    const std::span<const T> d = in_span<T>(
+        dout, "dout", contiguous(heads_shape(plan, plan.Sq, plan.H, plan.Dv)), plan.o.extent);
+    const AttentionGrads<T> g = attention_grads<T>(plan, dq, dk, dv);
+    nb::gil_scoped_release release;
+    if (dq && dk && dv) {
+      k.attention_backward(plan, in, d, g);
+      return;
+    }
+    if (dq) k.attention_backward_dq(plan, in, d, g.dq);
+    if (dk) k.attention_backward_dk(plan, in, d, g.dk);
+    if (dv) k.attention_backward_dv(plan, in, d, g.dv);
+  });
+}
+
+void attention_backward_saved(const std::string& backend, const AttentionParams& params,
+                              const nb::dict& inputs, const In& out, const In& lse, const In& dout,
+                              const Out& dq, const Out& dk, const Out& dv) {
+  const AttentionPlan plan = AttentionPlan::make(params);
+  with_dtype(nb::cast<In>(inputs["q"]), "q", [&](auto tag) {
+    using T = decltype(tag);
+    const Kernels<T>& k = kernels<T>(backend);
+    const AttentionInputs<T> in = attention_inputs<T>(plan, inputs);
+    const Expect o = contiguous(heads_shape(plan, plan.Sq, plan.H, plan.Dv));
+    const AttentionSaved<T> saved{
+        in_span<T>(out, "out", o, plan.o.extent),
+        in_span<T>(lse, "lse", contiguous({plan.B, plan.H, plan.Sq}), plan.lse_size())};
+    const std::span<const T> d = in_span<T>(dout, "dout", o, plan.o.extent);
+    const AttentionGrads<T> g = attention_grads<T>(plan, dq, dk, dv);
+    nb::gil_scoped_release release;
+    k.attention_backward_saved(plan, in, saved, d, g);
+  });
+}
+
+// ---------------------------------------------------------------------------
+// RoPE, axial RoPE, SwiGLU, the attention block
+
+/// Shape and strides of a [B', S, W] source read with a row stride.
+Expect rows_layout(std::int64_t B, std::int64_t S, std::int64_t W, std::int64_t row_stride) {
+  return {{B, S, W}, {S * row_stride, row_stride, 1}};
+}
+
+void rope(const std::string& backend, const RopeParams& params, const In& x, const In& cos,
+          const In& sin, const Out& out, bool backward) {
+  const RopePlan plan = RopePlan::make(params);
+  const char* src = backward ? "dy" : "x";
+  with_dtype(x, src, [&](auto tag) {
+    using T = decltype(tag);
+    const Kernels<T>& k = kernels<T>(backend);
+    const std::span<const T> s = in_span<T>(
+        x, src, rows_layout(plan.B, plan.S, plan.W, plan.src_row_stride), plan.src_extent());
+    const RopeTables<T> tables{
+        in_span<T>(cos, "cos", contiguous({plan.R, plan.T}), plan.R * plan.T),
+        in_span<T>(sin, "sin", contiguous({plan.R, plan.T}), plan.R * plan.T)};
+    const std::span<T> o = out_span<T>(out, backward ? "dx" : "out", {plan.B, plan.S, plan.W});
+    nb::gil_scoped_release release;
+    (backward ? k.rope_backward : k.rope_forward)(plan, s, tables, o);
+  });
+}
+
+void axial_rope(const std::string& backend, const AxialRopeParams& params, const In& x,
+                const Out& out, bool backward) {
+  const AxialRopePlan plan = AxialRopePlan::make(params);
+  const char* src = backward ? "dy" : "x";
+  with_dtype(x, src, [&](auto tag) {
+    using T = decltype(tag);
+    const Kernels<T>& k = kernels<T>(backend);
+    const std::span<const T> s = in_span<T>(
+        x, src, rows_layout(plan.B, plan.S, plan.W, plan.src_row_stride), plan.src_extent());
+    const std::span<T> o = out_span<T>(out, backward ? "dx" : "out", {plan.B, plan.S, plan.W});
+    nb::gil_scoped_release release;
+    (backward ? k.axial_rope_backward : k.axial_rope_forward)(plan, s, o);
+  });
+}
+
+void swiglu_forward(const std::string& backend, const SwigluParams& params, const In& x,
+                    const Out& out) {
+  const SwigluPlan plan = SwigluPlan::make(params);
+  with_dtype(x, "x", [&](auto tag) {
+    using T = decltype(tag);
+    const Kernels<T>& k = kernels<T>(backend);
+    const std::span<const T> s =
+        in_span<T>(x, "x", contiguous({plan.rows, 2 * plan.n}), plan.in_size());
+    const std::span<T> o = out_span<T>(out, "out", {plan.rows, plan.n});
+    nb::gil_scoped_release release;
+    k.swiglu_forward(plan, s, o);
+  });
+}
+
+void swiglu_backward(const std::string& backend, const SwigluParams& params, const In& x,
+                     const In& dy, const Out& dx) {
+  const SwigluPlan plan = SwigluPlan::make(params);
+  with_dtype(x, "x", [&](auto tag) {
+    using T = decltype(tag);
+    const Kernels<T>& k = kernels<T>(backend);
+    const std::span<const T> s =
+        in_span<T>(x, "x", contiguous({plan.rows, 2 * plan.n}), plan.in_size());
+    const std::span<const T> d =
+        in_span<T>(dy, "dy", contiguous({plan.rows, plan.n}), plan.out_size());
+    const std::span<T> o = out_span<T>(dx, "dx", {plan.rows, 2 * plan.n});
+    nb::gil_scoped_release release;
+    k.swiglu_backward(plan, s, d, o);
+  });
+}
+
+/// The attention block (float32 only): inputs x, w_qkv, w_out and the
+/// optional b_qkv, b_out, mask (keep), cos, sin, all contiguous.
+void attention_block(const std::string& backend, std::int64_t num_heads, const nb::dict& inputs,
+                     const Out& out) {
+  const std::optional<In> x = input(inputs, "x");
+  if (!x) fail("x", "(absent)", "is required");
+  if (dtype_of(*x, "x") != Dtype::float32) {
+    fail("x.dtype", dtype_name(x->dtype()),
+         "must be float32 (the attention block runs in float32 only)");
+  }
+  const char* names[] = {"x", "w_qkv", "b_qkv", "w_out", "b_out", "mask", "cos", "sin"};
+  std::optional<In> a[8];
+  std::optional<Shape> s[8];
+  for (int i = 0; i < 8; ++i) {
+    a[i] = input(inputs, names[i]);
+    if (a[i]) s[i] = shape_of(*a[i]);
+  }
+  if (!a[1]) fail("w_qkv", "(absent)", "is required");
+  if (!a[3]) fail("w_out", "(absent)", "is required");
+  const AttentionBlockPlan plan =
+      AttentionBlockPlan::from_shapes(*s[0], *s[1], s[2], *s[3], s[4], s[5], s[6], s[7], num_heads);
+  std::span<const float> v[8];
+  for (int i = 0; i < 8; ++i) {
+    if (a[i]) v[i] = in_span<float>(*a[i], names[i], contiguous(*s[i]), count(*s[i]));
+  }
+  const AttentionBlockInputs in{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
+  const std::span<float> o = out_span<float>(out, "out", *s[0]);
+  const Backend& be = backend_named(backend);
+  nb::gil_scoped_release release;
+  be.attention_block(plan, in, o);
+}
+
+// ---------------------------------------------------------------------------
+// Errors
+
+/// tandem::Error becomes tandem.Error(message, parameter), a ValueError
+/// defined in Python (tandem/_errors.py).
+void register_errors() {
+  static nb::object error_type = nb::module_::import_("tandem._errors").attr("Error");
+  nb::register_exception_translator(
+      [](const std::exception_ptr& p, void* payload) {
+        try {
+          std::rethrow_exception(p);
+        } catch (const tandem::Error& e) {
+          nb::handle type(static_cast<PyObject*>(payload));
+          nb::object exc = type(e.what(), e.parameter());
+          PyErr_SetObject(type.ptr(), exc.ptr());
+        }
+      },
+      error_type.ptr());
+}
+
+}  // namespace
+}  // namespace tandem::python
+
+NB_MODULE(_ext, m) {
+  using namespace tandem;
+  using namespace tandem::python;
+  m.doc() = "tandem's kernels on NumPy arrays and PyTorch tensors (see the tandem package)";
+  register_errors();
+
+  nb::enum_<Layout>(m, "Layout").value("bshd", Layout::bshd).value("bhsd", Layout::bhsd);
+  nb::enum_<MaskKind>(m, "MaskKind")
+      .value("none", MaskKind::none)
+      .value("causal", MaskKind::causal)
+      .value("sliding_window", MaskKind::sliding_window)
+      .value("key_padding", MaskKind::key_padding)
+      .value("bias", MaskKind::bias);
+  nb::enum_<RopeStyle>(m, "RopeStyle")
+      .value("neox", RopeStyle::neox)
+      .value("gptj", RopeStyle::gptj);
+  nb::enum_<TableRows>(m, "TableRows")
+      .value("position", TableRows::position)
+      .value("token", TableRows::token);
+
+  // The Params of each op: the Python package sets these fields from its
+  // keyword arguments (one line per field there, one here).
+  nb::class_<AttentionParams>(m, "AttentionParams")
+      .def(nb::init<>())
+      .def_rw("batch", &AttentionParams::batch)
+      .def_rw("seq_q", &AttentionParams::seq_q)
+      .def_rw("seq_k", &AttentionParams::seq_k)
+      .def_rw("heads", &AttentionParams::heads)
+      .def_rw("kv_heads", &AttentionParams::kv_heads)
+      .def_rw("head_dim", &AttentionParams::head_dim)
+      .def_rw("v_head_dim", &AttentionParams::v_head_dim)
+      .def_rw("layout", &AttentionParams::layout)
+      .def_rw("mask", &AttentionParams::mask)
+      .def_rw("window", &AttentionParams::window)
+      .def_rw("scale", &AttentionParams::scale)
+      .def_rw("softcap", &AttentionParams::softcap)
+      .def_rw("q_row_stride", &AttentionParams::q_row_stride)
+      .def_rw("k_row_stride", &AttentionParams::k_row_stride)
+      .def_rw("v_row_stride", &AttentionParams::v_row_stride)
+      .def_rw("bias_batch", &AttentionParams::bias_batch)
+      .def_rw("bias_heads", &AttentionParams::bias_heads)
+      .def("describe", [](const AttentionParams& p) { return AttentionPlan::make(p).describe(); });
+  nb::class_<AttentionPlan>(m, "AttentionPlan")
+      .def_static("make", &AttentionPlan::make, "params"_a)
+      .def("describe", &AttentionPlan::describe);
+  nb::class_<RopeParams>(m, "RopeParams")
+      .def(nb::init<>())
+      .def_rw("batch", &RopeParams::batch)
+      .def_rw("seq", &RopeParams::seq)
+      .def_rw("width", &RopeParams::width)
+      .def_rw("head_dim", &RopeParams::head_dim)
+      .def_rw("n_rot", &RopeParams::n_rot)
+      .def_rw("style", &RopeParams::style)
+      .def_rw("table_rows", &RopeParams::table_rows)
+      .def_rw("table_stride", &RopeParams::table_stride)
+      .def_rw("rows", &RopeParams::rows)
+      .def_rw("src_row_stride", &RopeParams::src_row_stride);
+  nb::class_<AxialRopeParams>(m, "AxialRopeParams")
+      .def(nb::init<>())
+      .def_rw("batch", &AxialRopeParams::batch)
+      .def_rw("seq", &AxialRopeParams::seq)
+      .def_rw("width", &AxialRopeParams::width)
+      .def_rw("num_heads", &AxialRopeParams::num_heads)
+      .def_rw("end_x", &AxialRopeParams::end_x)
+      .def_rw("end_y", &AxialRopeParams::end_y)
+      .def_rw("theta", &AxialRopeParams::theta)
+      .def_rw("repeat_factor", &AxialRopeParams::repeat_factor)
+      .def_rw("src_row_stride", &AxialRopeParams::src_row_stride);
+  nb::class_<SwigluParams>(m, "SwigluParams")
+      .def(nb::init<>())
+      .def_rw("rows", &SwigluParams::rows)
+      .def_rw("n", &SwigluParams::n)
+      .def_rw("gate_first", &SwigluParams::gate_first);
+
+  m.def("attention_forward", &attention_forward, "backend"_a, "params"_a, "inputs"_a, "out"_a,
+        "lse"_a.none());
+  m.def("attention_forward_contiguous", &attention_forward_contiguous, "backend"_a, "plan"_a, "q"_a,
+        "k"_a, "v"_a, "out"_a, "float64"_a);
+  m.def("attention_backward", &attention_backward, "backend"_a, "params"_a, "inputs"_a, "dout"_a,
+        "dq"_a.none(), "dk"_a.none(), "dv"_a.none());
+  m.def("attention_backward_saved", &attention_backward_saved, "backend"_a, "params"_a, "inputs"_a,
+        "out"_a, "lse"_a, "dout"_a, "dq"_a, "dk"_a, "dv"_a);
+  m.def("rope", &rope, "backend"_a, "params"_a, "x"_a, "cos"_a, "sin"_a, "out"_a, "backward"_a);
+  m.def("axial_rope", &axial_rope, "backend"_a, "params"_a, "x"_a, "out"_a, "backward"_a);
+  m.def("swiglu_forward", &swiglu_forward, "backend"_a, "params"_a, "x"_a, "out"_a);
+  m.def("swiglu_backward", &swiglu_backward, "backend"_a, "params"_a, "x"_a, "dy"_a, "dx"_a);
+  m.def("attention_block", &attention_block, "backend"_a, "num_heads"_a, "inputs"_a, "out"_a);
+
+  m.def("set_threads", [](int n) {
+    require(n >= 0, "threads", n, "must be >= 0 (0 = every core)");
+    implementations().set_threads(n);
+  });
+  m.def("threads", [] { return implementations().threads; });
+  m.def("has_optimized", [] { return implementations().optimized.has_value(); });
+#ifdef TANDEM_PYTHON_HAVE_OPTIMIZED
+  m.def("simd_target", [] { return optimized::current_target(); });
+#else
+  m.def("simd_target", [] { return std::string("(no optimized backend)"); });
+#endif
+  m.def("version", [] { return std::string(tandem::version); });
+  // The address of the first element nanobind sees: tests compare it with
+  // the caller's to show that an array crossed without a copy.
+  m.def("address", [](const In& a) { return reinterpret_cast<std::uintptr_t>(a.data()); });
+}

@@ -1,0 +1,43 @@
+# SPDX-License-Identifier: Apache-2.0
+"""tandem: the attention family of transformer kernels, computed twice — a
+readable reference and an optimized SIMD backend — for NumPy and PyTorch.
+
+    import tandem
+    out = tandem.attention(q, k, v, mask="causal")        # NumPy or torch in, same out
+
+`tandem.torch` registers the kernels as PyTorch operators with autograd and
+offers `scaled_dot_product_attention` with PyTorch's signature;
+`tandem.transformers` registers the attention implementation "tandem" with
+Hugging Face transformers; `tandem.testing` checks your own kernels against
+the reference with Hypothesis. Every invalid call raises tandem.Error (a
+ValueError) naming the parameter.
+"""
+
+from . import _ext
+from ._api import (attention, attention_backward, attention_backward_saved, attention_block,
+                   attention_forward_lse, axial_rope, axial_rope_backward, rope, rope_backward,
+                   swiglu, swiglu_backward)
+from ._errors import Error
+
+__version__ = _ext.version()
+
+__all__ = [
+    "Error", "attention", "attention_backward", "attention_forward_lse",
+    "attention_backward_saved", "rope", "rope_backward", "axial_rope", "axial_rope_backward",
+    "swiglu", "swiglu_backward", "attention_block", "set_threads", "threads", "simd_target",
+]
+
+
+def set_threads(n):
+    """Threads of the optimized backend per call (0 = every core)."""
+    _ext.set_threads(int(n))
+
+
+def threads():
+    """The thread count set by set_threads (0 = every core)."""
+    return _ext.threads()
+
+
+def simd_target():
+    """The Highway target the optimized backend dispatches to ("AVX2", ...)."""
+    return _ext.simd_target()

@@ -1,0 +1,134 @@
+# SPDX-License-Identifier: Apache-2.0
+"""NumPy arrays and PyTorch tensors alike: element strides, views, new
+outputs of the caller's kind. torch is imported only when a tensor is passed.
+"""
+
+import sys
+
+import numpy as np
+
+from ._errors import Error
+
+FLOATS = ("float32", "float64")
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def is_torch(x):
+    """Whether x is a torch tensor. Cheap: after as_array, everything that is
+    not a NumPy array is one (isinstance on torch.Tensor, whose metaclass
+    customizes instance checks, costs microseconds; its C base does not)."""
+    if isinstance(x, np.ndarray):
+        return False
+    t = _torch()
+    return t is not None and isinstance(x, t._C.TensorBase)
+
+
+def dtype_name(x):
+    return str(x.dtype).replace("torch.", "")
+
+
+def as_array(x, name):
+    """x as a NumPy array or a CPU torch tensor (detached), checked to be
+    float32 or float64; anything else that NumPy takes becomes a NumPy array."""
+    if isinstance(x, np.ndarray):
+        if x.dtype.char in "fd":
+            return x
+    elif is_torch(x):
+        if x.device.type != "cpu":
+            raise Error(f"{name}.device = {x.device} must be cpu", f"{name}.device")
+        if x.requires_grad:
+            x = x.detach()
+    else:
+        x = np.asarray(x)
+    if dtype_name(x) not in FLOATS:
+        raise Error(f"{name}.dtype = {dtype_name(x)} must be float32 or float64", f"{name}.dtype")
+    return x
+
+
+def strides(x):
+    """Strides in elements."""
+    if is_torch(x):
+        return x.stride()
+    return tuple(s // x.itemsize for s in x.strides)
+
+
+def contiguous(x):
+    if is_torch(x):
+        return x.contiguous()
+    return np.ascontiguousarray(x)
+
+
+def is_contiguous(x):
+    expect = 1
+    for n, s in zip(reversed(x.shape), reversed(strides(x))):
+        if n != 1 and s != expect:
+            return False
+        expect *= n
+    return True
+
+
+def reshape(x, shape):
+    return x.reshape(shape)
+
+
+def empty(like, shape, dtype=None):
+    """A new contiguous array of the caller's kind (NumPy or torch)."""
+    if is_torch(like):
+        return _torch().empty(shape, dtype=like.dtype if dtype is None else dtype)
+    return np.empty(shape, dtype=like.dtype if dtype is None else dtype)
+
+
+def to_float32(x, name):
+    """A float32 contiguous copy of a mask or bias (bool, integer or float)."""
+    if is_torch(x):
+        if x.device.type != "cpu":
+            raise Error(f"{name}.device = {x.device} must be cpu", f"{name}.device")
+        return x.detach().to(_torch().float32).contiguous()
+    return np.ascontiguousarray(np.asarray(x), dtype=np.float32)
+
+
+def same_dtype(name, x, ref_name, ref):
+    if x.dtype != ref.dtype:
+        raise Error(f"{name}.dtype = {dtype_name(x)} must equal {ref_name}.dtype = "
+                    f"{dtype_name(ref)}", f"{name}.dtype")
+
+
+def row_stride(x, heads, width):
+    """The row stride of a [B, S, heads, width] view whose rows (b, s) are
+    evenly spaced and whose heads and elements are contiguous within a row,
+    or None when the view is laid out otherwise."""
+    B, S = x.shape[0], x.shape[1]
+    st = strides(x)
+    if (heads > 1 and st[2] != width) or (width > 1 and st[3] != 1):
+        return None
+    row = heads * width
+    if S > 1:
+        rs = st[1]
+    elif B > 1:
+        rs = st[0]
+    else:
+        rs = row
+    if rs < row or (B > 1 and S > 1 and st[0] != S * rs):
+        return None
+    return rs
+
+
+def rows_view(x, name):
+    """x of rank >= 2 as [B', S, W] (every axis before the last two folded
+    into B') and its row stride: the caller's memory when its rows are evenly
+    spaced, a contiguous copy otherwise."""
+    if x.ndim < 2:
+        raise Error(f"{name}.shape = {list(x.shape)} must have rank >= 2", f"{name}.shape")
+    S, W = x.shape[-2], x.shape[-1]
+    B = 1
+    for n in x.shape[:-2]:
+        B *= n
+    x3 = x.reshape(B, S, W)
+    rs = row_stride(x3.reshape(B, S, 1, W), 1, W) if B * S * W > 0 else None
+    if rs is None:
+        x3 = contiguous(x3)
+        rs = W
+    return x3, rs

@@ -1,0 +1,571 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Property-based differential testing of your own kernels against tandem's
+reference in double, with Hypothesis.
+
+    from tandem.testing import check_attention
+    check_attention(my_attention)          # my_attention(q, k, v, *, layout, mask, ...)
+
+Each check draws *configurations* (shapes, mask kind, window, softcap, bias
+broadcast, strides, ...) from a Hypothesis strategy that shrinks toward the
+smallest shape; the tensor contents come from a seed in the configuration
+(NumPy's generator), so a failure shrinks to a small configuration rather
+than to odd numbers. The function under test receives float32 arrays
+(NumPy, or torch tensors with array="torch") and must return float32 results.
+
+Policy (FlashAttention's): on every drawn configuration the error of your
+output against the reference computed in double must be at most
+`k` times the error of tandem's float32 reference (every sum accumulated in
+float32) plus `floor`; the output must be finite wherever the reference is;
+a query that sees no key must give 0 (masked_rows_policy="zero", tandem's
+and PyTorch's rule; "any" skips those rows); and, with deterministic=True,
+two calls on the same inputs must agree bit for bit.
+
+A failure raises CheckFailure with the minimal configuration, its seed and
+a pytest test to paste. Exploration stops after `time_budget` seconds
+(Hypothesis' per-example deadline is off); shrinking a failure always runs
+to the end.
+"""
+
+import dataclasses
+import math
+import time
+from typing import Optional
+
+import numpy as np
+from hypothesis import HealthCheck, Verbosity, given, settings
+from hypothesis import seed as _hseed
+from hypothesis import strategies as st
+
+from . import _api
+
+__all__ = [
+    "AttentionConfig", "RopeConfig", "SwigluConfig", "CheckFailure",
+    "attention_configs", "rope_configs", "swiglu_configs",
+    "check_attention", "check_attention_backward", "check_rope", "check_swiglu",
+    "check_attention_config", "check_attention_backward_config", "check_rope_config",
+    "check_swiglu_config", "MASKS", "LAYOUTS",
+]
+
+MASKS = ("none", "causal", "sliding_window", "key_padding", "bias")
+LAYOUTS = ("bshd", "bhsd")
+
+
+class CheckFailure(AssertionError):
+    """A kernel disagreed with the reference; `config` is the (shrunk)
+    configuration and the message holds a pytest test that replays it."""
+
+    def __init__(self, report, config):
+        super().__init__(report)
+        self.config = config
+
+
+# ---------------------------------------------------------------------------
+# Configurations and their tensors
+
+
+def _rng(seed):
+    return np.random.default_rng(seed)
+
+
+def _framework(arrays, array):
+    """The arrays as float32 NumPy arrays or torch tensors (same memory)."""
+    if array == "numpy":
+        return arrays
+    if array == "torch":
+        import torch
+        return {n: None if a is None else torch.from_numpy(a) for n, a in arrays.items()}
+    raise ValueError(f"array = {array!r} must be 'numpy' or 'torch'")
+
+
+def _numpy(x):
+    """A result of the function under test as a NumPy array."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """One attention call: q [B,Sq,H,D], k [B,Sk,Hkv,D], v [B,Sk,Hkv,Dv] in
+    `layout`, a mask kind (window for sliding_window; bias [Bb,Hb,Sq,Sk] with
+    Bb = B if bias_batch else 1, Hb = H if bias_heads else 1; keep [B,Sk]
+    for key_padding), softcap, scale (None = 1/sqrt(D)); masked_rows: some
+    queries see no key; strided: q, k, v are views with row strides (bshd) or
+    transposed views (bhsd); q and k scaled by `amplitude` (large scores);
+    contents from `seed`."""
+    B: int = 1
+    H: int = 1
+    Hkv: int = 1
+    Sq: int = 1
+    Sk: int = 1
+    D: int = 1
+    Dv: int = 1
+    layout: str = "bshd"
+    mask: str = "none"
+    window: int = 0
+    softcap: float = 0.0
+    scale: Optional[float] = None
+    bias_batch: bool = False
+    bias_heads: bool = False
+    masked_rows: bool = False
+    strided: bool = False
+    amplitude: float = 1.0
+    seed: int = 0
+
+    def _heads(self, rng, S, heads, width, amplitude):
+        """A [B, S, heads, width] tensor in the config's layout (a strided view
+        when `strided`)."""
+        x = (amplitude * rng.standard_normal((self.B, S, heads, width))).astype(np.float32)
+        if self.layout == "bhsd":
+            x = np.ascontiguousarray(x.transpose(0, 2, 1, 3))
+            if self.strided:  # a transposed view of a bshd buffer
+                x = np.ascontiguousarray(x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+            return x
+        if self.strided:  # rows padded by 3 elements: a row-strided view
+            parent = np.zeros((self.B, S, heads * width + 3), np.float32)
+            parent[:, :, :heads * width] = x.reshape(self.B, S, heads * width)
+            x = parent[:, :, :heads * width].reshape(self.B, S, heads, width)
+        return x
+
+    def arrays(self):
+        """q, k, v, bias and key_padding (None unless the mask takes it) as
+        float32 NumPy arrays drawn from the seed."""
+        rng = _rng(self.seed)
+        q = self._heads(rng, self.Sq, self.H, self.D, self.amplitude)
+        k = self._heads(rng, self.Sk, self.Hkv, self.D, self.amplitude)
+        v = self._heads(rng, self.Sk, self.Hkv, self.Dv, 1.0)
+        bias = keep = None
+        if self.mask == "bias":
+            shape = (self.B if self.bias_batch else 1, self.H if self.bias_heads else 1,
+                     self.Sq, self.Sk)
+            bias = rng.standard_normal(shape).astype(np.float32)
+            bias[rng.random(shape) < 0.2] = -np.inf
+            if self.masked_rows:
+                bias[..., rng.integers(self.Sq), :] = -np.inf
+        if self.mask == "key_padding":
+            keep = (rng.random((self.B, self.Sk)) < 0.8).astype(np.float32)
+            keep[:, rng.integers(self.Sk)] = 1.0
+            if self.masked_rows:
+                keep[rng.integers(self.B)] = 0.0
+        return {"q": q, "k": k, "v": v, "bias": bias, "key_padding": keep}
+
+    def kwargs(self):
+        """The keyword arguments of tandem.attention (and of your function)."""
+        return {"layout": self.layout,
+                "mask": self.mask if self.mask in ("none", "causal", "sliding_window") else None,
+                "window": self.window if self.mask == "sliding_window" else None,
+                "scale": self.scale, "softcap": self.softcap}
+
+    def dout(self):
+        """dL/dout for the backward check: [B,Sq,H,Dv] in the layout."""
+        x = _rng(self.seed + 1).standard_normal((self.B, self.Sq, self.H, self.Dv))
+        if self.layout == "bhsd":
+            x = x.transpose(0, 2, 1, 3)
+        return np.ascontiguousarray(x, dtype=np.float32)
+
+
+@st.composite
+def attention_configs(draw, masks=MASKS, layouts=LAYOUTS, gqa=True, v_head_dim=True,
+                      softcap=True, scale=True, bias_broadcast=True, masked_rows=True,
+                      strided=True, large_scores=True, max_batch=2, max_heads=4, max_seq=12,
+                      max_dim=12):
+    """AttentionConfigs; each switch off (False, or a shorter tuple) leaves
+    that feature out. Every choice lists its simplest option first, so a
+    failure shrinks to B = H = Sq = Sk = D = 1, no mask, contiguous, unless
+    it needs more."""
+    B = draw(st.integers(1, max_batch))
+    Hkv = draw(st.integers(1, max_heads))
+    group = draw(st.integers(1, max(1, max_heads // Hkv))) if gqa else 1
+    Sq = draw(st.integers(1, max_seq))
+    Sk = draw(st.integers(1, max_seq))
+    D = draw(st.integers(1, max_dim))
+    Dv = draw(st.integers(1, max_dim)) if v_head_dim else D
+    mask = draw(st.sampled_from(masks))
+    return AttentionConfig(
+        B=B, H=Hkv * group, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, Dv=Dv,
+        layout=draw(st.sampled_from(layouts)), mask=mask,
+        window=draw(st.integers(0, Sk)) if mask == "sliding_window" else 0,
+        softcap=draw(st.sampled_from((0.0, 5.0, 30.0))) if softcap else 0.0,
+        scale=draw(st.sampled_from((None, 0.5, 2.0))) if scale else None,
+        bias_batch=mask == "bias" and bias_broadcast and draw(st.booleans()),
+        bias_heads=mask == "bias" and bias_broadcast and draw(st.booleans()),
+        masked_rows=mask in ("bias", "key_padding") and masked_rows and draw(st.booleans()),
+        strided=strided and draw(st.booleans()),
+        amplitude=draw(st.sampled_from((1.0, 4.0, 32.0))) if large_scores else 1.0,
+        seed=draw(st.integers(0, 2**32 - 1)))
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+    """One RoPE call: x [B, S, heads*D] (a row-strided view when `strided`),
+    n_rot rotated dims, style, tables cos/sin [R, T] with R = S + extra rows
+    (position) or B*S (token) and T = n_rot/2 + extra columns; angles from
+    `seed`."""
+    B: int = 1
+    S: int = 1
+    heads: int = 1
+    D: int = 2
+    n_rot: int = 2
+    style: str = "neox"
+    table_rows: str = "position"
+    extra_rows: int = 0
+    extra_cols: int = 0
+    strided: bool = False
+    seed: int = 0
+
+    def arrays(self):
+        rng = _rng(self.seed)
+        W = self.heads * self.D
+        x = rng.standard_normal((self.B, self.S, W)).astype(np.float32)
+        if self.strided:
+            parent = np.zeros((self.B, self.S, W + 5), np.float32)
+            parent[:, :, :W] = x
+            x = parent[:, :, :W]
+        R = self.B * self.S if self.table_rows == "token" else self.S + self.extra_rows
+        angle = rng.uniform(-math.pi, math.pi, (R, self.n_rot // 2 + self.extra_cols))
+        return {"x": x, "cos": np.cos(angle).astype(np.float32),
+                "sin": np.sin(angle).astype(np.float32)}
+
+    def kwargs(self):
+        return {"head_dim": self.D, "n_rot": self.n_rot, "style": self.style,
+                "table_rows": self.table_rows}
+
+
+@st.composite
+def rope_configs(draw, styles=("neox", "gptj"), partial=True, token_rows=True, strided=True,
+                 max_batch=3, max_seq=8, max_heads=3, max_dim=16):
+    """RopeConfigs (D even; n_rot < D when partial)."""
+    B = draw(st.integers(1, max_batch))
+    D = 2 * draw(st.integers(1, max_dim // 2))
+    rows = draw(st.sampled_from(("position", "token") if token_rows and B > 1 else
+                                ("position",)))
+    return RopeConfig(
+        B=B, S=draw(st.integers(1, max_seq)), heads=draw(st.integers(1, max_heads)), D=D,
+        n_rot=2 * draw(st.integers(0, D // 2)) if partial else D,
+        style=draw(st.sampled_from(styles)), table_rows=rows,
+        extra_rows=draw(st.integers(0, 2)), extra_cols=draw(st.integers(0, 2)),
+        strided=strided and draw(st.booleans()), seed=draw(st.integers(0, 2**32 - 1)))
+
+
+@dataclasses.dataclass(frozen=True)
+class SwigluConfig:
+    """One SwiGLU call: x [rows, 2n] scaled by `amplitude`, contents from `seed`."""
+    rows: int = 1
+    n: int = 1
+    gate_first: bool = True
+    amplitude: float = 1.0
+    seed: int = 0
+
+    def arrays(self):
+        x = self.amplitude * _rng(self.seed).standard_normal((self.rows, 2 * self.n))
+        return {"x": x.astype(np.float32)}
+
+    def kwargs(self):
+        return {"gate_first": self.gate_first}
+
+
+@st.composite
+def swiglu_configs(draw, max_rows=8, max_n=16):
+    """SwigluConfigs, including large gates (exp overflow)."""
+    return SwigluConfig(rows=draw(st.integers(1, max_rows)), n=draw(st.integers(1, max_n)),
+                        gate_first=draw(st.sampled_from((True, False))),
+                        amplitude=draw(st.sampled_from((1.0, 10.0, 100.0))),
+                        seed=draw(st.integers(0, 2**32 - 1)))
+
+
+# ---------------------------------------------------------------------------
+# Comparison under FlashAttention's policy
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """Error <= k * (err32 + eps32 * |s|max * |ref|max) + floor, where err32
+    is the float32 reference's own error, eps32 = 2^-24 and |s|max a bound of
+    the attention scores (0 for RoPE and SwiGLU): a float32 kernel may be off
+    by a rounding of its largest score, which the float32 reference escapes
+    when its softmax is exact by structure (a single visible key). Finite
+    where the reference is; masked rows 0 ("zero") or unchecked ("any");
+    bit-identical repeated calls (deterministic)."""
+    k: float = 4.0
+    floor: float = 1e-5
+    masked_rows: str = "zero"
+    deterministic: bool = True
+
+
+EPS32 = 2.0 ** -24
+
+
+def _compare(name, got, ref64, ref32, policy, skip=None, score_bound=0.0):
+    """The first way `got` breaks the policy, as text; None when it holds."""
+    got = _numpy(got)
+    if got.shape != ref64.shape:
+        return f"{name}: shape {list(got.shape)}, expected {list(ref64.shape)}"
+    got = got.astype(np.float64)
+    check = np.ones(ref64.shape, bool) if skip is None else ~skip
+    bad = check & ~np.isfinite(got)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        return (f"{name}: non-finite value {got[idx]} at index {idx} (reference "
+                f"{ref64[idx]:.6g}): NaN/inf policy broken")
+    err = np.where(check, np.abs(got - ref64), 0.0)
+    err32 = float(np.max(np.where(check, np.abs(ref32.astype(np.float64) - ref64), 0.0),
+                      initial=0.0))
+    rounding = EPS32 * score_bound * float(np.max(np.abs(ref64), initial=0.0))
+    tol = policy.k * (err32 + rounding) + policy.floor
+    if err.size and err.max() > tol:
+        idx = tuple(int(i) for i in np.unravel_index(np.argmax(err), err.shape))
+        return (f"{name}: max abs error {err.max():.3e} at index {idx} (got {got[idx]:.6g}, "
+                f"reference {ref64[idx]:.6g}) > tolerance {tol:.3e} = {policy.k:g} x (float32 "
+                f"reference error {err32:.3e} + score rounding {rounding:.1e}) + floor "
+                f"{policy.floor:.1e}")
+    return None
+
+
+def _call(fn, arrays, positional, kwargs, array):
+    """fn(*positional arrays, **kwargs), with bias / key_padding as keyword
+    arguments when the configuration has them."""
+    inputs = _framework(arrays, array)
+    kw = dict(kwargs)
+    for opt in ("bias", "key_padding"):
+        if inputs.get(opt) is not None:
+            kw[opt] = inputs[opt]
+    return fn(*(inputs[n] for n in positional), **kw)
+
+
+def _deterministic(name, fn, call, policy):
+    if not policy.deterministic:
+        return None
+    a, b = (call() for _ in range(2))
+    a = a if isinstance(a, (tuple, list)) else (a,)
+    b = b if isinstance(b, (tuple, list)) else (b,)
+    for x, y in zip(a, b):
+        if x is not None and not np.array_equal(_numpy(x), _numpy(y), equal_nan=True):
+            return f"{name}: two calls on the same inputs differ (determinism policy)"
+    return None
+
+
+def _masked_rows(config, arrays):
+    """[B, Sq, H] (bshd) / [B, H, Sq] (bhsd) boolean: queries that see no key."""
+    c = config
+    seen = np.ones((c.B, c.H, c.Sq), bool)
+    if c.mask == "bias":
+        seen = np.broadcast_to(np.isfinite(arrays["bias"]).any(-1), (c.B, c.H, c.Sq))
+    if c.mask == "key_padding":
+        seen = np.broadcast_to((arrays["key_padding"] != 0).any(-1)[:, None, None],
+                               (c.B, c.H, c.Sq))
+    rows = ~seen
+    return rows.transpose(0, 2, 1) if c.layout == "bshd" else rows
+
+
+def _score_bound(config, arrays):
+    """A bound of |s_ij| <= |scale| max|q_i| max|k_j| (+ max|bias|), capped by softcap."""
+    scale = config.scale if config.scale is not None else 1 / math.sqrt(config.D)
+    q, k = arrays["q"].astype(np.float64), arrays["k"].astype(np.float64)
+    s = abs(scale) * np.linalg.norm(q, axis=-1).max() * np.linalg.norm(k, axis=-1).max()
+    if config.softcap > 0:
+        s = min(s, config.softcap)
+    if arrays["bias"] is not None:
+        b = arrays["bias"][np.isfinite(arrays["bias"])]
+        s += float(np.abs(b).max(initial=0.0))
+    return s
+
+
+def _ref_kwargs(config, arrays):
+    kw = config.kwargs()
+    for opt in ("bias", "key_padding"):
+        if arrays[opt] is not None:
+            kw[opt] = arrays[opt]
+    return kw
+
+
+def _f64(arrays):
+    """The tensors in float64 for the reference in double (masks stay float32)."""
+    return {n: a if a is None or n in ("bias", "key_padding") else a.astype(np.float64)
+            for n, a in arrays.items()}
+
+
+def _raise_on(problem, config):
+    if problem:
+        raise CheckFailure(problem, config)
+
+
+def check_attention_config(fn, config, array="numpy", policy=Policy()):
+    """Runs `fn` on one AttentionConfig; raises CheckFailure on a mismatch."""
+    _raise_on(_attention_problem(fn, config, array, policy), config)
+
+
+def _attention_problem(fn, config, array, policy):
+    arrays = config.arrays()
+    kw = _ref_kwargs(config, arrays)
+    try:
+        got = _call(fn, arrays, ("q", "k", "v"), config.kwargs(), array)
+    except Exception as e:  # the kernel under test raised: a failure too
+        return f"out: the function raised {type(e).__name__}: {e}"
+    a64 = _f64(arrays)
+    ref64 = _api.attention(a64["q"], a64["k"], a64["v"], backend="reference", **kw)
+    ref32 = _api.attention(arrays["q"], arrays["k"], arrays["v"], backend="reference_fp32acc", **kw)
+    masked = _masked_rows(config, arrays)[..., None]
+    skip = np.broadcast_to(masked, ref64.shape) if policy.masked_rows == "any" else None
+    return _compare("out", got, ref64, ref32, policy, skip, _score_bound(config, arrays)) or \
+        _deterministic(
+        "out", fn, lambda: _call(fn, arrays, ("q", "k", "v"), config.kwargs(), array), policy)
+
+
+def check_attention_backward_config(fn, config, array="numpy", policy=Policy()):
+    """Runs the backward `fn(q, k, v, dout, **kwargs) -> (dq, dk, dv)` on one
+    AttentionConfig; raises CheckFailure on a mismatch."""
+    _raise_on(_attention_backward_problem(fn, config, array, policy), config)
+
+
+def _attention_backward_problem(fn, config, array, policy):
+    arrays = dict(config.arrays(), dout=config.dout())
+    kw = _ref_kwargs(config, arrays)
+    try:
+        got = _call(fn, arrays, ("q", "k", "v", "dout"), config.kwargs(), array)
+    except Exception as e:
+        return f"dq, dk, dv: the function raised {type(e).__name__}: {e}"
+    a64 = _f64(arrays)
+    ref64 = _api.attention_backward(a64["q"], a64["k"], a64["v"], a64["dout"],
+                                    backend="reference", **kw)
+    ref32 = [_api.attention_backward(arrays["q"], arrays["k"], arrays["v"], arrays["dout"],
+                                     grads=(g,), backend="reference_fp32acc", **kw)[i]
+             for i, g in enumerate(("dq", "dk", "dv"))]
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        return "dq, dk, dv: the function must return (dq, dk, dv)"
+    for name, g, r64, r32 in zip(("dq", "dk", "dv"), got, ref64, ref32):
+        problem = _compare(name, g, r64, r32, policy, None, _score_bound(config, arrays))
+        if problem:
+            return problem
+    return _deterministic("dq, dk, dv", fn,
+                          lambda: _call(fn, arrays, ("q", "k", "v", "dout"), config.kwargs(), array),
+                          policy)
+
+
+def check_rope_config(fn, config, array="numpy", policy=Policy()):
+    """Runs `fn(x, cos, sin, *, head_dim, n_rot, style, table_rows)` on one
+    RopeConfig; raises CheckFailure on a mismatch."""
+    _raise_on(_rope_problem(fn, config, array, policy), config)
+
+
+def _rope_problem(fn, config, array, policy):
+    arrays = config.arrays()
+    try:
+        got = _call(fn, arrays, ("x", "cos", "sin"), config.kwargs(), array)
+    except Exception as e:
+        return f"out: the function raised {type(e).__name__}: {e}"
+    a64 = {n: a.astype(np.float64) for n, a in arrays.items()}
+    ref64 = _api.rope(a64["x"], a64["cos"], a64["sin"], backend="reference", **config.kwargs())
+    ref32 = _api.rope(arrays["x"], arrays["cos"], arrays["sin"], backend="reference_fp32acc",
+                      **config.kwargs())
+    return _compare("out", got, ref64, ref32, policy) or _deterministic(
+        "out", fn, lambda: _call(fn, arrays, ("x", "cos", "sin"), config.kwargs(), array),
+        policy)
+
+
+def check_swiglu_config(fn, config, array="numpy", policy=Policy()):
+    """Runs `fn(x, *, gate_first)` on one SwigluConfig; raises CheckFailure
+    on a mismatch."""
+    _raise_on(_swiglu_problem(fn, config, array, policy), config)
+
+
+def _swiglu_problem(fn, config, array, policy):
+    arrays = config.arrays()
+    try:
+        got = _call(fn, arrays, ("x",), config.kwargs(), array)
+    except Exception as e:
+        return f"out: the function raised {type(e).__name__}: {e}"
+    ref64 = _api.swiglu(arrays["x"].astype(np.float64), backend="reference", **config.kwargs())
+    ref32 = _api.swiglu(arrays["x"], backend="reference_fp32acc", **config.kwargs())
+    return _compare("out", got, ref64, ref32, policy) or _deterministic(
+        "out", fn, lambda: _call(fn, arrays, ("x",), config.kwargs(), array), policy)
+
+
+# ---------------------------------------------------------------------------
+# The Hypothesis driver
+
+
+def _report(fn, what, config, problem, array, policy):
+    named = getattr(fn, "func", fn)  # a functools.partial names its function
+    fname = getattr(named, "__name__", "my_kernel")
+    module = getattr(named, "__module__", None) or "mymodule"
+    if module in ("__main__", "builtins", "functools") or fname == "<lambda>":
+        module, fname = "mymodule", "my_kernel"
+    pol = "" if policy == Policy() else f", policy={policy!r}"
+    arr = "" if array == "numpy" else f", array={array!r}"
+    imports = type(config).__name__ + (", Policy" if pol else "")
+    return f"""tandem.testing: {fname} disagrees with tandem's reference ({what}).
+Minimal configuration (shrunk by Hypothesis):
+
+    {config!r}
+
+  {problem}
+
+The tensor contents come from seed={config.seed}. To replay, paste into a test file:
+
+    from tandem.testing import {imports}, check_{what}_config
+    from {module} import {fname}
+
+    def test_{fname}_{what}_regression():
+        check_{what}_config({fname}, {config!r}{arr}{pol})
+"""
+
+
+def _run(fn, what, strategy, problem_of, array, policy, max_examples, time_budget, seed):
+    start = time.monotonic()
+    failed = []
+
+    @settings(max_examples=max_examples, deadline=None, database=None,
+              verbosity=Verbosity.quiet, print_blob=False,
+              suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def property_(config):
+        # Past the budget, exploration stops (remaining examples return at
+        # once); once a failure is seen, shrinking always runs to the end.
+        if not failed and time.monotonic() - start > time_budget:
+            return
+        problem = problem_of(fn, config, array, policy)
+        if problem:
+            failed.append(config)
+            raise CheckFailure(problem, config)
+
+    if seed is not None:
+        property_ = _hseed(seed)(property_)
+    try:
+        property_()
+    except CheckFailure as e:
+        raise CheckFailure(_report(fn, what, e.config, str(e), array, policy), e.config) from None
+
+
+def check_attention(fn, *, array="numpy", policy=Policy(), max_examples=200, time_budget=30.0,
+                    seed=None, **space):
+    """Checks `fn(q, k, v, *, layout, mask, window, scale, softcap[, bias]
+    [, key_padding]) -> out` (tandem.attention's signature) on drawn
+    AttentionConfigs; `space` takes attention_configs' switches (e.g.
+    softcap=False, masks=("none", "causal")) to leave out what fn does not
+    support. Raises CheckFailure with a shrunk configuration."""
+    _run(fn, "attention", attention_configs(**space), _attention_problem, array, policy,
+         max_examples, time_budget, seed)
+
+
+def check_attention_backward(fn, *, array="numpy", policy=Policy(), max_examples=100,
+                             time_budget=30.0, seed=None, **space):
+    """Checks `fn(q, k, v, dout, **kwargs) -> (dq, dk, dv)` (kwargs as for
+    check_attention) on drawn AttentionConfigs."""
+    _run(fn, "attention_backward", attention_configs(**space), _attention_backward_problem,
+         array, policy, max_examples, time_budget, seed)
+
+
+def check_rope(fn, *, array="numpy", policy=Policy(), max_examples=200, time_budget=30.0,
+               seed=None, **space):
+    """Checks `fn(x, cos, sin, *, head_dim, n_rot, style, table_rows) -> out`
+    (tandem.rope's signature) on drawn RopeConfigs."""
+    _run(fn, "rope", rope_configs(**space), _rope_problem, array, policy, max_examples,
+         time_budget, seed)
+
+
+def check_swiglu(fn, *, array="numpy", policy=Policy(), max_examples=200, time_budget=30.0,
+                 seed=None, **space):
+    """Checks `fn(x, *, gate_first) -> out` (tandem.swiglu's signature) on
+    drawn SwigluConfigs."""
+    _run(fn, "swiglu", swiglu_configs(**space), _swiglu_problem, array, policy, max_examples,
+         time_budget, seed)

@@ -1,0 +1,409 @@
+# SPDX-License-Identifier: Apache-2.0
+"""tandem's kernels as PyTorch operators, with autograd.
+
+The ops are registered with torch.library.custom_op (namespace `tandem`),
+each with a fake (meta) implementation for torch.compile and export, and,
+where the kernel has a backward, an autograd formula: attention saves its out
+and log-sum-exp and its backward starts from them (attention_backward_saved).
+float32 tensors run `backend`; float64 tensors run the reference in double,
+so torch.autograd.gradcheck applies.
+
+    import tandem.torch as tt
+    out = tt.scaled_dot_product_attention(q, k, v, is_causal=True)   # as torch's F.sdpa
+    out = tt.attention(q, k, v, layout="bhsd", mask="causal")         # tandem's own arguments
+"""
+
+import atexit
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import _api, _ext
+from ._errors import Error
+
+__all__ = ["attention", "rope", "axial_rope", "swiglu", "attention_block",
+           "scaled_dot_product_attention"]
+
+# ---------------------------------------------------------------------------
+# Attention: forward with log-sum-exp, backward from the saved state.
+
+
+def _mask_kwargs(mask: Optional[Tensor], mask_kind: str, window: int):
+    """tandem.attention's mask arguments for an op's (mask, mask_kind, window)."""
+    if mask_kind == "bias":
+        return {"bias": mask}
+    if mask_kind == "key_padding":
+        return {"key_padding": mask}
+    return {"mask": mask_kind, "window": window if mask_kind == "sliding_window" else None}
+
+
+@torch.library.custom_op("tandem::attention", mutates_args=())
+def _attention_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], layout: str,
+                  mask_kind: str, window: int, scale: Optional[float], softcap: float,
+                  backend: str) -> tuple[Tensor, Tensor]:
+    return _api.attention_forward_lse(q, k, v, layout=layout, scale=scale, softcap=softcap,
+                                      backend=backend, **_mask_kwargs(mask, mask_kind, window))
+
+
+@_attention_op.register_fake
+def _(q, k, v, mask, layout, mask_kind, window, scale, softcap, backend):
+    # out [B,Sq,H,Dv] (bshd) or [B,H,Sq,Dv] (bhsd): q's first three axes and v's width
+    out = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+    B, S, H = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bshd" else \
+        (q.shape[0], q.shape[2], q.shape[1])
+    return out, q.new_empty((B, H, S))
+
+
+@torch.library.custom_op("tandem::attention_backward", mutates_args=())
+def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], out: Tensor,
+                           lse: Tensor, dout: Tensor, layout: str, mask_kind: str, window: int,
+                           scale: Optional[float], softcap: float,
+                           backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    return _api.attention_backward_saved(q, k, v, out, lse, dout, layout=layout, scale=scale,
+                                         softcap=softcap, backend=backend,
+                                         **_mask_kwargs(mask, mask_kind, window))
+
+
+@_attention_backward_op.register_fake
+def _(q, k, v, mask, out, lse, dout, layout, mask_kind, window, scale, softcap, backend):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
+
+
+def _attention_setup(ctx, inputs, output):
+    q, k, v, mask, layout, mask_kind, window, scale, softcap, backend = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, mask, out, lse)
+    ctx.attrs = (layout, mask_kind, window, scale, softcap, backend)
+    ctx.mark_non_differentiable(lse)
+
+
+def _attention_grad(ctx, dout, _dlse):
+    q, k, v, mask, out, lse = ctx.saved_tensors
+    dq, dk, dv = _attention_backward_op(q, k, v, mask, out, lse, dout, *ctx.attrs)
+    # the mask (keep or bias) gets no gradient; neither do the attributes
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+_attention_op.register_autograd(_attention_grad, setup_context=_attention_setup)
+
+
+def _mask_args(mask, window, bias, key_padding):
+    """(mask tensor, mask kind, window) of the ops from tandem.attention's arguments."""
+    if bias is not None and key_padding is not None:
+        raise Error("key_padding: give one of bias, key_padding", "key_padding")
+    kind = mask if mask is not None else ("sliding_window" if window is not None else "none")
+    if (bias is not None or key_padding is not None) and kind != "none":
+        name = "bias" if bias is not None else "key_padding"
+        raise Error(f"{name}: give one of mask={kind!r}, bias, key_padding", name)
+    if bias is not None:
+        return bias.to(torch.float32), "bias", 0
+    if key_padding is not None:
+        return key_padding.to(torch.float32), "key_padding", 0
+    return None, kind, int(window or 0)
+
+
+def attention(q, k, v, *, layout="bshd", mask=None, window=None, scale=None, softcap=0.0,
+              bias=None, key_padding=None, backend="optimized"):
+    """tandem.attention on rank-4 torch tensors, differentiable in q, k and v
+    (the bias and key_padding get no gradient)."""
+    m, kind, w = _mask_args(mask, window, bias, key_padding)
+    out, _ = _attention_op(q, k, v, m, layout, kind, w, None if scale is None else float(scale),
+                           float(softcap or 0.0), backend)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# RoPE, axial RoPE, SwiGLU: the backward is the op's own transpose kernel.
+
+
+@torch.library.custom_op("tandem::rope", mutates_args=())
+def _rope_op(x: Tensor, cos: Tensor, sin: Tensor, head_dim: Optional[int], n_rot: Optional[int],
+             style: str, table_rows: Optional[str], backward: bool, backend: str) -> Tensor:
+    f = _api.rope_backward if backward else _api.rope
+    return f(x, cos, sin, head_dim=head_dim, n_rot=n_rot, style=style, table_rows=table_rows,
+             backend=backend)
+
+
+@_rope_op.register_fake
+def _(x, cos, sin, head_dim, n_rot, style, table_rows, backward, backend):
+    return x.new_empty(x.shape)
+
+
+def _rope_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1], inputs[2])
+    ctx.attrs = inputs[3:]
+
+
+def _rope_grad(ctx, dy):
+    cos, sin = ctx.saved_tensors
+    head_dim, n_rot, style, table_rows, backward, backend = ctx.attrs
+    dx = _rope_op(dy, cos, sin, head_dim, n_rot, style, table_rows, not backward, backend)
+    return dx, None, None, None, None, None, None, None, None
+
+
+_rope_op.register_autograd(_rope_grad, setup_context=_rope_setup)
+
+
+def rope(x, cos, sin, *, head_dim=None, n_rot=None, style="neox", table_rows=None,
+         backend="optimized"):
+    """tandem.rope on torch tensors, differentiable in x (not in the tables)."""
+    return _rope_op(x, cos, sin, head_dim, n_rot, style, table_rows, False, backend)
+
+
+@torch.library.custom_op("tandem::axial_rope", mutates_args=())
+def _axial_rope_op(x: Tensor, end_x: int, end_y: int, num_heads: int, theta: float,
+                   repeat_factor: int, backward: bool, backend: str) -> Tensor:
+    f = _api.axial_rope_backward if backward else _api.axial_rope
+    return f(x, end_x=end_x, end_y=end_y, num_heads=num_heads, theta=theta,
+             repeat_factor=repeat_factor, backend=backend)
+
+
+@_axial_rope_op.register_fake
+def _(x, end_x, end_y, num_heads, theta, repeat_factor, backward, backend):
+    return x.new_empty(x.shape)
+
+
+def _axial_rope_setup(ctx, inputs, output):
+    ctx.attrs = inputs[1:]
+
+
+def _axial_rope_grad(ctx, dy):
+    end_x, end_y, num_heads, theta, repeat_factor, backward, backend = ctx.attrs
+    dx = _axial_rope_op(dy, end_x, end_y, num_heads, theta, repeat_factor, not backward, backend)
+    return dx, None, None, None, None, None, None, None
+
+
+_axial_rope_op.register_autograd(_axial_rope_grad, setup_context=_axial_rope_setup)
+
+
+def axial_rope(x, *, end_x, end_y, num_heads=1, theta=10000.0, repeat_factor=1,
+               backend="optimized"):
+    """tandem.axial_rope on torch tensors, differentiable in x."""
+    return _axial_rope_op(x, int(end_x), int(end_y), int(num_heads), float(theta),
+                          int(repeat_factor), False, backend)
+
+
+@torch.library.custom_op("tandem::swiglu", mutates_args=())
+def _swiglu_op(x: Tensor, gate_first: bool, backend: str) -> Tensor:
+    return _api.swiglu(x, gate_first=gate_first, backend=backend)
+
+
+@_swiglu_op.register_fake
+def _(x, gate_first, backend):
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+@torch.library.custom_op("tandem::swiglu_backward", mutates_args=())
+def _swiglu_backward_op(x: Tensor, dy: Tensor, gate_first: bool, backend: str) -> Tensor:
+    return _api.swiglu_backward(x, dy, gate_first=gate_first, backend=backend)
+
+
+@_swiglu_backward_op.register_fake
+def _(x, dy, gate_first, backend):
+    return x.new_empty(x.shape)
+
+
+def _swiglu_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.attrs = inputs[1:]
+
+
+def _swiglu_grad(ctx, dy):
+    (x,) = ctx.saved_tensors
+    return _swiglu_backward_op(x, dy, *ctx.attrs), None, None
+
+
+_swiglu_op.register_autograd(_swiglu_grad, setup_context=_swiglu_setup)
+
+
+def swiglu(x, *, gate_first=True, backend="optimized"):
+    """tandem.swiglu on torch tensors, differentiable in x."""
+    return _swiglu_op(x, bool(gate_first), backend)
+
+
+@torch.library.custom_op("tandem::attention_block", mutates_args=())
+def _attention_block_op(x: Tensor, w_qkv: Tensor, w_out: Tensor, num_heads: int,
+                        b_qkv: Optional[Tensor], b_out: Optional[Tensor],
+                        key_padding: Optional[Tensor], cos: Optional[Tensor],
+                        sin: Optional[Tensor], backend: str) -> Tensor:
+    return _api.attention_block(x, w_qkv, w_out, num_heads=num_heads, b_qkv=b_qkv, b_out=b_out,
+                                key_padding=key_padding, cos=cos, sin=sin, backend=backend)
+
+
+@_attention_block_op.register_fake
+def _(x, w_qkv, w_out, num_heads, b_qkv, b_out, key_padding, cos, sin, backend):
+    return x.new_empty(x.shape)
+
+
+def attention_block(x, w_qkv, w_out, *, num_heads, b_qkv=None, b_out=None, key_padding=None,
+                    cos=None, sin=None, backend="optimized"):
+    """tandem.attention_block on torch tensors (float32, inference: no autograd)."""
+    return _attention_block_op(x, w_qkv, w_out, int(num_heads), b_qkv, b_out, key_padding, cos,
+                               sin, backend)
+
+
+# ---------------------------------------------------------------------------
+# torch.nn.functional.scaled_dot_product_attention, with its signature.
+
+
+def _needs_op(q, k, v):
+    """Whether a call must go through the registered op (autograd or a
+    compiler is watching); otherwise the kernel is called directly."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return True
+    return torch.compiler.is_compiling()
+
+
+def _sdpa_mask(attn_mask, is_causal, batch, N, H, L, S):
+    """(mask tensor, kind) for tandem from F.sdpa's attn_mask / is_causal on
+    [N, H, L, S] scores (the leading batch axes `batch` folded into N)."""
+    if is_causal:
+        if attn_mask is not None:
+            raise Error("attn_mask: must be None when is_causal=True (as in PyTorch)",
+                        "attn_mask")
+        if L >= S:
+            # PyTorch's top-left causal (j <= i) equals tandem's bottom-right
+            # one when Sq >= Sk: the query offset max(Sk - Sq, 0) is 0.
+            return None, "causal"
+        # L < S: top-left differs from bottom-right; hide j > i with a bias.
+        i = torch.arange(L).unsqueeze(1)
+        j = torch.arange(S).unsqueeze(0)
+        bias = torch.zeros((L, S), dtype=torch.float32).masked_fill_(j > i, -math.inf)
+        return bias.reshape(1, 1, L, S), "bias"
+    if attn_mask is None:
+        return None, "none"
+    m = attn_mask
+    if m.dim() > len(batch) + 3:
+        raise Error(f"attn_mask.shape = {list(m.shape)} must broadcast to "
+                    f"{[*batch, H, L, S]}", "attn_mask")
+    m = m.reshape((1,) * (len(batch) + 3 - m.dim()) + tuple(m.shape))
+    lead, mh = m.shape[:-3], m.shape[-3]
+    try:
+        m = m.expand(*lead, mh, L, S)  # materialize only the query and key axes
+        bb = 1 if all(n == 1 for n in lead) else N
+        m = m.expand(*batch, mh, L, S) if bb != 1 else m
+    except RuntimeError:
+        raise Error(f"attn_mask.shape = {list(attn_mask.shape)} must broadcast to "
+                    f"{[*batch, H, L, S]}", "attn_mask") from None
+    if mh not in (1, H):
+        raise Error(f"attn_mask.shape = {list(attn_mask.shape)} must broadcast to "
+                    f"{[*batch, H, L, S]}", "attn_mask")
+    m = m.reshape(bb, mh, L, S)
+    if m.dtype == torch.bool:
+        bias = torch.zeros(m.shape, dtype=torch.float32).masked_fill_(~m, -math.inf)
+    else:
+        bias = m.to(torch.float32).contiguous()
+    return bias, "bias"
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    """torch.nn.functional.scaled_dot_product_attention, computed by tandem.
+
+    query (N, ..., Hq, L, E), key (N, ..., H, S, E), value (N, ..., H, S, Ev)
+    -> (N, ..., Hq, L, Ev). attn_mask: bool (True takes part) or float (added
+    to the scores), broadcastable to (N, ..., Hq, L, S); is_causal: PyTorch's
+    top-left alignment (query i sees keys j <= i); scale defaults to
+    1/sqrt(E); enable_gqa: Hq a multiple of H. Only dropout_p = 0 is
+    supported. A query that sees no key gets 0, as in PyTorch. float32 runs
+    the optimized backend, float64 the reference in double."""
+    if attn_mask is None and dropout_p == 0.0:
+        out = _fast_sdpa(query, key, value, is_causal, scale, enable_gqa, "optimized")
+        if out is not None:
+            return out
+    return sdpa_softcap(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+_FLOATS = (torch.float32, torch.float64)
+_PLANS = {}  # (q, k, v shapes, is_causal, scale, enable_gqa) -> AttentionPlan, or None: no fast path
+atexit.register(_PLANS.clear)  # before the extension is torn down
+
+
+def _fast_plan(q, k, v, is_causal, scale, enable_gqa):
+    """The plan of a [B, H, S, D] call without a mask, made (and validated)
+    once per shape; None when the call needs the general path (another rank,
+    top-left causal with fewer queries than keys, k or v not fitting q: the
+    general path then names the problem)."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return None
+    B, H, L, D = q.shape
+    Bk, Hkv, S, Dk = k.shape
+    if Bk != B or Dk != D or tuple(v.shape[:3]) != (B, Hkv, S) or min(B, H, L, D, S) < 1 or \
+            (is_causal and L < S) or (Hkv != H and not (enable_gqa and H % Hkv == 0)):
+        return None
+    p = _ext.AttentionParams()
+    p.layout = _ext.Layout.bhsd
+    p.batch, p.heads, p.seq_q, p.head_dim = B, H, L, D
+    p.kv_heads, p.seq_k, p.v_head_dim = Hkv, S, v.shape[3]
+    if is_causal:
+        p.mask = _ext.MaskKind.causal
+    if scale is not None:
+        p.scale = float(scale)
+    return _ext.AttentionPlan.make(p)
+
+
+def _fast_sdpa(q, k, v, is_causal, scale, enable_gqa, backend):
+    """Inference on contiguous [B, H, S, D] CPU tensors without a mask: the
+    output straight from the kernel, the tensors passed by address (their
+    sizes, contiguity, dtype and device checked here, the plan made once per
+    shape); None when the call needs the general path (autograd, a
+    compiler, another layout, ...)."""
+    dtype = q.dtype
+    if k.dtype != dtype or v.dtype != dtype or dtype not in _FLOATS or _needs_op(q, k, v) or \
+            not (q.is_cpu and k.is_cpu and v.is_cpu) or \
+            not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+        return None
+    key = (q.shape, k.shape, v.shape, is_causal, scale, enable_gqa)
+    try:
+        plan = _PLANS[key]
+    except KeyError:
+        if len(_PLANS) >= 256:
+            _PLANS.clear()
+        plan = _PLANS[key] = _fast_plan(q, k, v, is_causal, scale, enable_gqa)
+    if plan is None:
+        return None
+    out = torch.empty((*key[0][:3], key[2][3]), dtype=dtype)
+    _ext.attention_forward_contiguous(backend, plan, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                      out.data_ptr(), dtype == torch.float64)
+    return out
+
+
+def sdpa_softcap(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                 enable_gqa=False, softcap=0.0, backend="optimized"):
+    """scaled_dot_product_attention with tandem's logit softcap c > 0
+    (scores s -> c*tanh(s/c) before the mask is added) and a backend choice."""
+    if dropout_p != 0.0:
+        raise Error(f"dropout_p = {dropout_p} must be 0 (tandem has no dropout)", "dropout_p")
+    if query.dim() < 3:
+        raise Error(f"query.shape = {list(query.shape)} must be (N, ..., L, E)", "query.shape")
+    if query.dim() == 3:
+        mask = attn_mask
+        if mask is not None and mask.dim() >= 3:
+            mask = mask.unsqueeze(-3)
+        return sdpa_softcap(query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1), mask, 0.0,
+                            is_causal, scale, enable_gqa, softcap, backend).squeeze(1)
+    batch = tuple(query.shape[:-3])
+    Hq, L, E = query.shape[-3:]
+    H, S = key.shape[-3], key.shape[-2]
+    if H != Hq and not (enable_gqa and H >= 1 and Hq % H == 0):
+        raise Error(f"key.shape = {list(key.shape)} must have {Hq} heads (query's), or a divisor "
+                    "of it with enable_gqa=True", "key.shape")
+    if attn_mask is None and not softcap:
+        out = _fast_sdpa(query, key, value, is_causal, scale, enable_gqa, backend)
+        if out is not None:
+            return out
+    N = math.prod(batch)
+    q = query.reshape(N, Hq, L, E)
+    k = key.reshape(N, H, S, key.shape[-1])
+    v = value.reshape(N, H, S, value.shape[-1])
+    mask, kind = _sdpa_mask(attn_mask, is_causal, batch, N, Hq, L, S)
+    sc = None if scale is None else float(scale)
+    cap = float(softcap or 0.0)
+    if _needs_op(q, k, v):
+        out, _ = _attention_op(q, k, v, mask, "bhsd", kind, 0, sc, cap, backend)
+    else:
+        out = _api.attention(q, k, v, layout="bhsd", scale=sc, softcap=cap, backend=backend,
+                             **_mask_kwargs(mask, kind, 0))
+    return out.reshape(*batch, Hq, L, value.shape[-1])

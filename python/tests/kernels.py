@@ -1,0 +1,117 @@
+# SPDX-License-Identifier: Apache-2.0
+"""User kernels for the tests of tandem.testing: correct ones (PyTorch's SDPA
+through a thin adapter, a NumPy float32 attention, NumPy RoPE and SwiGLU) and
+the same NumPy kernels with one deliberate bug each."""
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def _visible(Sq, Sk, mask, window, offset):
+    """[Sq, Sk] keys query i sees under causal / sliding_window (offset: the
+    key position of query 0)."""
+    i = np.arange(Sq)[:, None] + offset
+    j = np.arange(Sk)[None, :]
+    if mask == "causal":
+        return j <= i
+    if mask == "sliding_window":
+        return (j <= i) & (j >= i - window)
+    return np.ones((Sq, Sk), bool)
+
+
+def sdpa_attention(q, k, v, *, layout, mask, window, scale, softcap, bias=None,
+                   key_padding=None):
+    """tandem.attention's contract on torch tensors through F.sdpa (no softcap)."""
+    assert softcap == 0.0, "F.scaled_dot_product_attention has no softcap"
+    if layout == "bshd":
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    Sq, Sk = q.shape[2], k.shape[2]
+    attn_mask = None
+    if mask in ("causal", "sliding_window"):  # tandem's bottom-right alignment
+        attn_mask = torch.from_numpy(_visible(Sq, Sk, mask, window, max(Sk - Sq, 0)))
+    elif key_padding is not None:
+        attn_mask = (key_padding != 0)[:, None, None, :]
+    elif bias is not None:
+        attn_mask = bias
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale,
+                                         enable_gqa=True)
+    return out.transpose(1, 2) if layout == "bshd" else out
+
+
+def sdpa_attention_backward(q, k, v, dout, *, bug=None, **kwargs):
+    """(dq, dk, dv) of sdpa_attention by torch's autograd. bug "gqa_sum": k and
+    v repeated per query head, and each kv head's gradient taken from the
+    first head of its group instead of summed over the group."""
+    q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
+    if bug != "gqa_sum":
+        return torch.autograd.grad(sdpa_attention(q, k, v, **kwargs), (q, k, v), dout)
+    axis = 2 if kwargs["layout"] == "bshd" else 1
+    group = q.shape[axis] // k.shape[axis]
+    k2, v2 = (x.detach().repeat_interleave(group, axis).requires_grad_() for x in (k, v))
+    dq, dk2, dv2 = torch.autograd.grad(sdpa_attention(q, k2, v2, **kwargs), (q, k2, v2), dout)
+    first = torch.arange(0, q.shape[axis], group)
+    return dq, dk2.index_select(axis, first), dv2.index_select(axis, first)
+
+
+def numpy_attention(q, k, v, *, layout, mask, window, scale, softcap, bias=None,
+                    key_padding=None, bug=None):
+    """Attention in float32 NumPy, written plainly. bug: "gqa" (query head h
+    reads kv head h % Hkv), "causal_offset" (causal without the Sk - Sq
+    offset), "no_max" (softmax without subtracting the row maximum)."""
+    if layout == "bshd":
+        q, k, v = (np.asarray(x).transpose(0, 2, 1, 3) for x in (q, k, v))
+    B, H, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    heads = np.arange(H) % Hkv if bug == "gqa" else np.arange(H) // (H // Hkv)
+    k, v = k[:, heads], v[:, heads]
+    s = np.float32(scale if scale is not None else 1 / np.sqrt(D)) * (q @ k.transpose(0, 1, 3, 2))
+    if softcap > 0:
+        s = np.float32(softcap) * np.tanh(s / np.float32(softcap))
+    offset = 0 if bug == "causal_offset" else max(Sk - Sq, 0)
+    visible = np.broadcast_to(_visible(Sq, Sk, mask, window, offset), s.shape)
+    if bias is not None:
+        s = s + bias
+        visible = visible & np.isfinite(bias)
+    if key_padding is not None:
+        visible = visible & (key_padding != 0)[:, None, None, :]
+    s = np.where(visible, s, -np.inf)
+    m = np.zeros(s.shape[:-1] + (1,), np.float32) if bug == "no_max" else \
+        np.max(np.where(visible, s, -np.inf), axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        p = np.where(visible, np.exp(s - m), 0).astype(np.float32)
+        l = p.sum(-1, keepdims=True)
+        out = np.where(l > 0, (p @ v) / np.where(l > 0, l, 1), 0).astype(np.float32)
+    return out.transpose(0, 2, 1, 3) if layout == "bshd" else out
+
+
+def numpy_rope(x, cos, sin, *, head_dim, n_rot, style, table_rows, bug=None):
+    """RoPE in NumPy. bug "pairs": NeoX asked, GPT-J pairs (2i, 2i+1) rotated."""
+    B, S, W = x.shape
+    m = n_rot // 2
+    rows = np.arange(S)[None, :] + (np.arange(B)[:, None] * S if table_rows == "token" else 0)
+    c = cos[rows][..., :m][:, :, None, :]  # [B, S, 1, m]
+    s = sin[rows][..., :m][:, :, None, :]
+    y = x.reshape(B, S, W // head_dim, head_dim).copy()
+    xh = x.reshape(B, S, W // head_dim, head_dim)
+    if style == "neox" and bug != "pairs":
+        a, b = np.arange(m), np.arange(m) + m
+    else:
+        a, b = 2 * np.arange(m), 2 * np.arange(m) + 1
+    y[..., a] = xh[..., a] * c - xh[..., b] * s
+    y[..., b] = xh[..., b] * c + xh[..., a] * s
+    return y.reshape(B, S, W)
+
+
+def torch_swiglu(x, *, gate_first):
+    """silu(g) * u with torch."""
+    g, u = x.chunk(2, dim=-1)
+    if not gate_first:
+        g, u = u, g
+    return F.silu(g) * u
+
+
+def my_attention(q, k, v, **kwargs):
+    """The docs' example: a user's attention with a GQA bug (head h % Hkv)."""
+    return numpy_attention(q, k, v, bug="gqa", **kwargs)

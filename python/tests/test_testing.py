@@ -1,0 +1,166 @@
+# SPDX-License-Identifier: Apache-2.0
+"""tandem.testing can fail: correct user kernels pass, each deliberately
+broken one fails with a shrunk configuration and a replayable test."""
+
+import functools
+
+import numpy as np
+import pytest
+
+import tandem
+from tandem import testing as T
+from kernels import (numpy_attention, numpy_rope, sdpa_attention, sdpa_attention_backward,
+                     torch_swiglu)
+
+BUDGET = dict(seed=12, time_budget=20.0)
+
+
+def gqa_bug_attention(q, k, v, **kw):
+    return numpy_attention(q, k, v, bug="gqa", **kw)
+
+
+def causal_offset_bug_attention(q, k, v, **kw):
+    return numpy_attention(q, k, v, bug="causal_offset", **kw)
+
+
+def no_max_bug_attention(q, k, v, **kw):
+    return numpy_attention(q, k, v, bug="no_max", **kw)
+
+
+def gqa_sum_bug_backward(q, k, v, dout, **kw):
+    return sdpa_attention_backward(q, k, v, dout, bug="gqa_sum", **kw)
+
+
+def rope_pairs_bug(x, cos, sin, **kw):
+    return numpy_rope(x, cos, sin, bug="pairs", **kw)
+
+
+def failure(check, fn, **kw):
+    with pytest.raises(T.CheckFailure) as info:
+        check(fn, **BUDGET, **kw)
+    report = str(info.value)
+    assert "Minimal configuration" in report and f"seed={info.value.config.seed}" in report
+    assert f"def test_{fn.__name__}_" in report and repr(info.value.config) in report
+    return info.value.config, report
+
+
+# -- correct kernels pass ----------------------------------------------------
+
+def test_torch_sdpa_through_an_adapter_passes():
+    T.check_attention(sdpa_attention, array="torch", softcap=False, **BUDGET)
+
+
+def test_numpy_float32_attention_passes():
+    T.check_attention(numpy_attention, **BUDGET)
+
+
+def test_tandem_itself_passes_forward_and_backward():
+    T.check_attention(tandem.attention, max_examples=60, **BUDGET)
+    T.check_attention_backward(tandem.attention_backward, max_examples=60, **BUDGET)
+
+
+def test_torch_autograd_backward_through_an_adapter_passes():
+    T.check_attention_backward(sdpa_attention_backward, array="torch", softcap=False,
+                               max_examples=100, **BUDGET)
+
+
+def test_numpy_rope_and_torch_swiglu_pass():
+    T.check_rope(numpy_rope, **BUDGET)
+    T.check_swiglu(torch_swiglu, array="torch", **BUDGET)
+
+
+# -- broken kernels fail, shrunk to what the bug needs ------------------------
+
+def test_gqa_head_modulo_is_caught_at_four_heads_over_two():
+    config, _ = failure(T.check_attention, gqa_bug_attention)
+    # h % Hkv and h // (H/Hkv) agree unless Hkv >= 2 and H/Hkv >= 2
+    assert (config.H, config.Hkv) == (4, 2)
+    assert (config.B, config.Sq, config.Sk, config.D, config.Dv) == (1, 1, 1, 1, 1)
+
+
+def test_causal_without_the_offset_is_caught_with_fewer_queries_than_keys():
+    config, _ = failure(T.check_attention, causal_offset_bug_attention)
+    assert config.mask in ("causal", "sliding_window") and config.Sq < config.Sk
+    assert (config.Sq, config.Sk, config.H, config.D) == (1, 2, 1, 1)
+
+
+def test_softmax_without_max_subtraction_is_caught_on_large_scores():
+    config, report = failure(T.check_attention, no_max_bug_attention)
+    assert config.amplitude == 32.0 and (config.Sq, config.Sk, config.D) == (1, 1, 1)
+    assert "non-finite" in report
+
+
+def test_rope_pairs_swapped_is_caught_with_four_rotated_dims():
+    config, _ = failure(T.check_rope, rope_pairs_bug)
+    # (i, i+1) and (2i, 2i+1) coincide for n_rot = 2
+    assert config.style == "neox" and config.n_rot == 4 and config.B == 1 and config.S == 1
+
+
+def test_gqa_gradients_not_summed_over_the_group_are_caught():
+    config, report = failure(T.check_attention_backward, gqa_sum_bug_backward, array="torch",
+                             softcap=False)
+    assert (config.H, config.Hkv, config.Sq, config.Sk) == (2, 1, 1, 1)
+    assert report.splitlines()[5].lstrip().startswith(("dk:", "dv:"))  # dk = 0 when Sk = 1
+
+
+def test_a_nondeterministic_kernel_fails():
+    calls = []
+
+    def flaky_attention(q, k, v, **kw):
+        calls.append(1)
+        out = tandem.attention(q, k, v, **kw)
+        return out + np.float32(1e-7) * (len(calls) % 2)
+
+    _, report = failure(T.check_attention, flaky_attention)
+    assert "differ" in report
+
+
+def test_a_kernel_that_raises_fails_with_the_exception():
+    def raising_attention(q, k, v, **kw):
+        if kw.get("mask") == "causal":
+            raise RuntimeError("causal not implemented")
+        return tandem.attention(q, k, v, **kw)
+
+    config, report = failure(T.check_attention, raising_attention)
+    assert config.mask == "causal" and "causal not implemented" in report
+
+
+def test_the_pasted_regression_test_replays_the_failure():
+    config, report = failure(T.check_attention, gqa_bug_attention)
+    with pytest.raises(T.CheckFailure):
+        T.check_attention_config(gqa_bug_attention, config)
+    T.check_attention_config(numpy_attention, config)  # and a correct kernel passes it
+
+
+def test_masked_rows_policy():
+    config = T.AttentionConfig(B=2, H=2, Hkv=1, Sq=3, Sk=4, D=4, Dv=4, mask="key_padding",
+                               masked_rows=True, seed=5)
+
+    def nan_rows(q, k, v, **kw):  # NaN where no key is visible, as a naive kernel gives
+        out = tandem.attention(q, k, v, **kw)
+        out[(kw["key_padding"] == 0).all(-1)] = np.nan
+        return out
+
+    with pytest.raises(T.CheckFailure, match="non-finite"):
+        T.check_attention_config(nan_rows, config)
+    T.check_attention_config(nan_rows, config, policy=T.Policy(masked_rows="any"))
+
+
+def test_strategies_shrink_toward_the_smallest_configuration():
+    from hypothesis import find
+    smallest = find(T.attention_configs(), lambda c: True)
+    assert (smallest.B, smallest.H, smallest.Sq, smallest.Sk, smallest.D) == (1, 1, 1, 1, 1)
+    assert (smallest.mask, smallest.layout, smallest.strided) == ("none", "bshd", False)
+    gqa = find(T.attention_configs(), lambda c: c.H != c.Hkv and c.mask == "bias")
+    assert (gqa.H, gqa.Hkv, gqa.Sq, gqa.Sk) == (2, 1, 1, 1)
+
+
+def test_the_docs_page_shows_this_shrunk_failure_verbatim():
+    import os
+    from kernels import my_attention
+    with pytest.raises(T.CheckFailure) as info:
+        T.check_attention(my_attention, **BUDGET)
+    page = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "pages", "09_python.md")
+    with open(page) as f:
+        shown = f.read().split("```text\n", 1)[1].split("```", 1)[0]
+    assert shown == str(info.value)

@@ -48,7 +48,7 @@ struct Implementations {
   void set_threads(int n) {
 #ifdef TANDEM_PYTHON_HAVE_OPTIMIZED
     threads = n;
-    optimized = tandem::optimized::backend({n});
+    optimized = tandem::optimized::backend(tandem::optimized::Options{n});
     optimized_k = kernels_of(*optimized);
 #else
     (void)n;

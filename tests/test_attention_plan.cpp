@@ -607,7 +607,7 @@ TEST(AttentionEntryChecks, BackwardRejectsBadViewsAndLeavesEveryGradientAlone) {
         ref.attention_backward(buf.plan, in, dout.first(dout.size() - 1), {dq, dk, dv});
       },
       "dout.size()", {"dout.size() = " + std::to_string(dout.size() - 1)});
-  // each gradient in turn one short, or missing: all three are required
+  // each gradient in turn one short; none at all; dsinks for a plan without sinks
   expect_error(
       [&] {
         ref.attention_backward(buf.plan, in, dout, {dq.first(1), dk, dv});
@@ -620,9 +620,17 @@ TEST(AttentionEntryChecks, BackwardRejectsBadViewsAndLeavesEveryGradientAlone) {
       "dk.size()", {"dk.size() = 2"});
   expect_error(
       [&] {
-        ref.attention_backward(buf.plan, in, dout, {dq, dk, {}});
+        ref.attention_backward(buf.plan, in, dout, {{}, {}, dv.first(1)});
       },
-      "dv.size()", {"dv.size() = 0", "must be " + std::to_string(dv.size())});
+      "dv.size()", {"dv.size() = 1", "must be " + std::to_string(dv.size())});
+  expect_error([&] { ref.attention_backward(buf.plan, in, dout, {}); }, "grads",
+               {"at least one of dq, dk, dv, dsinks"});
+  std::vector<float> dsinks(4, kSentinel);
+  expect_error(
+      [&] {
+        ref.attention_backward(buf.plan, in, dout, {dq, dk, dv, dsinks});
+      },
+      "dsinks.size()", {"dsinks.size() = 4", "must be 0"});
   // a bad input view, with good gradients
   AttentionInputs<float> bad = in;
   bad.v = bad.v.first(bad.v.size() - 1);
@@ -652,6 +660,11 @@ TEST(AttentionEntryChecks, BackwardRejectsBadViewsAndLeavesEveryGradientAlone) {
                {"mask.size() = 0"});
   EXPECT_TRUE(all_untouched());
 
+  // Any non-empty subset is computed, and only it.
+  ref.attention_backward(buf.plan, in, dout, {{}, dk, {}});
+  EXPECT_TRUE(untouched(buf.dq));
+  EXPECT_FALSE(untouched(buf.dk));
+  EXPECT_TRUE(untouched(buf.dv));
   // The good calls write.
   ref.attention_backward(buf.plan, in, dout, {dq, dk, dv});
   EXPECT_FALSE(untouched(buf.dq));

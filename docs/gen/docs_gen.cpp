@@ -792,13 +792,14 @@ std::pair<int, int> tiling_picture(const fs::path& out, int64_t S, int64_t Br, i
          13);
   s.text(x0 + nc * c / 2, 40, "key blocks →", 11);
   int full = 0, partial = 0, empty = 0;
+  const tandem::AttentionSeq seq = plan.sequence(tandem::AttentionInputs<float>{}, 0);
   for (int64_t ti = 0; ti < nr; ++ti)
     for (int64_t tj = 0; tj < nc; ++tj) {
       int64_t vis = 0, n = 0;
       for (int64_t i = ti * Br; i < std::min(S, (ti + 1) * Br); ++i)
         for (int64_t j = tj * Bc; j < std::min(S, (tj + 1) * Bc); ++j) {
           ++n;
-          vis += tandem::reference::key_visible(plan, {}, 0, 0, i, j) ? 1 : 0;
+          vis += tandem::reference::key_visible(plan, seq, {}, 0, i, j) ? 1 : 0;
         }
       const std::string fill = vis == n ? "#3b7dd8" : vis > 0 ? "#9cc3f0" : "#f4f4f4";
       (vis == n ? full : vis > 0 ? partial : empty)++;

@@ -18,6 +18,22 @@ int resolve_threads(const Options& options) {
   return options.threads > 0 ? options.threads : omp_get_max_threads();
 }
 
+/// The attention features the optimized kernels do not implement yet — sinks,
+/// ALiBi, packed sequences, paged caches (SPEC §10–13): the one place that
+/// refuses them, first thing in every attention entry point, so that no call
+/// returns a wrong result. The reference backend implements them all.
+void require_supported(const AttentionPlan& plan) {
+  const char* input = plan.sinks                      ? "sinks"
+                      : plan.alibi != AlibiKind::none ? "alibi_slopes"
+                      : plan.varlen()                 ? "cu_seqlens_q"
+                      : plan.paged()                  ? "block_table"
+                                                      : nullptr;
+  if (input != nullptr) {
+    throw Error(input, std::string(input) + " (" + plan.describe() +
+                           ") is not supported by the optimized backend yet");
+  }
+}
+
 /// dq, dk or dv alone: validates that one gradient and computes only it.
 enum class Grad { dq, dk, dv };
 
@@ -26,6 +42,7 @@ std::function<void(const AttentionPlan&, const AttentionInputs<float>&, std::spa
 one_gradient(Options options, Grad which) {
   return [options, which](const AttentionPlan& plan, const AttentionInputs<float>& in,
                           std::span<const float> dout, std::span<float> grad) {
+    require_supported(plan);
     check_inputs(plan, in);
     require_size(dout.size(), plan.o.extent, "dout");
     AttentionGrads<float> g;
@@ -55,12 +72,14 @@ Backend backend(Options options) {
   b.name = "optimized";
   b.attention_forward = [options](const AttentionPlan& plan, const AttentionInputs<float>& in,
                                   std::span<float> out) {
+    require_supported(plan);
     check_inputs(plan, in);
     require_size(out.size(), plan.o.extent, "out");
     detail::attention_forward(plan, in, out, {}, resolve_threads(options));
   };
   b.attention_forward_lse = [options](const AttentionPlan& plan, const AttentionInputs<float>& in,
                                       std::span<float> out, std::span<float> lse) {
+    require_supported(plan);
     check_inputs(plan, in);
     require_size(out.size(), plan.o.extent, "out");
     require_size(lse.size(), plan.lse_size(), "lse");
@@ -68,6 +87,7 @@ Backend backend(Options options) {
   };
   b.attention_backward = [options](const AttentionPlan& plan, const AttentionInputs<float>& in,
                                    std::span<const float> dout, const AttentionGrads<float>& g) {
+    require_supported(plan);
     check_inputs(plan, in);
     require_size(dout.size(), plan.o.extent, "dout");
     check_grads(plan, g, true);
@@ -77,6 +97,7 @@ Backend backend(Options options) {
                                    const AttentionPlan& plan, const AttentionInputs<float>& in,
                                    const AttentionSaved<float>& saved, std::span<const float> dout,
                                    const AttentionGrads<float>& g) {
+    require_supported(plan);
     check_inputs(plan, in);
     check_saved(plan, saved);
     require_size(dout.size(), plan.o.extent, "dout");

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "support.hpp"
 #include "tandem/attention.hpp"
 #include "tandem/reference/backend.hpp"
 
@@ -28,23 +29,7 @@ using tandem::Layout;
 using tandem::MaskKind;
 using tandem::Shape;
 
-// Expects f() to throw tandem::Error whose parameter() is `parameter` and
-// whose message contains every fragment.
-void expect_error(const std::function<void()>& f, const std::string& parameter,
-                  std::initializer_list<std::string> fragments) {
-  try {
-    f();
-  } catch (const tandem::Error& e) {
-    EXPECT_EQ(e.parameter(), parameter) << "message: " << e.what();
-    const std::string message = e.what();
-    for (const std::string& fragment : fragments) {
-      EXPECT_NE(message.find(fragment), std::string::npos)
-          << "message \"" << message << "\" lacks \"" << fragment << "\"";
-    }
-    return;
-  }
-  ADD_FAILURE() << "no tandem::Error thrown (expected one about " << parameter << ")";
-}
+using tandem::test::expect_error;
 
 // A valid starting point: B=2 Sq=3 Sk=5 H=4 Hkv=2 D=8.
 AttentionParams valid() {

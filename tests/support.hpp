@@ -1,0 +1,34 @@
+// SPDX-License-Identifier: Apache-2.0
+// What the unit tests share: the check that a call throws tandem::Error
+// naming a parameter, with a message that contains given fragments.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <initializer_list>
+#include <string>
+
+#include "tandem/error.hpp"
+
+namespace tandem::test {
+
+/// Expects f() to throw tandem::Error whose parameter() is `parameter` and
+/// whose message contains every fragment.
+inline void expect_error(const std::function<void()>& f, const std::string& parameter,
+                         std::initializer_list<std::string> fragments) {
+  try {
+    f();
+  } catch (const tandem::Error& e) {
+    EXPECT_EQ(e.parameter(), parameter) << "message: " << e.what();
+    const std::string message = e.what();
+    for (const std::string& fragment : fragments) {
+      EXPECT_NE(message.find(fragment), std::string::npos)
+          << "message \"" << message << "\" lacks \"" << fragment << "\"";
+    }
+    return;
+  }
+  ADD_FAILURE() << "no tandem::Error thrown (expected one about " << parameter << ")";
+}
+
+}  // namespace tandem::test

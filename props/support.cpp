@@ -128,6 +128,10 @@ std::vector<Subject> correct_subjects() {
       s.thread_variants.push_back(optimized::backend(optimized::Options{t}));
     s.enter = [target] { optimized::force_target(target); };
     s.leave = [] { optimized::force_target(0); };
+    // The optimized kernels refuse sinks, ALiBi, packed and paged calls for
+    // now; set this to true when they implement them and every feature
+    // property runs on them too.
+    s.attention_features = false;
     out.push_back(s);
   }
 #endif
@@ -135,6 +139,7 @@ std::vector<Subject> correct_subjects() {
 }
 
 void register_attention_properties(std::vector<Property>& out);
+void register_feature_properties(std::vector<Property>& out);
 void register_rope_properties(std::vector<Property>& out);
 void register_other_properties(std::vector<Property>& out);
 
@@ -142,6 +147,7 @@ const std::vector<Property>& properties() {
   static const std::vector<Property> all = [] {
     std::vector<Property> v;
     register_attention_properties(v);
+    register_feature_properties(v);
     register_rope_properties(v);
     register_other_properties(v);
     return v;

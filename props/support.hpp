@@ -168,6 +168,9 @@ struct Subject {
   std::vector<Backend> thread_variants;
   std::function<void()> enter = [] {};
   std::function<void()> leave = [] {};
+  /// Whether the backend implements sinks, ALiBi, packed sequences and paged
+  /// caches (SPEC §10–13): the properties of those features run only then.
+  bool attention_features = true;
 };
 
 /// reference, broken_none, and optimized at every supported target (when built).
@@ -182,10 +185,15 @@ struct Property {
       group;  ///< agreement, transpose, gradient, layout, semantic, memory, determinism, accuracy
   int cases;
   std::function<void(const Subject&)> body;
+  bool attention_features = false;  ///< exercises SPEC §10–13: only for subjects that have them
 };
 
 /// Every property of the suite.
 const std::vector<Property>& properties();
+/// Whether `p` runs on `s` (a feature property needs a subject with the features).
+inline bool runs_on(const Property& p, const Subject& s) {
+  return !p.attention_features || s.attention_features;
+}
 const Property& property(const std::string& name);
 
 /// Cases to run for `p`: p.cases × TANDEM_PROPS_SCALE (default 1), or

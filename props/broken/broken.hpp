@@ -18,34 +18,47 @@ namespace tandem::props::broken {
 
 /// The planted bug of a broken backend.
 enum class Bug {
-  none,                         ///< correct: passes every property
-  rope_table_stride_half_nrot,  ///< RoPE reads table row r at r·(n_rot/2) instead of r·T
-  rope_rank4_as_bshd,           ///< RoPE position rows taken as (b'·S + s) / B' (seq read as H)
-  attn_batch_offset_units,      ///< K/V batch offset advanced by b·batch/sizeof(float)
-  rope_backward_other_row,      ///< RoPE backward reads row s even for token rows
-  gqa_mod,                      ///< query head h reads kv head h mod Hkv
-  causal_offset_dropped,        ///< causal mask aligned top-left (offset 0)
-  window_off_by_one,            ///< sliding window sees w keys, not w + 1
-  softcap_missing_backward,     ///< one-call backward omits 1 − tanh²(x/c)
-  masked_row_nan,               ///< a fully masked row divides 0 by 0
-  scale_ignored_backward,       ///< dq and dk not multiplied by scale
-  write_past_output,            ///< attention forward writes one element past out
-  rope_src_stride_ignored,      ///< RoPE reads source rows W apart, not src_row_stride
-  token_rows_transposed,        ///< token table row taken as s·B' + b' instead of b'·S + s
-  rope_sin_sign,                ///< NeoX forward: y[i+m] = x[i+m]c − x[i]s (not a rotation)
-  gptj_angle_negated,           ///< GPT-J forward rotates by −angle
-  axial_backward_same_angle,    ///< axial backward rotates by +angle (not the transpose)
-  axial_repeat_ignored,         ///< axial position taken from s, not s mod (end_x·end_y)
-  keep_row_batch0,              ///< key padding reads batch 0's keep row for every batch
-  softcap_tanh_unscaled,        ///< forward cap c·tanh(s) instead of c·tanh(s/c)
-  key_tail_dropped,             ///< keys past the last full block of 8 are skipped (Sk > 8)
-  masked_times_value,           ///< hidden keys enter o as 0·v (junk v gives NaN)
-  swiglu_backward_short,        ///< SwiGLU dg misses the (1 + g(1 − σ(g))) factor
-  block_out_bias_dropped,       ///< attention block ignores b_out
-  thread_dependent_sum,         ///< o sums keys in `threads` float partial sums
-  coarse_exp,                   ///< exp rounded to 12 mantissa bits
-  v_row_stride_ignored,         ///< V rows read Hkv·Dv apart, not v_row_stride (bshd)
-  saved_lse_without_log,        ///< saved log-sum-exp is m, the row maximum, without + log l
+  none,                          ///< correct: passes every property
+  rope_table_stride_half_nrot,   ///< RoPE reads table row r at r·(n_rot/2) instead of r·T
+  rope_rank4_as_bshd,            ///< RoPE position rows taken as (b'·S + s) / B' (seq read as H)
+  attn_batch_offset_units,       ///< K/V batch offset advanced by b·batch/sizeof(float)
+  rope_backward_other_row,       ///< RoPE backward reads row s even for token rows
+  gqa_mod,                       ///< query head h reads kv head h mod Hkv
+  causal_offset_dropped,         ///< causal mask aligned top-left (offset 0)
+  window_off_by_one,             ///< sliding window sees w keys, not w + 1
+  softcap_missing_backward,      ///< one-call backward omits 1 − tanh²(x/c)
+  masked_row_nan,                ///< a fully masked row divides 0 by 0
+  scale_ignored_backward,        ///< dq and dk not multiplied by scale
+  write_past_output,             ///< attention forward writes one element past out
+  rope_src_stride_ignored,       ///< RoPE reads source rows W apart, not src_row_stride
+  token_rows_transposed,         ///< token table row taken as s·B' + b' instead of b'·S + s
+  rope_sin_sign,                 ///< NeoX forward: y[i+m] = x[i+m]c − x[i]s (not a rotation)
+  gptj_angle_negated,            ///< GPT-J forward rotates by −angle
+  axial_backward_same_angle,     ///< axial backward rotates by +angle (not the transpose)
+  axial_repeat_ignored,          ///< axial position taken from s, not s mod (end_x·end_y)
+  keep_row_batch0,               ///< key padding reads batch 0's keep row for every batch
+  softcap_tanh_unscaled,         ///< forward cap c·tanh(s) instead of c·tanh(s/c)
+  key_tail_dropped,              ///< keys past the last full block of 8 are skipped (Sk > 8)
+  masked_times_value,            ///< hidden keys enter o as 0·v (junk v gives NaN)
+  swiglu_backward_short,         ///< SwiGLU dg misses the (1 + g(1 − σ(g))) factor
+  block_out_bias_dropped,        ///< attention block ignores b_out
+  thread_dependent_sum,          ///< o sums keys in `threads` float partial sums
+  coarse_exp,                    ///< exp rounded to 12 mantissa bits
+  v_row_stride_ignored,          ///< V rows read Hkv·Dv apart, not v_row_stride (bshd)
+  saved_lse_without_log,         ///< saved log-sum-exp is m, the row maximum, without + log l
+  sink_value_first_key,          ///< the sink's share p_sink carries the value of key 0
+  dsink_sign_flipped,            ///< dsink_h = +Σ p_sink·<dO, O> (sign flipped)
+  sink_sum_thread_dependent,     ///< dsink_h summed in `threads` float partial sums
+  alibi_without_abs,             ///< ALiBi penalty m·(i + Sk − Sq − j), no absolute value
+  alibi_shift_flipped,           ///< ALiBi distance |i + Sq − Sk − j| (shift sign flipped)
+  varlen_global_alignment,       ///< causal/window aligned over the packed totals, not per sequence
+  varlen_reads_across_boundary,  ///< a sequence also sees the first key after its own
+  varlen_ignores_seqused,        ///< seqused_k ignored: the padding keys of a slot are read
+  paged_table_ignored,    ///< key j of batch b read from block (b·max_blocks + j/bs) % num_blocks
+  paged_slot_off_by_one,  ///< key j read from slot (j + 1) % block_size of its block
+  features_write_before_check,  ///< a call with sinks/ALiBi/varlen/paged writes out[0] before
+                                ///< validating
+  dsinks_one_past,              ///< backward writes one element past dsinks
 };
 
 /// The bug's name, e.g. "gqa_mod".
@@ -55,7 +68,8 @@ const char* to_string(Bug bug);
 std::vector<Bug> all_bugs();
 
 /// A backend named "broken:<bug>" with `bug` planted. `threads` only matters
-/// for Bug::thread_dependent_sum (it stands for the OpenMP thread count).
+/// for Bug::thread_dependent_sum and Bug::sink_sum_thread_dependent (it stands
+/// for the OpenMP thread count).
 Backend backend(Bug bug, int threads = 1);
 
 }  // namespace tandem::props::broken

@@ -13,8 +13,11 @@ A case is a directory holding case.json and one .npy file per tensor:
 
 Tensors are saved as C-order little-endian float32 (`<f4`); a key-padding
 keep mask (input "mask" of attention with mask "key_padding", or of
-attention_block) keeps a boolean or integer dtype. Anything with
-`.detach().cpu().numpy()` (a PyTorch tensor) or `__array__` is accepted.
+attention_block) keeps a boolean or integer dtype, and the index inputs of
+attention (cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+cache_seqlens) are saved as integers (`<i4` when they are int32, else
+`<i8`). Anything with `.detach().cpu().numpy()` (a PyTorch tensor) or
+`__array__` is accepted.
 """
 
 import json
@@ -32,6 +35,9 @@ def _to_numpy(name, value):
     if array.dtype == object:
         raise TypeError(f"tensor {name!r}: cannot convert {type(value).__name__} to an array")
     return array
+
+
+INDEX_INPUTS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table", "cache_seqlens")
 
 
 def _keeps_dtype(op, attrs, name):
@@ -55,8 +61,12 @@ def _plain(value, where):
     raise TypeError(f"{where}: {value!r} is not an int, float, bool or string")
 
 
-def _save(directory, filename, array, keep_dtype):
-    if keep_dtype and (array.dtype == np.bool_ or np.issubdtype(array.dtype, np.integer)):
+def _save(directory, filename, array, keep_dtype, index=False):
+    if index:
+        if not np.issubdtype(array.dtype, np.integer):
+            raise TypeError(f"{filename}: an index input must have an integer dtype, not {array.dtype}")
+        array = np.ascontiguousarray(array.astype("<i4" if array.dtype == np.int32 else "<i8"))
+    elif keep_dtype and (array.dtype == np.bool_ or np.issubdtype(array.dtype, np.integer)):
         array = np.ascontiguousarray(array.astype(np.bool_ if array.dtype == np.bool_ else "<i8"))
     else:
         if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
@@ -90,7 +100,8 @@ def write_case(directory, op, attrs=None, inputs=None, expected=None, tolerance=
             "inputs": {}}
     for name, value in inputs.items():
         filename = f"{name}.npy"
-        _save(directory, filename, _to_numpy(name, value), _keeps_dtype(op, attrs, name))
+        _save(directory, filename, _to_numpy(name, value), _keeps_dtype(op, attrs, name),
+              index=op.startswith("attention") and name in INDEX_INPUTS)
         case["inputs"][name] = filename
     if expected:
         case["expected"] = {}

@@ -6,8 +6,10 @@
 //
 // parse_case_json and plan_case must return or throw CaseError — never crash,
 // hang, overflow or throw anything else. When every tensor is small, the
-// reference backend then runs the plan on the remaining bytes as data, so a
-// plan that admits a shape the kernel cannot handle shows up under ASan.
+// reference backend then runs the plan on the remaining bytes as data (index
+// inputs — cu_seqlens, seqused_k, block tables, cache lengths — as integers in
+// [−16, 15], valid or not), so a plan that admits a shape the kernel cannot
+// handle, or an index the validation lets through, shows up under ASan.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -59,7 +61,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       NpyArray a;
       a.shape = shape;
       a.values.resize(static_cast<std::size_t>(n));
-      for (auto& v : a.values) v = static_cast<float>(static_cast<std::int8_t>(next())) / 16.0f;
+      if (is_index_input(name)) {  // offsets, block tables, lengths: small signed integers
+        a.dtype = NpyDtype::i4;
+        a.integers.resize(a.values.size());
+        for (std::size_t i = 0; i < a.values.size(); ++i) {
+          a.integers[i] = static_cast<std::int8_t>(next()) / 8;
+          a.values[i] = static_cast<float>(a.integers[i]);
+        }
+      } else {
+        for (auto& v : a.values) v = static_cast<float>(static_cast<std::int8_t>(next())) / 16.0f;
+      }
       c.inputs[name] = CaseTensor{c.spec.inputs.at(name), std::move(a)};
     }
     for (const auto& [name, shape] : c.planned.outputs) {

@@ -158,15 +158,17 @@ const std::vector<OpInfo>& op_table() {
       {Op::attention,
        "attention",
        {"q", "k", "v"},
-       {"mask"},
+       {"mask", "sinks", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table",
+        "cache_seqlens"},
        {"out"},
        {"num_heads", "layout", "mask", "window", "scale", "softcap"},
        {2e-4, 2e-5}},
       {Op::attention_backward,
        "attention_backward",
        {"q", "k", "v", "dout"},
-       {"mask"},
-       {"dq", "dk", "dv"},
+       {"mask", "sinks", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table",
+        "cache_seqlens"},
+       {"dq", "dk", "dv", "dsinks"},
        {"num_heads", "layout", "mask", "window", "scale", "softcap"},
        {1e-3, 1e-4}},
       {Op::rope,
@@ -389,10 +391,20 @@ namespace {
 std::optional<std::string> tensor_of_parameter(const CaseSpec& spec, const std::string& param) {
   const std::string head = param.substr(0, param.find('.'));
   if (spec.inputs.count(head)) return head;
-  static const std::map<std::string, std::string> attention = {
-      {"kv_heads", "k"},      {"v_head_dim", "v"},   {"seq_q", "q"},        {"seq_k", "k"},
-      {"batch", "q"},         {"q_row_stride", "q"}, {"k_row_stride", "k"}, {"v_row_stride", "v"},
-      {"bias_batch", "mask"}, {"bias_heads", "mask"}};
+  static const std::map<std::string, std::string> attention = {{"kv_heads", "k"},
+                                                               {"v_head_dim", "v"},
+                                                               {"seq_q", "q"},
+                                                               {"seq_k", "k"},
+                                                               {"batch", "q"},
+                                                               {"q_row_stride", "q"},
+                                                               {"k_row_stride", "k"},
+                                                               {"v_row_stride", "v"},
+                                                               {"bias_batch", "mask"},
+                                                               {"bias_heads", "mask"},
+                                                               {"num_seqs", "cu_seqlens_q"},
+                                                               {"num_blocks", "k"},
+                                                               {"block_size", "k"},
+                                                               {"max_blocks", "block_table"}};
   static const std::map<std::string, std::string> rope = {
       {"batch", "x"},          {"seq", "x"},           {"width", "x"}, {"table_rows", "cos"},
       {"table_stride", "cos"}, {"src_row_stride", "x"}};
@@ -469,17 +481,29 @@ PlannedCase plan_case(const CaseSpec& spec, const std::map<std::string, Shape>& 
       case Op::attention:
       case Op::attention_backward: {
         const Shape& q = shape("q");
-        const auto plan =
-            AttentionPlan::from_shapes(q, shape("k"), shape("v"), optional("mask"), spec.attention);
-        const Shape out = replace_last(q, q.size() == 4 ? plan.Dv : plan.H * plan.Dv);
+        AttentionShapes s{q, shape("k"), shape("v"), optional("mask")};
+        s.sinks = optional("sinks");
+        s.alibi_slopes = optional("alibi_slopes");
+        s.cu_seqlens_q = optional("cu_seqlens_q");
+        s.cu_seqlens_k = optional("cu_seqlens_k");
+        s.seqused_k = optional("seqused_k");
+        s.block_table = optional("block_table");
+        s.cache_seqlens = optional("cache_seqlens");
+        const auto plan = AttentionPlan::from_shapes(s, spec.attention);
+        // heads on their own axis: rank 4, or packed [total, H, D]
+        const bool split = q.size() == 4 || (plan.varlen() && q.size() == 3);
+        const Shape out = replace_last(q, split ? plan.Dv : plan.H * plan.Dv);
         if (spec.op == Op::attention) {
           pc.outputs["out"] = out;
         } else {
+          require(!plan.paged(), "block_table", plan.paged() ? to_string(shape("block_table")) : "",
+                  "is forward only: attention_backward takes contiguous or packed k and v");
           require(shape("dout") == out, "dout.shape", to_string(shape("dout")),
                   "must be the shape of the forward output, " + to_string(out));
           pc.outputs["dq"] = q;
           pc.outputs["dk"] = shape("k");
           pc.outputs["dv"] = shape("v");
+          if (plan.sinks) pc.outputs["dsinks"] = Shape{plan.H};
         }
         pc.plan = plan;
         break;
@@ -545,6 +569,33 @@ PlannedCase plan_case(const CaseSpec& spec, const std::map<std::string, Shape>& 
 
 // ---- loading -------------------------------------------------------------------
 
+bool is_index_input(const std::string& name) {
+  return name == "cu_seqlens_q" || name == "cu_seqlens_k" || name == "seqused_k" ||
+         name == "block_table" || name == "cache_seqlens";
+}
+
+AttentionInputs<float> attention_inputs(const Case& c) {
+  const auto values = [&](const char* name) -> std::span<const float> {
+    auto it = c.inputs.find(name);
+    if (it == c.inputs.end()) return {};
+    return it->second.array.values;
+  };
+  const auto indices = [&](const char* name) -> Indices {
+    auto it = c.inputs.find(name);
+    if (it == c.inputs.end()) return {};
+    return Indices(it->second.array.integers);
+  };
+  AttentionInputs<float> in{values("q"), values("k"), values("v"), values("mask")};
+  in.sinks = values("sinks");
+  in.alibi_slopes = values("alibi_slopes");
+  in.cu_seqlens_q = indices("cu_seqlens_q");
+  in.cu_seqlens_k = indices("cu_seqlens_k");
+  in.seqused_k = indices("seqused_k");
+  in.block_table = indices("block_table");
+  in.cache_seqlens = indices("cache_seqlens");
+  return in;
+}
+
 Case load_case(const std::string& dir) {
   const fs::path root(dir);
   std::error_code ec;
@@ -578,9 +629,9 @@ Case load_case(const std::string& dir) {
       throw CaseError(dir, file, section + "." + name + " (npy " + e.field() + ")", e.what());
     }
   };
-  const bool keep_mask = (c.spec.op == Op::attention || c.spec.op == Op::attention_backward)
-                             ? c.spec.attention.mask == MaskKind::key_padding
-                             : c.spec.op == Op::attention_block;
+  const bool attention = c.spec.op == Op::attention || c.spec.op == Op::attention_backward;
+  const bool keep_mask =
+      attention ? c.spec.attention.mask == MaskKind::key_padding : c.spec.op == Op::attention_block;
   std::map<std::string, Shape> shapes;
   for (const auto& [name, file] : c.spec.inputs) {
     CaseTensor t = read("inputs", name, file);
@@ -591,14 +642,35 @@ Case load_case(const std::string& dir) {
   // such by the plan, not as a dtype problem.
   c.planned = plan_case(c.spec, shapes);
   for (const auto& [name, t] : c.inputs) {
-    if (!is_float(t.array.dtype) && !(name == "mask" && keep_mask)) {
+    if (attention && is_index_input(name)) {
+      if (!is_integer(t.array.dtype)) {
+        throw CaseError(dir, t.file, "inputs." + name,
+                        std::string("dtype ") + to_string(t.array.dtype) +
+                            " is not allowed here: index inputs are <i4 or <i8");
+      }
+    } else if (!is_float(t.array.dtype) && !(name == "mask" && keep_mask)) {
       throw CaseError(dir, t.file, "inputs." + name,
                       std::string("dtype ") + to_string(t.array.dtype) +
                           " is not allowed here: float tensors are <f4 or <f8 (|b1, <i4 and <i8 "
                           "only for a key_padding keep mask)");
     }
   }
+  // The values of the index inputs, sinks and slopes, by the library's own checks.
+  if (attention) {
+    try {
+      check_inputs(std::get<AttentionPlan>(c.planned.plan), attention_inputs(c));
+    } catch (const Error& e) {
+      const std::string param = e.parameter().substr(0, e.parameter().find('.'));
+      const auto it = c.inputs.find(param);
+      throw CaseError(dir, it != c.inputs.end() ? it->second.file : kCaseJson, "inputs." + param,
+                      e.what());
+    }
+  }
   for (const auto& [name, file] : c.spec.expected) {
+    if (!c.planned.outputs.count(name)) {
+      throw CaseError(dir, kCaseJson, "expected." + name,
+                      "is not an output of this case (dsinks needs a sinks input)");
+    }
     CaseTensor t = read("expected", name, file);
     if (!is_float(t.array.dtype)) {
       throw CaseError(dir, file, "expected." + name,
@@ -640,19 +712,20 @@ std::map<std::string, std::vector<float>> run_case(const Case& c, const Backend&
         const auto& plan = std::get<AttentionPlan>(c.planned.plan);
         need(static_cast<bool>(backend.attention_forward), "attention_forward");
         auto o = sized(plan.o.extent);
-        backend.attention_forward(plan, {in("q"), in("k"), in("v"), in("mask")}, o);
+        backend.attention_forward(plan, attention_inputs(c), o);
         out["out"] = std::move(o);
         break;
       }
       case Op::attention_backward: {
         const auto& plan = std::get<AttentionPlan>(c.planned.plan);
         need(static_cast<bool>(backend.attention_backward), "attention_backward");
-        auto dq = sized(plan.dq.extent), dk = sized(plan.dk.extent), dv = sized(plan.dv.extent);
-        backend.attention_backward(plan, {in("q"), in("k"), in("v"), in("mask")}, in("dout"),
-                                   {dq, dk, dv});
+        auto dq = sized(plan.dq.extent), dk = sized(plan.dk.extent), dv = sized(plan.dv.extent),
+             dsinks = sized(plan.sinks ? plan.H : 0);
+        backend.attention_backward(plan, attention_inputs(c), in("dout"), {dq, dk, dv, dsinks});
         out["dq"] = std::move(dq);
         out["dk"] = std::move(dk);
         out["dv"] = std::move(dv);
+        if (plan.sinks) out["dsinks"] = std::move(dsinks);
         break;
       }
       case Op::rope:

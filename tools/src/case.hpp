@@ -125,9 +125,19 @@ struct Case {
   PlannedCase planned;
 };
 
-/// Reads `<dir>/case.json` and every file it names, builds the plan and
-/// checks that each expected tensor has its output's shape. Throws CaseError.
+/// Reads `<dir>/case.json` and every file it names, builds the plan, checks
+/// the dtypes (index inputs — cu_seqlens_q/k, seqused_k, block_table,
+/// cache_seqlens — are `<i4` or `<i8`; other tensors float), the values of
+/// the attention feature inputs (the library's check_inputs) and that each
+/// expected tensor has its output's shape. Throws CaseError.
 Case load_case(const std::string& dir);
+
+/// True for the attention inputs read as integers (SPEC §12–13).
+bool is_index_input(const std::string& name);
+
+/// The attention inputs of a loaded case as views into its tensors (index
+/// inputs through their exact integers).
+AttentionInputs<float> attention_inputs(const Case& c);
 
 /// Runs the case on `backend`; returns every output of the op, contiguous,
 /// by name. Throws CaseError when the backend lacks the entry point or

@@ -341,16 +341,21 @@ NpyArray parse_npy(std::string_view bytes) {
       for (std::size_t i = 0; i < n; ++i) a.values[i] = p[i] != 0 ? 1.0f : 0.0f;
       break;
     case NpyDtype::i4:
+      a.integers.resize(n);
       for (std::size_t i = 0; i < n; ++i) {
-        a.values[i] = static_cast<float>(
-            std::bit_cast<std::int32_t>(static_cast<std::uint32_t>(load_le(p + 4 * i, 4))));
+        a.integers[i] =
+            std::bit_cast<std::int32_t>(static_cast<std::uint32_t>(load_le(p + 4 * i, 4)));
       }
       break;
     case NpyDtype::i8:
+      a.integers.resize(n);
       for (std::size_t i = 0; i < n; ++i) {
-        a.values[i] = static_cast<float>(std::bit_cast<std::int64_t>(load_le(p + 8 * i, 8)));
+        a.integers[i] = std::bit_cast<std::int64_t>(load_le(p + 8 * i, 8));
       }
       break;
+  }
+  for (std::size_t i = 0; i < a.integers.size(); ++i) {
+    a.values[i] = static_cast<float>(a.integers[i]);
   }
   return a;
 }

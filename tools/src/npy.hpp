@@ -49,12 +49,19 @@ inline bool is_float(NpyDtype dtype) {
 /// An array read from a `.npy` file: its shape (C order), the dtype it was
 /// stored in and its values converted to float32 (`<f8` rounds to nearest;
 /// integers and booleans convert exactly up to 2^24, and non-zero stays
-/// non-zero).
+/// non-zero). `<i4` and `<i8` arrays also keep their exact values in
+/// `integers` (index inputs: sequence offsets, block tables, lengths).
 struct NpyArray {
   Shape shape;
   NpyDtype dtype = NpyDtype::f4;
   std::vector<float> values;
+  std::vector<std::int64_t> integers = {};  ///< exact values of `<i4`/`<i8` arrays; empty otherwise
 };
+
+/// True for `<i4` and `<i8`.
+inline bool is_integer(NpyDtype dtype) {
+  return dtype == NpyDtype::i4 || dtype == NpyDtype::i8;
+}
 
 /// The parsed header of a `.npy` file.
 struct NpyHeader {

@@ -156,6 +156,22 @@ TEST(Npy, ConvertsMaskDtypes) {
   EXPECT_NE(i8.values[1], 0.0f);  // a large non-zero keep value stays non-zero
 }
 
+TEST(Npy, IntegersKeepTheirExactValues) {
+  // Index inputs (sequence offsets, block tables) are read as integers:
+  // 2^24 + 1 has no float32, and −1 pads a block table.
+  const std::int64_t big = (std::int64_t{1} << 24) + 1;
+  const NpyArray i8 = parse_npy(npy("{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }",
+                                    bytes_of<std::int64_t>({big, -1, std::int64_t{1} << 40})));
+  EXPECT_EQ(i8.integers, (std::vector<std::int64_t>{big, -1, std::int64_t{1} << 40}));
+  const NpyArray i4 = parse_npy(npy("{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }",
+                                    bytes_of<std::int32_t>({2147483647, -2147483647 - 1})));
+  EXPECT_EQ(i4.integers, (std::vector<std::int64_t>{2147483647, -2147483648LL}));
+  // Float and boolean arrays hold no integers.
+  const NpyArray f4 = parse_npy(
+      npy("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", bytes_of<float>({3.0f})));
+  EXPECT_TRUE(f4.integers.empty());
+}
+
 TEST(Npy, RejectsFortranOrder) {
   const std::string f =
       npy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", std::string(24, '\0'));

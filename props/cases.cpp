@@ -70,7 +70,7 @@ bool draws(Draw d) {
   return d == Draw::always || (d == Draw::sometimes && *rc::gen::element(false, true));
 }
 
-/// Packed sequences (SPEC §12): 1–4 sequences, some empty, slots with
+/// Packed sequences (SPEC §2.9): 1–4 sequences, some empty, slots with
 /// padding past seqused_k sometimes (always with `gaps`).
 void gen_varlen(AttentionCase& c, bool gaps) {
   AttentionParams& p = c.params;
@@ -106,7 +106,7 @@ void gen_varlen(AttentionCase& c, bool gaps) {
   p.seq_k = std::accumulate(c.k_slots.begin(), c.k_slots.end(), i64(0));
 }
 
-/// A paged cache (SPEC §13): blocks of 1–16 keys, caches of 0–17 keys (some
+/// A paged cache (SPEC §2.10): blocks of 1–16 keys, caches of 0–17 keys (some
 /// empty), spare table entries and unused blocks.
 void gen_paged(AttentionCase& c) {
   AttentionParams& p = c.params;

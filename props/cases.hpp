@@ -27,11 +27,11 @@ struct AttentionCase {
   double sink_mag = 1.0;         ///< sinks uniform in [−sink_mag, sink_mag]
   bool standard_slopes = false;  ///< ALiBi: alibi_standard_slopes (else uniform in [0, 1.5])
   ///@{
-  /// Packed sequences (SPEC §12): per sequence its queries, its key slot and
+  /// Packed sequences (SPEC §2.9): per sequence its queries, its key slot and
   /// the keys it uses (empty: the whole slot, no seqused_k).
   std::vector<i64> q_lens, k_slots, k_used;
   ///@}
-  std::vector<i64> cache_lens;  ///< paged (SPEC §13): keys of each batch entry
+  std::vector<i64> cache_lens;  ///< paged (SPEC §2.10): keys of each batch entry
   bool index64 = false;         ///< index inputs held as int64 (else int32)
 };
 std::ostream& operator<<(std::ostream& os, const AttentionCase& c);
@@ -47,7 +47,7 @@ struct AttentionGen {
   bool softcap = true;           ///< softcap > 0 sometimes
   int max_dim = 33;
   ///@{
-  /// The features of SPEC §10–13. varlen and paged exclude each other (and
+  /// The features of SPEC §2.7–2.10. varlen and paged exclude each other (and
   /// the key_padding and bias masks); `always` for one of them wins.
   Draw sinks = Draw::never, alibi = Draw::never, varlen = Draw::never, paged = Draw::never;
   ///@}
@@ -96,7 +96,7 @@ rc::Gen<AttentionCase> gen_attention(AttentionGen g = {});
 /// Logical tensors of an attention case (bshd order): q [B,Sq,H,D],
 /// k [B',S',Hkv,D], v [B',S',Hkv,Dv] (B' = kv_batch(), S' = kv_seq(): the
 /// cache blocks of a paged case), dout [B,Sq,H,Dv]; mask as the plan takes
-/// it; sinks [H], ALiBi slopes, and the index inputs (SPEC §10–13).
+/// it; sinks [H], ALiBi slopes, and the index inputs (SPEC §2.7–2.10).
 struct AttentionData {
   AttentionPlan plan;
   std::vector<float> q, k, v, dout, mask;

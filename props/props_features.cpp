@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Properties of the attention features (SPEC §10–13): sinks, ALiBi, packed
+// Properties of the attention features (SPEC §2.7–2.10): sinks, ALiBi, packed
 // variable-length sequences and paged KV caches. Agreement with the
 // reference, complex-step gradients, the equivalence that defines each
 // feature (a sink is a key with zero value, ALiBi is a bias, packed is one

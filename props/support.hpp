@@ -169,7 +169,7 @@ struct Subject {
   std::function<void()> enter = [] {};
   std::function<void()> leave = [] {};
   /// Whether the backend implements sinks, ALiBi, packed sequences and paged
-  /// caches (SPEC §10–13): the properties of those features run only then.
+  /// caches (SPEC §2.7–2.10): the properties of those features run only then.
   bool attention_features = true;
 };
 
@@ -185,7 +185,7 @@ struct Property {
       group;  ///< agreement, transpose, gradient, layout, semantic, memory, determinism, accuracy
   int cases;
   std::function<void(const Subject&)> body;
-  bool attention_features = false;  ///< exercises SPEC §10–13: only for subjects that have them
+  bool attention_features = false;  ///< exercises SPEC §2.7–2.10: only for subjects that have them
 };
 
 /// Every property of the suite.

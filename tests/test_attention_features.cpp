@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Hand-worked examples of the attention features (SPEC §10–13) on the
+// Hand-worked examples of the attention features (SPEC §2.7–2.10) on the
 // reference: sinks, ALiBi, packed variable-length sequences and paged KV
 // caches. Every expected value is derived in the comments next to it; the
 // last tests check dsinks and the gradients of each feature against
@@ -93,7 +93,7 @@ struct Call {
 };
 
 // ---------------------------------------------------------------------------
-// Sinks (SPEC §10)
+// Sinks (SPEC §2.7)
 
 TEST(AttentionSinks, TwoEqualKeysAndASinkOfZeroShareOneThirdEach) {
   // q = 0: s_0 = s_1 = 0; sink 0: p_j = e^0 / (e^0 + e^0 + e^0) = 1/3,
@@ -166,7 +166,7 @@ TEST(AttentionSinks, EachHeadHasItsOwnSink) {
 }
 
 // ---------------------------------------------------------------------------
-// ALiBi (SPEC §11)
+// ALiBi (SPEC §2.8)
 
 TEST(AttentionAlibi, StandardSlopesForPowersOfTwoAndOthers) {
   // H = 8 (a power of two): slope_h = 2^(−8(h+1)/8) = 2^−1 … 2^−8.
@@ -231,7 +231,7 @@ TEST(AttentionAlibi, PerBatchHeadSlopesPickTheirRow) {
 }
 
 // ---------------------------------------------------------------------------
-// Packed variable-length sequences (SPEC §12)
+// Packed variable-length sequences (SPEC §2.9)
 
 /// Two packed sequences, causal, H = D = 1, q = 0: sequence 0 has 2 queries
 /// and 3 keys (v 1, 2, 3), sequence 1 has 1 query and a slot of 3 keys of
@@ -306,7 +306,7 @@ TEST(AttentionVarlen, Int64OffsetsGiveTheSameNumbers) {
 }
 
 // ---------------------------------------------------------------------------
-// Paged KV cache (SPEC §13)
+// Paged KV cache (SPEC §2.10)
 
 /// Batch of 1, block_size 2, three blocks, a table of two entries: the
 /// logical keys 0..3 have v = 1, 2, 3, 4, stored with the blocks swapped

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The validation rules of the attention features (SPEC §8, §10–13): plan
+// The validation rules of the attention features (SPEC §8, §2.7–2.10): plan
 // parameters (make), shapes (from_shapes) and the inputs every entry point
 // checks (check_inputs, check_grads). Each error names the parameter and the
 // value, and no output is written before it is thrown.

@@ -2,22 +2,22 @@
 /// @file attention.hpp
 /// @brief The attention plan: shapes, layout, mask, scale, softcap, sinks,
 ///        ALiBi, packed sequences and paged caches of one scaled dot-product
-///        attention call, validated once (SPEC §1–3, §8, §10–13).
+///        attention call, validated once (SPEC §1–3, §2.7–2.10, §8).
 ///
 /// For each sequence n (a batch entry, a packed sequence or a paged cache
 /// row), query head h (kv head g = h / (H/Hkv)), query i and key j of that
 /// sequence (Sq_n queries, Sk_n keys):
 /// @f[ s_{ij} = \mathrm{scale}\,\langle q_i, k_j\rangle,\quad
 ///     s_{ij} \leftarrow c\tanh(s_{ij}/c)\ (c>0),\quad
-///     s_{ij} \leftarrow s_{ij} - m_h\,|i + Sk_n - Sq_n - j|\ (\text{ALiBi}),\quad
+///     s_{ij} \leftarrow s_{ij} - m_h\,\lvert i + Sk_n - Sq_n - j\rvert\ (\text{ALiBi}),\quad
 ///     s_{ij} \leftarrow s_{ij} + \mathrm{bias}_{ij}, @f]
 /// @f[ p_{ij} = \frac{e^{s_{ij}}}{[e^{\mathrm{sink}_h}] + \sum_{\text{visible } j'}
 /// e^{s_{ij'}}},\qquad
 ///     o_i = \sum_{\text{visible } j} p_{ij} v_j . @f]
 /// q `[B,Sq,H,D]`, k `[B,Sk,Hkv,D]`, v `[B,Sk,Hkv,Dv]`, out `[B,Sq,H,Dv]`
 /// (shown in `bshd`; `bhsd` swaps the S and H axes). Packed sequences
-/// (SPEC §12) are the `bshd` case B = 1, Sq = total_q, Sk = total_k; a paged
-/// cache (SPEC §13) holds k and v as `[num_blocks, block_size, Hkv, D]`.
+/// (SPEC §2.9) are the `bshd` case B = 1, Sq = total_q, Sk = total_k; a paged
+/// cache (SPEC §2.10) holds k and v as `[num_blocks, block_size, Hkv, D]`.
 #pragma once
 
 #include <cmath>
@@ -62,8 +62,8 @@ inline const char* to_string(MaskKind kind) {
   return "?";
 }
 
-/// Which ALiBi slopes a call takes (SPEC §11): the score of query i and key j
-/// of a sequence gains `−m · |i + Sk − Sq − j|`.
+/// Which ALiBi slopes a call takes (SPEC §2.8): the score of query i and key j
+/// of a sequence gains `−m · abs(i + Sk − Sq − j)`.
 enum class AlibiKind {
   none,            ///< no ALiBi
   per_head,        ///< slopes `[H]`: m = slopes[h]
@@ -84,7 +84,7 @@ inline const char* to_string(AlibiKind kind) {
 }
 
 /// The standard ALiBi slopes of `heads` heads (Press et al.; what BLOOM and
-/// MPT use), SPEC §11: with n = 2^floor(log2 H) the largest power of two
+/// MPT use), SPEC §2.8: with n = 2^floor(log2 H) the largest power of two
 /// <= H, slope_h = 2^(−8(h+1)/n) for h < n, then the odd terms
 /// 2^(−4(2i+1)/n), i = 0 … H−n−1, of the 2n-head sequence for the rest.
 /// Returns `[H]`. Throws Error unless heads >= 1.
@@ -123,14 +123,14 @@ struct AttentionParams {
   std::int64_t v_row_stride = 0;   ///< bshd row stride of v; 0 = Hkv*Dv
   std::int64_t bias_batch = 1;     ///< Bb ∈ {1, B} of a bias mask
   std::int64_t bias_heads = 1;     ///< Hb ∈ {1, H} of a bias mask
-  bool sinks = false;              ///< a learned logit sinks[h] joins every softmax (SPEC §10)
-  AlibiKind alibi = AlibiKind::none;  ///< ALiBi slopes `[H]` or `[n, H]` (SPEC §11)
-  /// Packed sequences (SPEC §12): n >= 1 sequences packed along the token
-  /// axis of q `[total_q, H, D]` and k, v `[total_k, Hkv, D|Dv]`, with batch = 1,
+  bool sinks = false;              ///< a learned logit sinks[h] joins every softmax (SPEC §2.7)
+  AlibiKind alibi = AlibiKind::none;  ///< ALiBi slopes `[H]` or `[n, H]` (SPEC §2.8)
+  /// Packed sequences (SPEC §2.9): n >= 1 sequences packed along the token
+  /// axis of q `[total_q, H, D]` and k, v `[total_k, Hkv, D or Dv]`, with batch = 1,
   /// seq_q = total_q, seq_k = total_k; 0 = not packed.
   std::int64_t num_seqs = 0;
   ///@{
-  /// A paged KV cache (SPEC §13): k and v are `[num_blocks, block_size, Hkv, D|Dv]`
+  /// A paged KV cache (SPEC §2.10): k and v are `[num_blocks, block_size, Hkv, D or Dv]`
   /// and each batch entry reads its keys through a block table `[B, max_blocks]`;
   /// all three 0 = not paged (then seq_k is 0 or max_blocks·block_size).
   std::int64_t num_blocks = 0, block_size = 0, max_blocks = 0;
@@ -150,7 +150,7 @@ struct AttentionAttrs {
 
 /// The shapes of an attention call's tensors, for AttentionPlan::from_shapes;
 /// an absent optional input is not given. Which of them are present decides
-/// the features (SPEC §10–13): sinks `[H]`; alibi_slopes `[H]` or `[n, H]`;
+/// the features (SPEC §2.7–2.10): sinks `[H]`; alibi_slopes `[H]` or `[n, H]`;
 /// cu_seqlens_q and cu_seqlens_k `[n+1]` (and optionally seqused_k `[n]`)
 /// make q, k, v packed; block_table `[B, max_blocks]` and cache_seqlens `[B]`
 /// make k, v a paged cache.
@@ -197,7 +197,7 @@ struct AttentionSeq {
 
   /// max(Sk − Sq, 0): query i sits at key position q_offset + i (masks, SPEC §2).
   [[nodiscard]] std::int64_t q_offset() const { return Sk > Sq ? Sk - Sq : 0; }
-  /// Sk − Sq: ALiBi's distance of query i to key j is |i + alibi_shift − j| (SPEC §11).
+  /// Sk − Sq: ALiBi's distance of query i to key j is abs(i + alibi_shift − j) (SPEC §2.8).
   [[nodiscard]] std::int64_t alibi_shift() const { return Sk - Sq; }
   /// The row of query i along q's S axis.
   [[nodiscard]] std::int64_t q_row(std::int64_t i) const { return q_start + i; }
@@ -232,12 +232,12 @@ struct AttentionPlan {
   /// otherwise).
   std::int64_t bias_batch = 1, bias_heads = 1;
   ///@}
-  bool sinks = false;                 ///< sinks `[H]` join every softmax (SPEC §10)
-  AlibiKind alibi = AlibiKind::none;  ///< ALiBi slopes `[H]` or `[n, H]` (SPEC §11)
-  std::int64_t num_seqs = 0;          ///< packed sequences (B = 1); 0 = not packed (SPEC §12)
+  bool sinks = false;                 ///< sinks `[H]` join every softmax (SPEC §2.7)
+  AlibiKind alibi = AlibiKind::none;  ///< ALiBi slopes `[H]` or `[n, H]` (SPEC §2.8)
+  std::int64_t num_seqs = 0;          ///< packed sequences (B = 1); 0 = not packed (SPEC §2.9)
   ///@{
   /// Paged cache `[num_blocks, block_size, Hkv, D]` read through a block table
-  /// `[B, max_blocks]`; 0 = not paged (SPEC §13). Sk = max_blocks·block_size then.
+  /// `[B, max_blocks]`; 0 = not paged (SPEC §2.10). Sk = max_blocks·block_size then.
   std::int64_t num_blocks = 0, block_size = 0, max_blocks = 0;
   ///@}
 
@@ -266,9 +266,9 @@ struct AttentionPlan {
   [[nodiscard]] std::int64_t lse_at(std::int64_t b, std::int64_t h, std::int64_t i) const {
     return (b * H + h) * Sq + i;
   }
-  /// True for packed variable-length sequences (varlen, SPEC §12).
+  /// True for packed variable-length sequences (varlen, SPEC §2.9).
   [[nodiscard]] bool varlen() const { return num_seqs > 0; }
-  /// True for a paged KV cache (SPEC §13).
+  /// True for a paged KV cache (SPEC §2.10).
   [[nodiscard]] bool paged() const { return num_blocks > 0; }
   /// Number of sequences the call attends over: num_seqs when packed, else B.
   [[nodiscard]] std::int64_t sequences() const { return varlen() ? num_seqs : B; }
@@ -301,7 +301,7 @@ struct AttentionPlan {
   static AttentionPlan from_shapes(const Shape& q, const Shape& k, const Shape& v,
                                    const std::optional<Shape>& mask, const AttentionAttrs& a);
 
-  /// As above, with the shapes of the feature inputs (SPEC §10–13), whose
+  /// As above, with the shapes of the feature inputs (SPEC §2.7–2.10), whose
   /// presence turns the features on: packed q `[total_q, H, D]` (or
   /// `[total_q, H·D]`) with cu_seqlens; a paged k `[num_blocks, block_size,
   /// Hkv, D]` with q `[B, Sq, H, D]` and a block table.
@@ -327,22 +327,22 @@ struct AttentionInputs {
   /// keep `[B, Sk]` (key_padding; nonzero = attend) or additive bias `[Bb, Hb, Sq, Sk]` (bias);
   /// empty otherwise
   std::span<const float> mask = {};
-  /// sinks `[H]`, finite: the logit of query head h's sink (SPEC §10)
+  /// sinks `[H]`, finite: the logit of query head h's sink (SPEC §2.7)
   std::span<const T> sinks = {};
-  /// ALiBi slopes `[H]` or `[n, H]`, finite (SPEC §11)
+  /// ALiBi slopes `[H]` or `[n, H]`, finite (SPEC §2.8)
   std::span<const float> alibi_slopes = {};
   ///@{
   /// `[n+1]` each, non-decreasing from 0 to total_q (total_k): sequence n owns query rows
   /// [cu_seqlens_q[n], cu_seqlens_q[n+1]) and the key slot [cu_seqlens_k[n], cu_seqlens_k[n+1])
-  /// (SPEC §12).
+  /// (SPEC §2.9).
   Indices cu_seqlens_q = {}, cu_seqlens_k = {};
   ///@}
-  /// `[n]` or empty: sequence n reads only the first seqused_k[n] keys of its slot (SPEC §12)
+  /// `[n]` or empty: sequence n reads only the first seqused_k[n] keys of its slot (SPEC §2.9)
   Indices seqused_k = {};
   /// `[B, max_blocks]`: key j of batch entry b is slot j % block_size of block
-  /// block_table[b, j / block_size] (SPEC §13)
+  /// block_table[b, j / block_size] (SPEC §2.10)
   Indices block_table = {};
-  /// `[B]`, 0 <= cache_seqlens[b] <= max_blocks·block_size: the keys of batch entry b (SPEC §13)
+  /// `[B]`, 0 <= cache_seqlens[b] <= max_blocks·block_size: the keys of batch entry b (SPEC §2.10)
   Indices cache_seqlens = {};
 };
 
@@ -355,7 +355,7 @@ struct AttentionGrads {
   std::span<T> dq, dk, dv;
   ///@}
   /// dsinks `[H]` (plans with sinks only): `dsink_h = −Σ_{b,i} p_sink,i · <dO_i, O_i>`
-  /// (SPEC §10); empty: not computed.
+  /// (SPEC §2.7); empty: not computed.
   std::span<T> dsinks = {};
 };
 
@@ -477,7 +477,7 @@ void check_inputs(const AttentionPlan& plan, const AttentionInputs<T>& in) {
 /// Throws Error unless the gradient views fit the plan: every non-empty one
 /// has its full size (dsinks `[H]` only for plans with sinks) and at least
 /// one is asked for; with `need_all`, dq, dk and dv are all required. A
-/// paged plan has no backward (SPEC §13).
+/// paged plan has no backward (SPEC §2.10).
 template <class T>
 void check_grads(const AttentionPlan& plan, const AttentionGrads<T>& g, bool need_all) {
   require(!plan.paged(), "block_table", std::string("(a paged cache)"),
@@ -545,7 +545,7 @@ inline std::int64_t AttentionPlan::mask_row(std::int64_t b, std::int64_t h, std:
 
 namespace detail {
 
-/// The feature rules of make() (SPEC §12–13): packed sequences are a bshd
+/// The feature rules of make() (SPEC §2.9–2.10): packed sequences are a bshd
 /// batch of 1, a paged cache is a bshd batch read through a block table, the
 /// two do not combine, and neither takes a key_padding or bias mask (a
 /// padded or biased key is addressed by position, which neither has).
@@ -757,7 +757,7 @@ inline std::int64_t vector_length(const Shape& shape, std::int64_t n, const std:
   return shape[0];
 }
 
-/// The shapes of the feature inputs (SPEC §10–13) into p: sinks, ALiBi slopes,
+/// The shapes of the feature inputs (SPEC §2.7–2.10) into p: sinks, ALiBi slopes,
 /// cu_seqlens, seqused_k, block table and cache lengths. p's batch, heads
 /// and (paged) key shape are already set.
 inline void feature_params(const AttentionShapes& s, AttentionParams& p) {
@@ -816,7 +816,7 @@ inline AttentionPlan AttentionPlan::from_shapes(const AttentionShapes& s, const 
   element_count(q, "q.shape");
   element_count(k, "k.shape");
   element_count(v, "v.shape");
-  // Which inputs come in pairs, and which features combine (SPEC §12–13).
+  // Which inputs come in pairs, and which features combine (SPEC §2.9–2.10).
   const auto pair = [](const std::optional<Shape>& x, const std::optional<Shape>& y,
                        const char* x_name, const char* y_name, const char* what) {
     require(x.has_value() || !y.has_value(), x_name, std::string("(absent)"),

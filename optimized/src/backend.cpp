@@ -19,7 +19,7 @@ int resolve_threads(const Options& options) {
 }
 
 /// The attention features the optimized kernels do not implement yet — sinks,
-/// ALiBi, packed sequences, paged caches (SPEC §10–13): the one place that
+/// ALiBi, packed sequences, paged caches (SPEC §2.7–2.10): the one place that
 /// refuses them, first thing in every attention entry point, so that no call
 /// returns a wrong result. The reference backend implements them all.
 void require_supported(const AttentionPlan& plan) {

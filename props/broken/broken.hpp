@@ -56,8 +56,7 @@ enum class Bug {
   varlen_ignores_seqused,        ///< seqused_k ignored: the padding keys of a slot are read
   paged_table_ignored,    ///< key j of batch b read from block (b·max_blocks + j/bs) % num_blocks
   paged_slot_off_by_one,  ///< key j read from slot (j + 1) % block_size of its block
-  features_write_before_check,  ///< a call with sinks/ALiBi/varlen/paged writes out[0] before
-                                ///< validating
+  features_write_before_check,  ///< a feature call writes its first output, then validates
   dsinks_one_past,              ///< backward writes one element past dsinks
 };
 

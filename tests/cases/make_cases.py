@@ -9,7 +9,7 @@
                                |b1, <i4, <i8, index inputs of <i4 and <i8)
                                and one deliberate mismatch
 
-Cases of the attention features (SPEC §10–13) are named features_*: CTest
+Cases of the attention features (SPEC §2.7–2.10) are named features_*: CTest
 runs them on the backends that implement them. Each directory holds an
 `expect` file: the exit code on the first line and a
 fragment the command's output must contain on the second. Run it with the

@@ -132,7 +132,7 @@ struct Case {
 /// expected tensor has its output's shape. Throws CaseError.
 Case load_case(const std::string& dir);
 
-/// True for the attention inputs read as integers (SPEC §12–13).
+/// True for the attention inputs read as integers (SPEC §2.9–2.10).
 bool is_index_input(const std::string& name);
 
 /// The attention inputs of a loaded case as views into its tensors (index

@@ -1,6 +1,6 @@
 # Runs `tandem check --backend optimized` on each case of CASES and expects it
 # refused: exit 2, naming the case, with the optimized backend's message for
-# an attention feature it does not implement yet (SPEC §10–13).
+# an attention feature it does not implement yet (SPEC §2.7–2.10).
 # Usage: cmake -DTANDEM=<tandem> "-DCASES=<dir>;<dir>..." -P expect_refusal.cmake
 cmake_minimum_required(VERSION 3.25)
 if(NOT CASES)

@@ -1,15 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file reference/attention.hpp
 /// @brief Reference scaled dot-product attention, forward and backward
-///        (SPEC §2–3, §10–13), written as one explicit loop per index so that
+///        (SPEC §2–3, §2.7–2.10), written as one explicit loop per index so that
 ///        every line can be checked against the formulas.
 ///
 /// Shapes, shown in `bshd` (`bhsd` swaps S and H; the plan's Strides place
 /// every element, so the loops never look at the layout):
 /// q `[B,Sq,H,D]`, k `[B,Sk,Hkv,D]`, v `[B,Sk,Hkv,Dv]`, out and dout
 /// `[B,Sq,H,Dv]`; dq, dk, dv have the shapes of q, k, v and are contiguous.
-/// The loops run over sequences: a batch entry, a packed sequence (SPEC §12)
-/// or a row of a paged cache (SPEC §13). AttentionPlan::sequence says where
+/// The loops run over sequences: a batch entry, a packed sequence (SPEC §2.9)
+/// or a row of a paged cache (SPEC §2.10). AttentionPlan::sequence says where
 /// sequence n's Sq queries and Sk keys live; i and j below are local to it.
 ///
 /// Forward, for sequence n, query head h (kv_head = h / (H/Hkv)) and query i,
@@ -17,14 +17,14 @@
 ///
 ///     pass 1   x_ij = scale * <q_i, k_j>
 ///              s_ij = c * tanh(x_ij / c)            softcap c > 0 (else s_ij = x_ij)
-///              s_ij = s_ij - m_h * |i + Sk - Sq - j|   ALiBi slope m_h only
+///              s_ij = s_ij - m_h * abs(i + Sk - Sq - j)   ALiBi slope m_h only
 ///              s_ij = s_ij + bias_ij                mask kind bias only
 ///     pass 2   m_i  = max(sink_h, max_j s_ij)       (cancels in p; keeps exp finite)
 ///     pass 3   l_i  = exp(sink_h - m_i) + sum_j exp(s_ij - m_i)
 ///     pass 4   p_ij = exp(s_ij - m_i) / l_i
 ///     pass 5   o_i  = sum_j p_ij * v_j
 ///
-/// where the sink terms are present only with sinks (SPEC §10): the sink is
+/// where the sink terms are present only with sinks (SPEC §2.7): the sink is
 /// one more logit in the denominator with no value, p_sink,i = exp(sink_h −
 /// m_i) / l_i. (SPEC writes s for the score at every step; x names the score
 /// before the cap so that the backward can refer to it.) Backward of the
@@ -107,9 +107,9 @@ struct AttentionRow {
 
 /// Forward passes 1–4 for query i of sequence `seq`, head h:
 /// `x_ij = scale·<q_i,k_j>`, `s_ij = c·tanh(x_ij/c)` (c > 0; else x_ij),
-/// `s_ij −= m_h·|i + Sk − Sq − j|` (ALiBi), `s_ij += bias_ij`, then
-/// `p_ij = exp(s_ij − m_i) / (exp(sink_h − m_i) + sum_j' exp(s_ij' − m_i))`
-/// over visible keys (the sink term with sinks only). q_i `[D]` and k_j `[D]`
+/// `s_ij −= m_h·abs(i + Sk − Sq − j)` (ALiBi), `s_ij += bias_ij`, then
+/// `p_ij = exp(s_ij − m_i) / (exp(sink_h − m_i) + sum_k exp(s_ik − m_i))`
+/// over visible keys j, k (the sink term with sinks only). q_i `[D]` and k_j `[D]`
 /// are read through plan.q / plan.k at the sequence's rows. Inputs must be checked.
 template <class T, class Acc = accumulator_t<T>>
 AttentionRow<Acc> attention_row(const AttentionPlan& plan, const AttentionInputs<T>& in,
@@ -296,7 +296,7 @@ ScoreGrad<Acc> attention_score_grad_row(const AttentionPlan& plan, const Attenti
   return g;
 }
 
-/// Attention forward (SPEC §2, §10–13): for every sequence, h, i,
+/// Attention forward (SPEC §2, §2.7–2.10): for every sequence, h, i,
 /// `o_i = sum_{visible j} p_ij · v_j` with p of attention_row, 0 for a query
 /// with no visible key. q `[B,Sq,H,D]`, k `[B,Sk,Hkv,D]`, v `[B,Sk,Hkv,Dv]`
 /// (through plan.q/k/v, row strides allowed; packed or paged as the plan
@@ -329,7 +329,7 @@ void attention_forward(const AttentionPlan& plan, const AttentionInputs<T>& in, 
   }
 }
 
-/// dQ, dK, dV and dsinks in one pass over the queries (SPEC §3, §10): with P
+/// dQ, dK, dV and dsinks in one pass over the queries (SPEC §3, §2.7): with P
 /// the probabilities and dx the score gradient,
 /// `dq_i = scale · sum_j dx_ij k_j`, `dk_j = scale · sum_{h,i} dx_ij q_i`,
 /// `dv_j = sum_{h,i} p_ij dO_i` (h over the query heads sharing kv head g),

@@ -109,21 +109,43 @@ void features_gradient(const Backend& be) {
 
 // ---------------------------------------------------------------- semantics
 
-/// A sink ≡ one more key per batch entry, last, with k = 0, v = 0, visible to
-/// every query, whose score (a bias column) is sink[h]; the other columns
-/// carry the mask as a bias (0 or −inf, plus the bias itself).
-void sink_equals_extra_key(const Backend& be) {
-  const AttentionCase c = *gen_attention(AttentionGen{}.with(&AttentionGen::sinks, Draw::always));
-  const AttentionData d = make_data(c);
+/// The dense case d (drawn with parameters `c`) rewritten with a bias mask
+/// `[B, H, Sq, Sk + extra]`: column j < Sk holds `term(b, h, i, j)` plus d's own
+/// bias where key j is visible and −inf where it is hidden; the `extra`
+/// columns are left 0 for the caller, and so are k, v and every option but
+/// the mask.
+AttentionData as_bias(const AttentionCase& c, const AttentionData& d, i64 extra,
+                      const std::function<double(i64, i64, i64, i64)>& term) {
   const AttentionPlan& p = d.plan;
   AttentionParams pe = c.params;
-  pe.seq_k = p.Sk + 1;
-  pe.sinks = false;
+  pe.seq_k = p.Sk + extra;
   pe.mask = MaskKind::bias;
   pe.window = 0;
   pe.bias_batch = p.B;
   pe.bias_heads = p.H;
   AttentionData e = with_plan(d, pe);
+  const i64 W = p.Sk + extra;
+  e.mask.assign(static_cast<std::size_t>(p.B * p.H * p.Sq * W), 0.0f);
+  for (i64 b = 0; b < p.B; ++b)
+    for (i64 h = 0; h < p.H; ++h)
+      for (i64 i = 0; i < p.Sq; ++i)
+        for (i64 j = 0; j < p.Sk; ++j) {
+          const double bias = p.mask == MaskKind::bias ? d.mask[p.mask_row(b, h, i) + j] : 0.0;
+          e.mask[((b * p.H + h) * p.Sq + i) * W + j] =
+              visible(p, d.mask, b, h, i, j) ? static_cast<float>(bias + term(b, h, i, j)) : -kInf;
+        }
+  return e;
+}
+
+/// A sink ≡ one more key per batch entry, last, with k = 0, v = 0, visible to
+/// every query, whose score (a bias column) is sink[h]; the other columns
+/// carry the mask as a bias (0 or −inf, plus the bias itself).
+void sink_equals_extra_key(const Backend& be) {
+  AttentionCase c = *gen_attention(AttentionGen{}.with(&AttentionGen::sinks, Draw::always));
+  const AttentionData d = make_data(c);
+  const AttentionPlan& p = d.plan;
+  c.params.sinks = false;
+  AttentionData e = as_bias(c, d, 1, [](i64, i64, i64, i64) { return 0.0; });
   e.sinks.clear();
   const auto extend = [&](const std::vector<float>& t, i64 width) {
     std::vector<float> out;
@@ -135,17 +157,9 @@ void sink_equals_extra_key(const Backend& be) {
   };
   e.k = extend(d.k, p.D);
   e.v = extend(d.v, p.Dv);
-  e.mask.assign(static_cast<std::size_t>(p.B * p.H * p.Sq * (p.Sk + 1)), 0.0f);
-  for (i64 b = 0; b < p.B; ++b)
-    for (i64 h = 0; h < p.H; ++h)
-      for (i64 i = 0; i < p.Sq; ++i) {
-        float* row = &e.mask[((b * p.H + h) * p.Sq + i) * (p.Sk + 1)];
-        for (i64 j = 0; j < p.Sk; ++j) {
-          const float bias = p.mask == MaskKind::bias ? d.mask[p.mask_row(b, h, i) + j] : 0.0f;
-          row[j] = visible(p, d.mask, b, h, i, j) ? bias : -kInf;
-        }
-        row[p.Sk] = d.sinks[h];
-      }
+  for (i64 row = 0; row < p.B * p.H * p.Sq; ++row) {
+    e.mask[row * (p.Sk + 1) + p.Sk] = d.sinks[(row / p.Sq) % p.H];
+  }
   const AttentionScales sc = scales(d);
   TANDEM_REQUIRE_EMPTY(attention_same("out: sinks vs an extra key of value 0", run_forward(be, d),
                                       run_forward(be, e), sc.out, sc.L));
@@ -163,34 +177,19 @@ void sink_equals_extra_key(const Backend& be) {
       attention_same("dv: sinks vs extra key", gd.dv, drop_extra(ge.dv, p.Dv), sc.dv, sc.L));
 }
 
-/// ALiBi ≡ the bias −m·|i + Sk − Sq − j| (plus the mask as 0 / −inf, plus the
-/// bias itself), forward and backward.
+/// ALiBi ≡ the bias −m·abs(i + Sk − Sq − j) (plus the mask as 0 / −inf, plus
+/// the bias itself), forward and backward.
 void alibi_equals_bias(const Backend& be) {
-  const AttentionCase c = *gen_attention(AttentionGen{}
-                                             .with(&AttentionGen::alibi, Draw::always)
-                                             .with(&AttentionGen::sinks, Draw::sometimes));
+  AttentionCase c = *gen_attention(AttentionGen{}
+                                       .with(&AttentionGen::alibi, Draw::always)
+                                       .with(&AttentionGen::sinks, Draw::sometimes));
   const AttentionData d = make_data(c);
   const AttentionPlan& p = d.plan;
-  AttentionParams pe = c.params;
-  pe.alibi = AlibiKind::none;
-  pe.mask = MaskKind::bias;
-  pe.window = 0;
-  pe.bias_batch = p.B;
-  pe.bias_heads = p.H;
-  AttentionData e = with_plan(d, pe);
+  c.params.alibi = AlibiKind::none;
+  AttentionData e = as_bias(c, d, 0, [&](i64 b, i64 h, i64 i, i64 j) {
+    return -double(d.slopes[p.slope_at(b, h)]) * double(std::abs(i + p.Sk - p.Sq - j));
+  });
   e.slopes.clear();
-  e.mask.assign(static_cast<std::size_t>(p.B * p.H * p.Sq * p.Sk), 0.0f);
-  for (i64 b = 0; b < p.B; ++b)
-    for (i64 h = 0; h < p.H; ++h)
-      for (i64 i = 0; i < p.Sq; ++i)
-        for (i64 j = 0; j < p.Sk; ++j) {
-          const double m = d.slopes[p.slope_at(b, h)];
-          const double bias = p.mask == MaskKind::bias ? d.mask[p.mask_row(b, h, i) + j] : 0.0;
-          e.mask[((b * p.H + h) * p.Sq + i) * p.Sk + j] =
-              visible(p, d.mask, b, h, i, j)
-                  ? static_cast<float>(bias - m * double(std::abs(i + p.Sk - p.Sq - j)))
-                  : -kInf;
-        }
   const AttentionScales sc = scales(d);
   TANDEM_REQUIRE_EMPTY(attention_same("out: ALiBi vs its bias", run_forward(be, d),
                                       run_forward(be, e), sc.out, sc.L));
@@ -512,20 +511,20 @@ std::string corrupt(AttentionData& d) {
   if (p.varlen()) {
     const i64 n = p.num_seqs;
     for (auto* cu : {&d.cu_q, &d.cu_k}) {
-      const std::string name = cu == &d.cu_q ? "cu_seqlens_q" : "cu_seqlens_k";
+      const char* name = cu == &d.cu_q ? "cu_seqlens_q" : "cu_seqlens_k";
       ways.emplace_back([cu, name] {
         (*cu)[0] = 1;  // does not start at 0
-        return name;
+        return std::string(name);
       });
       ways.emplace_back([cu, name, n] {
         (*cu)[static_cast<std::size_t>(n)] += 1;  // does not end at the total
-        return name;
+        return std::string(name);
       });
       if (n >= 2) {
         ways.emplace_back([cu, name, n] {
           const auto s = static_cast<std::size_t>(*rc::gen::inRange<i64>(1, n));
           (*cu)[s] = (*cu)[s + 1] + 1;  // decreases after s
-          return name;
+          return std::string(name);
         });
       }
     }
@@ -602,25 +601,13 @@ void features_deterministic(const Subject& s) {
              const auto [d, op] = draw_call(be, features());
              FeatureCall call(d, op, Want{});
              call.run(be, op, call.in());
-             std::vector<std::vector<float>> r;
+             Outputs r;
              for (const Guarded& g : call.outs) r.push_back(g.values());
              return r;
            })(rc::Random(seed), 30)
         .value();
   };
-  const auto first = replay(s.backend);
-  std::vector<const Backend*> runs{&s.backend};
-  for (const Backend& v : s.thread_variants) runs.push_back(&v);
-  for (std::size_t r = 0; r < runs.size(); ++r) {
-    const auto again = replay(*runs[r]);
-    RC_ASSERT(again.size() == first.size());
-    for (std::size_t i = 0; i < first.size(); ++i) {
-      TANDEM_REQUIRE_EMPTY(bit_mismatch(
-          "output " + std::to_string(i) +
-              (r == 0 ? " on a repeated call" : " with thread variant " + std::to_string(r)),
-          again[i], first[i]));
-    }
-  }
+  TANDEM_REQUIRE_EMPTY(same_bits_on_every_run(s, replay, "a features call"));
 }
 
 template <void (*F)(const Backend&)>

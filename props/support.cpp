@@ -101,6 +101,28 @@ std::string bit_mismatch(const std::string& what, std::span<const float> a,
   return {};
 }
 
+std::string same_bits_on_every_run(const Subject& s,
+                                   const std::function<Outputs(const Backend&)>& replay,
+                                   const std::string& what) {
+  const Outputs first = replay(s.backend);
+  std::vector<const Backend*> runs{&s.backend};
+  for (const Backend& v : s.thread_variants) runs.push_back(&v);
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    const Outputs again = replay(*runs[r]);
+    const std::string run =
+        r == 0 ? " on a repeated call" : " with thread variant " + std::to_string(r);
+    if (again.size() != first.size()) return what + ": a different number of outputs" += run;
+    for (std::size_t i = 0; i < first.size(); ++i) {
+      std::string name = what + " output ";
+      name += std::to_string(i);
+      name += run;
+      std::string m = bit_mismatch(name, again[i], first[i]);
+      if (!m.empty()) return m;
+    }
+  }
+  return {};
+}
+
 Subject fixture_subject(broken::Bug bug) {
   Subject s;
   s.name = std::string("broken_") + broken::to_string(bug);

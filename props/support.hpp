@@ -178,6 +178,14 @@ std::vector<Subject> correct_subjects();
 /// The broken fixture with `bug` planted, named broken_<bug>, at 1, 2 and 3 "threads".
 Subject fixture_subject(broken::Bug bug);
 
+/// The outputs of one call, each as the backend wrote it.
+using Outputs = std::vector<std::vector<float>>;
+/// Empty when `replay` gives identical bits on a repeated call of s.backend
+/// and on every thread variant of s, otherwise what differs; `what` names the call.
+std::string same_bits_on_every_run(const Subject& s,
+                                   const std::function<Outputs(const Backend&)>& replay,
+                                   const std::string& what);
+
 /// One property: a body run once per generated case, `cases` times in CI.
 struct Property {
   std::string name;

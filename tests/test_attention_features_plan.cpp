@@ -29,9 +29,10 @@ using tandem::Layout;
 using tandem::MaskKind;
 using tandem::Shape;
 using tandem::test::expect_error;
+using tandem::test::expect_make_error;
+using tandem::test::kSentinel;
+using tandem::test::untouched;
 using i64 = std::int64_t;
-
-constexpr float kSentinel = -12345.0f;
 
 // ---------------------------------------------------------------------------
 // make()
@@ -44,11 +45,6 @@ AttentionParams base() {
   p.kv_heads = 2;
   p.head_dim = 8;
   return p;
-}
-
-void expect_make_error(const AttentionParams& p, const std::string& parameter,
-                       std::initializer_list<std::string> fragments) {
-  expect_error([&] { AttentionPlan::make(p); }, parameter, fragments);
 }
 
 TEST(AttentionFeaturePlan, PackedSequencesAreABatchOfOne) {
@@ -334,13 +330,6 @@ struct PackedCall {
     return in;
   }
 };
-
-bool untouched(const std::vector<float>& x) {
-  for (float e : x) {
-    if (e != kSentinel) return false;
-  }
-  return true;
-}
 
 /// Every entry point of the reference backend rejects `in` with an Error
 /// about `parameter` (message fragments `fragments`) and writes nothing.

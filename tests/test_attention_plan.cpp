@@ -30,6 +30,9 @@ using tandem::MaskKind;
 using tandem::Shape;
 
 using tandem::test::expect_error;
+using tandem::test::expect_make_error;
+using tandem::test::kSentinel;
+using tandem::test::untouched;
 
 // A valid starting point: B=2 Sq=3 Sk=5 H=4 Hkv=2 D=8.
 AttentionParams valid() {
@@ -41,11 +44,6 @@ AttentionParams valid() {
   p.kv_heads = 2;
   p.head_dim = 8;
   return p;
-}
-
-void expect_make_error(const AttentionParams& p, const std::string& parameter,
-                       std::initializer_list<std::string> fragments) {
-  expect_error([&] { AttentionPlan::make(p); }, parameter, fragments);
 }
 
 AttentionAttrs heads(std::int64_t H, MaskKind mask = MaskKind::none) {
@@ -489,8 +487,6 @@ TEST(AttentionPlanShapes, ScaleAndSoftcapPassThrough) {
 // ---------------------------------------------------------------------------
 // The backend entry points check their views before writing anything.
 
-constexpr float kSentinel = -12345.0f;
-
 struct Buffers {
   AttentionPlan plan;
   std::vector<float> q, k, v, mask, dout, out, dq, dk, dv;
@@ -507,13 +503,6 @@ struct Buffers {
         dv(plan.dv.extent, kSentinel) {}
   AttentionInputs<float> inputs() const { return {q, k, v, mask}; }
 };
-
-bool untouched(const std::vector<float>& x) {
-  for (float e : x) {
-    if (e != kSentinel) return false;
-  }
-  return true;
-}
 
 AttentionParams padded() {
   AttentionParams p = valid();

@@ -1050,7 +1050,7 @@ void report_figures(const fs::path& src, const fs::path& out) {
     if (n <= 4 && provenance.empty() && line.find("UTC") != std::string::npos) provenance = line;
     if (line.rfind("**Warning", 0) == 0) warning = line;
     if (line.rfind("## ", 0) == 0) in_summary = line.find("Summary") != std::string::npos;
-    if (!in_summary || line.rfind("|", 0) != 0) continue;
+    if (!in_summary || line.rfind('|', 0) != 0) continue;
     if (header.empty()) {
       header = line;
       continue;

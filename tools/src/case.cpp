@@ -4,6 +4,7 @@
 #include "case.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -86,6 +87,7 @@ class JsonReader {
   E choice(const json& v, const std::string& field,
            const std::vector<std::pair<const char*, E>>& options) const {
     std::vector<std::string> names;
+    names.reserve(options.size());
     for (const auto& [name, value] : options) names.emplace_back(std::string("\"") + name + "\"");
     if (v.is_string()) {
       const std::string s = v.get<std::string>();
@@ -138,6 +140,25 @@ json parse_json_strict(std::string_view text, const JsonReader& r) {
   if (!duplicate.empty()) r.error(duplicate, "key appears more than once");
   return j;
 }
+
+/// The optional attention inputs that switch a feature on (spec §2.7–2.10),
+/// with the field of AttentionShapes that holds each one's shape.
+const std::array<std::pair<const char*, std::optional<Shape> AttentionShapes::*>, 7>
+    kFeatureShapes = {{{"sinks", &AttentionShapes::sinks},
+                       {"alibi_slopes", &AttentionShapes::alibi_slopes},
+                       {"cu_seqlens_q", &AttentionShapes::cu_seqlens_q},
+                       {"cu_seqlens_k", &AttentionShapes::cu_seqlens_k},
+                       {"seqused_k", &AttentionShapes::seqused_k},
+                       {"block_table", &AttentionShapes::block_table},
+                       {"cache_seqlens", &AttentionShapes::cache_seqlens}}};
+
+/// The index inputs of attention (read as integers), with their AttentionInputs field.
+const std::array<std::pair<const char*, Indices AttentionInputs<float>::*>, 5> kIndexInputs = {
+    {{"cu_seqlens_q", &AttentionInputs<float>::cu_seqlens_q},
+     {"cu_seqlens_k", &AttentionInputs<float>::cu_seqlens_k},
+     {"seqused_k", &AttentionInputs<float>::seqused_k},
+     {"block_table", &AttentionInputs<float>::block_table},
+     {"cache_seqlens", &AttentionInputs<float>::cache_seqlens}}};
 
 /// "attrs.<name>" for messages.
 std::string attr_field(const std::string& name) {
@@ -482,13 +503,7 @@ PlannedCase plan_case(const CaseSpec& spec, const std::map<std::string, Shape>& 
       case Op::attention_backward: {
         const Shape& q = shape("q");
         AttentionShapes s{q, shape("k"), shape("v"), optional("mask")};
-        s.sinks = optional("sinks");
-        s.alibi_slopes = optional("alibi_slopes");
-        s.cu_seqlens_q = optional("cu_seqlens_q");
-        s.cu_seqlens_k = optional("cu_seqlens_k");
-        s.seqused_k = optional("seqused_k");
-        s.block_table = optional("block_table");
-        s.cache_seqlens = optional("cache_seqlens");
+        for (const auto& [name, member] : kFeatureShapes) s.*member = optional(name);
         const auto plan = AttentionPlan::from_shapes(s, spec.attention);
         // heads on their own axis: rank 4, or packed [total, H, D]
         const bool split = q.size() == 4 || (plan.varlen() && q.size() == 3);
@@ -570,29 +585,25 @@ PlannedCase plan_case(const CaseSpec& spec, const std::map<std::string, Shape>& 
 // ---- loading -------------------------------------------------------------------
 
 bool is_index_input(const std::string& name) {
-  return name == "cu_seqlens_q" || name == "cu_seqlens_k" || name == "seqused_k" ||
-         name == "block_table" || name == "cache_seqlens";
+  return std::any_of(kIndexInputs.begin(), kIndexInputs.end(),
+                     [&](const auto& entry) { return name == entry.first; });
 }
 
 AttentionInputs<float> attention_inputs(const Case& c) {
-  const auto values = [&](const char* name) -> std::span<const float> {
+  const auto tensor = [&](const char* name) -> const NpyArray* {
     auto it = c.inputs.find(name);
-    if (it == c.inputs.end()) return {};
-    return it->second.array.values;
+    return it == c.inputs.end() ? nullptr : &it->second.array;
   };
-  const auto indices = [&](const char* name) -> Indices {
-    auto it = c.inputs.find(name);
-    if (it == c.inputs.end()) return {};
-    return Indices(it->second.array.integers);
+  const auto values = [&](const char* name) -> std::span<const float> {
+    const NpyArray* a = tensor(name);
+    return a != nullptr ? std::span<const float>(a->values) : std::span<const float>();
   };
   AttentionInputs<float> in{values("q"), values("k"), values("v"), values("mask")};
   in.sinks = values("sinks");
   in.alibi_slopes = values("alibi_slopes");
-  in.cu_seqlens_q = indices("cu_seqlens_q");
-  in.cu_seqlens_k = indices("cu_seqlens_k");
-  in.seqused_k = indices("seqused_k");
-  in.block_table = indices("block_table");
-  in.cache_seqlens = indices("cache_seqlens");
+  for (const auto& [name, member] : kIndexInputs) {
+    if (const NpyArray* a = tensor(name)) in.*member = Indices(a->integers);
+  }
   return in;
 }
 

@@ -111,6 +111,9 @@ TEST(AttentionFeaturePlan, PagedCacheShapes) {
   p.max_blocks = std::int64_t(1) << 40;
   p.block_size = std::int64_t(1) << 40;
   expect_make_error(p, "max_blocks*block_size", {"overflows a 64-bit size"});
+  p.block_size = 1;
+  p.batch = std::int64_t(1) << 30;
+  expect_make_error(p, "block_table", {"overflows a 64-bit size"});
 }
 
 TEST(AttentionFeaturePlan, SinksAndAlibiSizes) {

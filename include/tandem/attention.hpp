@@ -582,6 +582,7 @@ inline std::int64_t check_feature_params(const AttentionParams& p) {
           "must be bshd with a paged cache (k [num_blocks, block_size, Hkv, D])");
   mask_ok("a paged cache (block_table)");
   const std::int64_t capacity = checked_mul(p.max_blocks, p.block_size, "max_blocks*block_size");
+  checked_mul(p.batch, p.max_blocks, "block_table");
   require(
       p.seq_k == 0 || p.seq_k == capacity, "seq_k", p.seq_k,
       "must be 0 or max_blocks*block_size = " + std::to_string(capacity) + " for a paged cache");

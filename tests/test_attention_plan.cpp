@@ -30,6 +30,9 @@ using tandem::MaskKind;
 using tandem::Shape;
 
 using tandem::test::expect_error;
+using tandem::test::expect_make_error;
+using tandem::test::sentinel;
+using tandem::test::untouched;
 
 // A valid starting point: B=2 Sq=3 Sk=5 H=4 Hkv=2 D=8.
 AttentionParams valid() {
@@ -41,11 +44,6 @@ AttentionParams valid() {
   p.kv_heads = 2;
   p.head_dim = 8;
   return p;
-}
-
-void expect_make_error(const AttentionParams& p, const std::string& parameter,
-                       std::initializer_list<std::string> fragments) {
-  expect_error([&] { AttentionPlan::make(p); }, parameter, fragments);
 }
 
 AttentionAttrs heads(std::int64_t H, MaskKind mask = MaskKind::none) {
@@ -489,8 +487,6 @@ TEST(AttentionPlanShapes, ScaleAndSoftcapPassThrough) {
 // ---------------------------------------------------------------------------
 // The backend entry points check their views before writing anything.
 
-constexpr float kSentinel = -12345.0f;
-
 struct Buffers {
   AttentionPlan plan;
   std::vector<float> q, k, v, mask, dout, out, dq, dk, dv;
@@ -501,19 +497,12 @@ struct Buffers {
         v(plan.v.extent, 1.0f),
         mask(plan.mask_size(), 1.0f),
         dout(plan.o.extent, 1.0f),
-        out(plan.o.extent, kSentinel),
-        dq(plan.dq.extent, kSentinel),
-        dk(plan.dk.extent, kSentinel),
-        dv(plan.dv.extent, kSentinel) {}
+        out(plan.o.extent, sentinel()),
+        dq(plan.dq.extent, sentinel()),
+        dk(plan.dk.extent, sentinel()),
+        dv(plan.dv.extent, sentinel()) {}
   AttentionInputs<float> inputs() const { return {q, k, v, mask}; }
 };
-
-bool untouched(const std::vector<float>& x) {
-  for (float e : x) {
-    if (e != kSentinel) return false;
-  }
-  return true;
-}
 
 AttentionParams padded() {
   AttentionParams p = valid();
@@ -555,7 +544,7 @@ TEST(AttentionEntryChecks, ForwardRejectsBadViewsAndLeavesOutAlone) {
   EXPECT_TRUE(untouched(buf.out));
 
   // out one too long
-  std::vector<float> out_long(buf.out.size() + 1, kSentinel);
+  std::vector<float> out_long(buf.out.size() + 1, sentinel());
   expect_error([&] { ref.attention_forward(buf.plan, good, out_long); }, "out.size()",
                {"out.size() = " + std::to_string(out_long.size()),
                 "must be " + std::to_string(buf.plan.o.extent)});
@@ -592,7 +581,7 @@ TEST(AttentionEntryChecks, BackwardRejectsBadViewsAndLeavesEveryGradientAlone) {
         ref.attention_backward(buf.plan, in, dout.first(dout.size() - 1), {dq, dk, dv});
       },
       "dout.size()", {"dout.size() = " + std::to_string(dout.size() - 1)});
-  // each gradient in turn one short, or none asked for
+  // each gradient in turn one short; none at all; dsinks for a plan without sinks
   expect_error(
       [&] {
         ref.attention_backward(buf.plan, in, dout, {dq.first(1), dk, dv});
@@ -603,8 +592,19 @@ TEST(AttentionEntryChecks, BackwardRejectsBadViewsAndLeavesEveryGradientAlone) {
         ref.attention_backward(buf.plan, in, dout, {dq, dk.first(2), dv});
       },
       "dk.size()", {"dk.size() = 2"});
+  expect_error(
+      [&] {
+        ref.attention_backward(buf.plan, in, dout, {{}, {}, dv.first(1)});
+      },
+      "dv.size()", {"dv.size() = 1", "must be " + std::to_string(dv.size())});
   expect_error([&] { ref.attention_backward(buf.plan, in, dout, {}); }, "grads",
-               {"must ask for at least one gradient"});
+               {"at least one of dq, dk, dv, dsinks"});
+  std::vector<float> dsinks(4, sentinel());
+  expect_error(
+      [&] {
+        ref.attention_backward(buf.plan, in, dout, {dq, dk, dv, dsinks});
+      },
+      "dsinks.size()", {"dsinks.size() = 4", "must be 0"});
   // a bad input view, with good gradients
   AttentionInputs<float> bad = in;
   bad.v = bad.v.first(bad.v.size() - 1);
@@ -634,12 +634,12 @@ TEST(AttentionEntryChecks, BackwardRejectsBadViewsAndLeavesEveryGradientAlone) {
                {"mask.size() = 0"});
   EXPECT_TRUE(all_untouched());
 
-  // The good calls write what they are asked for, and nothing else.
+  // Any non-empty subset is computed, and only it.
   ref.attention_backward(buf.plan, in, dout, {dq, {}, dv});
   EXPECT_FALSE(untouched(buf.dq));
   EXPECT_TRUE(untouched(buf.dk));
   EXPECT_FALSE(untouched(buf.dv));
-  ref.attention_backward(buf.plan, in, dout, {dq, dk, dv});
+  ref.attention_backward(buf.plan, in, dout, {{}, dk, {}});
   EXPECT_FALSE(untouched(buf.dk));
 }
 

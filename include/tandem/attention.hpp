@@ -910,7 +910,8 @@ inline std::string AttentionPlan::describe() const {
                   " Dv=" + std::to_string(Dv) + " " + to_string(layout) + " " + to_string(mask);
   if (mask == MaskKind::sliding_window) s += "(w=" + std::to_string(window) + ")";
   if (mask == MaskKind::bias) {
-    s += "[" + std::to_string(bias_batch) + "," + std::to_string(bias_heads) + ",Sq,Sk]";
+    s += '[';  // appended, not "[" + …: GCC 12 misreads that insert at 0 (-Wrestrict)
+    s += std::to_string(bias_batch) + "," + std::to_string(bias_heads) + ",Sq,Sk]";
   }
   s += " scale=" + std::to_string(scale);
   if (softcap > 0) s += " softcap=" + std::to_string(softcap);

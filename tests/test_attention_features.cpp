@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "support/tandem_test_support.hpp"
 #include "tandem/attention.hpp"
 #include "tandem/reference/attention.hpp"
 #include "tandem/reference/backend.hpp"
@@ -34,12 +35,7 @@ const double kNaN = std::numeric_limits<double>::quiet_NaN();
 /// One head of width D = 1 (q = 0 unless set: every score is then 0 and the
 /// softmax is decided by the sinks, ALiBi and the masks alone).
 AttentionParams one_head(i64 Sq, i64 Sk) {
-  AttentionParams p;
-  p.seq_q = Sq;
-  p.seq_k = Sk;
-  p.heads = 1;
-  p.head_dim = 1;
-  return p;
+  return tandem::test::attention_params(1, Sq, Sk, 1, 1, 1);
 }
 
 /// The tensors of one call in T, with the plan and the index inputs.

@@ -28,6 +28,8 @@ using tandem::AttentionShapes;
 using tandem::Layout;
 using tandem::MaskKind;
 using tandem::Shape;
+using tandem::test::attention_attrs;
+using tandem::test::attention_params;
 using tandem::test::expect_error;
 using tandem::test::expect_make_error;
 using tandem::test::sentinel;
@@ -38,13 +40,7 @@ using i64 = std::int64_t;
 // make()
 
 AttentionParams base() {
-  AttentionParams p;
-  p.seq_q = 5;
-  p.seq_k = 7;
-  p.heads = 4;
-  p.kv_heads = 2;
-  p.head_dim = 8;
-  return p;
+  return attention_params(1, 5, 7, 4, 2, 8);
 }
 
 TEST(AttentionFeaturePlan, PackedSequencesAreABatchOfOne) {
@@ -135,13 +131,6 @@ TEST(AttentionFeaturePlan, SinksAndAlibiSizes) {
 // ---------------------------------------------------------------------------
 // from_shapes()
 
-AttentionAttrs attrs(i64 H, MaskKind mask = MaskKind::none) {
-  AttentionAttrs a;
-  a.num_heads = H;
-  a.mask = mask;
-  return a;
-}
-
 void expect_shapes_error(const AttentionShapes& s, const AttentionAttrs& a,
                          const std::string& parameter,
                          std::initializer_list<std::string> fragments) {
@@ -172,7 +161,7 @@ AttentionShapes paged() {
 
 TEST(AttentionFeatureShapes, PackedSequences) {
   AttentionShapes s = packed();
-  const AttentionPlan plan = AttentionPlan::from_shapes(s, attrs(4, MaskKind::causal));
+  const AttentionPlan plan = AttentionPlan::from_shapes(s, attention_attrs(4, MaskKind::causal));
   EXPECT_EQ(plan.num_seqs, 2);
   EXPECT_EQ(plan.B, 1);
   EXPECT_EQ(plan.Sq, 9);
@@ -184,43 +173,46 @@ TEST(AttentionFeatureShapes, PackedSequences) {
   s2.q = {9, 32};
   s2.k = {11, 16};
   s2.v = {11, 12};
-  EXPECT_EQ(AttentionPlan::from_shapes(s2, attrs(4)).Dv, 6);
+  EXPECT_EQ(AttentionPlan::from_shapes(s2, attention_attrs(4)).Dv, 6);
   s2.seqused_k = Shape{2};
-  EXPECT_EQ(AttentionPlan::from_shapes(s2, attrs(4)).num_seqs, 2);
+  EXPECT_EQ(AttentionPlan::from_shapes(s2, attention_attrs(4)).num_seqs, 2);
 
   AttentionShapes bad = s;
   bad.cu_seqlens_k.reset();
-  expect_shapes_error(bad, attrs(4), "cu_seqlens_k", {"is required with cu_seqlens_q"});
+  expect_shapes_error(bad, attention_attrs(4), "cu_seqlens_k", {"is required with cu_seqlens_q"});
   bad = s;
   bad.cu_seqlens_q.reset();
-  expect_shapes_error(bad, attrs(4), "cu_seqlens_q", {"is required with cu_seqlens_k"});
+  expect_shapes_error(bad, attention_attrs(4), "cu_seqlens_q", {"is required with cu_seqlens_k"});
   bad = s;
   bad.cu_seqlens_k = Shape{4};
-  expect_shapes_error(bad, attrs(4), "cu_seqlens_k.shape",
+  expect_shapes_error(bad, attention_attrs(4), "cu_seqlens_k.shape",
                       {"cu_seqlens_k.shape = [4]", "must be [3]"});
   bad = s;
   bad.cu_seqlens_q = bad.cu_seqlens_k = Shape{1};
-  expect_shapes_error(bad, attrs(4), "cu_seqlens_q.shape", {"n >= 1 sequences"});
+  expect_shapes_error(bad, attention_attrs(4), "cu_seqlens_q.shape", {"n >= 1 sequences"});
   bad = s;
   bad.cu_seqlens_q = Shape{3, 1};
-  expect_shapes_error(bad, attrs(4), "cu_seqlens_q.shape", {"cu_seqlens_q.shape = [3, 1]"});
+  expect_shapes_error(bad, attention_attrs(4), "cu_seqlens_q.shape",
+                      {"cu_seqlens_q.shape = [3, 1]"});
   bad = s;
   bad.seqused_k = Shape{3};
-  expect_shapes_error(bad, attrs(4), "seqused_k.shape", {"must be [2]"});
+  expect_shapes_error(bad, attention_attrs(4), "seqused_k.shape", {"must be [2]"});
   bad = s;
   bad.q = {1, 9, 4, 8};
   bad.k = {1, 11, 2, 8};
   bad.v = {1, 11, 2, 6};
-  expect_shapes_error(bad, attrs(4), "q.shape", {"must be [total_q, H, D] or [total_q, H*D]"});
+  expect_shapes_error(bad, attention_attrs(4), "q.shape",
+                      {"must be [total_q, H, D] or [total_q, H*D]"});
   bad = s;
   bad.q = {9, 2, 8};
-  expect_shapes_error(bad, attrs(4), "q.shape", {"num_heads = 4 on its head axis (packed"});
-  AttentionAttrs a = attrs(4);
+  expect_shapes_error(bad, attention_attrs(4), "q.shape",
+                      {"num_heads = 4 on its head axis (packed"});
+  AttentionAttrs a = attention_attrs(4);
   a.layout = Layout::bhsd;
   expect_shapes_error(s, a, "layout", {"must be bshd (or absent) with packed sequences"});
   AttentionShapes with_mask = s;
   with_mask.mask = Shape{1, 1, 9, 11};
-  expect_shapes_error(with_mask, attrs(4, MaskKind::bias), "mask",
+  expect_shapes_error(with_mask, attention_attrs(4, MaskKind::bias), "mask",
                       {"must be none, causal or sliding_window with packed sequences"});
   // seqused_k without packed sequences
   AttentionShapes dense;
@@ -228,12 +220,12 @@ TEST(AttentionFeatureShapes, PackedSequences) {
   dense.k = {2, 7, 16};
   dense.v = {2, 7, 16};
   dense.seqused_k = Shape{2};
-  expect_shapes_error(dense, attrs(4), "seqused_k", {"is only taken with cu_seqlens_q"});
+  expect_shapes_error(dense, attention_attrs(4), "seqused_k", {"is only taken with cu_seqlens_q"});
 }
 
 TEST(AttentionFeatureShapes, PagedCache) {
   const AttentionShapes s = paged();
-  const AttentionPlan plan = AttentionPlan::from_shapes(s, attrs(4, MaskKind::causal));
+  const AttentionPlan plan = AttentionPlan::from_shapes(s, attention_attrs(4, MaskKind::causal));
   EXPECT_EQ(plan.B, 2);
   EXPECT_EQ(plan.num_blocks, 10);
   EXPECT_EQ(plan.block_size, 16);
@@ -241,50 +233,51 @@ TEST(AttentionFeatureShapes, PagedCache) {
   EXPECT_EQ(plan.Sk, 64);
   AttentionShapes bad = s;
   bad.cache_seqlens.reset();
-  expect_shapes_error(bad, attrs(4), "cache_seqlens", {"is required with block_table"});
+  expect_shapes_error(bad, attention_attrs(4), "cache_seqlens", {"is required with block_table"});
   bad = s;
   bad.block_table.reset();
-  expect_shapes_error(bad, attrs(4), "block_table", {"is required with cache_seqlens"});
+  expect_shapes_error(bad, attention_attrs(4), "block_table", {"is required with cache_seqlens"});
   bad = s;
   bad.block_table = Shape{3, 4};
-  expect_shapes_error(bad, attrs(4), "block_table.shape",
+  expect_shapes_error(bad, attention_attrs(4), "block_table.shape",
                       {"block_table.shape = [3, 4]", "[B, max_blocks] with B = 2"});
   bad = s;
   bad.cache_seqlens = Shape{3};
-  expect_shapes_error(bad, attrs(4), "cache_seqlens.shape", {"must be [2]"});
+  expect_shapes_error(bad, attention_attrs(4), "cache_seqlens.shape", {"must be [2]"});
   bad = s;
   bad.q = {2, 1, 32};
   bad.k = {10, 16, 16};
   bad.v = {10, 16, 16};
-  expect_shapes_error(bad, attrs(4), "k.shape", {"must be [num_blocks, block_size, Hkv, D]"});
+  expect_shapes_error(bad, attention_attrs(4), "k.shape",
+                      {"must be [num_blocks, block_size, Hkv, D]"});
   bad = s;
   bad.v = {10, 8, 2, 8};
-  expect_shapes_error(bad, attrs(4), "v.shape", {"must match k.shape = [10, 16, 2, 8]"});
+  expect_shapes_error(bad, attention_attrs(4), "v.shape", {"must match k.shape = [10, 16, 2, 8]"});
   bad = s;
   bad.cu_seqlens_q = bad.cu_seqlens_k = Shape{3};
-  expect_shapes_error(bad, attrs(4), "block_table", {"do not combine"});
+  expect_shapes_error(bad, attention_attrs(4), "block_table", {"do not combine"});
 }
 
 TEST(AttentionFeatureShapes, SinksAndAlibi) {
   AttentionShapes s = paged();
   s.sinks = Shape{4};
   s.alibi_slopes = Shape{4};
-  AttentionPlan plan = AttentionPlan::from_shapes(s, attrs(4));
+  AttentionPlan plan = AttentionPlan::from_shapes(s, attention_attrs(4));
   EXPECT_TRUE(plan.sinks);
   EXPECT_EQ(plan.alibi, AlibiKind::per_head);
   s.alibi_slopes = Shape{2, 4};  // [B, H]
-  EXPECT_EQ(AttentionPlan::from_shapes(s, attrs(4)).alibi, AlibiKind::per_batch_head);
+  EXPECT_EQ(AttentionPlan::from_shapes(s, attention_attrs(4)).alibi, AlibiKind::per_batch_head);
   AttentionShapes p = packed();
   p.alibi_slopes = Shape{2, 4};  // [n, H]
-  EXPECT_EQ(AttentionPlan::from_shapes(p, attrs(4)).alibi, AlibiKind::per_batch_head);
+  EXPECT_EQ(AttentionPlan::from_shapes(p, attention_attrs(4)).alibi, AlibiKind::per_batch_head);
   p.alibi_slopes = Shape{1, 4};
-  expect_shapes_error(p, attrs(4), "alibi_slopes.shape",
+  expect_shapes_error(p, attention_attrs(4), "alibi_slopes.shape",
                       {"alibi_slopes.shape = [1, 4]", "must be [H] = [4] or [n, H] = [2, 4]"});
   s.alibi_slopes.reset();
   s.sinks = Shape{2};
-  expect_shapes_error(s, attrs(4), "sinks.shape", {"sinks.shape = [2]", "must be [4]"});
+  expect_shapes_error(s, attention_attrs(4), "sinks.shape", {"sinks.shape = [2]", "must be [4]"});
   s.sinks = Shape{4, 1};
-  expect_shapes_error(s, attrs(4), "sinks.shape", {"sinks.shape = [4, 1]"});
+  expect_shapes_error(s, attention_attrs(4), "sinks.shape", {"sinks.shape = [4, 1]"});
 }
 
 // ---------------------------------------------------------------------------

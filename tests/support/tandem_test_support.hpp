@@ -247,6 +247,14 @@ inline AttentionParams attention_params(std::int64_t B, std::int64_t Sq, std::in
   return p;
 }
 
+/// Attention attrs for AttentionPlan::from_shapes in one line.
+inline AttentionAttrs attention_attrs(std::int64_t H, MaskKind mask = MaskKind::none) {
+  AttentionAttrs a;
+  a.num_heads = H;
+  a.mask = mask;
+  return a;
+}
+
 #ifdef TANDEM_HAVE_OPTIMIZED
 /// GoogleTest: runs `body` once per Highway target this CPU supports, with
 /// the optimized backend's dispatch forced onto it, and restores the default

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "tandem/reference/attention.hpp"
 #include "tandem/reference/axial_rope.hpp"
@@ -46,8 +47,86 @@ std::ostream& operator<<(std::ostream& os, const AttentionCase& c) {
   if (c.params.mask == MaskKind::key_padding || c.params.mask == MaskKind::bias) {
     os << " hidden~" << c.hide << (c.masked_rows ? " +fully-masked rows" : "");
   }
+  const auto list = [&os](const char* name, const std::vector<i64>& v) {
+    if (v.empty()) return;
+    os << " " << name << "=[";
+    for (std::size_t i = 0; i < v.size(); ++i) os << (i ? "," : "") << v[i];
+    os << "]";
+  };
+  if (c.params.sinks) os << " |sinks|<=" << c.sink_mag;
+  if (c.params.alibi != AlibiKind::none)
+    os << (c.standard_slopes ? " standard" : " random") << " slopes";
+  list("q_lens", c.q_lens);
+  list("k_slots", c.k_slots);
+  list("k_used", c.k_used);
+  list("cache_lens", c.cache_lens);
+  if (!c.q_lens.empty() || !c.cache_lens.empty()) os << (c.index64 ? " int64" : " int32");
   return os;
 }
+
+namespace {
+
+bool draws(Draw d) {
+  return d == Draw::always || (d == Draw::sometimes && *rc::gen::element(false, true));
+}
+
+/// Packed sequences (SPEC §2.9): 1–4 sequences, some empty, slots with
+/// padding past seqused_k sometimes (always with `gaps`).
+void gen_varlen(AttentionCase& c, bool gaps) {
+  AttentionParams& p = c.params;
+  const auto n = static_cast<std::size_t>(*rc::gen::inRange<i64>(1, 5));
+  const auto len = [] {
+    return *rc::gen::weightedOneOf<i64>(
+        {{1, rc::gen::just<i64>(0)}, {5, rc::gen::inRange<i64>(1, 7)}, {2, gen_dim(17)}});
+  };
+  c.q_lens.resize(n);
+  c.k_slots.resize(n);
+  for (std::size_t s = 0; s < n; ++s) {
+    c.q_lens[s] = len();
+    c.k_slots[s] = len();
+  }
+  if (gaps || *rc::gen::element(false, false, true)) {
+    c.k_used.resize(n);
+    for (std::size_t s = 0; s < n; ++s) c.k_used[s] = *rc::gen::inRange<i64>(0, c.k_slots[s] + 1);
+    if (gaps) {  // at least one padding key
+      const auto s = static_cast<std::size_t>(*rc::gen::inRange<std::size_t>(0, n));
+      c.k_slots[s] = std::max<i64>(c.k_slots[s], 1);
+      c.k_used[s] = std::min(c.k_used[s], c.k_slots[s] - 1);
+    }
+  }
+  // make() wants at least one query row and one key row
+  if (std::accumulate(c.q_lens.begin(), c.q_lens.end(), i64(0)) == 0) c.q_lens[0] = 1;
+  if (std::accumulate(c.k_slots.begin(), c.k_slots.end(), i64(0)) == 0) {
+    c.k_slots[0] = 1;
+    if (!c.k_used.empty()) c.k_used[0] = *rc::gen::inRange<i64>(0, 2);
+  }
+  p.batch = 1;
+  p.num_seqs = static_cast<i64>(n);
+  p.seq_q = std::accumulate(c.q_lens.begin(), c.q_lens.end(), i64(0));
+  p.seq_k = std::accumulate(c.k_slots.begin(), c.k_slots.end(), i64(0));
+}
+
+/// A paged cache (SPEC §2.10): blocks of 1–16 keys, caches of 0–17 keys (some
+/// empty), spare table entries and unused blocks.
+void gen_paged(AttentionCase& c) {
+  AttentionParams& p = c.params;
+  p.block_size = *rc::gen::element<i64>(1, 2, 3, 4, 4, 8, 16);
+  p.seq_q =
+      *rc::gen::weightedOneOf<i64>({{2, rc::gen::just<i64>(1)}, {1, rc::gen::inRange<i64>(2, 6)}});
+  c.cache_lens.resize(static_cast<std::size_t>(p.batch));
+  i64 longest = 0, used = 0;
+  for (i64& len : c.cache_lens) {
+    len = *rc::gen::weightedOneOf<i64>({{1, rc::gen::just<i64>(0)}, {6, gen_dim(17)}});
+    longest = std::max(longest, len);
+    used += (len + p.block_size - 1) / p.block_size;
+  }
+  p.max_blocks = std::max<i64>(1, (longest + p.block_size - 1) / p.block_size) +
+                 *rc::gen::element<i64>(0, 0, 1, 2);
+  p.num_blocks = std::max<i64>(1, used) + *rc::gen::element<i64>(0, 1, 3);
+  p.seq_k = 0;
+}
+
+}  // namespace
 
 rc::Gen<AttentionCase> gen_attention(AttentionGen g) {
   return rc::gen::exec([g] {
@@ -63,12 +142,37 @@ rc::Gen<AttentionCase> gen_attention(AttentionGen g) {
     p.head_dim = *gen_dim(g.max_dim);
     p.v_head_dim =
         *rc::gen::weightedOneOf<i64>({{1, rc::gen::just<i64>(0)}, {1, gen_dim(g.max_dim)}});
-    p.layout = g.layout ? *g.layout : *rc::gen::element(Layout::bshd, Layout::bhsd);
-    p.mask = g.mask ? *g.mask
-                    : *rc::gen::element(MaskKind::none, MaskKind::causal, MaskKind::sliding_window,
-                                        MaskKind::key_padding, MaskKind::bias);
+    // the key structure: dense, packed sequences or a paged cache
+    const bool mask_by_position =
+        g.mask && (*g.mask == MaskKind::key_padding || *g.mask == MaskKind::bias);
+    bool varlen = false, paged = false;
+    if (!mask_by_position) {
+      if (g.varlen == Draw::always) {
+        varlen = true;
+      } else if (g.paged == Draw::always) {
+        paged = true;
+      } else {
+        const int structure = *rc::gen::inRange(0, 3);
+        varlen = structure == 1 && g.varlen == Draw::sometimes;
+        paged = structure == 2 && g.paged == Draw::sometimes;
+      }
+    }
+    if (varlen) gen_varlen(c, g.seqused_gaps);
+    if (paged) gen_paged(c);
+    if (varlen || paged) c.index64 = *rc::gen::arbitrary<bool>();
+    p.layout = varlen || paged ? Layout::bshd
+               : g.layout      ? *g.layout
+                               : *rc::gen::element(Layout::bshd, Layout::bhsd);
+    if (g.mask) {
+      p.mask = *g.mask;
+    } else if (varlen || paged) {
+      p.mask = *rc::gen::element(MaskKind::none, MaskKind::causal, MaskKind::sliding_window);
+    } else {
+      p.mask = *rc::gen::element(MaskKind::none, MaskKind::causal, MaskKind::sliding_window,
+                                 MaskKind::key_padding, MaskKind::bias);
+    }
     if (p.mask == MaskKind::sliding_window) {
-      const i64 sk = p.seq_k;
+      const i64 sk = paged ? p.max_blocks * p.block_size : p.seq_k;
       p.window = *rc::gen::weightedOneOf<i64>({{2, rc::gen::just<i64>(0)},
                                                {3, rc::gen::inRange<i64>(0, sk + 1)},
                                                {2, rc::gen::inRange<i64>(sk, sk + 4)},
@@ -99,10 +203,49 @@ rc::Gen<AttentionCase> gen_attention(AttentionGen g) {
       p.k_row_stride = kv * p.head_dim + *rc::gen::inRange<i64>(0, 6);
       p.v_row_stride = kv * dv + *rc::gen::inRange<i64>(0, 6);
     }
+    if (draws(g.sinks)) {
+      p.sinks = true;
+      c.sink_mag = *rc::gen::element(0.5, 2.0, 6.0);
+    }
+    if (draws(g.alibi)) {
+      p.alibi = *rc::gen::element(AlibiKind::per_head, AlibiKind::per_batch_head);
+      c.standard_slopes = *rc::gen::arbitrary<bool>();
+    }
     c.seed = gen_seed();
     return c;
   });
 }
+
+namespace {
+
+/// Offsets [n+1] of the lengths [n].
+std::vector<i64> offsets(const std::vector<i64>& lens) {
+  std::vector<i64> cu(lens.size() + 1, 0);
+  std::partial_sum(lens.begin(), lens.end(), cu.begin() + 1);
+  return cu;
+}
+
+/// The block table of a paged case: every used entry names a distinct block
+/// (in a shuffled order), every spare entry holds junk (−1 or any index).
+std::vector<i64> block_table(const AttentionPlan& p, const std::vector<i64>& lens, Rng& r) {
+  std::vector<i64> blocks(static_cast<std::size_t>(p.num_blocks));
+  std::iota(blocks.begin(), blocks.end(), 0);
+  for (std::size_t i = blocks.size(); i > 1; --i) {
+    std::swap(blocks[i - 1], blocks[static_cast<std::size_t>(r.index(static_cast<i64>(i)))]);
+  }
+  std::vector<i64> table(static_cast<std::size_t>(p.B * p.max_blocks));
+  std::size_t next = 0;
+  for (i64 b = 0; b < p.B; ++b) {
+    const i64 used = (lens[b] + p.block_size - 1) / p.block_size;
+    for (i64 e = 0; e < p.max_blocks; ++e) {
+      table[b * p.max_blocks + e] =
+          e < used ? blocks[next++] : (r.coin(0.5) ? -1 : r.index(p.num_blocks + 10) - 5);
+    }
+  }
+  return table;
+}
+
+}  // namespace
 
 AttentionData make_data(const AttentionCase& c) {
   AttentionData d;
@@ -110,8 +253,8 @@ AttentionData make_data(const AttentionCase& c) {
   const AttentionPlan& p = d.plan;
   Rng r(c.seed);
   d.q = r.values(p.B * p.Sq * p.H * p.D, c.qk_mag);
-  d.k = r.values(p.B * p.Sk * p.Hkv * p.D, c.qk_mag);
-  d.v = r.values(p.B * p.Sk * p.Hkv * p.Dv, 1.0);
+  d.k = r.values(p.kv_batch() * p.kv_seq() * p.Hkv * p.D, c.qk_mag);
+  d.v = r.values(p.kv_batch() * p.kv_seq() * p.Hkv * p.Dv, 1.0);
   d.dout = r.values(p.B * p.Sq * p.H * p.Dv, 1.0);
   if (p.mask == MaskKind::key_padding) {
     d.mask.assign(p.B * p.Sk, 1.0f);
@@ -128,6 +271,25 @@ AttentionData make_data(const AttentionCase& c) {
       std::fill(d.mask.begin() + row * p.Sk, d.mask.begin() + (row + 1) * p.Sk, -kInf);
     }
   }
+  if (p.sinks) d.sinks = r.values(static_cast<std::size_t>(p.H), c.sink_mag);
+  if (p.alibi != AlibiKind::none) {
+    const std::vector<float> standard = alibi_standard_slopes(p.H);
+    d.slopes.resize(static_cast<std::size_t>(p.slopes_size()));
+    for (std::size_t e = 0; e < d.slopes.size(); ++e) {
+      d.slopes[e] =
+          c.standard_slopes ? standard[e % standard.size()] : static_cast<float>(r.uniform(0, 1.5));
+    }
+  }
+  if (p.varlen()) {
+    d.cu_q = offsets(c.q_lens);
+    d.cu_k = offsets(c.k_slots);
+    d.used = c.k_used;
+  }
+  if (p.paged()) {
+    d.lens = c.cache_lens;
+    d.table = block_table(p, d.lens, r);
+  }
+  d.index64 = c.index64;
   return d;
 }
 
@@ -135,6 +297,19 @@ AttentionData with_plan(const AttentionData& d, const AttentionParams& p) {
   AttentionData e = d;
   e.plan = AttentionPlan::make(p);
   return e;
+}
+
+IndexStore::IndexStore(const AttentionData& d) : wide_(d.index64), slopes_(d.slopes) {
+  const std::vector<i64>* src[5] = {&d.cu_q, &d.cu_k, &d.used, &d.table, &d.lens};
+  for (int w = 0; w < 5; ++w) {
+    i64_[w] = *src[w];
+    i32_[w].assign(src[w]->begin(), src[w]->end());
+  }
+}
+
+Indices IndexStore::view(int which) const {
+  if (wide_) return Indices(i64_[which]);
+  return Indices(i32_[which]);
 }
 
 double logit_bound(const AttentionData& d) {
@@ -157,158 +332,201 @@ double logit_bound(const AttentionData& d) {
     }
     L += bmax;
   }
+  if (!d.slopes.empty()) {  // ALiBi: at most max|slope|·(Sq + Sk)
+    L += max_abs(to_double(d.slopes)) * double(p.Sq + p.Sk);
+  }
+  if (!d.sinks.empty()) L = std::max(L, max_abs(to_double(d.sinks)));
   return L;
 }
 
+namespace {
+
+/// The memory of one call: q, k, v, dout (when the case has one) placed by
+/// the plan's strides (junk in every gap), and the feature inputs.
+struct Placed {
+  std::vector<float> q, k, v, dout;
+  IndexStore idx;
+  const AttentionData& d;
+  explicit Placed(const AttentionData& data)
+      : q(place<float, float>(data.plan.q, data.plan.B, data.plan.Sq, data.plan.H, data.plan.D,
+                              cspan(data.q))),
+        k(place<float, float>(data.plan.k, data.plan.kv_batch(), data.plan.kv_seq(), data.plan.Hkv,
+                              data.plan.D, cspan(data.k))),
+        v(place<float, float>(data.plan.v, data.plan.kv_batch(), data.plan.kv_seq(), data.plan.Hkv,
+                              data.plan.Dv, cspan(data.v))),
+        dout(data.dout.empty() ? std::vector<float>{}  // a forward-only case
+                               : place<float, float>(data.plan.o, data.plan.B, data.plan.Sq,
+                                                     data.plan.H, data.plan.Dv, cspan(data.dout))),
+        idx(data),
+        d(data) {}
+  [[nodiscard]] AttentionInputs<float> in() const {
+    AttentionInputs<float> r{cspan(q), cspan(k), cspan(v), cspan(d.mask)};
+    r.sinks = cspan(d.sinks);
+    idx.attach(r);
+    return r;
+  }
+};
+
+Grads gather_grads(const AttentionPlan& p, const std::vector<float>& dq,
+                   const std::vector<float>& dk, const std::vector<float>& dv,
+                   std::vector<float> dsinks = {}) {
+  Grads g;
+  if (!dq.empty()) g.dq = gather<float>(p.dq, p.B, p.Sq, p.H, p.D, cspan(dq));
+  if (!dk.empty()) g.dk = gather<float>(p.dk, p.kv_batch(), p.kv_seq(), p.Hkv, p.D, cspan(dk));
+  if (!dv.empty()) g.dv = gather<float>(p.dv, p.kv_batch(), p.kv_seq(), p.Hkv, p.Dv, cspan(dv));
+  g.dsinks = std::move(dsinks);
+  return g;
+}
+
+}  // namespace
+
 std::vector<float> run_forward(const Backend& be, const AttentionData& d) {
   const AttentionPlan& p = d.plan;
-  const auto q = place<float, float>(p.q, p.B, p.Sq, p.H, p.D, cspan(d.q));
-  const auto k = place<float, float>(p.k, p.B, p.Sk, p.Hkv, p.D, cspan(d.k));
-  const auto v = place<float, float>(p.v, p.B, p.Sk, p.Hkv, p.Dv, cspan(d.v));
+  const Placed m(d);
   Guarded out(p.o.extent);
-  be.attention_forward(p, {cspan(q), cspan(k), cspan(v), cspan(d.mask)}, out.view());
+  be.attention_forward(p, m.in(), out.view());
   const auto o = out.values();
   return gather<float>(p.o, p.B, p.Sq, p.H, p.Dv, cspan(o));
 }
 
-namespace {
-struct Placed {
-  std::vector<float> q, k, v, dout;
-  AttentionInputs<float> in() const { return {cspan(q), cspan(k), cspan(v), {}}; }
-};
-Placed place_all(const AttentionData& d) {
+Grads run_backward(const Backend& be, const AttentionData& d, Want want) {
   const AttentionPlan& p = d.plan;
-  return {place<float, float>(p.q, p.B, p.Sq, p.H, p.D, cspan(d.q)),
-          place<float, float>(p.k, p.B, p.Sk, p.Hkv, p.D, cspan(d.k)),
-          place<float, float>(p.v, p.B, p.Sk, p.Hkv, p.Dv, cspan(d.v)),
-          place<float, float>(p.o, p.B, p.Sq, p.H, p.Dv, cspan(d.dout))};
-}
-Grads gather_grads(const AttentionPlan& p, const std::vector<float>& dq,
-                   const std::vector<float>& dk, const std::vector<float>& dv) {
-  return {gather<float>(p.dq, p.B, p.Sq, p.H, p.D, cspan(dq)),
-          gather<float>(p.dk, p.B, p.Sk, p.Hkv, p.D, cspan(dk)),
-          gather<float>(p.dv, p.B, p.Sk, p.Hkv, p.Dv, cspan(dv))};
-}
-}  // namespace
-
-Grads run_backward(const Backend& be, const AttentionData& d) {
-  const AttentionPlan& p = d.plan;
-  const Placed m = place_all(d);
-  AttentionInputs<float> in = m.in();
-  in.mask = cspan(d.mask);
-  Guarded dq(p.dq.extent), dk(p.dk.extent), dv(p.dv.extent);
-  be.attention_backward(p, in, cspan(m.dout), {dq.view(), dk.view(), dv.view()});
-  return gather_grads(p, dq.values(), dk.values(), dv.values());
+  const Placed m(d);
+  want.dsinks = want.dsinks && p.sinks;
+  Guarded dq(want.dq ? p.dq.extent : 0), dk(want.dk ? p.dk.extent : 0),
+      dv(want.dv ? p.dv.extent : 0), ds(want.dsinks ? p.H : 0);
+  be.attention_backward(p, m.in(), cspan(m.dout), {dq.view(), dk.view(), dv.view(), ds.view()});
+  return gather_grads(p, dq.values(), dk.values(), dv.values(), ds.values());
 }
 
 Grads run_backward_separate(const Backend& be, const AttentionData& d) {
   const AttentionPlan& p = d.plan;
-  const Placed m = place_all(d);
-  AttentionInputs<float> in = m.in();
-  in.mask = cspan(d.mask);
+  const Placed m(d);
   Guarded dq(p.dq.extent), dk(p.dk.extent), dv(p.dv.extent);
-  be.attention_backward_dq(p, in, cspan(m.dout), dq.view());
-  be.attention_backward_dk(p, in, cspan(m.dout), dk.view());
-  be.attention_backward_dv(p, in, cspan(m.dout), dv.view());
+  be.attention_backward_dq(p, m.in(), cspan(m.dout), dq.view());
+  be.attention_backward_dk(p, m.in(), cspan(m.dout), dk.view());
+  be.attention_backward_dv(p, m.in(), cspan(m.dout), dv.view());
   return gather_grads(p, dq.values(), dk.values(), dv.values());
 }
 
 Saved run_forward_lse(const Backend& be, const AttentionData& d) {
   const AttentionPlan& p = d.plan;
-  const Placed m = place_all(d);
-  AttentionInputs<float> in = m.in();
-  in.mask = cspan(d.mask);
+  const Placed m(d);
   Guarded out(p.o.extent), lse(p.lse_size());
-  be.attention_forward_lse(p, in, out.view(), lse.view());
+  be.attention_forward_lse(p, m.in(), out.view(), lse.view());
   return {out.values(), lse.values()};
 }
 
 Grads run_backward_saved(const Backend& be, const AttentionData& d, const Saved& saved) {
   const AttentionPlan& p = d.plan;
-  const Placed m = place_all(d);
-  AttentionInputs<float> in = m.in();
-  in.mask = cspan(d.mask);
-  Guarded dq(p.dq.extent), dk(p.dk.extent), dv(p.dv.extent);
-  be.attention_backward_saved(p, in, {cspan(saved.out), cspan(saved.lse)}, cspan(m.dout),
-                              {dq.view(), dk.view(), dv.view()});
-  return gather_grads(p, dq.values(), dk.values(), dv.values());
+  const Placed m(d);
+  Guarded dq(p.dq.extent), dk(p.dk.extent), dv(p.dv.extent), ds(p.sinks ? p.H : 0);
+  be.attention_backward_saved(p, m.in(), {cspan(saved.out), cspan(saved.lse)}, cspan(m.dout),
+                              {dq.view(), dk.view(), dv.view(), ds.view()});
+  return gather_grads(p, dq.values(), dk.values(), dv.values(), ds.values());
 }
+
+namespace {
+
+template <class T>
+std::vector<T> convert(const std::vector<float>& v) {
+  return std::vector<T>(v.begin(), v.end());
+}
+
+/// The reference's memory of one call at scalar T: placed q, k, v, dout
+/// (junk in every gap), sinks, and the feature inputs.
+template <class T>
+struct PlacedT {
+  std::vector<T> q, k, v, dout, sinks;
+  IndexStore idx;
+  const AttentionData& d;
+  PlacedT(const AttentionData& data, std::span<const T> q_, std::span<const T> k_,
+          std::span<const T> v_, std::span<const T> sinks_)
+      : q(place<T, T>(data.plan.q, data.plan.B, data.plan.Sq, data.plan.H, data.plan.D, q_,
+                      T(junk()))),
+        k(place<T, T>(data.plan.k, data.plan.kv_batch(), data.plan.kv_seq(), data.plan.Hkv,
+                      data.plan.D, k_, T(junk()))),
+        v(place<T, T>(data.plan.v, data.plan.kv_batch(), data.plan.kv_seq(), data.plan.Hkv,
+                      data.plan.Dv, v_, T(junk()))),
+        sinks(sinks_.begin(), sinks_.end()),
+        idx(data),
+        d(data) {
+    const auto dt = convert<T>(data.dout);
+    dout = place<T, T>(data.plan.o, data.plan.B, data.plan.Sq, data.plan.H, data.plan.Dv, cspan(dt),
+                       T(junk()));
+  }
+  [[nodiscard]] AttentionInputs<T> in() const {
+    AttentionInputs<T> r{cspan(q), cspan(k), cspan(v), cspan(d.mask)};
+    r.sinks = cspan(sinks);
+    idx.attach(r);
+    return r;
+  }
+};
+
+}  // namespace
 
 std::vector<double> reference_lse(const AttentionData& d) {
   const AttentionPlan& p = d.plan;
-  const auto q = to_double(d.q), k = to_double(d.k), v = to_double(d.v);
-  const auto qm = place<double, double>(p.q, p.B, p.Sq, p.H, p.D, cspan(q), junk());
-  const auto km = place<double, double>(p.k, p.B, p.Sk, p.Hkv, p.D, cspan(k), junk());
-  const auto vm = place<double, double>(p.v, p.B, p.Sk, p.Hkv, p.Dv, cspan(v), junk());
+  const auto q = to_double(d.q), k = to_double(d.k), v = to_double(d.v), s = to_double(d.sinks);
+  const PlacedT<double> m(d, cspan(q), cspan(k), cspan(v), cspan(s));
   std::vector<double> out(p.o.extent), lse(p.lse_size());
-  reference::attention_forward_lse<double, double>(
-      p, AttentionInputs<double>{cspan(qm), cspan(km), cspan(vm), cspan(d.mask)},
-      std::span<double>(out), std::span<double>(lse));
+  reference::attention_forward_lse<double, double>(p, m.in(), std::span<double>(out),
+                                                   std::span<double>(lse));
   return lse;
 }
 
 template <class T, class Acc>
 std::vector<T> reference_forward(const AttentionData& d, std::span<const T> q, std::span<const T> k,
-                                 std::span<const T> v) {
+                                 std::span<const T> v, std::span<const T> sinks) {
   const AttentionPlan& p = d.plan;
-  const auto qm = place<T, T>(p.q, p.B, p.Sq, p.H, p.D, q, T(junk()));
-  const auto km = place<T, T>(p.k, p.B, p.Sk, p.Hkv, p.D, k, T(junk()));
-  const auto vm = place<T, T>(p.v, p.B, p.Sk, p.Hkv, p.Dv, v, T(junk()));
+  const PlacedT<T> m(d, q, k, v, sinks);
   std::vector<T> out(p.o.extent);
-  reference::attention_forward<T, Acc>(
-      p, AttentionInputs<T>{cspan(qm), cspan(km), cspan(vm), cspan(d.mask)}, std::span<T>(out));
+  reference::attention_forward<T, Acc>(p, m.in(), std::span<T>(out));
   return gather<T>(p.o, p.B, p.Sq, p.H, p.Dv, cspan(out));
 }
 template std::vector<double> reference_forward<double, double>(const AttentionData&,
+                                                               std::span<const double>,
                                                                std::span<const double>,
                                                                std::span<const double>,
                                                                std::span<const double>);
 template std::vector<std::complex<double>>
 reference_forward<std::complex<double>, std::complex<double>>(
     const AttentionData&, std::span<const std::complex<double>>,
-    std::span<const std::complex<double>>, std::span<const std::complex<double>>);
+    std::span<const std::complex<double>>, std::span<const std::complex<double>>,
+    std::span<const std::complex<double>>);
 
 std::vector<double> reference_forward(const AttentionData& d) {
-  const auto q = to_double(d.q), k = to_double(d.k), v = to_double(d.v);
-  return reference_forward<double, double>(d, cspan(q), cspan(k), cspan(v));
+  const auto q = to_double(d.q), k = to_double(d.k), v = to_double(d.v), s = to_double(d.sinks);
+  return reference_forward<double, double>(d, cspan(q), cspan(k), cspan(v), cspan(s));
 }
 
 std::vector<float> reference_forward_ff(const AttentionData& d) {
-  return reference_forward<float, float>(d, cspan(d.q), cspan(d.k), cspan(d.v));
+  return reference_forward<float, float>(d, cspan(d.q), cspan(d.k), cspan(d.v), cspan(d.sinks));
 }
 
 namespace {
 template <class T, class Acc>
 std::vector<std::vector<T>> reference_backward_t(const AttentionData& d) {
   const AttentionPlan& p = d.plan;
-  const auto conv = [](const std::vector<float>& v) {
-    std::vector<T> o(v.size());
-    for (std::size_t i = 0; i < v.size(); ++i) o[i] = static_cast<T>(v[i]);
-    return o;
-  };
-  const auto q = conv(d.q), k = conv(d.k), v = conv(d.v), dout = conv(d.dout);
-  const auto qm = place<T, T>(p.q, p.B, p.Sq, p.H, p.D, cspan(q), T(junk()));
-  const auto km = place<T, T>(p.k, p.B, p.Sk, p.Hkv, p.D, cspan(k), T(junk()));
-  const auto vm = place<T, T>(p.v, p.B, p.Sk, p.Hkv, p.Dv, cspan(v), T(junk()));
-  const auto om = place<T, T>(p.o, p.B, p.Sq, p.H, p.Dv, cspan(dout), T(junk()));
-  std::vector<T> dq(p.dq.extent), dk(p.dk.extent), dv(p.dv.extent);
-  reference::attention_backward<T, Acc>(
-      p, AttentionInputs<T>{cspan(qm), cspan(km), cspan(vm), cspan(d.mask)}, cspan(om),
-      AttentionGrads<T>{dq, dk, dv});
+  const auto q = convert<T>(d.q), k = convert<T>(d.k), v = convert<T>(d.v), s = convert<T>(d.sinks);
+  const PlacedT<T> m(d, cspan(q), cspan(k), cspan(v), cspan(s));
+  std::vector<T> dq(p.dq.extent), dk(p.dk.extent), dv(p.dv.extent), ds(s.size());
+  reference::attention_backward<T, Acc>(p, m.in(), cspan(m.dout),
+                                        AttentionGrads<T>{dq, dk, dv, ds});
   return {gather<T>(p.dq, p.B, p.Sq, p.H, p.D, cspan(dq)),
-          gather<T>(p.dk, p.B, p.Sk, p.Hkv, p.D, cspan(dk)),
-          gather<T>(p.dv, p.B, p.Sk, p.Hkv, p.Dv, cspan(dv))};
+          gather<T>(p.dk, p.kv_batch(), p.kv_seq(), p.Hkv, p.D, cspan(dk)),
+          gather<T>(p.dv, p.kv_batch(), p.kv_seq(), p.Hkv, p.Dv, cspan(dv)), ds};
 }
 }  // namespace
 
 GradsD reference_backward(const AttentionData& d) {
   auto g = reference_backward_t<double, double>(d);
-  return {std::move(g[0]), std::move(g[1]), std::move(g[2])};
+  return {std::move(g[0]), std::move(g[1]), std::move(g[2]), std::move(g[3])};
 }
 
 Grads reference_backward_ff(const AttentionData& d) {
   auto g = reference_backward_t<float, float>(d);
-  return {std::move(g[0]), std::move(g[1]), std::move(g[2])};
+  return {std::move(g[0]), std::move(g[1]), std::move(g[2]), std::move(g[3])};
 }
 
 // ===================================================================== rope

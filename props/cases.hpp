@@ -22,11 +22,23 @@ namespace tandem::props {
 struct AttentionCase {
   AttentionParams params;
   std::uint64_t seed = 0;
-  double qk_mag = 1.0;       ///< q and k uniform in [−qk_mag, qk_mag]
-  bool masked_rows = false;  ///< key_padding/bias: force fully masked query rows
-  double hide = 0.3;         ///< key_padding/bias: fraction of hidden keys
+  double qk_mag = 1.0;           ///< q and k uniform in [−qk_mag, qk_mag]
+  bool masked_rows = false;      ///< key_padding/bias: force fully masked query rows
+  double hide = 0.3;             ///< key_padding/bias: fraction of hidden keys
+  double sink_mag = 1.0;         ///< sinks uniform in [−sink_mag, sink_mag]
+  bool standard_slopes = false;  ///< ALiBi: alibi_standard_slopes (else uniform in [0, 1.5])
+  ///@{
+  /// Packed sequences (SPEC §2.9): per sequence its queries, its key slot and
+  /// the keys it uses (empty: the whole slot, no seqused_k).
+  std::vector<i64> q_lens, k_slots, k_used;
+  ///@}
+  std::vector<i64> cache_lens;  ///< paged (SPEC §2.10): keys of each batch entry
+  bool index64 = false;         ///< index inputs held as int64 (else int32)
 };
 std::ostream& operator<<(std::ostream& os, const AttentionCase& c);
+
+/// How often the generator draws a feature.
+enum class Draw { never, sometimes, always };
 
 /// What the generator may draw.
 struct AttentionGen {
@@ -35,6 +47,12 @@ struct AttentionGen {
   bool strides = true;           ///< padded bshd row strides
   bool softcap = true;           ///< softcap > 0 sometimes
   int max_dim = 33;
+  ///@{
+  /// The features of SPEC §2.7–2.10. varlen and paged exclude each other (and
+  /// the key_padding and bias masks); `always` for one of them wins.
+  Draw sinks = Draw::never, alibi = Draw::never, varlen = Draw::never, paged = Draw::never;
+  ///@}
+  bool seqused_gaps = false;  ///< varlen: some sequence uses fewer keys than its slot
 
   AttentionGen with_mask(MaskKind m) const {
     AttentionGen g = *this;
@@ -61,30 +79,55 @@ struct AttentionGen {
     g.max_dim = d;
     return g;
   }
+  /// Every feature sometimes (sinks, ALiBi; dense, varlen or paged).
+  AttentionGen with_features() const {
+    AttentionGen g = *this;
+    g.sinks = g.alibi = g.varlen = g.paged = Draw::sometimes;
+    return g;
+  }
+  /// Feature `f` (a member such as &AttentionGen::sinks) drawn as `d`.
+  AttentionGen with(Draw AttentionGen::*f, Draw d) const {
+    AttentionGen g = *this;
+    g.*f = d;
+    return g;
+  }
 };
 rc::Gen<AttentionCase> gen_attention(AttentionGen g = {});
 
 /// Logical tensors of an attention case (bshd order): q [B,Sq,H,D],
-/// k [B,Sk,Hkv,D], v [B,Sk,Hkv,Dv], dout [B,Sq,H,Dv]; mask as the plan takes it.
+/// k [B',S',Hkv,D], v [B',S',Hkv,Dv] (B' = kv_batch(), S' = kv_seq(): the
+/// cache blocks of a paged case), dout [B,Sq,H,Dv]; mask as the plan takes
+/// it; sinks [H], ALiBi slopes, and the index inputs (SPEC §2.7–2.10).
 struct AttentionData {
   AttentionPlan plan;
   std::vector<float> q, k, v, dout, mask;
+  std::vector<float> sinks, slopes;
+  ///@{
+  /// cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, cache_seqlens (empty when not taken).
+  std::vector<i64> cu_q, cu_k, used, table, lens;
+  ///@}
+  bool index64 = false;  ///< pass the index inputs as int64 (else int32)
 };
 AttentionData make_data(const AttentionCase& c);
 /// The same data under another plan of the same logical shapes.
 AttentionData with_plan(const AttentionData& d, const AttentionParams& p);
 
 /// A bound on |logit|: |scale|·max‖q_i‖·max‖k_j‖ (≤ softcap when capped)
-/// plus max |finite bias|.
+/// plus max |finite bias| plus the largest ALiBi penalty, and at least max |sink|.
 double logit_bound(const AttentionData& d);
 
 /// Logical out [B,Sq,H,Dv] of a backend (guarded output; junk in every gap).
 std::vector<float> run_forward(const Backend& be, const AttentionData& d);
 struct Grads {
   std::vector<float> dq, dk, dv;  ///< logical, shapes of q, k, v
+  std::vector<float> dsinks;      ///< [H] (plans with sinks)
 };
-/// One-call backward.
-Grads run_backward(const Backend& be, const AttentionData& d);
+/// Which gradients a backward call asks for (dsinks only when the plan has sinks).
+struct Want {
+  bool dq = true, dk = true, dv = true, dsinks = true;
+};
+/// One-call backward; a gradient not asked for comes back empty.
+Grads run_backward(const Backend& be, const AttentionData& d, Want want = {});
 /// dq, dk, dv from the three separate entry points.
 Grads run_backward_separate(const Backend& be, const AttentionData& d);
 
@@ -99,14 +142,52 @@ Grads run_backward_saved(const Backend& be, const AttentionData& d, const Saved&
 /// The log-sum-exp `[B,H,Sq]` of reference<double>.
 std::vector<double> reference_lse(const AttentionData& d);
 
+/// The index inputs of a case held as it asks (int32 or int64), alive as
+/// long as the views attach() hands out.
+class IndexStore {
+ public:
+  explicit IndexStore(const AttentionData& d);
+  /// Sets the sinks-free feature views of `in`: ALiBi slopes and the index inputs.
+  template <class T>
+  void attach(AttentionInputs<T>& in) const {
+    in.alibi_slopes = slopes_;
+    in.cu_seqlens_q = view(0);
+    in.cu_seqlens_k = view(1);
+    in.seqused_k = view(2);
+    in.block_table = view(3);
+    in.cache_seqlens = view(4);
+  }
+
+ private:
+  [[nodiscard]] Indices view(int which) const;
+  bool wide_;
+  std::vector<float> slopes_;
+  std::vector<std::int32_t> i32_[5];
+  std::vector<std::int64_t> i64_[5];
+};
+
+/// The sequences of a case: AttentionPlan::sequence on its index inputs
+/// (which this object keeps alive for the block-table views it hands out).
+class Sequences {
+ public:
+  explicit Sequences(const AttentionData& d) : idx_(d), plan_(d.plan) { idx_.attach(in_); }
+  [[nodiscard]] i64 size() const { return plan_.sequences(); }
+  [[nodiscard]] AttentionSeq operator[](i64 n) const { return plan_.sequence(in_, n); }
+
+ private:
+  IndexStore idx_;
+  AttentionInputs<float> in_;
+  AttentionPlan plan_;
+};
+
 /// The reference at scalar T (double: ground truth; complex: complex step),
-/// accumulator Acc; q, k, v may be perturbed by `t·u` (complex step).
+/// accumulator Acc; q, k, v and the sinks may be perturbed by `t·u` (complex step).
 template <class T, class Acc>
 std::vector<T> reference_forward(const AttentionData& d, std::span<const T> q, std::span<const T> k,
-                                 std::span<const T> v);
+                                 std::span<const T> v, std::span<const T> sinks);
 std::vector<double> reference_forward(const AttentionData& d);
 struct GradsD {
-  std::vector<double> dq, dk, dv;
+  std::vector<double> dq, dk, dv, dsinks;
 };
 GradsD reference_backward(const AttentionData& d);
 /// reference<float, float>: pure single precision.

@@ -29,11 +29,13 @@ AttentionScales scales(const AttentionData& d) {
   // dO = 1 the backward's dv[j,:] is exactly that column sum.
   AttentionData ones = d;
   std::fill(ones.dout.begin(), ones.dout.end(), 1.0f);
-  const double colsum = std::max(1.0, max_abs(reference_backward(ones).dv));
+  // (a paged cache has no backward, and no gradient to scale)
+  const double colsum = p.paged() ? 1.0 : std::max(1.0, max_abs(reference_backward(ones).dv));
   s.out = max_abs(to_double(d.v));
   s.dq = std::abs(p.scale) * ndo * nv * nk;
   s.dk = std::abs(p.scale) * ndo * nv * nq * colsum;
   s.dv = ndo * colsum;
+  s.dsinks = ndo * nv * double(p.B * p.Sq);
   return s;
 }
 
@@ -56,14 +58,21 @@ std::string attention_same(const std::string& what, const std::vector<float>& a,
 }
 
 GradsD to_double(const Grads& g) {
-  return {props::to_double(g.dq), props::to_double(g.dk), props::to_double(g.dv)};
+  return {props::to_double(g.dq), props::to_double(g.dk), props::to_double(g.dv),
+          props::to_double(g.dsinks)};
 }
 
 std::string grads_close(const std::string& tag, const Grads& got, const GradsD& exp,
                         const AttentionScales& sc) {
-  std::string m = attention_close(tag + " dq", got.dq, exp.dq, sc.dq, sc.L);
-  if (m.empty()) m = attention_close(tag + " dk", got.dk, exp.dk, sc.dk, sc.L);
-  if (m.empty()) m = attention_close(tag + " dv", got.dv, exp.dv, sc.dv, sc.L);
+  std::string m;
+  const auto one = [&](const char* name, const std::vector<float>& g, const std::vector<double>& e,
+                       double nat) {
+    if (m.empty() && !g.empty()) m = attention_close(tag + " " + name, g, e, nat, sc.L);
+  };
+  one("dq", got.dq, exp.dq, sc.dq);
+  one("dk", got.dk, exp.dk, sc.dk);
+  one("dv", got.dv, exp.dv, sc.dv);
+  one("dsinks", got.dsinks, exp.dsinks, sc.dsinks);
   return m;
 }
 

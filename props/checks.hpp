@@ -30,6 +30,7 @@ namespace tandem::props {
 /// column sum Σ_i p_ij, since they add up one term per query row that sees a key).
 struct AttentionScales {
   double L = 0, out = 0, dq = 0, dk = 0, dv = 0;
+  double dsinks = 0;  ///< ‖dO‖·‖V‖ times the query rows a sink's gradient sums over
 };
 AttentionScales scales(const AttentionData& d);
 
@@ -42,8 +43,8 @@ std::string attention_close(const std::string& what, const std::vector<float>& g
 std::string attention_same(const std::string& what, const std::vector<float>& a,
                            const std::vector<float>& b, double nat, double L);
 
-/// Forward and all three gradients of one backend against ground truth /
-/// another run, with names prefixed by `tag`.
+/// The gradients of one backend against ground truth / another run, with
+/// names prefixed by `tag`: dq, dk, dv, and dsinks, each where `got` has it.
 std::string grads_close(const std::string& tag, const Grads& got, const GradsD& exp,
                         const AttentionScales& sc);
 std::string grads_same(const std::string& tag, const Grads& a, const Grads& b,
@@ -55,6 +56,11 @@ std::string swiglu_close(const std::string& what, const std::vector<float>& got,
                          const std::vector<double>& exp);
 std::string block_close(const std::string& what, const std::vector<float>& got,
                         const std::vector<double>& exp);
+
+/// <grad, u> of the backend and of reference<double> against the complex-step
+/// directional derivative d/dt <dO, O(x + t·u)> of reference<complex<double>>,
+/// for u on q, k, v and (with sinks) the sinks in turn. Empty when all agree.
+std::string complex_step_mismatch(const Backend& be, const AttentionCase& c);
 
 /// SPEC §2 visibility of key j to query (b, h, i), for properties that reason about masks.
 bool visible(const AttentionPlan& p, std::span<const float> mask, i64 b, i64 h, i64 i, i64 j);

@@ -9,6 +9,51 @@
 #include "checks.hpp"
 
 namespace tandem::props {
+
+std::string complex_step_mismatch(const Backend& be, const AttentionCase& c) {
+  const AttentionData d = make_data(c);
+  const AttentionScales sc = scales(d);
+  const Grads g = run_backward(be, d);
+  const GradsD gr = reference_backward(d);
+  using C = std::complex<double>;
+  const double h = 1e-20;
+  Rng r(c.seed + 7);
+  const char* names[4] = {"q", "k", "v", "sinks"};
+  for (int which = 0; which < (d.plan.sinks ? 4 : 3); ++which) {
+    std::vector<C> x[4] = {
+        std::vector<C>(d.q.begin(), d.q.end()), std::vector<C>(d.k.begin(), d.k.end()),
+        std::vector<C>(d.v.begin(), d.v.end()), std::vector<C>(d.sinks.begin(), d.sinks.end())};
+    const std::vector<float> u = r.values(x[which].size(), 1.0);
+    for (std::size_t i = 0; i < u.size(); ++i) x[which][i] += C(0.0, h * u[i]);
+    const std::vector<C> o =
+        reference_forward<C, C>(d, std::span<const C>(x[0]), std::span<const C>(x[1]),
+                                std::span<const C>(x[2]), std::span<const C>(x[3]));
+    double deriv = 0;
+    for (std::size_t i = 0; i < o.size(); ++i) deriv += double(d.dout[i]) * o[i].imag() / h;
+    const std::vector<float>* gb[4] = {&g.dq, &g.dk, &g.dv, &g.dsinks};
+    const std::vector<double>* gd[4] = {&gr.dq, &gr.dk, &gr.dv, &gr.dsinks};
+    const double nat[4] = {sc.dq, sc.dk, sc.dv, sc.dsinks};
+    double pb = 0, pd = 0, mag = 0;
+    for (std::size_t i = 0; i < u.size(); ++i) {
+      pb += double((*gb[which])[i]) * u[i];
+      pd += (*gd[which])[i] * u[i];
+      mag += std::abs((*gd[which])[i] * u[i]);
+    }
+    const double tol_d = 1e-9 * (mag + nat[which]);
+    if (!(std::abs(pd - deriv) <= tol_d)) {
+      return std::string("reference<double> <d") + names[which] + ", u> = " + std::to_string(pd) +
+             " but the complex-step derivative is " + std::to_string(deriv);
+    }
+    const double tol_b = 64 * kEps * (1 + sc.L) * (mag + nat[which]);
+    if (!(std::abs(pb - deriv) <= tol_b)) {
+      return std::string("<d") + names[which] + ", u> = " + std::to_string(pb) +
+             " but the complex-step derivative is " + std::to_string(deriv) + " (tolerance " +
+             std::to_string(tol_b) + ")";
+    }
+  }
+  return {};
+}
+
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -77,50 +122,8 @@ void one_call_equals_separate(const Backend& be) {
 
 // ----------------------------------------------------------------- gradient
 
-/// <grad, u> of the backend and of reference<double> against the complex-step
-/// directional derivative d/dt <dO, O(x + t·u)> of reference<complex<double>>,
-/// for u on q, on k and on v in turn.
 void attention_gradient(const Backend& be) {
-  const AttentionCase c = *gen_attention(AttentionGen{}.with_max_dim(17));
-  const AttentionData d = make_data(c);
-  const AttentionScales sc = scales(d);
-  const Grads g = run_backward(be, d);
-  const GradsD gr = reference_backward(d);
-  using C = std::complex<double>;
-  const double h = 1e-20;
-  Rng r(c.seed + 7);
-  const char* names[3] = {"q", "k", "v"};
-  for (int which = 0; which < 3; ++which) {
-    std::vector<C> x[3] = {std::vector<C>(d.q.begin(), d.q.end()),
-                           std::vector<C>(d.k.begin(), d.k.end()),
-                           std::vector<C>(d.v.begin(), d.v.end())};
-    const std::vector<float> u = r.values(x[which].size(), 1.0);
-    for (std::size_t i = 0; i < u.size(); ++i) x[which][i] += C(0.0, h * u[i]);
-    const std::vector<C> o = reference_forward<C, C>(
-        d, std::span<const C>(x[0]), std::span<const C>(x[1]), std::span<const C>(x[2]));
-    double deriv = 0;
-    for (std::size_t i = 0; i < o.size(); ++i) deriv += double(d.dout[i]) * o[i].imag() / h;
-    const std::vector<float>& gb = which == 0 ? g.dq : which == 1 ? g.dk : g.dv;
-    const std::vector<double>& gd = which == 0 ? gr.dq : which == 1 ? gr.dk : gr.dv;
-    const double nat = which == 0 ? sc.dq : which == 1 ? sc.dk : sc.dv;
-    double pb = 0, pd = 0, mag = 0;
-    for (std::size_t i = 0; i < u.size(); ++i) {
-      pb += double(gb[i]) * u[i];
-      pd += gd[i] * u[i];
-      mag += std::abs(gd[i] * u[i]);
-    }
-    const double tol_d = 1e-9 * (mag + nat);
-    if (!(std::abs(pd - deriv) <= tol_d)) {
-      RC_FAIL(std::string("reference<double> <d") + names[which] + ", u> = " + std::to_string(pd) +
-              " but the complex-step derivative is " + std::to_string(deriv));
-    }
-    const double tol_b = 64 * kEps * (1 + sc.L) * (mag + nat);
-    if (!(std::abs(pb - deriv) <= tol_b)) {
-      RC_FAIL(std::string("<d") + names[which] + ", u> = " + std::to_string(pb) +
-              " but the complex-step derivative is " + std::to_string(deriv) + " (tolerance " +
-              std::to_string(tol_b) + ")");
-    }
-  }
+  TANDEM_REQUIRE_EMPTY(complex_step_mismatch(be, *gen_attention(AttentionGen{}.with_max_dim(17))));
 }
 
 // ------------------------------------------------------------------- layout

@@ -315,19 +315,7 @@ void determinism(const Subject& s) {
   const auto replay = [&](const Backend& be) {
     return rc::gen::exec([&, op] { return call(be, op, nullptr); })(rc::Random(seed), 30).value();
   };
-  const auto first = replay(s.backend);
-  std::vector<const Backend*> runs{&s.backend};
-  for (const Backend& v : s.thread_variants) runs.push_back(&v);
-  for (std::size_t r = 0; r < runs.size(); ++r) {
-    const auto again = replay(*runs[r]);
-    RC_ASSERT(again.size() == first.size());
-    for (std::size_t i = 0; i < first.size(); ++i) {
-      TANDEM_REQUIRE_EMPTY(bit_mismatch(
-          std::string(op_name(op)) + " output " + std::to_string(i) +
-              (r == 0 ? " on a repeated call" : " with thread variant " + std::to_string(r)),
-          again[i], first[i]));
-    }
-  }
+  TANDEM_REQUIRE_EMPTY(same_bits_on_every_run(s, replay, op_name(op)));
 }
 
 /// The backend's max error against reference<double> is at most twice that of

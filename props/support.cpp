@@ -36,6 +36,28 @@ double max_err(std::span<const double> got, std::span<const double> exp) {
   return m;
 }
 
+std::string same_bits_on_every_run(const Subject& s,
+                                   const std::function<Outputs(const Backend&)>& replay,
+                                   const std::string& what) {
+  const Outputs first = replay(s.backend);
+  std::vector<const Backend*> runs{&s.backend};
+  for (const Backend& v : s.thread_variants) runs.push_back(&v);
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    const Outputs again = replay(*runs[r]);
+    const std::string run =
+        r == 0 ? " on a repeated call" : " with thread variant " + std::to_string(r);
+    if (again.size() != first.size()) return what + ": a different number of outputs" += run;
+    for (std::size_t i = 0; i < first.size(); ++i) {
+      std::string name = what + " output ";
+      name += std::to_string(i);
+      name += run;
+      std::string m = bit_mismatch(name, again[i], first[i]);
+      if (!m.empty()) return m;
+    }
+  }
+  return {};
+}
+
 Subject fixture_subject(broken::Bug bug) {
   Subject s;
   s.name = std::string("broken_") + broken::to_string(bug);
@@ -63,6 +85,10 @@ std::vector<Subject> correct_subjects() {
       s.thread_variants.push_back(optimized::backend(optimized::Options{t}));
     s.enter = [target] { optimized::force_target(target); };
     s.leave = [] { optimized::force_target(0); };
+    // The optimized kernels refuse sinks, ALiBi, packed and paged calls for
+    // now; set this to true when they implement them and every feature
+    // property runs on them too.
+    s.attention_features = false;
     out.push_back(s);
   }
 #endif
@@ -70,6 +96,7 @@ std::vector<Subject> correct_subjects() {
 }
 
 void register_attention_properties(std::vector<Property>& out);
+void register_feature_properties(std::vector<Property>& out);
 void register_rope_properties(std::vector<Property>& out);
 void register_other_properties(std::vector<Property>& out);
 
@@ -77,6 +104,7 @@ const std::vector<Property>& properties() {
   static const std::vector<Property> all = [] {
     std::vector<Property> v;
     register_attention_properties(v);
+    register_feature_properties(v);
     register_rope_properties(v);
     register_other_properties(v);
     return v;

@@ -131,12 +131,23 @@ struct Subject {
   std::vector<Backend> thread_variants;
   std::function<void()> enter = [] {};
   std::function<void()> leave = [] {};
+  /// Whether the backend implements sinks, ALiBi, packed sequences and paged
+  /// caches (SPEC §2.7–2.10): the properties of those features run only then.
+  bool attention_features = true;
 };
 
 /// reference, broken_none, and optimized at every supported target (when built).
 std::vector<Subject> correct_subjects();
 /// The broken fixture with `bug` planted, named broken_<bug>, at 1, 2 and 3 "threads".
 Subject fixture_subject(broken::Bug bug);
+
+/// The outputs of one call, each as the backend wrote it.
+using Outputs = std::vector<std::vector<float>>;
+/// Empty when `replay` gives identical bits on a repeated call of s.backend
+/// and on every thread variant of s, otherwise what differs; `what` names the call.
+std::string same_bits_on_every_run(const Subject& s,
+                                   const std::function<Outputs(const Backend&)>& replay,
+                                   const std::string& what);
 
 /// One property: a body run once per generated case, `cases` times in CI.
 struct Property {
@@ -145,10 +156,15 @@ struct Property {
       group;  ///< agreement, transpose, gradient, layout, semantic, memory, determinism, accuracy
   int cases;
   std::function<void(const Subject&)> body;
+  bool attention_features = false;  ///< exercises SPEC §2.7–2.10: only for subjects that have them
 };
 
 /// Every property of the suite.
 const std::vector<Property>& properties();
+/// Whether `p` runs on `s` (a feature property needs a subject with the features).
+inline bool runs_on(const Property& p, const Subject& s) {
+  return !p.attention_features || s.attention_features;
+}
 const Property& property(const std::string& name);
 
 /// Cases to run for `p`: p.cases × TANDEM_PROPS_SCALE (default 1), or

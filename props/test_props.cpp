@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
   for (const tandem::props::Subject& s : tandem::props::correct_subjects()) {
     for (const tandem::props::Property& p : tandem::props::properties()) {
+      if (!tandem::props::runs_on(p, s)) continue;
       testing::RegisterTest(s.name.c_str(), p.name.c_str(), nullptr, p.group.c_str(), __FILE__,
                             __LINE__,
                             [s, &p]() -> testing::Test* { return new PropertyTest(s, &p); });

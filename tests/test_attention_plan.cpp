@@ -29,7 +29,11 @@ using tandem::Layout;
 using tandem::MaskKind;
 using tandem::Shape;
 
+using tandem::test::attention_attrs;
 using tandem::test::expect_error;
+using tandem::test::expect_make_error;
+using tandem::test::sentinel;
+using tandem::test::untouched;
 
 // A valid starting point: B=2 Sq=3 Sk=5 H=4 Hkv=2 D=8.
 AttentionParams valid() {
@@ -41,18 +45,6 @@ AttentionParams valid() {
   p.kv_heads = 2;
   p.head_dim = 8;
   return p;
-}
-
-void expect_make_error(const AttentionParams& p, const std::string& parameter,
-                       std::initializer_list<std::string> fragments) {
-  expect_error([&] { AttentionPlan::make(p); }, parameter, fragments);
-}
-
-AttentionAttrs heads(std::int64_t H, MaskKind mask = MaskKind::none) {
-  AttentionAttrs a;
-  a.num_heads = H;
-  a.mask = mask;
-  return a;
 }
 
 void expect_shapes_error(const Shape& q, const Shape& k, const Shape& v,
@@ -272,7 +264,7 @@ TEST(AttentionPlanMake, BiasSizeOverflowOnlyWhenABiasIsGiven) {
 TEST(AttentionPlanShapes, Rank4BshdWhenDim2IsTheHeads) {
   // q [2, 6, 4, 8], H = 4: dim 2 == H, dim 1 != H -> bshd.
   const AttentionPlan plan = AttentionPlan::from_shapes({2, 6, 4, 8}, {2, 10, 2, 8}, {2, 10, 2, 16},
-                                                        std::nullopt, heads(4));
+                                                        std::nullopt, attention_attrs(4));
   EXPECT_EQ(plan.layout, Layout::bshd);
   EXPECT_EQ(plan.B, 2);
   EXPECT_EQ(plan.Sq, 6);
@@ -285,7 +277,7 @@ TEST(AttentionPlanShapes, Rank4BshdWhenDim2IsTheHeads) {
 TEST(AttentionPlanShapes, Rank4BhsdWhenDim1IsTheHeads) {
   // q [2, 4, 6, 8], H = 4: dim 1 == H -> bhsd, Sq = 6; k [2, 1, 10, 8] -> Hkv = 1.
   const AttentionPlan plan = AttentionPlan::from_shapes({2, 4, 6, 8}, {2, 1, 10, 8}, {2, 1, 10, 3},
-                                                        std::nullopt, heads(4));
+                                                        std::nullopt, attention_attrs(4));
   EXPECT_EQ(plan.layout, Layout::bhsd);
   EXPECT_EQ(plan.Sq, 6);
   EXPECT_EQ(plan.Sk, 10);
@@ -295,13 +287,13 @@ TEST(AttentionPlanShapes, Rank4BhsdWhenDim1IsTheHeads) {
 
 TEST(AttentionPlanShapes, AmbiguousRank4LayoutAsksForOne) {
   // Both dims 1 and 2 equal H = 4 (S == H): no silent guess.
-  expect_shapes_error({2, 4, 4, 8}, {2, 4, 4, 8}, {2, 4, 4, 8}, std::nullopt, heads(4), "layout",
-                      {"ambiguous", "[2, 4, 4, 8]", "num_heads = 4", "bshd or bhsd"});
+  expect_shapes_error({2, 4, 4, 8}, {2, 4, 4, 8}, {2, 4, 4, 8}, std::nullopt, attention_attrs(4),
+                      "layout", {"ambiguous", "[2, 4, 4, 8]", "num_heads = 4", "bshd or bhsd"});
   // Neither equals H.
-  expect_shapes_error({2, 3, 5, 8}, {2, 3, 5, 8}, {2, 3, 5, 8}, std::nullopt, heads(4), "layout",
-                      {"ambiguous", "[2, 3, 5, 8]", "give layout"});
+  expect_shapes_error({2, 3, 5, 8}, {2, 3, 5, 8}, {2, 3, 5, 8}, std::nullopt, attention_attrs(4),
+                      "layout", {"ambiguous", "[2, 3, 5, 8]", "give layout"});
   // An explicit layout settles it.
-  AttentionAttrs a = heads(4);
+  AttentionAttrs a = attention_attrs(4);
   a.layout = Layout::bhsd;
   const AttentionPlan plan =
       AttentionPlan::from_shapes({2, 4, 4, 8}, {2, 2, 7, 8}, {2, 2, 7, 8}, std::nullopt, a);
@@ -311,7 +303,7 @@ TEST(AttentionPlanShapes, AmbiguousRank4LayoutAsksForOne) {
 }
 
 TEST(AttentionPlanShapes, ExplicitLayoutMustPutTheHeadsOnTheHeadAxis) {
-  AttentionAttrs a = heads(4);
+  AttentionAttrs a = attention_attrs(4);
   a.layout = Layout::bshd;
   // bshd head axis is dim 2 = 6, not 4
   expect_shapes_error({2, 4, 6, 8}, {2, 4, 6, 8}, {2, 4, 6, 8}, std::nullopt, a, "q.shape",
@@ -321,8 +313,8 @@ TEST(AttentionPlanShapes, ExplicitLayoutMustPutTheHeadsOnTheHeadAxis) {
 TEST(AttentionPlanShapes, Rank3IsBshdWithHeadsFolded) {
   // q [2, 5, 32], H = 4 -> D = 8; k [2, 7, 16] -> Hkv = 16/8 = 2, Sk = 7;
   // v [2, 7, 24] -> Dv = 24/2 = 12.
-  const AttentionPlan plan =
-      AttentionPlan::from_shapes({2, 5, 32}, {2, 7, 16}, {2, 7, 24}, std::nullopt, heads(4));
+  const AttentionPlan plan = AttentionPlan::from_shapes({2, 5, 32}, {2, 7, 16}, {2, 7, 24},
+                                                        std::nullopt, attention_attrs(4));
   EXPECT_EQ(plan.layout, Layout::bshd);
   EXPECT_EQ(plan.B, 2);
   EXPECT_EQ(plan.Sq, 5);
@@ -335,7 +327,7 @@ TEST(AttentionPlanShapes, Rank3IsBshdWithHeadsFolded) {
 TEST(AttentionPlanShapes, Rank2HasOneBatch) {
   // q [5, 32], H = 2 -> B = 1, D = 16; k [9, 16] -> Hkv = 1.
   const AttentionPlan plan =
-      AttentionPlan::from_shapes({5, 32}, {9, 16}, {9, 4}, std::nullopt, heads(2));
+      AttentionPlan::from_shapes({5, 32}, {9, 16}, {9, 4}, std::nullopt, attention_attrs(2));
   EXPECT_EQ(plan.B, 1);
   EXPECT_EQ(plan.Sq, 5);
   EXPECT_EQ(plan.Sk, 9);
@@ -345,85 +337,85 @@ TEST(AttentionPlanShapes, Rank2HasOneBatch) {
 }
 
 TEST(AttentionPlanShapes, RankAndHeadCountRules) {
-  expect_shapes_error({5, 32}, {9, 16}, {9, 16}, std::nullopt, heads(0), "num_heads",
+  expect_shapes_error({5, 32}, {9, 16}, {9, 16}, std::nullopt, attention_attrs(0), "num_heads",
                       {"num_heads = 0"});
-  expect_shapes_error({32}, {16}, {16}, std::nullopt, heads(2), "q.shape",
+  expect_shapes_error({32}, {16}, {16}, std::nullopt, attention_attrs(2), "q.shape",
                       {"q.shape = [32]", "rank 2, 3 or 4"});
-  expect_shapes_error({1, 2, 3, 4, 5}, {1, 2, 3, 4, 5}, {1, 2, 3, 4, 5}, std::nullopt, heads(2),
-                      "q.shape", {"[1, 2, 3, 4, 5]", "rank 2, 3 or 4"});
-  expect_shapes_error({2, 5, 32}, {7, 16}, {2, 7, 16}, std::nullopt, heads(4), "k.shape",
+  expect_shapes_error({1, 2, 3, 4, 5}, {1, 2, 3, 4, 5}, {1, 2, 3, 4, 5}, std::nullopt,
+                      attention_attrs(2), "q.shape", {"[1, 2, 3, 4, 5]", "rank 2, 3 or 4"});
+  expect_shapes_error({2, 5, 32}, {7, 16}, {2, 7, 16}, std::nullopt, attention_attrs(4), "k.shape",
                       {"k.shape = [7, 16]", "rank of q.shape = [2, 5, 32]"});
-  expect_shapes_error({2, 5, 32}, {2, 7, 16}, {7, 16}, std::nullopt, heads(4), "v.shape",
+  expect_shapes_error({2, 5, 32}, {2, 7, 16}, {7, 16}, std::nullopt, attention_attrs(4), "v.shape",
                       {"v.shape = [7, 16]", "rank of q.shape"});
-  AttentionAttrs a = heads(4);
+  AttentionAttrs a = attention_attrs(4);
   a.layout = Layout::bhsd;
   expect_shapes_error({2, 5, 32}, {2, 7, 16}, {2, 7, 16}, std::nullopt, a, "layout",
                       {"layout = bhsd", "must be bshd for rank-3"});
 }
 
 TEST(AttentionPlanShapes, NegativeAndOverflowingShapes) {
-  expect_shapes_error({2, -5, 32}, {2, 7, 16}, {2, 7, 16}, std::nullopt, heads(4), "q.shape",
-                      {"[2, -5, 32]", "negative"});
-  expect_shapes_error({kTwo40, kTwo40, 32}, {2, 7, 16}, {2, 7, 16}, std::nullopt, heads(4),
-                      "q.shape", {"overflows"});
-  expect_shapes_error({2, 5, 32}, {2, 7, 16}, {2, 7, -16}, std::nullopt, heads(4), "v.shape",
-                      {"negative"});
+  expect_shapes_error({2, -5, 32}, {2, 7, 16}, {2, 7, 16}, std::nullopt, attention_attrs(4),
+                      "q.shape", {"[2, -5, 32]", "negative"});
+  expect_shapes_error({kTwo40, kTwo40, 32}, {2, 7, 16}, {2, 7, 16}, std::nullopt,
+                      attention_attrs(4), "q.shape", {"overflows"});
+  expect_shapes_error({2, 5, 32}, {2, 7, 16}, {2, 7, -16}, std::nullopt, attention_attrs(4),
+                      "v.shape", {"negative"});
 }
 
 TEST(AttentionPlanShapes, Rank4CrossTensorRules) {
   // k batch differs
-  expect_shapes_error({2, 6, 4, 8}, {3, 10, 2, 8}, {3, 10, 2, 8}, std::nullopt, heads(4), "k.shape",
-                      {"k.shape = [3, 10, 2, 8]", "batch = 2"});
+  expect_shapes_error({2, 6, 4, 8}, {3, 10, 2, 8}, {3, 10, 2, 8}, std::nullopt, attention_attrs(4),
+                      "k.shape", {"k.shape = [3, 10, 2, 8]", "batch = 2"});
   // k head width differs from q's
-  expect_shapes_error({2, 6, 4, 8}, {2, 10, 2, 4}, {2, 10, 2, 8}, std::nullopt, heads(4), "k.shape",
-                      {"[2, 10, 2, 4]", "head_dim = 8"});
+  expect_shapes_error({2, 6, 4, 8}, {2, 10, 2, 4}, {2, 10, 2, 8}, std::nullopt, attention_attrs(4),
+                      "k.shape", {"[2, 10, 2, 4]", "head_dim = 8"});
   // v's sequence differs from k's
-  expect_shapes_error({2, 6, 4, 8}, {2, 10, 2, 8}, {2, 9, 2, 8}, std::nullopt, heads(4), "v.shape",
-                      {"v.shape = [2, 9, 2, 8]", "must match k.shape = [2, 10, 2, 8]"});
+  expect_shapes_error({2, 6, 4, 8}, {2, 10, 2, 8}, {2, 9, 2, 8}, std::nullopt, attention_attrs(4),
+                      "v.shape", {"v.shape = [2, 9, 2, 8]", "must match k.shape = [2, 10, 2, 8]"});
   // v's heads differ from k's
-  expect_shapes_error({2, 6, 4, 8}, {2, 10, 2, 8}, {2, 10, 1, 8}, std::nullopt, heads(4), "v.shape",
-                      {"must match k.shape"});
+  expect_shapes_error({2, 6, 4, 8}, {2, 10, 2, 8}, {2, 10, 1, 8}, std::nullopt, attention_attrs(4),
+                      "v.shape", {"must match k.shape"});
   // Hkv = 3 from k does not divide H = 4
-  expect_shapes_error({2, 6, 4, 8}, {2, 10, 3, 8}, {2, 10, 3, 8}, std::nullopt, heads(4),
+  expect_shapes_error({2, 6, 4, 8}, {2, 10, 3, 8}, {2, 10, 3, 8}, std::nullopt, attention_attrs(4),
                       "kv_heads", {"kv_heads = 3", "k.shape = [2, 10, 3, 8]", "num_heads = 4"});
   // an empty v head is not "Dv = D"
-  expect_shapes_error({2, 6, 4, 8}, {2, 10, 2, 8}, {2, 10, 2, 0}, std::nullopt, heads(4), "v.shape",
-                      {"v.shape = [2, 10, 2, 0]", "non-empty"});
+  expect_shapes_error({2, 6, 4, 8}, {2, 10, 2, 8}, {2, 10, 2, 0}, std::nullopt, attention_attrs(4),
+                      "v.shape", {"v.shape = [2, 10, 2, 0]", "non-empty"});
 }
 
 TEST(AttentionPlanShapes, Rank3CrossTensorRules) {
   // q's last dim 30 is not a multiple of H = 4
-  expect_shapes_error({2, 5, 30}, {2, 7, 16}, {2, 7, 16}, std::nullopt, heads(4), "q.shape",
-                      {"q.shape = [2, 5, 30]", "divisible by num_heads = 4"});
+  expect_shapes_error({2, 5, 30}, {2, 7, 16}, {2, 7, 16}, std::nullopt, attention_attrs(4),
+                      "q.shape", {"q.shape = [2, 5, 30]", "divisible by num_heads = 4"});
   // q's last dim 0: no head width
-  expect_shapes_error({2, 5, 0}, {2, 7, 16}, {2, 7, 16}, std::nullopt, heads(4), "q.shape",
-                      {"non-empty"});
+  expect_shapes_error({2, 5, 0}, {2, 7, 16}, {2, 7, 16}, std::nullopt, attention_attrs(4),
+                      "q.shape", {"non-empty"});
   // k's last dim 12 is not a multiple of D = 8
-  expect_shapes_error({2, 5, 32}, {2, 7, 12}, {2, 7, 16}, std::nullopt, heads(4), "k.shape",
-                      {"k.shape = [2, 7, 12]", "divisible by head_dim = 8"});
+  expect_shapes_error({2, 5, 32}, {2, 7, 12}, {2, 7, 16}, std::nullopt, attention_attrs(4),
+                      "k.shape", {"k.shape = [2, 7, 12]", "divisible by head_dim = 8"});
   // k's last dim 0
-  expect_shapes_error({2, 5, 32}, {2, 7, 0}, {2, 7, 16}, std::nullopt, heads(4), "k.shape",
-                      {"non-empty"});
+  expect_shapes_error({2, 5, 32}, {2, 7, 0}, {2, 7, 16}, std::nullopt, attention_attrs(4),
+                      "k.shape", {"non-empty"});
   // k batch differs
-  expect_shapes_error({2, 5, 32}, {1, 7, 16}, {1, 7, 16}, std::nullopt, heads(4), "k.shape",
-                      {"batch = 2"});
+  expect_shapes_error({2, 5, 32}, {1, 7, 16}, {1, 7, 16}, std::nullopt, attention_attrs(4),
+                      "k.shape", {"batch = 2"});
   // v's length differs from k's
-  expect_shapes_error({2, 5, 32}, {2, 7, 16}, {2, 6, 16}, std::nullopt, heads(4), "v.shape",
-                      {"must match k.shape = [2, 7, 16]"});
+  expect_shapes_error({2, 5, 32}, {2, 7, 16}, {2, 6, 16}, std::nullopt, attention_attrs(4),
+                      "v.shape", {"must match k.shape = [2, 7, 16]"});
   // v's last dim 15 is not a multiple of Hkv = 2
-  expect_shapes_error({2, 5, 32}, {2, 7, 16}, {2, 7, 15}, std::nullopt, heads(4), "v.shape",
-                      {"v.shape = [2, 7, 15]", "divisible by kv_heads = 2"});
+  expect_shapes_error({2, 5, 32}, {2, 7, 16}, {2, 7, 15}, std::nullopt, attention_attrs(4),
+                      "v.shape", {"v.shape = [2, 7, 15]", "divisible by kv_heads = 2"});
   // v's last dim 0
-  expect_shapes_error({2, 5, 32}, {2, 7, 16}, {2, 7, 0}, std::nullopt, heads(4), "v.shape",
-                      {"v.shape = [2, 7, 0]", "non-empty"});
+  expect_shapes_error({2, 5, 32}, {2, 7, 16}, {2, 7, 0}, std::nullopt, attention_attrs(4),
+                      "v.shape", {"v.shape = [2, 7, 0]", "non-empty"});
   // Hkv = 24/8 = 3 does not divide H = 4
-  expect_shapes_error({2, 5, 32}, {2, 7, 24}, {2, 7, 24}, std::nullopt, heads(4), "kv_heads",
-                      {"kv_heads = 3", "must divide num_heads = 4"});
+  expect_shapes_error({2, 5, 32}, {2, 7, 24}, {2, 7, 24}, std::nullopt, attention_attrs(4),
+                      "kv_heads", {"kv_heads = 3", "must divide num_heads = 4"});
 }
 
 TEST(AttentionPlanShapes, KeyPaddingMaskShape) {
   const Shape q{2, 5, 32}, k{2, 7, 16}, v{2, 7, 16};
-  const AttentionAttrs a = heads(4, MaskKind::key_padding);
+  const AttentionAttrs a = attention_attrs(4, MaskKind::key_padding);
   EXPECT_EQ(AttentionPlan::from_shapes(q, k, v, Shape{2, 7}, a).mask_size(), 14);
   expect_shapes_error(q, k, v, Shape{2, 6}, a, "mask.shape",
                       {"mask.shape = [2, 6]", "[B, Sk] = [2, 7]", "key_padding"});
@@ -435,7 +427,7 @@ TEST(AttentionPlanShapes, KeyPaddingMaskShape) {
 
 TEST(AttentionPlanShapes, BiasMaskBroadcastShapes) {
   const Shape q{2, 5, 32}, k{2, 7, 16}, v{2, 7, 16};
-  const AttentionAttrs a = heads(4, MaskKind::bias);
+  const AttentionAttrs a = attention_attrs(4, MaskKind::bias);
   struct Ok {
     Shape mask;
     std::int64_t bias_batch, bias_heads;
@@ -460,14 +452,14 @@ TEST(AttentionPlanShapes, MaskGivenForAKindThatTakesNone) {
   const Shape q{2, 5, 32}, k{2, 7, 16}, v{2, 7, 16};
   for (MaskKind kind : {MaskKind::none, MaskKind::causal, MaskKind::sliding_window}) {
     expect_shapes_error(
-        q, k, v, Shape{2, 7}, heads(4, kind), "mask",
+        q, k, v, Shape{2, 7}, attention_attrs(4, kind), "mask",
         {"mask = [2, 7]", std::string("must be absent for mask ") + tandem::to_string(kind)});
   }
 }
 
 TEST(AttentionPlanShapes, WindowOnlyForSlidingWindow) {
   const Shape q{2, 5, 32}, k{2, 7, 16}, v{2, 7, 16};
-  AttentionAttrs a = heads(4, MaskKind::causal);
+  AttentionAttrs a = attention_attrs(4, MaskKind::causal);
   a.window = 3;
   expect_shapes_error(q, k, v, std::nullopt, a, "window", {"window = 3", "mask is causal"});
   a.mask = MaskKind::sliding_window;
@@ -475,7 +467,7 @@ TEST(AttentionPlanShapes, WindowOnlyForSlidingWindow) {
 }
 
 TEST(AttentionPlanShapes, ScaleAndSoftcapPassThrough) {
-  AttentionAttrs a = heads(4);
+  AttentionAttrs a = attention_attrs(4);
   a.scale = 0.0;
   expect_shapes_error({2, 5, 32}, {2, 7, 16}, {2, 7, 16}, std::nullopt, a, "scale", {"scale = 0"});
   a.scale = 0.5;
@@ -489,8 +481,6 @@ TEST(AttentionPlanShapes, ScaleAndSoftcapPassThrough) {
 // ---------------------------------------------------------------------------
 // The backend entry points check their views before writing anything.
 
-constexpr float kSentinel = -12345.0f;
-
 struct Buffers {
   AttentionPlan plan;
   std::vector<float> q, k, v, mask, dout, out, dq, dk, dv;
@@ -501,19 +491,12 @@ struct Buffers {
         v(plan.v.extent, 1.0f),
         mask(plan.mask_size(), 1.0f),
         dout(plan.o.extent, 1.0f),
-        out(plan.o.extent, kSentinel),
-        dq(plan.dq.extent, kSentinel),
-        dk(plan.dk.extent, kSentinel),
-        dv(plan.dv.extent, kSentinel) {}
+        out(plan.o.extent, sentinel()),
+        dq(plan.dq.extent, sentinel()),
+        dk(plan.dk.extent, sentinel()),
+        dv(plan.dv.extent, sentinel()) {}
   AttentionInputs<float> inputs() const { return {q, k, v, mask}; }
 };
-
-bool untouched(const std::vector<float>& x) {
-  for (float e : x) {
-    if (e != kSentinel) return false;
-  }
-  return true;
-}
 
 AttentionParams padded() {
   AttentionParams p = valid();
@@ -555,7 +538,7 @@ TEST(AttentionEntryChecks, ForwardRejectsBadViewsAndLeavesOutAlone) {
   EXPECT_TRUE(untouched(buf.out));
 
   // out one too long
-  std::vector<float> out_long(buf.out.size() + 1, kSentinel);
+  std::vector<float> out_long(buf.out.size() + 1, sentinel());
   expect_error([&] { ref.attention_forward(buf.plan, good, out_long); }, "out.size()",
                {"out.size() = " + std::to_string(out_long.size()),
                 "must be " + std::to_string(buf.plan.o.extent)});
@@ -592,7 +575,7 @@ TEST(AttentionEntryChecks, BackwardRejectsBadViewsAndLeavesEveryGradientAlone) {
         ref.attention_backward(buf.plan, in, dout.first(dout.size() - 1), {dq, dk, dv});
       },
       "dout.size()", {"dout.size() = " + std::to_string(dout.size() - 1)});
-  // each gradient in turn one short, or none asked for
+  // each gradient in turn one short; none at all; dsinks for a plan without sinks
   expect_error(
       [&] {
         ref.attention_backward(buf.plan, in, dout, {dq.first(1), dk, dv});
@@ -603,8 +586,19 @@ TEST(AttentionEntryChecks, BackwardRejectsBadViewsAndLeavesEveryGradientAlone) {
         ref.attention_backward(buf.plan, in, dout, {dq, dk.first(2), dv});
       },
       "dk.size()", {"dk.size() = 2"});
+  expect_error(
+      [&] {
+        ref.attention_backward(buf.plan, in, dout, {{}, {}, dv.first(1)});
+      },
+      "dv.size()", {"dv.size() = 1", "must be " + std::to_string(dv.size())});
   expect_error([&] { ref.attention_backward(buf.plan, in, dout, {}); }, "grads",
-               {"must ask for at least one gradient"});
+               {"at least one of dq, dk, dv, dsinks"});
+  std::vector<float> dsinks(4, sentinel());
+  expect_error(
+      [&] {
+        ref.attention_backward(buf.plan, in, dout, {dq, dk, dv, dsinks});
+      },
+      "dsinks.size()", {"dsinks.size() = 4", "must be 0"});
   // a bad input view, with good gradients
   AttentionInputs<float> bad = in;
   bad.v = bad.v.first(bad.v.size() - 1);
@@ -634,12 +628,12 @@ TEST(AttentionEntryChecks, BackwardRejectsBadViewsAndLeavesEveryGradientAlone) {
                {"mask.size() = 0"});
   EXPECT_TRUE(all_untouched());
 
-  // The good calls write what they are asked for, and nothing else.
+  // Any non-empty subset is computed, and only it.
   ref.attention_backward(buf.plan, in, dout, {dq, {}, dv});
   EXPECT_FALSE(untouched(buf.dq));
   EXPECT_TRUE(untouched(buf.dk));
   EXPECT_FALSE(untouched(buf.dv));
-  ref.attention_backward(buf.plan, in, dout, {dq, dk, dv});
+  ref.attention_backward(buf.plan, in, dout, {{}, dk, {}});
   EXPECT_FALSE(untouched(buf.dk));
 }
 

@@ -14,8 +14,10 @@ A case is a directory holding case.json and one .npy file per tensor:
 Tensors are saved as C-order little-endian float32 (`<f4`); a key-padding
 keep mask (input "mask" of attention with mask "key_padding", or of
 attention_block) keeps a boolean or integer dtype, and index inputs (RoPE's
-"positions") are saved as `<i4` or `<i8`, as given. Anything with
-`.detach().cpu().numpy()` (a PyTorch tensor) or `__array__` is accepted.
+"positions"; attention's cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+cache_seqlens) are saved as integers: `<i4` when their dtype fits in int32,
+else `<i8`. Anything with `.detach().cpu().numpy()` (a PyTorch tensor) or
+`__array__` is accepted.
 """
 
 import json
@@ -35,7 +37,8 @@ def _to_numpy(name, value):
     return array
 
 
-INDEX_INPUTS = {"positions"}
+INDEX_INPUTS = {"positions", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table",
+                "cache_seqlens"}
 
 
 def _keeps_dtype(op, attrs, name):
@@ -49,7 +52,7 @@ def _keeps_dtype(op, attrs, name):
 def _save_indices(directory, filename, array):
     if not np.issubdtype(array.dtype, np.integer):
         raise TypeError(f"{filename}: index input of dtype {array.dtype}; give an integer array")
-    width = "<i4" if array.dtype.itemsize <= 4 else "<i8"
+    width = "<i4" if np.can_cast(array.dtype, np.int32) else "<i8"
     np.save(os.path.join(directory, filename), np.ascontiguousarray(array, dtype=width),
             allow_pickle=False)
 

@@ -855,13 +855,14 @@ std::pair<int, int> tiling_picture(const fs::path& out, int64_t S, int64_t Br, i
          13);
   s.text(x0 + nc * c / 2, 40, "key blocks →", 11);
   int full = 0, partial = 0, empty = 0;
+  const tandem::AttentionSeq seq = plan.sequence(tandem::AttentionInputs<float>{}, 0);
   for (int64_t ti = 0; ti < nr; ++ti)
     for (int64_t tj = 0; tj < nc; ++tj) {
       int64_t vis = 0, n = 0;
       for (int64_t i = ti * Br; i < std::min(S, (ti + 1) * Br); ++i)
         for (int64_t j = tj * Bc; j < std::min(S, (tj + 1) * Bc); ++j) {
           ++n;
-          vis += tandem::reference::key_visible(plan, {}, 0, 0, i, j) ? 1 : 0;
+          vis += tandem::reference::key_visible(plan, seq, {}, 0, i, j) ? 1 : 0;
         }
       const std::string fill = vis == n ? "#3b7dd8" : vis > 0 ? "#9cc3f0" : "#f4f4f4";
       (vis == n ? full : vis > 0 ? partial : empty)++;
@@ -883,6 +884,193 @@ std::pair<int, int> tiling_picture(const fs::path& out, int64_t S, int64_t Br, i
   s.text(lx, y0 + 90, source, 10, "start", "#555");
   write_file(out / name, s.str());
   return {full + partial, full + partial + empty};
+}
+
+// ---------------------------------------------------------------------------
+// The attention features page: each feature's small example worked here from
+// its formula and computed by the reference backend, which must agree.
+
+/// One head, D = 1, q = 0 (every score 0): the softmax is decided by the
+/// feature alone. The plan of `p` with Sq queries; v holds the key values.
+struct TinyCall {
+  tandem::AttentionPlan plan;
+  std::vector<float> q, k, v, sinks, slopes;
+  std::vector<int32_t> cu_q, cu_k, used, table, lens;
+  explicit TinyCall(const tandem::AttentionParams& p)
+      : plan(tandem::AttentionPlan::make(p)),
+        q(plan.q.extent, 0.0f),
+        k(plan.k.extent, 0.0f),
+        v(plan.v.extent, 0.0f) {}
+  [[nodiscard]] tandem::AttentionInputs<float> in() const {
+    tandem::AttentionInputs<float> r{q, k, v};
+    r.sinks = sinks;
+    r.alibi_slopes = slopes;
+    r.cu_seqlens_q = cu_q;
+    r.cu_seqlens_k = cu_k;
+    r.seqused_k = used;
+    r.block_table = table;
+    r.cache_seqlens = lens;
+    return r;
+  }
+  std::pair<std::vector<float>, std::vector<float>> run(const Backend& ref) const {
+    std::vector<float> o(plan.o.extent), lse(plan.lse_size());
+    ref.attention_forward_lse(plan, in(), o, lse);
+    return {o, lse};
+  }
+};
+
+tandem::AttentionParams tiny(int64_t Sq, int64_t Sk) {
+  tandem::AttentionParams p;
+  p.seq_q = Sq;
+  p.seq_k = Sk;
+  p.heads = 1;
+  p.head_dim = 1;
+  return p;
+}
+
+std::string features_sinks(const Backend& ref) {
+  std::ostringstream f;
+  f << "| sink | p_0 = p_1 | p_sink | o = 3·p_0 + 6·p_1 | lse |\n|---:|---:|---:|---:|---:|\n";
+  for (double sink : {-2.0, 0.0, std::log(2.0), 3.0}) {
+    tandem::AttentionParams p = tiny(1, 2);
+    p.sinks = true;
+    TinyCall c(p);
+    c.v = {3.0f, 6.0f};
+    c.sinks = {static_cast<float>(sink)};
+    // p_j = e^0 / (e^sink + e^0 + e^0)
+    const double z = std::exp(sink) + 2.0, pj = 1.0 / z;
+    const auto [o, lse] = c.run(ref);
+    expect_close(o[0], 9.0 * pj, 1e-6, "sink " + num(sink) + ": o");
+    expect_close(lse[0], std::log(z), 1e-6, "sink " + num(sink) + ": lse");
+    f << "| " << num(sink) << " | " << num(pj) << " | " << num(std::exp(sink) / z) << " | "
+      << num(9.0 * pj) << " | " << num(std::log(z)) << " |\n";
+  }
+  return f.str();
+}
+
+std::string features_alibi(const Backend& ref) {
+  std::ostringstream f;
+  f << "| H | tandem::alibi_standard_slopes(H) |\n|---:|---|\n";
+  for (int64_t H : {1, 2, 3, 4, 6, 8}) {
+    const std::vector<float> s = tandem::alibi_standard_slopes(H);
+    int64_t n = 1;
+    while (2 * n <= H) n *= 2;
+    std::vector<double> d;
+    for (int64_t h = 0; h < H; ++h) {
+      const double want = h < n ? std::exp2(-8.0 * double(h + 1) / double(n))
+                                : std::exp2(-4.0 * double(2 * (h - n) + 1) / double(n));
+      expect_close(s[h], want, 1e-7,
+                   "standard slope " + std::to_string(h) + " of H = " + std::to_string(H));
+      d.push_back(s[h]);
+    }
+    f << "| " << H << " | " << vec(d, 5) << " |\n";
+  }
+  // Sq = 3, Sk = 2, m = log 2: query i sits at key position i − 1.
+  tandem::AttentionParams p = tiny(3, 2);
+  p.alibi = tandem::AlibiKind::per_head;
+  TinyCall c(p);
+  c.v = {3.0f, 6.0f};
+  c.slopes = {static_cast<float>(std::log(2.0))};
+  const auto o = c.run(ref).first;
+  f << "\nWith Sq = 3 queries, Sk = 2 keys of values 3 and 6, q = 0 and the slope m = log 2, "
+       "query i's distances are `|i + Sk − Sq − j| = |i − 1 − j|`:\n\n"
+    << "| query | distances to keys 0, 1 | p = softmax(−m·distance) | o |\n|---:|---|---|---:|\n";
+  for (int64_t i = 0; i < 3; ++i) {
+    const double d0 = std::abs(double(i - 1)), d1 = std::abs(double(i - 2));
+    const double e0 = std::pow(0.5, d0), e1 = std::pow(0.5, d1);
+    const double p0 = e0 / (e0 + e1), p1 = e1 / (e0 + e1);
+    expect_close(o[i], 3 * p0 + 6 * p1, 1e-6, "ALiBi query " + std::to_string(i));
+    f << "| " << i << " | " << num(d0, 0) << ", " << num(d1, 0) << " | " << vec({p0, p1}) << " | "
+      << num(3 * p0 + 6 * p1) << " |\n";
+  }
+  return f.str();
+}
+
+std::string features_varlen(const Backend& ref) {
+  // Two packed sequences, causal: 2 queries over a slot of 3 keys, then 1
+  // query over a slot of 3 keys of which seqused_k = 2 are used.
+  tandem::AttentionParams p = tiny(3, 6);
+  p.mask = tandem::MaskKind::causal;
+  p.num_seqs = 2;
+  TinyCall c(p);
+  c.v = {1, 2, 3, 10, 20, std::numeric_limits<float>::quiet_NaN()};
+  c.cu_q = {0, 2, 3};
+  c.cu_k = {0, 3, 6};
+  c.used = {3, 2};
+  const auto o = c.run(ref).first;
+  const tandem::AttentionInputs<float> in = c.in();
+  std::ostringstream f;
+  f << "`cu_seqlens_q = [0, 2, 3]`, `cu_seqlens_k = [0, 3, 6]`, `seqused_k = [3, 2]`, causal. "
+       "Rows are the packed query rows, columns the packed key rows; ● visible, · hidden, "
+       "`pad` the key past seqused_k (never read, here NaN), blank another sequence's key:\n\n"
+    << "| query row | k0 | k1 | k2 | k3 | k4 | k5 | o |\n|---|---|---|---|---|---|---|---:|\n";
+  std::vector<double> want;
+  for (int64_t n = 0; n < c.plan.sequences(); ++n) {
+    const tandem::AttentionSeq seq = c.plan.sequence(in, n);
+    for (int64_t i = 0; i < seq.Sq; ++i) {
+      f << "| " << seq.q_row(i) << " (sequence " << n << ", i = " << i << ") |";
+      double sum = 0;
+      int64_t count = 0;
+      for (int64_t r = 0; r < 6; ++r) {
+        const int64_t j = r - seq.k_start;
+        const bool own = j >= 0 && r < c.cu_k[n + 1];
+        const bool used = own && j < seq.Sk;
+        const bool vis = used && tandem::reference::key_visible(c.plan, seq, {}, 0, i, j);
+        if (vis) sum += c.v[r], ++count;
+        f << " " << (!own ? "" : !used ? "pad" : vis ? "●" : "·") << " |";
+      }
+      want.push_back(sum / double(count));
+      f << " " << num(o[seq.q_row(i)], 2) << " |\n";
+    }
+  }
+  for (std::size_t r = 0; r < want.size(); ++r) {
+    expect_close(o[r], want[r], 1e-6, "varlen row " + std::to_string(r));
+  }
+  return f.str();
+}
+
+std::string features_paged(const Backend& ref) {
+  // B = 2, blocks of 2 keys, 4 blocks; entry 0 holds 3 keys in blocks 2, 0;
+  // entry 1 holds 2 keys in block 1; spare entries −1; block 3 unused (NaN).
+  tandem::AttentionParams p = tiny(1, 0);
+  p.batch = 2;
+  p.num_blocks = 4;
+  p.block_size = 2;
+  p.max_blocks = 2;
+  TinyCall c(p);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  c.v = {3, nan, 7, 9, 1, 2, nan, nan};  // block b, slot s at 2b + s
+  c.table = {2, 0, 1, -1};
+  c.lens = {3, 2};
+  const auto o = c.run(ref).first;
+  const tandem::AttentionInputs<float> in = c.in();
+  std::ostringstream f;
+  f << "`block_size = 2`, `block_table = [[2, 0], [1, −1]]`, `cache_seqlens = [3, 2]`; "
+       "block 3 is in no table and holds NaN, as does slot 1 of block 0 (past entry 0's "
+       "length):\n\n| entry b | key j | block = block_table[b, j / 2] | slot = j mod 2 | v |\n"
+       "|---:|---:|---:|---:|---:|\n";
+  for (int64_t b = 0; b < 2; ++b) {
+    const tandem::AttentionSeq seq = c.plan.sequence(in, b);
+    double sum = 0;
+    for (int64_t j = 0; j < seq.Sk; ++j) {
+      const tandem::KeyRow r = seq.key_row(j);
+      const double vj = c.v[r.batch * 2 + r.seq];
+      sum += vj;
+      f << "| " << b << " | " << j << " | " << r.batch << " | " << r.seq << " | " << num(vj, 0)
+        << " |\n";
+    }
+    expect_close(o[b], sum / double(seq.Sk), 1e-6, "paged entry " + std::to_string(b));
+  }
+  f << "\nWith q = 0 each output is the mean of its entry's values: o = " << vec({o[0], o[1]})
+    << ", the mean of (1, 2, 3) and of (7, 9), as over the gathered caches.\n";
+  return f.str();
+}
+
+void features_page(const Backend& ref, const fs::path& out) {
+  write_file(out / "features_sinks.md", features_sinks(ref));
+  write_file(out / "features_alibi.md", features_alibi(ref));
+  write_file(out / "features_varlen.md", features_varlen(ref));
+  write_file(out / "features_paged.md", features_paged(ref));
 }
 
 // Figures from the performance report (report/report.md, written by
@@ -1040,8 +1228,9 @@ void fixture_table(const fs::path& src, const fs::path& out) {
     std::string props;
     for (const auto& p : it->second) props += (props.empty() ? "`" : ", `") + p + "`";
     std::string bug = what[name];
-    for (std::size_t i = 0; i < bug.size(); ++i)
-      if (bug[i] == '|') bug.replace(i, 1, "\\|");
+    for (std::size_t i = 0; i < bug.size(); ++i) {
+      if (bug[i] == '|') bug.replace(i++, 1, "\\|");  // step over the inserted backslash
+    }
     f << "| `broken_" << name << "` | " << bug << " | " << props << " |\n";
   }
   f << "\nRead from props/broken/broken.hpp and the expectation table of "
@@ -1217,6 +1406,7 @@ int main(int argc, char** argv) {
   const Backend ref = tandem::reference::backend();
   try {
     attention_pages(ref, out);
+    features_page(ref, out);
     rope_page(ref, out);
     layout_page(out);
     mask_pictures(ref, out);

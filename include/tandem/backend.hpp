@@ -27,12 +27,15 @@ struct Backend {
   /// Short name used in reports and test names ("reference", "optimized").
   std::string name;
 
-  /// out `[B,Sq,H,Dv]` (layout of q, contiguous) = attention(q, k, v, mask).
+  /// out `[B,Sq,H,Dv]` (layout of q, contiguous) = attention(q, k, v, mask), with the
+  /// sinks, ALiBi, packed sequences or paged cache the plan takes (SPEC §2.7–2.10;
+  /// a backend that does not implement one throws tandem::Error).
   std::function<void(const AttentionPlan&, const AttentionInputs<float>&, std::span<float> out)>
       attention_forward;
-  /// dq, dk, dv (contiguous, shapes of q, k, v) from dout (shape of out) in
-  /// one pass: any non-empty subset of them; an empty view is not computed
-  /// and never written.
+  /// dq, dk, dv (contiguous, shapes of q, k, v) and dsinks `[H]` from dout
+  /// (shape of out) in one pass: any non-empty subset of them; an empty view
+  /// is not computed and never written (check_grads; a backend that does not
+  /// implement dsinks throws tandem::Error).
   std::function<void(const AttentionPlan&, const AttentionInputs<float>&,
                      std::span<const float> dout, const AttentionGrads<float>&)>
       attention_backward;
@@ -41,9 +44,9 @@ struct Backend {
   std::function<void(const AttentionPlan&, const AttentionInputs<float>&, std::span<float> out,
                      std::span<float> lse)>
       attention_forward_lse;
-  /// dq, dk, dv (any non-empty subset) as attention_backward, from the forward's saved out
-  /// and lse: `p_ij = exp(s_ij − lse_i)` and `rowsum(dO ∘ O)` without running
-  /// the forward again.
+  /// The gradients (any non-empty subset) as attention_backward, from the
+  /// forward's saved out and lse: `p_ij = exp(s_ij − lse_i)` and
+  /// `rowsum(dO ∘ O)` without running the forward again.
   std::function<void(const AttentionPlan&, const AttentionInputs<float>&,
                      const AttentionSaved<float>&, std::span<const float> dout,
                      const AttentionGrads<float>&)>

@@ -465,6 +465,7 @@ namespace detail {
 void attention_backward(const AttentionPlan& plan, const AttentionInputs<float>& in,
                         std::span<const float> dout, const AttentionGrads<float>& grads,
                         const AttentionSaved<float>* saved, const Options& options) {
+  require_supported(plan);
   check_inputs(plan, in);
   require_size(dout.size(), plan.o.extent, "dout");
   check_grads(plan, grads);
@@ -476,6 +477,7 @@ void attention_backward(const AttentionPlan& plan, const AttentionInputs<float>&
 void attention_backward_one(const AttentionPlan& plan, const AttentionInputs<float>& in,
                             std::span<const float> dout, Gradient which, std::span<float> grad,
                             const Options& options) {
+  require_supported(plan);
   check_inputs(plan, in);
   require_size(dout.size(), plan.o.extent, "dout");
   AttentionGrads<float> grads;

@@ -313,6 +313,7 @@ namespace detail {
 
 void attention_forward(const AttentionPlan& plan, const AttentionInputs<float>& in,
                        std::span<float> out, const Options& options) {
+  require_supported(plan);
   check_inputs(plan, in);
   require_size(out.size(), plan.o.extent, "out");
   HWY_DYNAMIC_DISPATCH(AttentionForwardTarget)
@@ -321,6 +322,7 @@ void attention_forward(const AttentionPlan& plan, const AttentionInputs<float>& 
 
 void attention_forward_lse(const AttentionPlan& plan, const AttentionInputs<float>& in,
                            std::span<float> out, std::span<float> lse, const Options& options) {
+  require_supported(plan);
   check_inputs(plan, in);
   require_size(out.size(), plan.o.extent, "out");
   require_size(lse.size(), plan.lse_size(), "lse");

@@ -5,16 +5,19 @@
 ///        the backend's one validation and thread-count layer.
 ///
 /// Each entry point validates its views against the plan (the check_*
-/// helpers of the plan headers) before it writes anything, resolves the
-/// thread count of the call once (threads_of), then dispatches once to the
-/// best Highway target. Outer loops run on that many OpenMP threads, and no
-/// result depends on their number: bitwise identical for any thread count.
+/// helpers of the plan headers; an attention entry point first refuses the
+/// features it does not implement, require_supported) before it writes
+/// anything, resolves the thread count of the call once (threads_of), then
+/// dispatches once to the best Highway target. Outer loops run on that many
+/// OpenMP threads, and no result depends on their number: bitwise identical
+/// for any thread count.
 #pragma once
 
 #include <omp.h>
 
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "tandem/attention.hpp"
 #include "tandem/attention_block.hpp"
@@ -29,6 +32,23 @@ namespace tandem::optimized::detail {
 /// threads (omp_get_max_threads at call time) when it is 0.
 inline int threads_of(const Options& options) {
   return options.threads > 0 ? options.threads : omp_get_max_threads();
+}
+
+/// The attention features the optimized kernels do not implement yet — sinks
+/// (and so dsinks), ALiBi, packed sequences, paged caches (SPEC §2.7–2.10):
+/// the one place that refuses them, first thing in every attention entry
+/// point below, so that no call returns a wrong result. The reference backend
+/// implements them all.
+inline void require_supported(const AttentionPlan& plan) {
+  const char* input = plan.sinks                      ? "sinks"
+                      : plan.alibi != AlibiKind::none ? "alibi_slopes"
+                      : plan.varlen()                 ? "cu_seqlens_q"
+                      : plan.paged()                  ? "block_table"
+                                                      : nullptr;
+  if (input != nullptr) {
+    throw Error(input, std::string(input) + " (" + plan.describe() +
+                           ") is not supported by the optimized backend yet");
+  }
 }
 
 /// out = attention(q, k, v, mask).

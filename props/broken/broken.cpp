@@ -38,24 +38,49 @@ struct Attention {
   int threads;
 
   i64 kv_head(i64 h) const { return bug == Bug::gqa_mod ? h % p.Hkv : p.kv_head(h); }
-  i64 k_at(i64 b, i64 j, i64 g) const {
-    const i64 base = bug == Bug::attn_batch_offset_units
-                         ? b * p.k.batch / static_cast<i64>(sizeof(float))
-                         : b * p.k.batch;
-    return base + j * p.k.seq + g * p.k.head;
+
+  /// Sequence n (AttentionPlan::sequence), with the varlen bugs planted.
+  AttentionSeq seq(i64 n) const {
+    AttentionSeq s = p.sequence(in, n);
+    if (p.varlen() && bug == Bug::varlen_ignores_seqused) {
+      s.Sk = in.cu_seqlens_k[n + 1] - in.cu_seqlens_k[n];
+    }
+    if (p.varlen() && bug == Bug::varlen_reads_across_boundary && s.k_start + s.Sk < p.Sk) {
+      ++s.Sk;  // one key of the next slot
+    }
+    return s;
   }
-  i64 v_at(i64 b, i64 j, i64 g) const {
+  /// Where key j of s lives, with the paged bugs planted.
+  KeyRow key_row(const AttentionSeq& s, i64 j) const {
+    if (p.paged() && bug == Bug::paged_table_ignored) {
+      return {(s.b * p.max_blocks + j / p.block_size) % p.num_blocks, j % p.block_size};
+    }
+    KeyRow r = s.key_row(j);
+    if (p.paged() && bug == Bug::paged_slot_off_by_one) r.seq = (r.seq + 1) % p.block_size;
+    return r;
+  }
+  i64 k_at(const KeyRow& r, i64 g) const {
     const i64 base = bug == Bug::attn_batch_offset_units
-                         ? b * p.v.batch / static_cast<i64>(sizeof(float))
-                         : b * p.v.batch;
+                         ? r.batch * p.k.batch / static_cast<i64>(sizeof(float))
+                         : r.batch * p.k.batch;
+    return base + r.seq * p.k.seq + g * p.k.head;
+  }
+  i64 v_at(const KeyRow& r, i64 g) const {
+    const i64 base = bug == Bug::attn_batch_offset_units
+                         ? r.batch * p.v.batch / static_cast<i64>(sizeof(float))
+                         : r.batch * p.v.batch;
     const i64 seq =
         bug == Bug::v_row_stride_ignored && p.layout == Layout::bshd ? p.Hkv * p.Dv : p.v.seq;
-    return base + j * seq + g * p.v.head;
+    return base + r.seq * seq + g * p.v.head;
   }
 
-  bool visible(i64 b, i64 h, i64 i, i64 j) const {
-    if (bug == Bug::key_tail_dropped && p.Sk > 8 && j >= (p.Sk / 8) * 8) return false;
-    const i64 a = (bug == Bug::causal_offset_dropped ? 0 : p.q_offset()) + i;
+  bool visible(const AttentionSeq& s, i64 h, i64 i, i64 j) const {
+    if (bug == Bug::key_tail_dropped && s.Sk > 8 && j >= (s.Sk / 8) * 8) return false;
+    i64 a = (bug == Bug::causal_offset_dropped ? 0 : s.q_offset()) + i;
+    if (p.varlen() && bug == Bug::varlen_global_alignment) {
+      // one alignment over the packed totals, in packed coordinates
+      a = p.q_offset() + s.q_row(i) - s.k_start;
+    }
     switch (p.mask) {
       case MaskKind::none:
         return true;
@@ -64,99 +89,125 @@ struct Attention {
       case MaskKind::sliding_window:
         return (bug == Bug::window_off_by_one ? a - p.window < j : a - p.window <= j) && j <= a;
       case MaskKind::key_padding:
-        return in.mask[(bug == Bug::keep_row_batch0 ? 0 : b * p.Sk) + j] != 0.0f;
+        return in.mask[(bug == Bug::keep_row_batch0 ? 0 : s.b * p.Sk) + j] != 0.0f;
       case MaskKind::bias:
-        return in.mask[p.mask_row(b, h, i) + j] != -std::numeric_limits<float>::infinity();
+        return in.mask[p.mask_row(s.b, h, i) + j] != -std::numeric_limits<float>::infinity();
     }
     return false;
   }
 
+  /// ALiBi's penalty m·|i + Sk − Sq − j|, with the ALiBi bugs planted.
+  double alibi(const AttentionSeq& s, i64 h, i64 i, i64 j) const {
+    const double m = in.alibi_slopes[p.slope_at(s.n, h)];
+    const i64 shift = bug == Bug::alibi_shift_flipped ? -s.alibi_shift() : s.alibi_shift();
+    const i64 dist = i + shift - j;
+    return m * double(bug == Bug::alibi_without_abs ? dist : std::abs(dist));
+  }
+
   struct Row {
     std::vector<char> vis;
+    std::vector<KeyRow> key;
     std::vector<double> x, s, p;  // raw score scale·<q,k>, final score, probability
+    double p_sink = 0.0;
     double lse = -std::numeric_limits<double>::infinity();  // m + log l
     i64 n = 0;
   };
 
-  Row row(i64 b, i64 h, i64 i) const {
+  Row row(const AttentionSeq& sq, i64 h, i64 i) const {
     Row r;
-    r.vis.assign(p.Sk, 0);
-    r.x.assign(p.Sk, 0.0);
-    r.p.assign(p.Sk, 0.0);
-    std::vector<double> s(p.Sk, 0.0);
+    const i64 Sk = sq.Sk;
+    r.vis.assign(Sk, 0);
+    r.key.resize(Sk);
+    r.x.assign(Sk, 0.0);
+    r.p.assign(Sk, 0.0);
+    std::vector<double> s(Sk, 0.0);
     const i64 g = kv_head(h);
-    double m = -std::numeric_limits<double>::infinity();
-    for (i64 j = 0; j < p.Sk; ++j) {
-      if (!visible(b, h, i, j)) continue;
+    double m = p.sinks ? double(in.sinks[h]) : -std::numeric_limits<double>::infinity();
+    for (i64 j = 0; j < Sk; ++j) {
+      if (!visible(sq, h, i, j)) continue;
       r.vis[j] = 1;
+      r.key[j] = key_row(sq, j);
       ++r.n;
       double dot = 0.0;
       for (i64 d = 0; d < p.D; ++d)
-        dot += double(in.q[p.q.at(b, i, h) + d]) * in.k[k_at(b, j, g) + d];
+        dot += double(in.q[p.q.at(sq.b, sq.q_row(i), h) + d]) * in.k[k_at(r.key[j], g) + d];
       r.x[j] = p.scale * dot;
       double sj = r.x[j];
       if (p.softcap > 0) {
         sj = bug == Bug::softcap_tanh_unscaled ? p.softcap * std::tanh(sj)
                                                : p.softcap * std::tanh(sj / p.softcap);
       }
-      if (p.mask == MaskKind::bias) sj += in.mask[p.mask_row(b, h, i) + j];
+      if (p.alibi != AlibiKind::none) sj -= alibi(sq, h, i, j);
+      if (p.mask == MaskKind::bias) sj += in.mask[p.mask_row(sq.b, h, i) + j];
       s[j] = sj;
       m = std::max(m, sj);
     }
-    double l = 0.0;
-    for (i64 j = 0; j < p.Sk; ++j) {
+    if (r.n == 0 && !p.sinks) {
+      r.s = std::move(s);
+      return r;
+    }
+    double l = p.sinks ? exp_of(in.sinks[h] - m, bug) : 0.0;
+    for (i64 j = 0; j < Sk; ++j) {
       if (r.vis[j]) l += exp_of(s[j] - m, bug);
     }
-    for (i64 j = 0; j < p.Sk; ++j) {
+    for (i64 j = 0; j < Sk; ++j) {
       if (r.vis[j]) r.p[j] = exp_of(s[j] - m, bug) / l;
     }
-    if (r.n > 0) r.lse = bug == Bug::saved_lse_without_log ? m : m + std::log(l);
+    if (p.sinks) r.p_sink = exp_of(in.sinks[h] - m, bug) / l;
+    r.lse = bug == Bug::saved_lse_without_log ? m : m + std::log(l);
     r.s = std::move(s);
     return r;
   }
 
-  /// The row rebuilt from a saved lse: p_j = exp(s_j − lse).
-  Row saved_row(const AttentionSaved<float>& saved, i64 b, i64 h, i64 i) const {
-    Row r = row(b, h, i);
-    const double lse = saved.lse[p.lse_at(b, h, i)];
-    for (i64 j = 0; j < p.Sk; ++j) {
+  /// The row rebuilt from a saved lse: p_j = exp(s_j − lse), p_sink = exp(sink − lse).
+  Row saved_row(const AttentionSaved<float>& saved, const AttentionSeq& sq, i64 h, i64 i) const {
+    Row r = row(sq, h, i);
+    const double lse = saved.lse[p.lse_at(sq.b, h, sq.q_row(i))];
+    for (i64 j = 0; j < sq.Sk; ++j) {
       if (r.vis[j]) r.p[j] = exp_of(r.s[j] - lse, bug);
     }
+    if (p.sinks) r.p_sink = exp_of(in.sinks[h] - lse, bug);
     return r;
   }
 
   void forward(std::span<float> out, std::span<float> lse = {}) const {
-    for (i64 b = 0; b < p.B; ++b) {
+    for (i64 n = 0; n < p.sequences(); ++n) {
+      const AttentionSeq sq = seq(n);
       for (i64 h = 0; h < p.H; ++h) {
         const i64 g = kv_head(h);
-        for (i64 i = 0; i < p.Sq; ++i) {
-          const Row r = row(b, h, i);
-          if (!lse.empty()) lse[p.lse_at(b, h, i)] = static_cast<float>(r.lse);
+        for (i64 i = 0; i < sq.Sq; ++i) {
+          const Row r = row(sq, h, i);
+          if (!lse.empty()) lse[p.lse_at(sq.b, h, sq.q_row(i))] = static_cast<float>(r.lse);
           for (i64 d = 0; d < p.Dv; ++d) {
             float y;
             if (r.n == 0) {
               y = bug == Bug::masked_row_nan ? float(kNaN) : 0.0f;
             } else if (bug == Bug::thread_dependent_sum) {
               // `threads` partial sums in float, one per contiguous chunk of keys
-              const i64 chunk = (p.Sk + threads - 1) / threads;
+              const i64 chunk = (sq.Sk + threads - 1) / threads;
               y = 0.0f;
-              for (i64 j0 = 0; j0 < p.Sk; j0 += chunk) {
+              for (i64 j0 = 0; j0 < sq.Sk; j0 += chunk) {
                 float part = 0.0f;
-                for (i64 j = j0; j < std::min(p.Sk, j0 + chunk); ++j) {
-                  if (r.vis[j]) part += float(r.p[j]) * in.v[v_at(b, j, g) + d];
+                for (i64 j = j0; j < std::min(sq.Sk, j0 + chunk); ++j) {
+                  if (r.vis[j]) part += float(r.p[j]) * in.v[v_at(r.key[j], g) + d];
                 }
                 y += part;
               }
             } else {
               double acc = 0.0;
-              for (i64 j = 0; j < p.Sk; ++j) {
-                if (r.vis[j] || bug == Bug::masked_times_value) {
-                  acc += r.p[j] * in.v[v_at(b, j, g) + d];
+              for (i64 j = 0; j < sq.Sk; ++j) {
+                if (r.vis[j]) {
+                  acc += r.p[j] * in.v[v_at(r.key[j], g) + d];
+                } else if (bug == Bug::masked_times_value) {
+                  acc += r.p[j] * in.v[v_at(key_row(sq, j), g) + d];
                 }
+              }
+              if (bug == Bug::sink_value_first_key && sq.Sk > 0) {
+                acc += r.p_sink * in.v[v_at(key_row(sq, 0), g) + d];
               }
               y = float(acc);
             }
-            out[p.o.at(b, i, h) + d] = y;
+            out[p.o.at(sq.b, sq.q_row(i), h) + d] = y;
           }
         }
       }
@@ -164,54 +215,88 @@ struct Attention {
     if (bug == Bug::write_past_output) out.data()[out.size()] = 0.0f;
   }
 
-  // dq, dk, dv in double, indexed by plan.dq / dk / dv.
+  // dq, dk, dv (indexed by plan.dq / dk / dv) and dsinks [H], in double.
   // With `saved`, p from the saved lse and delta from the saved out.
-  void backward(std::span<const float> dout, bool fused, std::vector<double>& dq,
-                std::vector<double>& dk, std::vector<double>& dv,
-                const AttentionSaved<float>* saved = nullptr) const {
-    dq.assign(p.dq.extent, 0.0);
-    dk.assign(p.dk.extent, 0.0);
-    dv.assign(p.dv.extent, 0.0);
+  struct Grads {
+    std::vector<double> dq, dk, dv, dsinks;
+  };
+  Grads backward(std::span<const float> dout, bool fused,
+                 const AttentionSaved<float>* saved = nullptr) const {
+    Grads gr;
+    gr.dq.assign(p.dq.extent, 0.0);
+    gr.dk.assign(p.dk.extent, 0.0);
+    gr.dv.assign(p.dv.extent, 0.0);
+    gr.dsinks.assign(p.sinks ? p.H : 0, 0.0);
+    // dsink terms per head in row order, summed at the end
+    std::vector<std::vector<double>> sink_terms(gr.dsinks.size());
     const double sc = bug == Bug::scale_ignored_backward ? 1.0 : p.scale;
-    for (i64 b = 0; b < p.B; ++b) {
+    for (i64 n = 0; n < p.sequences(); ++n) {
+      const AttentionSeq sq = seq(n);
       for (i64 h = 0; h < p.H; ++h) {
         const i64 g = kv_head(h);
-        for (i64 i = 0; i < p.Sq; ++i) {
-          const Row r = saved != nullptr ? saved_row(*saved, b, h, i) : row(b, h, i);
+        for (i64 i = 0; i < sq.Sq; ++i) {
+          const Row r = saved != nullptr ? saved_row(*saved, sq, h, i) : row(sq, h, i);
+          const i64 qi = sq.q_row(i);
           if (r.n == 0) {
             if (bug == Bug::masked_row_nan) {
-              for (i64 d = 0; d < p.D; ++d) dq[p.dq.at(b, i, h) + d] = kNaN;
+              for (i64 d = 0; d < p.D; ++d) gr.dq[p.dq.at(sq.b, qi, h) + d] = kNaN;
             }
             continue;
           }
-          const i64 oo = p.o.at(b, i, h);
+          const i64 oo = p.o.at(sq.b, qi, h);
           double delta = 0.0;
           for (i64 d = 0; d < p.Dv; ++d) {
             double o = 0.0;
-            for (i64 j = 0; saved == nullptr && j < p.Sk; ++j) {
-              if (r.vis[j]) o += r.p[j] * in.v[v_at(b, j, g) + d];
+            for (i64 j = 0; saved == nullptr && j < sq.Sk; ++j) {
+              if (r.vis[j]) o += r.p[j] * in.v[v_at(r.key[j], g) + d];
             }
             if (saved != nullptr) o = saved->out[oo + d];
             delta += double(dout[oo + d]) * o;
           }
-          for (i64 j = 0; j < p.Sk; ++j) {
+          if (p.sinks) {
+            sink_terms[h].push_back((bug == Bug::dsink_sign_flipped ? 1.0 : -1.0) * r.p_sink *
+                                    delta);
+          }
+          for (i64 j = 0; j < sq.Sk; ++j) {
             if (!r.vis[j]) continue;
             double dp = 0.0;
-            for (i64 d = 0; d < p.Dv; ++d) dp += double(dout[oo + d]) * in.v[v_at(b, j, g) + d];
+            for (i64 d = 0; d < p.Dv; ++d) dp += double(dout[oo + d]) * in.v[v_at(r.key[j], g) + d];
             double ds = r.p[j] * (dp - delta);
             if (p.softcap > 0 && !(fused && bug == Bug::softcap_missing_backward)) {
               const double t = std::tanh(r.x[j] / p.softcap);
               ds *= 1.0 - t * t;
             }
+            const KeyRow& kr = r.key[j];
             for (i64 d = 0; d < p.D; ++d) {
-              dq[p.dq.at(b, i, h) + d] += sc * ds * in.k[k_at(b, j, g) + d];
-              dk[p.dk.at(b, j, g) + d] += sc * ds * in.q[p.q.at(b, i, h) + d];
+              gr.dq[p.dq.at(sq.b, qi, h) + d] += sc * ds * in.k[k_at(kr, g) + d];
+              gr.dk[p.dk.at(kr.batch, kr.seq, g) + d] += sc * ds * in.q[p.q.at(sq.b, qi, h) + d];
             }
-            for (i64 d = 0; d < p.Dv; ++d) dv[p.dv.at(b, j, g) + d] += r.p[j] * dout[oo + d];
+            for (i64 d = 0; d < p.Dv; ++d) {
+              gr.dv[p.dv.at(kr.batch, kr.seq, g) + d] += r.p[j] * dout[oo + d];
+            }
           }
         }
       }
     }
+    for (std::size_t h = 0; h < sink_terms.size(); ++h) {
+      if (bug == Bug::sink_sum_thread_dependent) {
+        // `threads` partial sums in float, one per contiguous chunk of rows
+        const std::size_t rows = sink_terms[h].size();
+        const std::size_t chunk = (rows + threads - 1) / static_cast<std::size_t>(threads);
+        float total = 0.0f;
+        for (std::size_t r0 = 0; r0 < rows; r0 += std::max<std::size_t>(chunk, 1)) {
+          float part = 0.0f;
+          for (std::size_t r = r0; r < std::min(rows, r0 + chunk); ++r) {
+            part += static_cast<float>(sink_terms[h][r]);
+          }
+          total += part;
+        }
+        gr.dsinks[h] = total;
+      } else {
+        for (double t : sink_terms[h]) gr.dsinks[h] += t;
+      }
+    }
+    return gr;
   }
 };
 
@@ -485,6 +570,30 @@ const char* to_string(Bug bug) {
       return "rope_qk_k_rows_by_q_heads";
     case Bug::rope_positions_checked_late:
       return "rope_positions_checked_late";
+    case Bug::sink_value_first_key:
+      return "sink_value_first_key";
+    case Bug::dsink_sign_flipped:
+      return "dsink_sign_flipped";
+    case Bug::sink_sum_thread_dependent:
+      return "sink_sum_thread_dependent";
+    case Bug::alibi_without_abs:
+      return "alibi_without_abs";
+    case Bug::alibi_shift_flipped:
+      return "alibi_shift_flipped";
+    case Bug::varlen_global_alignment:
+      return "varlen_global_alignment";
+    case Bug::varlen_reads_across_boundary:
+      return "varlen_reads_across_boundary";
+    case Bug::varlen_ignores_seqused:
+      return "varlen_ignores_seqused";
+    case Bug::paged_table_ignored:
+      return "paged_table_ignored";
+    case Bug::paged_slot_off_by_one:
+      return "paged_slot_off_by_one";
+    case Bug::features_write_before_check:
+      return "features_write_before_check";
+    case Bug::dsinks_one_past:
+      return "dsinks_one_past";
   }
   return "?";
 }
@@ -492,7 +601,7 @@ const char* to_string(Bug bug) {
 std::vector<Bug> all_bugs() {
   std::vector<Bug> v;
   for (int b = static_cast<int>(Bug::rope_table_stride_half_nrot);
-       b <= static_cast<int>(Bug::rope_positions_checked_late); ++b) {
+       b <= static_cast<int>(Bug::dsinks_one_past); ++b) {
     v.push_back(static_cast<Bug>(b));
   }
   return v;
@@ -501,32 +610,44 @@ std::vector<Bug> all_bugs() {
 Backend backend(Bug bug, int threads) {
   Backend be;
   be.name = std::string("broken:") + to_string(bug);
-  be.attention_forward = [bug, threads](const AttentionPlan& p, const AttentionInputs<float>& in,
-                                        std::span<float> out) {
+  // Bug::features_write_before_check: a call with a feature input writes its
+  // first output before it validates anything.
+  const auto early_write = [bug](const AttentionPlan& p, std::span<float> first) {
+    const bool features = p.sinks || p.alibi != AlibiKind::none || p.varlen() || p.paged();
+    if (bug == Bug::features_write_before_check && features && !first.empty()) first[0] = 0.0f;
+  };
+  be.attention_forward = [bug, threads, early_write](const AttentionPlan& p,
+                                                     const AttentionInputs<float>& in,
+                                                     std::span<float> out) {
+    early_write(p, out);
     check_inputs(p, in);
     require_size(out.size(), p.o.extent, "out");
     Attention{p, in, bug, threads}.forward(out);
   };
-  be.attention_forward_lse = [bug, threads](const AttentionPlan& p,
-                                            const AttentionInputs<float>& in, std::span<float> out,
-                                            std::span<float> lse) {
+  be.attention_forward_lse = [bug, threads, early_write](
+                                 const AttentionPlan& p, const AttentionInputs<float>& in,
+                                 std::span<float> out, std::span<float> lse) {
+    early_write(p, out);
     check_inputs(p, in);
     require_size(out.size(), p.o.extent, "out");
     require_size(lse.size(), p.lse_size(), "lse");
     Attention{p, in, bug, threads}.forward(out, lse);
   };
-  const auto backward = [bug](const AttentionPlan& p, const AttentionInputs<float>& in,
-                              const AttentionSaved<float>* saved, std::span<const float> dout,
-                              const AttentionGrads<float>& g) {
+  const auto backward = [bug, threads, early_write](
+                            const AttentionPlan& p, const AttentionInputs<float>& in,
+                            const AttentionSaved<float>* saved, std::span<const float> dout,
+                            const AttentionGrads<float>& g) {
+    early_write(p, !g.dq.empty() ? g.dq : !g.dk.empty() ? g.dk : !g.dv.empty() ? g.dv : g.dsinks);
     check_inputs(p, in);
     if (saved != nullptr) check_saved(p, *saved);
     require_size(dout.size(), p.o.extent, "dout");
     check_grads(p, g);
-    std::vector<double> dq, dk, dv;
-    Attention{p, in, bug, 1}.backward(dout, true, dq, dk, dv, saved);
-    copy_out(dq, g.dq);
-    copy_out(dk, g.dk);
-    copy_out(dv, g.dv);
+    const Attention::Grads r = Attention{p, in, bug, threads}.backward(dout, true, saved);
+    copy_out(r.dq, g.dq);
+    copy_out(r.dk, g.dk);
+    copy_out(r.dv, g.dv);
+    copy_out(r.dsinks, g.dsinks);
+    if (bug == Bug::dsinks_one_past && !g.dsinks.empty()) g.dsinks.data()[g.dsinks.size()] = 0.0f;
   };
   be.attention_backward = [backward](const AttentionPlan& p, const AttentionInputs<float>& in,
                                      std::span<const float> dout, const AttentionGrads<float>& g) {
@@ -536,16 +657,19 @@ Backend backend(Bug bug, int threads) {
       [backward](const AttentionPlan& p, const AttentionInputs<float>& in,
                  const AttentionSaved<float>& saved, std::span<const float> dout,
                  const AttentionGrads<float>& g) { backward(p, in, &saved, dout, g); };
-  const auto one = [bug](int which) {
-    return [bug, which](const AttentionPlan& p, const AttentionInputs<float>& in,
-                        std::span<const float> dout, std::span<float> grad) {
+  const auto one = [bug, early_write](int which) {
+    return [bug, which, early_write](const AttentionPlan& p, const AttentionInputs<float>& in,
+                                     std::span<const float> dout, std::span<float> grad) {
+      early_write(p, grad);
       check_inputs(p, in);
       require_size(dout.size(), p.o.extent, "dout");
       const i64 extent = which == 0 ? p.dq.extent : which == 1 ? p.dk.extent : p.dv.extent;
       require_size(grad.size(), extent, which == 0 ? "dq" : which == 1 ? "dk" : "dv");
-      std::vector<double> g[3];
-      Attention{p, in, bug, 1}.backward(dout, false, g[0], g[1], g[2]);
-      copy_out(g[which], grad);
+      AttentionGrads<float> g;
+      (which == 0 ? g.dq : which == 1 ? g.dk : g.dv) = grad;
+      check_grads(p, g);
+      const Attention::Grads r = Attention{p, in, bug, 1}.backward(dout, false);
+      copy_out(which == 0 ? r.dq : which == 1 ? r.dk : r.dv, grad);
     };
   };
   be.attention_backward_dq = one(0);

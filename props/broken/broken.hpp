@@ -50,6 +50,18 @@ enum class Bug {
   rope_bhsd_as_bshd,             ///< a bhsd source and output addressed as bshd rows
   rope_qk_k_rows_by_q_heads,     ///< k's (token, head) pairs mapped to tokens with q's head count
   rope_positions_checked_late,   ///< a position id's range checked while writing, not before
+  sink_value_first_key,          ///< the sink's share p_sink carries the value of key 0
+  dsink_sign_flipped,            ///< dsink_h = +Σ p_sink·<dO, O> (sign flipped)
+  sink_sum_thread_dependent,     ///< dsink_h summed in `threads` float partial sums
+  alibi_without_abs,             ///< ALiBi penalty m·(i + Sk − Sq − j), no absolute value
+  alibi_shift_flipped,           ///< ALiBi distance |i + Sq − Sk − j| (shift sign flipped)
+  varlen_global_alignment,       ///< causal/window aligned over the packed totals, not per sequence
+  varlen_reads_across_boundary,  ///< a sequence also sees the first key after its own
+  varlen_ignores_seqused,        ///< seqused_k ignored: the padding keys of a slot are read
+  paged_table_ignored,    ///< key j of batch b read from block (b·max_blocks + j/bs) % num_blocks
+  paged_slot_off_by_one,  ///< key j read from slot (j + 1) % block_size of its block
+  features_write_before_check,  ///< a feature call writes its first output, then validates
+  dsinks_one_past,              ///< backward writes one element past dsinks
 };
 
 /// The bug's name, e.g. "gqa_mod".
@@ -59,7 +71,8 @@ const char* to_string(Bug bug);
 std::vector<Bug> all_bugs();
 
 /// A backend named "broken:<bug>" with `bug` planted. `threads` only matters
-/// for Bug::thread_dependent_sum (it stands for the OpenMP thread count).
+/// for Bug::thread_dependent_sum and Bug::sink_sum_thread_dependent (it stands
+/// for the OpenMP thread count).
 Backend backend(Bug bug, int threads = 1);
 
 }  // namespace tandem::props::broken

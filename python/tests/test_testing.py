@@ -160,7 +160,7 @@ def test_the_docs_page_shows_this_shrunk_failure_verbatim():
     from kernels import my_attention
     with pytest.raises(T.CheckFailure) as info:
         T.check_attention(my_attention, **BUDGET)
-    page = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "pages", "09_python.md")
+    page = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "pages", "10_python.md")
     with open(page) as f:
         shown = f.read().split("```text\n", 1)[1].split("```", 1)[0]
     assert shown == str(info.value)

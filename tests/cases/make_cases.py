@@ -6,17 +6,22 @@
                                naming the case, the file and the field
   tests/cases/formats/<name>/  valid cases in every .npy variant the reader
                                accepts (v1/v2/v3 headers, <f8, keep masks of
-                               |b1, <i4, <i8, position ids of <i4, <i8) and
-                               one deliberate mismatch
+                               |b1, <i4, <i8, index inputs — position ids,
+                               sequence offsets, block tables — of <i4 and
+                               <i8) and one deliberate mismatch
 
-Each directory holds an `expect` file: the exit code on the first line and a
+Cases of the attention features (SPEC §2.7–2.10) are named features_*: CTest
+runs them on the backends that implement them. Each directory holds an
+`expect` file: the exit code on the first line and a
 fragment the command's output must contain on the second. Run it with the
 system Python (NumPy only) from anywhere; it rewrites both trees. The files
 are committed, so building and testing never needs Python.
 
-  --examples   instead (re)writes the RoPE examples in tests/cases/examples/
-               whose expected outputs PyTorch computes (needs torch: run it
-               from a virtual environment with numpy and torch installed)
+  --examples   instead (re)writes the examples in tests/cases/examples/
+               whose expected outputs PyTorch computes: RoPE as models apply
+               it, and the attention features (features_*) the way a
+               framework user writes them (needs torch: run it from a
+               virtual environment with numpy and torch installed)
 """
 import json
 import math
@@ -33,6 +38,15 @@ rng = np.random.default_rng(20240611)
 
 def f32(*shape):
     return rng.standard_normal(shape).astype(np.float32)
+
+
+# The cases of the attention features draw from their own stream, so that
+# adding them left every earlier case's bytes as they were.
+features_rng = np.random.default_rng(20261130)
+
+
+def g32(*shape):
+    return features_rng.standard_normal(shape).astype(np.float32)
 
 
 def npy_bytes(header_dict_text, data=b"", version=(1, 0)):
@@ -139,7 +153,7 @@ def write_bad_rope(w):
     w.case("rope_positions_float_dtype", rope_positions_case({"head_dim": 8}),
            {**x, "positions.npy": pos.astype("<f4")},
            expect=(2, "positions.npy: inputs.positions: dtype <f4 is not allowed here: "
-                      "positions holds indices, <i4 or <i8"))
+                      "index inputs are <i4 or <i8"))
     w.case("rope_positions_wrong_shape", rope_positions_case({"head_dim": 8}),
            {**x, "positions.npy": pos.reshape(6)},
            expect=(2, "positions.npy: positions.shape: positions.shape = [6] must be x's token "
@@ -313,6 +327,102 @@ def write_bad(w):
            {"op": "swiglu_backward", "inputs": {"x": "x.npy", "dout": "dout.npy"}},
            {"x.npy": f32(2, 8), "dout.npy": f32(2, 8)},
            expect=(2, "dout.npy: dout.shape: dout.shape = [2, 8] must be the shape of the forward output, [2, 4]"))
+    # --- attention features: sinks, ALiBi, packed sequences, paged caches (bad inputs)
+    def features_case(inputs, op="attention", attrs=None, **overrides):
+        names = {"q": "q.npy", "k": "k.npy", "v": "v.npy"}
+        names.update({n: n + ".npy" for n in inputs})
+        c = {"op": op, "attrs": attrs or {"num_heads": 2}, "inputs": names}
+        c.update(overrides)
+        return c
+
+    packed = {"q.npy": g32(5, 2, 8), "k.npy": g32(6, 1, 8), "v.npy": g32(6, 1, 8)}
+
+    def varlen(cu_q=(0, 2, 5), cu_k=(0, 3, 6), dtype="<i4", **more):
+        arrays = dict(packed)
+        arrays["cu_seqlens_q.npy"] = np.array(cu_q, dtype=dtype)
+        arrays["cu_seqlens_k.npy"] = np.array(cu_k, dtype=dtype)
+        arrays.update({k + ".npy": v for k, v in more.items()})
+        return features_case(["cu_seqlens_q", "cu_seqlens_k"] + list(more)), arrays
+
+    c, a = varlen(cu_q=(1, 2, 5))
+    w.case("cu_seqlens_q_not_from_zero", c, a,
+           expect=(2, "cu_seqlens_q.npy: inputs.cu_seqlens_q: cu_seqlens_q[0] = 1 must be 0"))
+    c, a = varlen(cu_k=(0, 7, 6), dtype="<i8")
+    w.case("cu_seqlens_k_decreasing", c, a,
+           expect=(2, "cu_seqlens_k.npy: inputs.cu_seqlens_k: cu_seqlens_k[2] = 6 must be >= cu_seqlens_k[1] = 7"))
+    c, a = varlen(cu_q=(0, 2, 4))
+    w.case("cu_seqlens_q_short_of_the_total", c, a,
+           expect=(2, "cu_seqlens_q[2] = 4 must be the total number of rows, 5"))
+    c, a = varlen(dtype="<f4")
+    w.case("cu_seqlens_float", c, a,
+           expect=(2, "cu_seqlens_k.npy: inputs.cu_seqlens_k: dtype <f4 is not allowed here: index inputs are <i4 or <i8"))
+    c, a = varlen(cu_k=(0, 2, 4, 6))
+    w.case("cu_seqlens_k_wrong_length", c, a,
+           expect=(2, "cu_seqlens_k.npy: cu_seqlens_k.shape: cu_seqlens_k.shape = [4] must be [3]"))
+    c, a = varlen()
+    del c["inputs"]["cu_seqlens_k"]
+    w.case("cu_seqlens_k_missing", c, a,
+           expect=(2, "case.json: cu_seqlens_k: cu_seqlens_k = (absent) is required with cu_seqlens_q"))
+    c, a = varlen(seqused_k=np.array([3, 4], dtype="<i4"))
+    w.case("seqused_k_beyond_its_slot", c, a,
+           expect=(2, "seqused_k.npy: inputs.seqused_k: seqused_k[1] = 4 must lie in [0, 3]"))
+    c, a = varlen(mask=np.ones((1, 6), dtype=bool))
+    c["attrs"]["mask"] = "key_padding"
+    w.case("varlen_key_padding_mask", c, a,
+           expect=(2, "mask.npy: mask: mask = key_padding must be none, causal or sliding_window with packed sequences"))
+
+    cache = {"q.npy": g32(1, 1, 2, 8), "k.npy": g32(4, 4, 1, 8), "v.npy": g32(4, 4, 1, 8)}
+
+    def paged(table=((1, 3),), lens=(6,), op="attention", dtype="<i4", **more):
+        arrays = dict(cache)
+        arrays["block_table.npy"] = np.array(table, dtype=dtype)
+        arrays["cache_seqlens.npy"] = np.array(lens, dtype=dtype)
+        arrays.update({k + ".npy": v for k, v in more.items()})
+        return features_case(["block_table", "cache_seqlens"] + list(more), op=op), arrays
+
+    c, a = paged(table=((1, 7),))
+    w.case("block_table_entry_out_of_range", c, a,
+           expect=(2, "block_table.npy: inputs.block_table: block_table[1] = 7 must lie in [0, num_blocks = 4)"))
+    c, a = paged(lens=(9,), dtype="<i8")
+    w.case("cache_seqlens_beyond_the_table", c, a,
+           expect=(2, "cache_seqlens.npy: inputs.cache_seqlens: cache_seqlens[0] = 9 must lie in [0, 8]"))
+    c, a = paged(lens=(-1,))
+    w.case("cache_seqlens_negative", c, a,
+           expect=(2, "cache_seqlens.npy: inputs.cache_seqlens: cache_seqlens[0] = -1 must lie in [0, 8]"))
+    c, a = paged(dtype="<f8")
+    w.case("block_table_float", c, a,
+           expect=(2, "block_table.npy: inputs.block_table: dtype <f8 is not allowed here: index inputs are <i4 or <i8"))
+    c, a = paged(op="attention_backward", dout=g32(1, 1, 2, 8))
+    w.case("paged_backward", c, a,
+           expect=(2, "block_table.npy: block_table: block_table = [1, 2] is forward only"))
+    c, a = paged()
+    c["inputs"].update({"cu_seqlens_q": "cu.npy", "cu_seqlens_k": "cu.npy"})
+    a["cu.npy"] = np.array([0, 1], dtype="<i4")
+    w.case("paged_with_cu_seqlens", c, a,
+           expect=(2, "block_table.npy: block_table: block_table = [1, 2] and cu_seqlens_q do not combine"))
+
+    dense = {"q.npy": g32(1, 4, 2, 8), "k.npy": g32(1, 4, 2, 8), "v.npy": g32(1, 4, 2, 8)}
+
+    def dense_case(op="attention", **more):
+        arrays = dict(dense)
+        arrays.update({k + ".npy": v for k, v in more.items()})
+        return features_case(list(more), op=op), arrays
+
+    c, a = dense_case(sinks=g32(3))
+    w.case("sinks_wrong_shape", c, a, expect=(2, "sinks.npy: sinks.shape: sinks.shape = [3] must be [2]"))
+    c, a = dense_case(sinks=np.array([np.nan, 0.5], dtype="<f4"))
+    w.case("sinks_not_finite", c, a, expect=(2, "sinks.npy: inputs.sinks: sinks[0] = nan must be finite"))
+    c, a = dense_case(alibi_slopes=g32(3))
+    w.case("alibi_slopes_wrong_shape", c, a,
+           expect=(2, "alibi_slopes.npy: alibi_slopes.shape: alibi_slopes.shape = [3] must be [H] = [2] or [n, H] = [1, 2]"))
+    c, a = dense_case(alibi_slopes=np.array([0.5, np.inf], dtype="<f4"))
+    w.case("alibi_slopes_not_finite", c, a,
+           expect=(2, "alibi_slopes.npy: inputs.alibi_slopes: alibi_slopes[1] = inf must be finite"))
+    c, a = dense_case(op="attention_backward", dout=g32(1, 4, 2, 8))
+    c["expected"] = {"dsinks": "dsinks.npy"}
+    a["dsinks.npy"] = g32(2)
+    w.case("dsinks_without_sinks", c, a,
+           expect=(2, "case.json: expected.dsinks: is not an output of this case"))
     # --- expected and tolerance
     w.case("unknown_expected_output", swiglu_case(expected={"dx": "x.npy"}), x,
            expect=(2, "case.json: expected.dx: unknown output for op swiglu"))
@@ -397,6 +507,33 @@ def attention_np(q, k, v, keep=None):
     return out
 
 
+def attend_seq(q, k, v, causal=False, sinks=None, slopes=None):
+    """One sequence: q [Sq, H, D], k [Sk, Hkv, D], v [Sk, Hkv, Dv] -> out [Sq, H, Dv]
+    (float64), with bottom-right causal alignment, sinks [H] and ALiBi slopes [H]."""
+    q, k, v = (t.astype(np.float64) for t in (q, k, v))
+    Sq, H, D = q.shape
+    Sk, Hkv = k.shape[:2]
+    out = np.zeros((Sq, H, v.shape[2]))
+    i, j = np.arange(Sq)[:, None], np.arange(Sk)[None, :]
+    for h in range(H):
+        g = h // (H // Hkv)
+        s = q[:, h, :] @ k[:, g, :].T / math.sqrt(D)
+        if slopes is not None:
+            s = s - slopes[h] * np.abs(i + Sk - Sq - j)
+        if causal:
+            s = np.where(j <= i + max(Sk - Sq, 0), s, -np.inf)
+        m = s.max(axis=1, initial=-np.inf, keepdims=True)
+        if sinks is not None:
+            m = np.maximum(m, sinks[h])
+        e = np.where(np.isfinite(s), np.exp(s - np.where(np.isfinite(m), m, 0)), 0.0)
+        den = e.sum(axis=1, keepdims=True)
+        if sinks is not None:
+            den = den + np.exp(sinks[h] - m)
+        p = np.divide(e, den, out=np.zeros_like(e), where=den > 0)
+        out[:, h, :] = p @ v[:, g, :]
+    return out
+
+
 def write_formats(w):
     x = f32(3, 8)
     out = (silu(x[:, :4].astype(np.float64)) * x[:, 4:]).astype(np.float32)
@@ -422,16 +559,43 @@ def write_formats(w):
                               expected={"out": "out.npy"}),
                {"q.npy": q, "k.npy": k, "v.npy": v, "mask.npy": keep.astype(dtype), "out.npy": expected},
                expect=ok)
+    # index inputs as int32 and int64: two packed sequences (2 and 3 queries;
+    # 3 and 4 keys, the last of which is padding past seqused_k)
+    q, k, v = g32(5, 2, 8), g32(7, 1, 8), g32(7, 1, 8)
+    cu_q, cu_k, used = [0, 2, 5], [0, 3, 7], [3, 3]
+    expected = np.concatenate([
+        attend_seq(q[cu_q[n]:cu_q[n + 1]], k[cu_k[n]:cu_k[n] + used[n]], v[cu_k[n]:cu_k[n] + used[n]],
+                   causal=True) for n in range(2)]).astype(np.float32)
+    for dtype, name in [("<i4", "features_varlen_int32"), ("<i8", "features_varlen_int64")]:
+        w.case(name, attention_case({"num_heads": 2, "mask": "causal"},
+                                    {"q": "q.npy", "k": "k.npy", "v": "v.npy", "cu_seqlens_q": "cq.npy",
+                                     "cu_seqlens_k": "ck.npy", "seqused_k": "used.npy"},
+                                    expected={"out": "out.npy"}),
+               {"q.npy": q, "k.npy": k, "v.npy": v, "cq.npy": np.array(cu_q, dtype=dtype),
+                "ck.npy": np.array(cu_k, dtype=dtype), "used.npy": np.array(used, dtype=dtype),
+                "out.npy": expected},
+               expect=ok)
+    # a paged cache whose spare table entries hold -1 (never read)
+    q, kc, vc = g32(2, 1, 2, 8), g32(5, 4, 1, 8), g32(5, 4, 1, 8)
+    table, lens = np.array([[3, 0, -1], [1, -1, -1]], dtype="<i4"), np.array([6, 2], dtype="<i8")
+    expected = np.stack([
+        attend_seq(q[b], kc[table[b]].reshape(-1, 1, 8)[:lens[b]], vc[table[b]].reshape(-1, 1, 8)[:lens[b]])
+        for b in range(2)]).astype(np.float32)
+    w.case("features_paged_spare_entries",
+           attention_case({"num_heads": 2}, {"q": "q.npy", "k": "k.npy", "v": "v.npy",
+                                             "block_table": "table.npy", "cache_seqlens": "lens.npy"},
+                          expected={"out": "out.npy"}),
+           {"q.npy": q, "k.npy": kc, "v.npy": vc, "table.npy": table, "lens.npy": lens, "out.npy": expected},
+           expect=ok)
+
     write_formats_rope(w)
 
 
-def write_examples():
+def write_rope_examples(root):
     """RoPE examples whose expected outputs PyTorch computes, the way models do."""
     import torch  # only here: the corpus above needs NumPy alone
-    sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
     from tandem_case import write_case
 
-    root = os.path.join(HERE, "examples")
     gen = torch.Generator().manual_seed(20240613)
 
     def randn(*shape):
@@ -503,9 +667,144 @@ def write_examples():
                {"out": out})
 
 
+# --- PyTorch examples of the attention features (python make_cases.py --examples) ---
+#
+# Each is computed the way a framework user writes it, in float64 from the
+# float32 inputs the case stores: sinks as gpt-oss writes them (one more
+# score column, dropped after the softmax), ALiBi as an additive bias, packed
+# sequences as one call per sequence, a paged cache by gathering its blocks.
+# Gradients come from autograd.
+
+
+def write_feature_examples(root):
+    import torch  # only here: the corpus above needs NumPy alone
+    from tandem_case import write_case
+
+    torch.manual_seed(20261130)
+
+    def t32(*shape):
+        return torch.randn(*shape, dtype=torch.float32)
+
+    def write(name, op, attrs, inputs, expected):
+        write_case(os.path.join(root, name), op, attrs, inputs, expected)
+
+    def gpt_oss_sdpa(Q, K, V, S, sm_scale, sliding_window=0):
+        # Q [T, Hkv, q_mult, D], K and V [T, Hkv, D], S [Hkv * q_mult]: gpt-oss's
+        # reference attention, the sink appended as one more score column.
+        T, n_kv, q_mult, _ = Q.shape
+        K = K[:, :, None, :].expand(-1, -1, q_mult, -1)
+        V = V[:, :, None, :].expand(-1, -1, q_mult, -1)
+        S = S.reshape(n_kv, q_mult, 1, 1).expand(-1, -1, T, -1)
+        mask = torch.triu(Q.new_full((T, T), -float("inf")), diagonal=1)
+        if sliding_window > 0:
+            mask = mask + torch.tril(mask.new_full((T, T), -float("inf")), diagonal=-sliding_window)
+        QK = torch.einsum("qhmd,khmd->hmqk", Q, K) * sm_scale + mask[None, None]
+        W = torch.softmax(torch.cat([QK, S], dim=-1), dim=-1)[..., :-1]
+        return torch.einsum("hmqk,khmd->qhmd", W, V)
+
+    # 1. gpt-oss sinks, GQA (8 query heads on 2 kv heads), a sliding window of
+    # 4 keys (gpt-oss's sliding_window = 4 is tandem's window = 3), forward and
+    # backward (dsinks too).
+    T, n_kv, q_mult, D = 7, 2, 4, 8
+    q, k, v, sinks = t32(T, n_kv * q_mult, D), t32(T, n_kv, D), t32(T, n_kv, D), t32(n_kv * q_mult)
+    dout = t32(T, n_kv * q_mult, D)
+    q64, k64, v64, s64 = (x.double().requires_grad_() for x in (q, k, v, sinks))
+    out = gpt_oss_sdpa(q64.reshape(T, n_kv, q_mult, D), k64, v64, s64, D ** -0.5,
+                       sliding_window=4).reshape(T, n_kv * q_mult, D)
+    out.backward(dout.double())
+    attrs = {"num_heads": 8, "layout": "bshd", "mask": "sliding_window", "window": 3}
+    qkv = {"q": q[None], "k": k[None], "v": v[None], "sinks": sinks}
+    write("features_sinks_gpt_oss", "attention", attrs, qkv, {"out": out[None]})
+    write("features_sinks_gpt_oss_backward", "attention_backward", attrs,
+          {**qkv, "dout": dout[None]},
+          {"dq": q64.grad[None], "dk": k64.grad[None], "dv": v64.grad[None], "dsinks": s64.grad})
+
+    # 2. ALiBi with the standard slopes of 6 heads (not a power of two) as an
+    # additive bias -m_h |i + Sk - Sq - j| to SDPA, bottom-right causal.
+    def standard_slopes(H):
+        n = 2 ** math.floor(math.log2(H))
+        first = [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+        return first + [2.0 ** (-4.0 * (2 * i + 1) / n) for i in range(H - n)]
+
+    B, Sq, Sk, H, D = 2, 5, 9, 6, 8
+    q, k, v, dout = t32(B, H, Sq, D), t32(B, H, Sk, D), t32(B, H, Sk, D), t32(B, H, Sq, D)
+    slopes = torch.tensor(standard_slopes(H), dtype=torch.float32)
+    i, j = torch.arange(Sq)[:, None], torch.arange(Sk)[None, :]
+    bias = -slopes.double()[:, None, None] * (i + Sk - Sq - j).abs()
+    bias = bias.masked_fill(j > i + (Sk - Sq), -float("inf"))
+    q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(q64, k64, v64, attn_mask=bias)
+    out.backward(dout.double())
+    attrs = {"num_heads": H, "layout": "bhsd", "mask": "causal"}
+    qkv = {"q": q, "k": k, "v": v, "alibi_slopes": slopes}
+    write("features_alibi_causal", "attention", attrs, qkv, {"out": out})
+    write("features_alibi_causal_backward", "attention_backward", attrs, {**qkv, "dout": dout},
+          {"dq": q64.grad, "dk": k64.grad, "dv": v64.grad})
+
+    # 3. Packed sequences (FlashAttention's varlen): 3 sequences of 3, 1 and 4
+    # queries over slots of 5, 2 and 6 keys, of which the last uses 4
+    # (seqused_k); each is one SDPA call with its own bottom-right causal mask.
+    H, Hkv, D = 4, 2, 16
+    q_lens, k_slots, k_used = [3, 1, 4], [5, 2, 6], [5, 2, 4]
+    cu_q, cu_k = np.cumsum([0] + q_lens), np.cumsum([0] + k_slots)
+    q, k, v = t32(cu_q[-1], H, D), t32(cu_k[-1], Hkv, D), t32(cu_k[-1], Hkv, D)
+    dout = t32(cu_q[-1], H, D)
+    q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+    outs = []
+    for n in range(3):
+        qs = q64[cu_q[n]:cu_q[n + 1]].transpose(0, 1)
+        ks = k64[cu_k[n]:cu_k[n] + k_used[n]].transpose(0, 1).repeat_interleave(H // Hkv, 0)
+        vs = v64[cu_k[n]:cu_k[n] + k_used[n]].transpose(0, 1).repeat_interleave(H // Hkv, 0)
+        i, j = torch.arange(q_lens[n])[:, None], torch.arange(k_used[n])[None, :]
+        keep = j <= i + max(k_used[n] - q_lens[n], 0)
+        outs.append(torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, attn_mask=keep)
+                    .transpose(0, 1))
+    out = torch.cat(outs)
+    out.backward(dout.double())
+    attrs = {"num_heads": H, "mask": "causal"}
+    inputs = {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_q.astype("<i4"),
+              "cu_seqlens_k": cu_k.astype("<i4"), "seqused_k": np.array(k_used, dtype="<i4")}
+    write("features_varlen_causal", "attention", attrs, inputs, {"out": out})
+    write("features_varlen_causal_backward", "attention_backward", attrs, {**inputs, "dout": dout},
+          {"dq": q64.grad, "dk": k64.grad, "dv": v64.grad})
+
+    # 4. A paged KV cache (vLLM): blocks of 4 keys, three sequences of 7, 1 and
+    # 12 cached keys in shuffled blocks (spare table entries -1); decode
+    # (Sq = 1) and chunked prefill (Sq = 3, causal at the end of the cache),
+    # each against SDPA over the gathered cache.
+    block, n_blocks, H, Hkv, D = 4, 9, 4, 1, 8
+    lens = [7, 1, 12]
+    table = np.full((3, 3), -1, dtype="<i4")
+    order = iter(torch.randperm(n_blocks).tolist())
+    for b, length in enumerate(lens):
+        for e in range((length + block - 1) // block):
+            table[b, e] = next(order)
+    kc, vc = t32(n_blocks, block, Hkv, D), t32(n_blocks, block, Hkv, D)
+    for Sq, name in [(1, "features_paged_decode"), (3, "features_paged_prefill")]:
+        q = t32(3, Sq, H, D)
+        outs = []
+        for b, length in enumerate(lens):
+            blocks = torch.from_numpy(table[b, :(length + block - 1) // block].astype(np.int64))
+            ks = kc[blocks].reshape(-1, Hkv, D)[:length].double().transpose(0, 1)
+            vs = vc[blocks].reshape(-1, Hkv, D)[:length].double().transpose(0, 1)
+            i, j = torch.arange(Sq)[:, None], torch.arange(length)[None, :]
+            keep = j <= i + max(length - Sq, 0)
+            o = torch.nn.functional.scaled_dot_product_attention(
+                q[b].double().transpose(0, 1), ks.expand(H, -1, -1), vs.expand(H, -1, -1),
+                attn_mask=keep)
+            outs.append(o.transpose(0, 1))
+        write(name, "attention", {"num_heads": H, "mask": "causal"},
+              {"q": q, "k": kc, "v": vc, "block_table": table,
+               "cache_seqlens": np.array(lens, dtype="<i4")},
+              {"out": torch.stack(outs)})
+
+
 def main():
     if "--examples" in sys.argv[1:]:
-        write_examples()
+        sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
+        root = os.path.join(HERE, "examples")
+        write_rope_examples(root)
+        write_feature_examples(root)
         return 0
     write_bad(Writer(os.path.join(HERE, "bad")))
     write_formats(Writer(os.path.join(HERE, "formats")))

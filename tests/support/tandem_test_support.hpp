@@ -2,9 +2,10 @@
 /// @file tandem_test_support.hpp
 /// @brief What the unit tests (tests/) and the property suite (props/) share:
 ///        guarded output buffers, bitwise and tolerance comparison, the
-///        check that a call throws tandem::Error naming a parameter, seeded
-///        random values, attention parameters in one line, and (with the
-///        optimized backend) a loop over its SIMD targets.
+///        check that a call (AttentionPlan::make among them) throws
+///        tandem::Error naming a parameter, seeded random values, attention
+///        parameters in one line, and (with the optimized backend) a loop
+///        over its SIMD targets.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -202,6 +203,21 @@ void expect_error_message(F&& f, const std::string& parameter, const std::string
   ADD_FAILURE() << "no error; expected: " << message;
 }
 
+/// GoogleTest: AttentionPlan::make(p) throws as expect_error() describes.
+inline void expect_make_error(const AttentionParams& p, const std::string& parameter,
+                              std::initializer_list<std::string> fragments = {}) {
+  expect_error([&] { AttentionPlan::make(p); }, parameter, fragments);
+}
+
+/// Whether every element of a plain output, filled with sentinel() before a
+/// call, still holds it (Guarded::untouched for a buffer without guards).
+inline bool untouched(std::span<const float> x) {
+  for (const float e : x) {
+    if (!is_sentinel(e)) return false;
+  }
+  return true;
+}
+
 /// n values uniform in [lo, hi) from a generator seeded with `seed`.
 template <class T = float>
 std::vector<T> random_values(std::size_t n, unsigned seed, T lo = T(-1), T hi = T(1)) {
@@ -229,6 +245,14 @@ inline AttentionParams attention_params(std::int64_t B, std::int64_t Sq, std::in
   p.mask = mask;
   p.window = window;
   return p;
+}
+
+/// Attention attrs for AttentionPlan::from_shapes in one line.
+inline AttentionAttrs attention_attrs(std::int64_t H, MaskKind mask = MaskKind::none) {
+  AttentionAttrs a;
+  a.num_heads = H;
+  a.mask = mask;
+  return a;
 }
 
 #ifdef TANDEM_HAVE_OPTIMIZED

@@ -7,8 +7,10 @@
 // parse_case_json and plan_case must return or throw CaseError — never crash,
 // hang, overflow or throw anything else. When every tensor is small, the
 // reference backend then runs the plan on the remaining bytes as data (index
-// inputs such as positions as small integers, some out of range), so a plan
-// that admits a shape or an index the kernel cannot handle shows up under ASan.
+// inputs — positions, cu_seqlens, seqused_k, block tables, cache lengths — as
+// integers in [−16, 15], valid or not), so a plan that admits a shape the
+// kernel cannot handle, or an index the validation lets through, shows up
+// under ASan.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -60,11 +62,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       NpyArray a;
       a.shape = shape;
       a.values.resize(static_cast<std::size_t>(n));
-      if (is_index_input(name)) {  // indices: small integers, some out of range
-        a.dtype = NpyDtype::i8;
-        for (auto& v : a.values) {
-          a.integers.push_back(static_cast<std::int8_t>(next()) / 8);
-          v = static_cast<float>(a.integers.back());
+      if (is_index_input(name)) {  // indices: small signed integers
+        a.dtype = NpyDtype::i4;
+        a.integers.resize(a.values.size());
+        for (std::size_t i = 0; i < a.values.size(); ++i) {
+          a.integers[i] = static_cast<std::int8_t>(next()) / 8;
+          a.values[i] = static_cast<float>(a.integers[i]);
         }
       } else {
         for (auto& v : a.values) v = static_cast<float>(static_cast<std::int8_t>(next())) / 16.0f;

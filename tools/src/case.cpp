@@ -4,6 +4,7 @@
 #include "case.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -140,6 +141,25 @@ json parse_json_strict(std::string_view text, const JsonReader& r) {
   return j;
 }
 
+/// The optional attention inputs that switch a feature on (spec §2.7–2.10),
+/// with the field of AttentionShapes that holds each one's shape.
+const std::array<std::pair<const char*, std::optional<Shape> AttentionShapes::*>, 7>
+    kFeatureShapes = {{{"sinks", &AttentionShapes::sinks},
+                       {"alibi_slopes", &AttentionShapes::alibi_slopes},
+                       {"cu_seqlens_q", &AttentionShapes::cu_seqlens_q},
+                       {"cu_seqlens_k", &AttentionShapes::cu_seqlens_k},
+                       {"seqused_k", &AttentionShapes::seqused_k},
+                       {"block_table", &AttentionShapes::block_table},
+                       {"cache_seqlens", &AttentionShapes::cache_seqlens}}};
+
+/// The index inputs of attention (read as integers), with their AttentionInputs field.
+const std::array<std::pair<const char*, Indices AttentionInputs<float>::*>, 5> kIndexInputs = {
+    {{"cu_seqlens_q", &AttentionInputs<float>::cu_seqlens_q},
+     {"cu_seqlens_k", &AttentionInputs<float>::cu_seqlens_k},
+     {"seqused_k", &AttentionInputs<float>::seqused_k},
+     {"block_table", &AttentionInputs<float>::block_table},
+     {"cache_seqlens", &AttentionInputs<float>::cache_seqlens}}};
+
 /// "attrs.<name>" for messages.
 std::string attr_field(const std::string& name) {
   return "attrs." + name;
@@ -161,15 +181,17 @@ const std::vector<OpInfo>& op_table() {
       {Op::attention,
        "attention",
        {"q", "k", "v"},
-       {"mask"},
+       {"mask", "sinks", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table",
+        "cache_seqlens"},
        {"out"},
        {"num_heads", "layout", "mask", "window", "scale", "softcap"},
        {2e-4, 2e-5}},
       {Op::attention_backward,
        "attention_backward",
        {"q", "k", "v", "dout"},
-       {"mask"},
-       {"dq", "dk", "dv"},
+       {"mask", "sinks", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table",
+        "cache_seqlens"},
+       {"dq", "dk", "dv", "dsinks"},
        {"num_heads", "layout", "mask", "window", "scale", "softcap"},
        {1e-3, 1e-4}},
       {Op::rope, "rope", {"x", "cos", "sin"}, {"positions"}, {"out"}, rope_attrs, {1e-5, 1e-6}},
@@ -228,7 +250,8 @@ const std::vector<OpInfo>& op_table() {
 }
 
 bool is_index_input(const std::string& name) {
-  return name == "positions";
+  return name == "positions" || std::any_of(kIndexInputs.begin(), kIndexInputs.end(),
+                                            [&](const auto& entry) { return name == entry.first; });
 }
 
 const OpInfo& op_info(Op op) {
@@ -415,10 +438,20 @@ std::optional<std::string> tensor_of_parameter(const CaseSpec& spec, const std::
   const std::string head = param.substr(0, param.find('.'));
   if (spec.inputs.count(head)) return head;
   if (spec.attrs_given.count(param)) return std::nullopt;  // the attr the case sets
-  static const std::map<std::string, std::string> attention = {
-      {"kv_heads", "k"},      {"v_head_dim", "v"},   {"seq_q", "q"},        {"seq_k", "k"},
-      {"batch", "q"},         {"q_row_stride", "q"}, {"k_row_stride", "k"}, {"v_row_stride", "v"},
-      {"bias_batch", "mask"}, {"bias_heads", "mask"}};
+  static const std::map<std::string, std::string> attention = {{"kv_heads", "k"},
+                                                               {"v_head_dim", "v"},
+                                                               {"seq_q", "q"},
+                                                               {"seq_k", "k"},
+                                                               {"batch", "q"},
+                                                               {"q_row_stride", "q"},
+                                                               {"k_row_stride", "k"},
+                                                               {"v_row_stride", "v"},
+                                                               {"bias_batch", "mask"},
+                                                               {"bias_heads", "mask"},
+                                                               {"num_seqs", "cu_seqlens_q"},
+                                                               {"num_blocks", "k"},
+                                                               {"block_size", "k"},
+                                                               {"max_blocks", "block_table"}};
   static const std::map<std::string, std::string> rope = {
       {"batch", "x"},          {"seq", "x"},
       {"width", "x"},          {"table_rows", "cos"},
@@ -503,17 +536,23 @@ PlannedCase plan_case(const CaseSpec& spec, const std::map<std::string, Shape>& 
       case Op::attention:
       case Op::attention_backward: {
         const Shape& q = shape("q");
-        const auto plan =
-            AttentionPlan::from_shapes(q, shape("k"), shape("v"), optional("mask"), spec.attention);
-        const Shape out = replace_last(q, q.size() == 4 ? plan.Dv : plan.H * plan.Dv);
+        AttentionShapes s{q, shape("k"), shape("v"), optional("mask")};
+        for (const auto& [name, member] : kFeatureShapes) s.*member = optional(name);
+        const auto plan = AttentionPlan::from_shapes(s, spec.attention);
+        // heads on their own axis: rank 4, or packed [total, H, D]
+        const bool split = q.size() == 4 || (plan.varlen() && q.size() == 3);
+        const Shape out = replace_last(q, split ? plan.Dv : plan.H * plan.Dv);
         if (spec.op == Op::attention) {
           pc.outputs["out"] = out;
         } else {
+          require(!plan.paged(), "block_table", plan.paged() ? to_string(shape("block_table")) : "",
+                  "is forward only: attention_backward takes contiguous or packed k and v");
           require(shape("dout") == out, "dout.shape", to_string(shape("dout")),
                   "must be the shape of the forward output, " + to_string(out));
           pc.outputs["dq"] = q;
           pc.outputs["dk"] = shape("k");
           pc.outputs["dv"] = shape("v");
+          if (plan.sinks) pc.outputs["dsinks"] = Shape{plan.H};
         }
         pc.plan = plan;
         break;
@@ -591,6 +630,24 @@ PlannedCase plan_case(const CaseSpec& spec, const std::map<std::string, Shape>& 
 
 // ---- loading -------------------------------------------------------------------
 
+AttentionInputs<float> attention_inputs(const Case& c) {
+  const auto tensor = [&](const char* name) -> const NpyArray* {
+    auto it = c.inputs.find(name);
+    return it == c.inputs.end() ? nullptr : &it->second.array;
+  };
+  const auto values = [&](const char* name) -> std::span<const float> {
+    const NpyArray* a = tensor(name);
+    return a != nullptr ? std::span<const float>(a->values) : std::span<const float>();
+  };
+  AttentionInputs<float> in{values("q"), values("k"), values("v"), values("mask")};
+  in.sinks = values("sinks");
+  in.alibi_slopes = values("alibi_slopes");
+  for (const auto& [name, member] : kIndexInputs) {
+    if (const NpyArray* a = tensor(name)) in.*member = Indices(a->integers);
+  }
+  return in;
+}
+
 Case load_case(const std::string& dir) {
   const fs::path root(dir);
   std::error_code ec;
@@ -624,9 +681,9 @@ Case load_case(const std::string& dir) {
       throw CaseError(dir, file, section + "." + name + " (npy " + e.field() + ")", e.what());
     }
   };
-  const bool keep_mask = (c.spec.op == Op::attention || c.spec.op == Op::attention_backward)
-                             ? c.spec.attention.mask == MaskKind::key_padding
-                             : c.spec.op == Op::attention_block;
+  const bool attention = c.spec.op == Op::attention || c.spec.op == Op::attention_backward;
+  const bool keep_mask =
+      attention ? c.spec.attention.mask == MaskKind::key_padding : c.spec.op == Op::attention_block;
   std::map<std::string, Shape> shapes;
   for (const auto& [name, file] : c.spec.inputs) {
     CaseTensor t = read("inputs", name, file);
@@ -641,7 +698,7 @@ Case load_case(const std::string& dir) {
       if (!is_integer(t.array.dtype)) {
         throw CaseError(dir, t.file, "inputs." + name,
                         std::string("dtype ") + to_string(t.array.dtype) +
-                            " is not allowed here: " + name + " holds indices, <i4 or <i8");
+                            " is not allowed here: index inputs are <i4 or <i8");
       }
     } else if (!is_float(t.array.dtype) && !(name == "mask" && keep_mask)) {
       throw CaseError(dir, t.file, "inputs." + name,
@@ -650,18 +707,27 @@ Case load_case(const std::string& dir) {
                           "only for a key_padding keep mask and index inputs)");
     }
   }
-  // Position ids by the library's own check, before any backend runs.
-  const auto* rope = std::get_if<RopePlan>(&c.planned.plan);
-  if (const auto* qk = std::get_if<RopeQkPlan>(&c.planned.plan)) rope = &qk->q;
-  const auto positions = c.inputs.find("positions");
-  if (rope != nullptr && positions != c.inputs.end()) {
-    try {
+  // The values of the index inputs (and of the sinks and slopes) by the
+  // library's own checks, before any backend runs.
+  try {
+    if (attention) check_inputs(std::get<AttentionPlan>(c.planned.plan), attention_inputs(c));
+    const auto* rope = std::get_if<RopePlan>(&c.planned.plan);
+    if (const auto* qk = std::get_if<RopeQkPlan>(&c.planned.plan)) rope = &qk->q;
+    const auto positions = c.inputs.find("positions");
+    if (rope != nullptr && positions != c.inputs.end()) {
       check_positions(*rope, Indices(positions->second.array.integers));
-    } catch (const Error& e) {
-      throw CaseError(dir, positions->second.file, "inputs.positions", e.what());
     }
+  } catch (const Error& e) {
+    const std::string param = e.parameter().substr(0, e.parameter().find('.'));
+    const auto it = c.inputs.find(param);
+    throw CaseError(dir, it != c.inputs.end() ? it->second.file : kCaseJson, "inputs." + param,
+                    e.what());
   }
   for (const auto& [name, file] : c.spec.expected) {
+    if (!c.planned.outputs.count(name)) {
+      throw CaseError(dir, kCaseJson, "expected." + name,
+                      "is not an output of this case (dsinks needs a sinks input)");
+    }
     CaseTensor t = read("expected", name, file);
     if (!is_float(t.array.dtype)) {
       throw CaseError(dir, file, "expected." + name,
@@ -708,19 +774,20 @@ std::map<std::string, std::vector<float>> run_case(const Case& c, const Backend&
         const auto& plan = std::get<AttentionPlan>(c.planned.plan);
         need(static_cast<bool>(backend.attention_forward), "attention_forward");
         auto o = sized(plan.o.extent);
-        backend.attention_forward(plan, {in("q"), in("k"), in("v"), in("mask")}, o);
+        backend.attention_forward(plan, attention_inputs(c), o);
         out["out"] = std::move(o);
         break;
       }
       case Op::attention_backward: {
         const auto& plan = std::get<AttentionPlan>(c.planned.plan);
         need(static_cast<bool>(backend.attention_backward), "attention_backward");
-        auto dq = sized(plan.dq.extent), dk = sized(plan.dk.extent), dv = sized(plan.dv.extent);
-        backend.attention_backward(plan, {in("q"), in("k"), in("v"), in("mask")}, in("dout"),
-                                   {dq, dk, dv});
+        auto dq = sized(plan.dq.extent), dk = sized(plan.dk.extent), dv = sized(plan.dv.extent),
+             dsinks = sized(plan.sinks ? plan.H : 0);
+        backend.attention_backward(plan, attention_inputs(c), in("dout"), {dq, dk, dv, dsinks});
         out["dq"] = std::move(dq);
         out["dk"] = std::move(dk);
         out["dv"] = std::move(dv);
+        if (plan.sinks) out["dsinks"] = std::move(dsinks);
         break;
       }
       case Op::rope:

@@ -76,7 +76,9 @@ struct OpInfo {
 
 /// All ops, in the order of SPEC §9's table.
 const std::vector<OpInfo>& op_table();
-/// True for the inputs that hold integer indices (`<i4` or `<i8`), e.g. positions.
+/// True for the inputs that hold integer indices (`<i4` or `<i8`): RoPE's
+/// positions and attention's offsets, lengths and block table (SPEC §4.6,
+/// §2.9–2.10).
 bool is_index_input(const std::string& name);
 /// The entry of `op`.
 const OpInfo& op_info(Op op);
@@ -133,10 +135,16 @@ struct Case {
 };
 
 /// Reads `<dir>/case.json` and every file it names, builds the plan, checks
-/// the dtypes (index inputs — positions — are `<i4` or `<i8`), the values of
-/// the position ids (the library's check_positions) and that each expected
-/// tensor has its output's shape. Throws CaseError.
+/// the dtypes (index inputs — positions, cu_seqlens_q/k, seqused_k,
+/// block_table, cache_seqlens — are `<i4` or `<i8`; other tensors float),
+/// the values of the position ids (the library's check_positions) and of the
+/// attention feature inputs (its check_inputs), and that each expected tensor
+/// has its output's shape. Throws CaseError.
 Case load_case(const std::string& dir);
+
+/// The attention inputs of a loaded case as views into its tensors (index
+/// inputs through their exact integers).
+AttentionInputs<float> attention_inputs(const Case& c);
 
 /// Runs the case on `backend`; returns every output of the op, contiguous,
 /// by name. Throws CaseError when the backend lacks the entry point or

@@ -87,6 +87,10 @@ std::string help_footer() {
        "                   repeat_factor (1)\n"
        "  swiglu*          gate_first (true)\n"
        "  attention_block  num_heads (required)\n"
+       "\nAttention features (SPEC section 2.7-2.10) are on when their inputs are given:\n"
+       "sinks [H], alibi_slopes [H] or [n, H], cu_seqlens_q/k [n+1] (+ seqused_k [n])\n"
+       "for packed q [total_q, H, D], block_table [B, max_blocks] + cache_seqlens [B] for\n"
+       "paged k, v [num_blocks, block_size, Hkv, D]; index inputs are <i4 or <i8.\n"
        "\nExit status: 0 all pass, 1 any mismatch, 2 any case could not be run.\n";
   return s;
 }

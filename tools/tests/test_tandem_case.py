@@ -229,6 +229,30 @@ def main():
         code, text = tandem("check", "--backend", "all", c)
         expect(f"check {os.path.basename(c)}", code, 0, text)
 
+    # Index inputs keep an integer dtype (int32 stays <i4): two packed
+    # sequences, each attending to its own keys.
+    qp, kp, vp = f32(5, 4, 8), f32(7, 2, 8), f32(7, 2, 8)
+    cu_q, cu_k = np.array([0, 2, 5], dtype=np.int32), np.array([0, 3, 7], dtype=np.int32)
+    out = np.concatenate([attention_np(qp[None, cu_q[n]:cu_q[n + 1]], kp[None, cu_k[n]:cu_k[n + 1]],
+                                       vp[None, cu_k[n]:cu_k[n + 1]])[0][0] for n in range(2)])
+    d = os.path.join(root, "attention_varlen")
+    write_case(d, "attention", {"num_heads": 4},
+               {"q": qp, "k": kp, "v": vp, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}, {"out": out})
+    dtype = np.load(os.path.join(d, "cu_seqlens_q.npy")).dtype
+    print(f"[{'ok' if dtype == np.dtype('<i4') else 'FAILED'}] cu_seqlens_q saved as {dtype}")
+    if dtype != np.dtype("<i4"):
+        failures.append("cu_seqlens_q dtype")
+    code, text = tandem("check", "--backend", "reference", d)
+    expect("check attention_varlen", code, 0, text)
+    try:
+        write_case(d, "attention", {"num_heads": 4}, {"q": qp, "k": kp, "v": vp,
+                                                      "cu_seqlens_q": cu_q.astype(np.float32),
+                                                      "cu_seqlens_k": cu_k})
+        failures.append("float cu_seqlens_q accepted")
+        print("[FAILED] write_case accepted a float cu_seqlens_q")
+    except TypeError as e:
+        print(f"[ok] float cu_seqlens_q refused: {e}")
+
     # run writes every output; NumPy reads it back and it matches the expected file.
     outdir = os.path.join(root, "run_out")
     backward_case = os.path.join(root, "attention_backward_causal")

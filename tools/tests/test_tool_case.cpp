@@ -191,6 +191,63 @@ TEST(CasePlan, BackwardOutputsAndDoutShape) {
             (Shape{3, 2, 10}));
 }
 
+TEST(CasePlan, FeatureInputsDecideTheFeaturesAndTheOutputs) {
+  const char* att = R"({"op": "attention", "attrs": {"num_heads": 4, "mask": "causal"},
+      "inputs": {"q": "q", "k": "k", "v": "v", "sinks": "s", "alibi_slopes": "a",
+                 "cu_seqlens_q": "cq", "cu_seqlens_k": "ck", "seqused_k": "u"}})";
+  const CaseSpec s = parse_case_json(att, "c");
+  // packed [total, H, D]: out [total_q, H, Dv]
+  PlannedCase p = plan_case(s, {{"q", {9, 4, 8}},
+                                {"k", {11, 2, 8}},
+                                {"v", {11, 2, 6}},
+                                {"sinks", {4}},
+                                {"alibi_slopes", {2, 4}},
+                                {"cu_seqlens_q", {3}},
+                                {"cu_seqlens_k", {3}},
+                                {"seqused_k", {2}}});
+  const auto& plan = std::get<AttentionPlan>(p.plan);
+  EXPECT_EQ(plan.num_seqs, 2);
+  EXPECT_TRUE(plan.sinks);
+  EXPECT_EQ(plan.alibi, AlibiKind::per_batch_head);
+  EXPECT_EQ(p.outputs.at("out"), (Shape{9, 4, 6}));
+  // the backward of a call with sinks has a dsinks output [H]
+  const CaseSpec b = parse_case_json(
+      R"({"op": "attention_backward", "attrs": {"num_heads": 2},
+          "inputs": {"q": "q", "k": "k", "v": "v", "dout": "g", "sinks": "s.npy"}})",
+      "c");
+  p = plan_case(
+      b,
+      {{"q", {1, 3, 16}}, {"k", {1, 4, 8}}, {"v", {1, 4, 4}}, {"dout", {1, 3, 8}}, {"sinks", {2}}});
+  EXPECT_EQ(p.outputs.at("dsinks"), (Shape{2}));
+  // a sinks input of the wrong shape names its file
+  CaseError e = plan_error(
+      R"({"op": "attention_backward", "attrs": {"num_heads": 2},
+          "inputs": {"q": "q", "k": "k", "v": "v", "dout": "g", "sinks": "s.npy"}})",
+      {{"q", {1, 3, 16}}, {"k", {1, 4, 8}}, {"v", {1, 4, 4}}, {"dout", {1, 3, 8}}, {"sinks", {3}}});
+  EXPECT_EQ(e.file(), "s.npy");
+  EXPECT_EQ(e.field(), "sinks.shape");
+  // a paged cache has no backward
+  e = plan_error(
+      R"({"op": "attention_backward", "attrs": {"num_heads": 2},
+          "inputs": {"q": "q", "k": "k", "v": "v", "dout": "g", "block_table": "t.npy",
+                     "cache_seqlens": "l.npy"}})",
+      {{"q", {1, 1, 2, 8}},
+       {"k", {3, 4, 2, 8}},
+       {"v", {3, 4, 2, 8}},
+       {"dout", {1, 1, 2, 8}},
+       {"block_table", {1, 2}},
+       {"cache_seqlens", {1}}});
+  EXPECT_EQ(e.file(), "t.npy");
+  EXPECT_EQ(e.field(), "block_table");
+  EXPECT_NE(e.detail().find("is forward only"), std::string::npos) << e.what();
+  // cu_seqlens_q alone: the missing partner is named
+  e = plan_error(R"({"op": "attention", "attrs": {"num_heads": 1},
+                     "inputs": {"q": "q", "k": "k", "v": "v", "cu_seqlens_q": "cq.npy"}})",
+                 {{"q", {5, 1, 8}}, {"k", {5, 1, 8}}, {"v", {5, 1, 8}}, {"cu_seqlens_q", {2}}});
+  EXPECT_EQ(e.file(), "case.json");
+  EXPECT_EQ(e.field(), "cu_seqlens_k");
+}
+
 TEST(CasePlan, LibraryErrorsNameTheTensorFileOrTheAttr) {
   const char* att = R"({"op": "attention", "attrs": {"num_heads": 4},
                         "inputs": {"q": "q.npy", "k": "k.npy", "v": "v.npy"}})";
@@ -350,6 +407,29 @@ TEST(CaseLoad, ReadsTheExamples) {
   const auto& plan = std::get<AttentionPlan>(c.planned.plan);
   EXPECT_EQ(plan.Hkv, 2);
   EXPECT_EQ(plan.mask, MaskKind::causal);
+}
+
+TEST(CaseLoad, IndexInputsAreIntegersCheckedByTheLibrary) {
+  const std::string formats = std::string(TANDEM_CASES_DIR) + "/formats/";
+  for (const char* name : {"features_varlen_int32", "features_varlen_int64"}) {
+    const Case c = load_case(formats + name);
+    EXPECT_EQ(std::get<AttentionPlan>(c.planned.plan).num_seqs, 2) << name;
+    EXPECT_EQ(c.inputs.at("cu_seqlens_q").array.integers, (std::vector<std::int64_t>{0, 2, 5}));
+  }
+  const std::string bad = std::string(TANDEM_CASES_DIR) + "/bad/";
+  try {
+    load_case(bad + "cu_seqlens_q_not_from_zero");
+    FAIL();
+  } catch (const CaseError& e) {
+    EXPECT_EQ(e.file(), "cu_seqlens_q.npy");
+    EXPECT_EQ(e.field(), "inputs.cu_seqlens_q");
+  }
+  try {
+    load_case(bad + "cu_seqlens_float");
+    FAIL();
+  } catch (const CaseError& e) {
+    EXPECT_NE(std::string(e.what()).find("index inputs are <i4 or <i8"), std::string::npos);
+  }
 }
 
 TEST(CaseLoad, MissingDirectoryAndFiles) {

@@ -1,27 +1,34 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file reference/attention.hpp
 /// @brief Reference scaled dot-product attention, forward and backward
-///        (SPEC §2–3), written as one explicit loop per index so that every
-///        line can be checked against the formulas.
+///        (SPEC §2–3, §2.7–2.10), written as one explicit loop per index so that
+///        every line can be checked against the formulas.
 ///
 /// Shapes, shown in `bshd` (`bhsd` swaps S and H; the plan's Strides place
 /// every element, so the loops never look at the layout):
 /// q `[B,Sq,H,D]`, k `[B,Sk,Hkv,D]`, v `[B,Sk,Hkv,Dv]`, out and dout
 /// `[B,Sq,H,Dv]`; dq, dk, dv have the shapes of q, k, v and are contiguous.
+/// The loops run over sequences: a batch entry, a packed sequence (SPEC §2.9)
+/// or a row of a paged cache (SPEC §2.10). AttentionPlan::sequence says where
+/// sequence n's Sq queries and Sk keys live; i and j below are local to it.
 ///
-/// Forward, for batch b, query head h (kv_head = h / (H/Hkv)) and query i,
+/// Forward, for sequence n, query head h (kv_head = h / (H/Hkv)) and query i,
 /// over the keys j visible to query i (SPEC §2 table):
 ///
 ///     pass 1   x_ij = scale * <q_i, k_j>
 ///              s_ij = c * tanh(x_ij / c)            softcap c > 0 (else s_ij = x_ij)
+///              s_ij = s_ij - m_h * abs(i + Sk - Sq - j)   ALiBi slope m_h only
 ///              s_ij = s_ij + bias_ij                mask kind bias only
-///     pass 2   m_i  = max_j s_ij                    (cancels in p; keeps exp finite)
-///     pass 3   l_i  = sum_j exp(s_ij - m_i)
+///     pass 2   m_i  = max(sink_h, max_j s_ij)       (cancels in p; keeps exp finite)
+///     pass 3   l_i  = exp(sink_h - m_i) + sum_j exp(s_ij - m_i)
 ///     pass 4   p_ij = exp(s_ij - m_i) / l_i
 ///     pass 5   o_i  = sum_j p_ij * v_j
 ///
-/// (SPEC writes s for the score at every step; x names the score before the
-/// cap so that the backward can refer to it.) Backward of the loss <dO, O>:
+/// where the sink terms are present only with sinks (SPEC §2.7): the sink is
+/// one more logit in the denominator with no value, p_sink,i = exp(sink_h −
+/// m_i) / l_i. (SPEC writes s for the score at every step; x names the score
+/// before the cap so that the backward can refer to it.) Backward of the
+/// loss <dO, O>:
 ///
 ///     pass 1   dp_ij   = <dO_i, v_j>
 ///     pass 2   delta_i = <dO_i, o_i>                (rowsum(dO ∘ O))
@@ -30,10 +37,13 @@
 ///     pass 5   dq_i    = scale * sum_j dx_ij * k_j
 ///              dk_j    = scale * sum_{h in group} sum_i dx_ij * q_i
 ///              dv_j    = sum_{h in group} sum_i p_ij * dO_i
+///     pass 6   dsink_h = - sum_{n,i} p_sink,i * delta_i     (sinks only)
 ///
-/// A query with no visible key outputs 0 and contributes nothing to any
-/// gradient. Hidden keys are excluded from every sum: there is no "large
-/// negative score" anywhere, so a hidden key's k and v are never read.
+/// ALiBi and the bias are constants added to the score: their gradient is
+/// ds_ij itself and goes nowhere. A query with no visible key outputs 0 and
+/// contributes nothing to any gradient. Hidden keys are excluded from every
+/// sum: there is no "large negative score" anywhere, so a hidden key's k and
+/// v are never read.
 ///
 /// Templated on the scalar type T (float, double, std::complex<double>);
 /// every sum runs in Acc (double for float). Comparisons (the running
@@ -43,6 +53,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <span>
 #include <utility>
@@ -53,14 +64,15 @@
 
 namespace tandem::reference {
 
-/// Whether key j is visible to query i of batch b and query head h (SPEC §2):
-/// with `a = q_offset + i`, `q_offset = max(Sk − Sq, 0)` (bottom-right):
-/// none: always; causal: j <= a; sliding_window(w): a − w <= j <= a;
+/// Whether key j of sequence `seq` is visible to its query i, head h (SPEC §2):
+/// with `a = q_offset + i`, `q_offset = max(Sk − Sq, 0)` (bottom-right, per
+/// sequence): none: always; causal: j <= a; sliding_window(w): a − w <= j <= a;
 /// key_padding: keep[b, j] != 0; bias: bias_ij != −inf.
 /// `mask` is the keep mask `[B, Sk]` or the bias `[Bb, Hb, Sq, Sk]` (float).
-inline bool key_visible(const AttentionPlan& plan, std::span<const float> mask, std::int64_t b,
-                        std::int64_t h, std::int64_t i, std::int64_t j) {
-  const std::int64_t q_offset = plan.q_offset();
+inline bool key_visible(const AttentionPlan& plan, const AttentionSeq& seq,
+                        std::span<const float> mask, std::int64_t h, std::int64_t i,
+                        std::int64_t j) {
+  const std::int64_t q_offset = seq.q_offset();
   const std::int64_t a = q_offset + i;  // the key position that query i sits at
   switch (plan.mask) {
     case MaskKind::none:
@@ -70,57 +82,65 @@ inline bool key_visible(const AttentionPlan& plan, std::span<const float> mask, 
     case MaskKind::sliding_window:
       return a - plan.window <= j && j <= a;
     case MaskKind::key_padding:
-      return mask[plan.mask_row(b, h, i) + j] != 0.0f;
+      return mask[plan.mask_row(seq.b, h, i) + j] != 0.0f;
     case MaskKind::bias:
-      return mask[plan.mask_row(b, h, i) + j] != -std::numeric_limits<float>::infinity();
+      return mask[plan.mask_row(seq.b, h, i) + j] != -std::numeric_limits<float>::infinity();
   }
   return false;
 }
 
-/// The softmax row of one query (b, h, i): everything the forward knows
-/// about it before pass 5, and what the backward needs again. Vectors have
-/// Sk entries; entries of hidden keys are 0 and are never used.
+/// The softmax row of one query (sequence, h, i): everything the forward
+/// knows about it before pass 5, and what the backward needs again. Vectors
+/// have Sk entries (the sequence's keys); entries of hidden keys are 0 and
+/// are never used.
 template <class Acc>
 struct AttentionRow {
   std::vector<bool> visible;  ///< key j visible to query i (SPEC §2 table)
   std::vector<Acc> p;         ///< p_ij, the probabilities over the visible keys
   std::vector<Acc> cap_tanh;  ///< tanh(x_ij / c), x_ij = scale·<q_i,k_j> (softcap c > 0 only)
-  std::vector<Acc> s;         ///< s_ij, the final scores (after cap and bias)
-  Acc lse = Acc(0);  ///< lse_i = m_i + log l_i, so p_ij = exp(s_ij − lse_i); −inf: no key
+  std::vector<Acc> s;         ///< s_ij, the final scores (after cap, ALiBi and bias)
+  /// lse_i = m_i + log l_i, so p_ij = exp(s_ij − lse_i); −inf: no key and no sink
+  Acc lse = Acc(0);
+  Acc p_sink = Acc(0);         ///< p_sink,i = exp(sink_h − lse_i) (sinks only; else 0)
   std::int64_t n_visible = 0;  ///< number of visible keys; 0 means o_i = 0 and no gradient
 };
 
-/// Forward passes 1–4 for query i of batch b, head h:
-/// `x_ij = scale·<q_i,k_j>`, `s_ij = c·tanh(x_ij/c)` (c > 0; else x_ij), `s_ij += bias_ij`,
-/// then `p_ij = exp(s_ij − m_i) / sum_j' exp(s_ij' − m_i)` over visible keys,
-/// q_i `[D]`, k_j `[D]` read through plan.q / plan.k. Inputs must be checked.
+/// Forward passes 1–4 for query i of sequence `seq`, head h:
+/// `x_ij = scale·<q_i,k_j>`, `s_ij = c·tanh(x_ij/c)` (c > 0; else x_ij),
+/// `s_ij −= m_h·abs(i + Sk − Sq − j)` (ALiBi), `s_ij += bias_ij`, then
+/// `p_ij = exp(s_ij − m_i) / (exp(sink_h − m_i) + sum_k exp(s_ik − m_i))`
+/// over visible keys j, k (the sink term with sinks only). q_i `[D]` and k_j `[D]`
+/// are read through plan.q / plan.k at the sequence's rows. Inputs must be checked.
 template <class T, class Acc = accumulator_t<T>>
 AttentionRow<Acc> attention_row(const AttentionPlan& plan, const AttentionInputs<T>& in,
-                                std::int64_t b, std::int64_t h, std::int64_t i) {
+                                const AttentionSeq& seq, std::int64_t h, std::int64_t i) {
   using Real = decltype(real_part(std::declval<Acc>()));
   const std::int64_t kv_head = plan.kv_head(h);
   const Acc scale = static_cast<Acc>(plan.scale);
   const Acc c = static_cast<Acc>(plan.softcap);
+  const std::int64_t Sk = seq.Sk;
 
   AttentionRow<Acc> row;
-  row.visible.assign(plan.Sk, false);
-  row.p.assign(plan.Sk, Acc(0));
-  row.cap_tanh.assign(plan.Sk, Acc(0));
-  std::vector<Acc> s(plan.Sk, Acc(0));
+  row.visible.assign(Sk, false);
+  row.p.assign(Sk, Acc(0));
+  row.cap_tanh.assign(Sk, Acc(0));
+  std::vector<Acc> s(Sk, Acc(0));
   row.lse = Acc(-std::numeric_limits<Real>::infinity());
 
   // pass 1: the score of every visible key
   //   x_ij = scale * <q_i, k_j>
-  //   s_ij = c * tanh(x_ij / c)        (softcap c > 0; otherwise s_ij = x_ij)
-  //   s_ij = s_ij + bias_ij            (mask kind bias only)
-  for (std::int64_t j = 0; j < plan.Sk; ++j) {
-    row.visible[j] = key_visible(plan, in.mask, b, h, i, j);
+  //   s_ij = c * tanh(x_ij / c)                 (softcap c > 0; otherwise s_ij = x_ij)
+  //   s_ij = s_ij - m_h * |i + Sk - Sq - j|     (ALiBi only)
+  //   s_ij = s_ij + bias_ij                     (mask kind bias only)
+  for (std::int64_t j = 0; j < Sk; ++j) {
+    row.visible[j] = key_visible(plan, seq, in.mask, h, i, j);
     if (!row.visible[j]) continue;  // hidden keys are excluded, not scored
     ++row.n_visible;
+    const KeyRow key = seq.key_row(j);
     Acc dot = Acc(0);
     for (std::int64_t d = 0; d < plan.D; ++d) {
-      dot += static_cast<Acc>(in.q[plan.q.at(b, i, h) + d]) *
-             static_cast<Acc>(in.k[plan.k.at(b, j, kv_head) + d]);
+      dot += static_cast<Acc>(in.q[plan.q.at(seq.b, seq.q_row(i), h) + d]) *
+             static_cast<Acc>(in.k[plan.k.at(key.batch, key.seq, kv_head) + d]);
     }
     const Acc x_ij = scale * dot;
     Acc s_ij = x_ij;
@@ -128,140 +148,162 @@ AttentionRow<Acc> attention_row(const AttentionPlan& plan, const AttentionInputs
       row.cap_tanh[j] = std::tanh(x_ij / c);
       s_ij = c * row.cap_tanh[j];
     }
+    if (plan.alibi != AlibiKind::none) {
+      const Acc m_h = static_cast<Acc>(in.alibi_slopes[plan.slope_at(seq.n, h)]);
+      const auto distance = static_cast<Real>(std::llabs(i + seq.alibi_shift() - j));
+      s_ij = s_ij - m_h * distance;
+    }
     if (plan.mask == MaskKind::bias) {
-      s_ij = s_ij + static_cast<Acc>(in.mask[plan.mask_row(b, h, i) + j]);
+      s_ij = s_ij + static_cast<Acc>(in.mask[plan.mask_row(seq.b, h, i) + j]);
     }
     s[j] = s_ij;
   }
   row.s = s;
-  // A query with no visible key: every p_ij stays 0, so o_i = 0.
-  if (row.n_visible == 0) return row;
+  // A query with no visible key and no sink: every p_ij stays 0, so o_i = 0.
+  if (row.n_visible == 0 && !plan.sinks) return row;
+  const Acc sink_h = plan.sinks ? static_cast<Acc>(in.sinks[h]) : Acc(0);
 
-  // pass 2: m_i = max_j s_ij over the visible keys (compared by real part)
-  Real m_i = -std::numeric_limits<Real>::infinity();
-  for (std::int64_t j = 0; j < plan.Sk; ++j) {
+  // pass 2: m_i = max(sink_h, max_j s_ij) over the visible keys (compared by real part)
+  Real m_i = plan.sinks ? real_part(sink_h) : -std::numeric_limits<Real>::infinity();
+  for (std::int64_t j = 0; j < Sk; ++j) {
     if (row.visible[j] && real_part(s[j]) > m_i) m_i = real_part(s[j]);
   }
 
-  // pass 3: l_i = sum_j exp(s_ij - m_i) over the visible keys
-  Acc l_i = Acc(0);
-  for (std::int64_t j = 0; j < plan.Sk; ++j) {
+  // pass 3: l_i = exp(sink_h - m_i) + sum_j exp(s_ij - m_i) over the visible keys
+  Acc l_i = plan.sinks ? std::exp(sink_h - m_i) : Acc(0);
+  for (std::int64_t j = 0; j < Sk; ++j) {
     if (row.visible[j]) l_i += std::exp(s[j] - m_i);
   }
 
   // the log-sum-exp lse_i = m_i + log l_i, what a forward saves for its backward
   row.lse = m_i + std::log(l_i);
 
-  // pass 4: p_ij = exp(s_ij - m_i) / l_i
-  for (std::int64_t j = 0; j < plan.Sk; ++j) {
+  // pass 4: p_ij = exp(s_ij - m_i) / l_i, and the sink's share p_sink,i = exp(sink_h - m_i) / l_i
+  for (std::int64_t j = 0; j < Sk; ++j) {
     if (row.visible[j]) row.p[j] = std::exp(s[j] - m_i) / l_i;
   }
+  if (plan.sinks) row.p_sink = std::exp(sink_h - m_i) / l_i;
   return row;
 }
 
-/// Forward pass 5 for query i of batch b, head h: `o_i = sum_j p_ij v_j` over
-/// the visible keys, v_j `[Dv]` read through plan.v at kv head h/(H/Hkv).
-/// Returns o_i `[Dv]` in Acc (all 0 when no key is visible).
+/// Forward pass 5 for query i of sequence `seq`, head h: `o_i = sum_j p_ij v_j`
+/// over the visible keys, v_j `[Dv]` read through plan.v at kv head
+/// h/(H/Hkv). Returns o_i `[Dv]` in Acc (all 0 when no key is visible).
 template <class T, class Acc = accumulator_t<T>>
 std::vector<Acc> attention_output_row(const AttentionPlan& plan, const AttentionInputs<T>& in,
-                                      const AttentionRow<Acc>& row, std::int64_t b,
+                                      const AttentionSeq& seq, const AttentionRow<Acc>& row,
                                       std::int64_t h) {
   const std::int64_t kv_head = plan.kv_head(h);
   std::vector<Acc> o_i(plan.Dv, Acc(0));
-  // pass 5: o_i = sum_j p_ij * v_j
+  // pass 5: o_i = sum_j p_ij * v_j   (the sink has no value)
   for (std::int64_t d = 0; d < plan.Dv; ++d) {
-    for (std::int64_t j = 0; j < plan.Sk; ++j) {
+    for (std::int64_t j = 0; j < seq.Sk; ++j) {
       if (!row.visible[j]) continue;
-      o_i[d] += row.p[j] * static_cast<Acc>(in.v[plan.v.at(b, j, kv_head) + d]);
+      const KeyRow key = seq.key_row(j);
+      o_i[d] += row.p[j] * static_cast<Acc>(in.v[plan.v.at(key.batch, key.seq, kv_head) + d]);
     }
   }
   return o_i;
 }
 
 /// The softmax row of query i rebuilt from a saved log-sum-exp: the scores of
-/// attention_row (pass 1), then `p_ij = exp(s_ij − lse_i)` in place of the
-/// forward's passes 2–4. lse_i is read from saved.lse `[B,H,Sq]`.
+/// attention_row (pass 1), then `p_ij = exp(s_ij − lse_i)` (and
+/// `p_sink,i = exp(sink_h − lse_i)`) in place of the forward's passes 2–4.
+/// lse_i is read from saved.lse `[B,H,Sq]`.
 template <class T, class Acc = accumulator_t<T>>
 AttentionRow<Acc> attention_row_saved(const AttentionPlan& plan, const AttentionInputs<T>& in,
-                                      const AttentionSaved<T>& saved, std::int64_t b,
+                                      const AttentionSaved<T>& saved, const AttentionSeq& seq,
                                       std::int64_t h, std::int64_t i) {
-  AttentionRow<Acc> row = attention_row<T, Acc>(plan, in, b, h, i);
-  const Acc lse_i = static_cast<Acc>(saved.lse[plan.lse_at(b, h, i)]);
+  AttentionRow<Acc> row = attention_row<T, Acc>(plan, in, seq, h, i);
+  const Acc lse_i = static_cast<Acc>(saved.lse[plan.lse_at(seq.b, h, seq.q_row(i))]);
   // p_ij = exp(s_ij - lse_i)   (the forward's p_ij = exp(s_ij - m_i) / l_i)
-  for (std::int64_t j = 0; j < plan.Sk; ++j) {
+  for (std::int64_t j = 0; j < seq.Sk; ++j) {
     if (row.visible[j]) row.p[j] = std::exp(row.s[j] - lse_i);
   }
+  if (plan.sinks) row.p_sink = std::exp(static_cast<Acc>(in.sinks[h]) - lse_i);
   return row;
 }
 
-/// Backward passes 1–4 for query i of batch b, head h: the gradient of the
-/// loss <dO, O> with respect to the score before the cap, x_ij = scale·<q_i,k_j>:
-/// `dx_ij = p_ij (<dO_i, v_j> − <dO_i, o_i>) · (1 − tanh²(x_ij/c))`
-/// (the last factor only when softcap c > 0). Returns dx_i `[Sk]` (0 for
-/// hidden keys). dO_i `[Dv]` is read through plan.o; o_i is recomputed, or
-/// read from saved->out when given. Views must be checked.
+/// What backward passes 1–4 give for one query row: the score gradient and
+/// delta_i (which the sink's gradient needs too).
+template <class Acc>
+struct ScoreGrad {
+  std::vector<Acc> dx;  ///< dx_ij `[Sk]`, 0 for hidden keys
+  Acc delta = Acc(0);   ///< delta_i = <dO_i, o_i>
+};
+
+/// Backward passes 1–4 for query i of sequence `seq`, head h: the gradient of
+/// the loss <dO, O> with respect to the score before the cap,
+/// x_ij = scale·<q_i,k_j>: `dx_ij = p_ij (<dO_i, v_j> − <dO_i, o_i>) ·
+/// (1 − tanh²(x_ij/c))` (the last factor only when softcap c > 0). dO_i `[Dv]`
+/// is read through plan.o; o_i is recomputed, or read from saved->out when
+/// given. Views must be checked.
 template <class T, class Acc = accumulator_t<T>>
-std::vector<Acc> attention_score_grad_row(const AttentionPlan& plan, const AttentionInputs<T>& in,
-                                          std::span<const T> dout, const AttentionRow<Acc>& row,
-                                          std::int64_t b, std::int64_t h, std::int64_t i,
-                                          const AttentionSaved<T>* saved = nullptr) {
+ScoreGrad<Acc> attention_score_grad_row(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                                        std::span<const T> dout, const AttentionSeq& seq,
+                                        const AttentionRow<Acc>& row, std::int64_t h,
+                                        std::int64_t i, const AttentionSaved<T>* saved = nullptr) {
   const std::int64_t kv_head = plan.kv_head(h);
+  const std::int64_t o_at = plan.o.at(seq.b, seq.q_row(i), h);
   // o_i: forward pass 5 again, or the forward's saved output row
   std::vector<Acc> o_i(plan.Dv, Acc(0));
-  if (saved == nullptr) o_i = attention_output_row<T, Acc>(plan, in, row, b, h);
+  if (saved == nullptr) o_i = attention_output_row<T, Acc>(plan, in, seq, row, h);
   for (std::int64_t d = 0; saved != nullptr && d < plan.Dv; ++d) {
-    o_i[d] = static_cast<Acc>(saved->out[plan.o.at(b, i, h) + d]);
+    o_i[d] = static_cast<Acc>(saved->out[o_at + d]);
   }
 
   // pass 1: dp_ij = <dO_i, v_j>
   //   forward: o_i = sum_j p_ij * v_j
-  std::vector<Acc> dp(plan.Sk, Acc(0));
-  for (std::int64_t j = 0; j < plan.Sk; ++j) {
+  std::vector<Acc> dp(seq.Sk, Acc(0));
+  for (std::int64_t j = 0; j < seq.Sk; ++j) {
     if (!row.visible[j]) continue;
+    const KeyRow key = seq.key_row(j);
     for (std::int64_t d = 0; d < plan.Dv; ++d) {
-      dp[j] += static_cast<Acc>(dout[plan.o.at(b, i, h) + d]) *
-               static_cast<Acc>(in.v[plan.v.at(b, j, kv_head) + d]);
+      dp[j] += static_cast<Acc>(dout[o_at + d]) *
+               static_cast<Acc>(in.v[plan.v.at(key.batch, key.seq, kv_head) + d]);
     }
   }
 
-  // pass 2: delta_i = <dO_i, o_i>  (rowsum(dO ∘ O), equal to sum_j p_ij dp_ij)
-  Acc delta_i = Acc(0);
+  // pass 2: delta_i = <dO_i, o_i>  (rowsum(dO ∘ O), equal to sum_j p_ij dp_ij; the
+  // sink's dp is 0: it has no value)
+  ScoreGrad<Acc> g;
   for (std::int64_t d = 0; d < plan.Dv; ++d) {
-    delta_i += static_cast<Acc>(dout[plan.o.at(b, i, h) + d]) * o_i[d];
+    g.delta += static_cast<Acc>(dout[o_at + d]) * o_i[d];
   }
 
   // pass 3: ds_ij = p_ij * (dp_ij - delta_i)
   //   forward: p_ij = exp(s_ij - m_i) / l_i
-  // (ds_ij is also the gradient of the score before the bias: d/ds of
-  //   forward: s_ij = s_ij + bias_ij
-  // is 1, and the bias itself gets no gradient.)
-  std::vector<Acc> ds(plan.Sk, Acc(0));
-  for (std::int64_t j = 0; j < plan.Sk; ++j) {
-    if (row.visible[j]) ds[j] = row.p[j] * (dp[j] - delta_i);
+  // (ds_ij is also the gradient of the score before ALiBi and the bias: d/ds of
+  //   forward: s_ij = s_ij - m_h * |i + Sk - Sq - j|,  s_ij = s_ij + bias_ij
+  // is 1, and neither the slopes nor the bias get a gradient.)
+  std::vector<Acc> ds(seq.Sk, Acc(0));
+  for (std::int64_t j = 0; j < seq.Sk; ++j) {
+    if (row.visible[j]) ds[j] = row.p[j] * (dp[j] - g.delta);
   }
 
   // pass 4: dx_ij = ds_ij * (1 - tanh²(x_ij / c))   (softcap c > 0)
   //         dx_ij = ds_ij                            (no softcap: s_ij = x_ij)
   //   forward: s_ij = c * tanh(x_ij / c)
-  std::vector<Acc> dx(plan.Sk, Acc(0));
-  for (std::int64_t j = 0; j < plan.Sk; ++j) {
+  g.dx.assign(seq.Sk, Acc(0));
+  for (std::int64_t j = 0; j < seq.Sk; ++j) {
     if (!row.visible[j]) continue;
     if (plan.softcap > 0) {
-      dx[j] = ds[j] * (Acc(1) - row.cap_tanh[j] * row.cap_tanh[j]);
+      g.dx[j] = ds[j] * (Acc(1) - row.cap_tanh[j] * row.cap_tanh[j]);
     } else {
-      dx[j] = ds[j];
+      g.dx[j] = ds[j];
     }
   }
-  return dx;
+  return g;
 }
 
-/// Attention forward (SPEC §2): for every b, h, i,
-/// `o_i = sum_{visible j} softmax_j(cap(scale·<q_i,k_j>) + bias_ij) · v_j`,
-/// 0 for a query with no visible key. q `[B,Sq,H,D]`, k `[B,Sk,Hkv,D]`,
-/// v `[B,Sk,Hkv,Dv]` (through plan.q/k/v, row strides allowed), out
-/// `[B,Sq,H,Dv]` contiguous in q's layout (plan.o); when lse `[B,H,Sq]` is
-/// given it receives `lse_i = m_i + log l_i` (see AttentionSaved). Throws
-/// tandem::Error before writing anything when a view does not fit the plan.
+/// Attention forward (SPEC §2, §2.7–2.10): for every sequence, h, i,
+/// `o_i = sum_{visible j} p_ij · v_j` with p of attention_row, 0 for a query
+/// with no visible key. q `[B,Sq,H,D]`, k `[B,Sk,Hkv,D]`, v `[B,Sk,Hkv,Dv]`
+/// (through plan.q/k/v, row strides allowed; packed or paged as the plan
+/// says), out `[B,Sq,H,Dv]` contiguous in q's layout (plan.o); when lse
+/// `[B,H,Sq]` is given it receives `lse_i = m_i + log l_i` (see
+/// AttentionSaved). Throws tandem::Error before writing anything when a view
+/// does not fit the plan.
 template <class T, class Acc = accumulator_t<T>>
 void attention_forward(const AttentionPlan& plan, const AttentionInputs<T>& in, std::span<T> out,
                        std::span<T> lse = {}) {
@@ -269,138 +311,35 @@ void attention_forward(const AttentionPlan& plan, const AttentionInputs<T>& in, 
   require_size(out.size(), plan.o.extent, "out");
   if (!lse.empty()) require_size(lse.size(), plan.lse_size(), "lse");
 
-  for (std::int64_t b = 0; b < plan.B; ++b) {
+  for (std::int64_t n = 0; n < plan.sequences(); ++n) {
+    const AttentionSeq seq = plan.sequence(in, n);
     for (std::int64_t h = 0; h < plan.H; ++h) {
-      for (std::int64_t i = 0; i < plan.Sq; ++i) {
-        // passes 1–4: p_ij = softmax_j(s_ij) over the visible keys
-        const AttentionRow<Acc> row = attention_row<T, Acc>(plan, in, b, h, i);
+      for (std::int64_t i = 0; i < seq.Sq; ++i) {
+        // passes 1–4: p_ij = softmax_j(s_ij) over the visible keys (and the sink)
+        const AttentionRow<Acc> row = attention_row<T, Acc>(plan, in, seq, h, i);
         // pass 5: o_i = sum_j p_ij * v_j
-        const std::vector<Acc> o_i = attention_output_row<T, Acc>(plan, in, row, b, h);
+        const std::vector<Acc> o_i = attention_output_row<T, Acc>(plan, in, seq, row, h);
         for (std::int64_t d = 0; d < plan.Dv; ++d) {
-          out[plan.o.at(b, i, h) + d] = static_cast<T>(o_i[d]);
+          out[plan.o.at(seq.b, seq.q_row(i), h) + d] = static_cast<T>(o_i[d]);
         }
         // lse_i, kept for a backward from the saved state (attention_backward_saved)
-        if (!lse.empty()) lse[plan.lse_at(b, h, i)] = static_cast<T>(row.lse);
+        if (!lse.empty()) lse[plan.lse_at(seq.b, h, seq.q_row(i))] = static_cast<T>(row.lse);
       }
     }
   }
 }
 
-/// dQ alone (SPEC §3): `dq_i = scale · sum_j dx_ij k_j`, with dx the score
-/// gradient of attention_score_grad_row. dout `[B,Sq,H,Dv]` (plan.o), dq
-/// `[B,Sq,H,D]` contiguous (plan.dq). Throws tandem::Error before writing.
-template <class T, class Acc = accumulator_t<T>>
-void attention_backward_dq(const AttentionPlan& plan, const AttentionInputs<T>& in,
-                           std::span<const T> dout, std::span<T> dq) {
-  check_inputs(plan, in);
-  require_size(dout.size(), plan.o.extent, "dout");
-  require_size(dq.size(), plan.dq.extent, "dq");
-  const Acc scale = static_cast<Acc>(plan.scale);
-
-  for (std::int64_t b = 0; b < plan.B; ++b) {
-    for (std::int64_t h = 0; h < plan.H; ++h) {
-      const std::int64_t kv_head = plan.kv_head(h);
-      for (std::int64_t i = 0; i < plan.Sq; ++i) {
-        // forward passes 1–4 again: p_ij
-        const AttentionRow<Acc> row = attention_row<T, Acc>(plan, in, b, h, i);
-        // backward passes 1–4: dx_ij
-        const std::vector<Acc> dx = attention_score_grad_row<T, Acc>(plan, in, dout, row, b, h, i);
-        // pass 5: dq_i = scale * sum_j dx_ij * k_j
-        //   forward: x_ij = scale * <q_i, k_j>
-        for (std::int64_t d = 0; d < plan.D; ++d) {
-          Acc dq_id = Acc(0);
-          for (std::int64_t j = 0; j < plan.Sk; ++j) {
-            if (!row.visible[j]) continue;
-            dq_id += dx[j] * static_cast<Acc>(in.k[plan.k.at(b, j, kv_head) + d]);
-          }
-          dq[plan.dq.at(b, i, h) + d] = static_cast<T>(scale * dq_id);
-        }
-      }
-    }
-  }
-}
-
-/// dK alone (SPEC §3): `dk_j = scale · sum_{h reading kv head g} sum_i dx_ij q_i`
-/// — GQA sums over the H/Hkv query heads that share k_j. dout `[B,Sq,H,Dv]`
-/// (plan.o), dk `[B,Sk,Hkv,D]` contiguous (plan.dk). Throws tandem::Error
-/// before writing.
-template <class T, class Acc = accumulator_t<T>>
-void attention_backward_dk(const AttentionPlan& plan, const AttentionInputs<T>& in,
-                           std::span<const T> dout, std::span<T> dk) {
-  check_inputs(plan, in);
-  require_size(dout.size(), plan.o.extent, "dout");
-  require_size(dk.size(), plan.dk.extent, "dk");
-  const Acc scale = static_cast<Acc>(plan.scale);
-
-  // dk_j sums over queries and query heads: accumulate in Acc, round once.
-  std::vector<Acc> dk_sum(dk.size(), Acc(0));
-  for (std::int64_t b = 0; b < plan.B; ++b) {
-    for (std::int64_t h = 0; h < plan.H; ++h) {
-      const std::int64_t kv_head = plan.kv_head(h);
-      for (std::int64_t i = 0; i < plan.Sq; ++i) {
-        // forward passes 1–4 again: p_ij
-        const AttentionRow<Acc> row = attention_row<T, Acc>(plan, in, b, h, i);
-        // backward passes 1–4: dx_ij
-        const std::vector<Acc> dx = attention_score_grad_row<T, Acc>(plan, in, dout, row, b, h, i);
-        // pass 5: dk_j += scale * dx_ij * q_i   (into kv head g = kv_head(h))
-        //   forward: x_ij = scale * <q_i, k_j>
-        for (std::int64_t j = 0; j < plan.Sk; ++j) {
-          if (!row.visible[j]) continue;
-          for (std::int64_t d = 0; d < plan.D; ++d) {
-            dk_sum[plan.dk.at(b, j, kv_head) + d] +=
-                scale * dx[j] * static_cast<Acc>(in.q[plan.q.at(b, i, h) + d]);
-          }
-        }
-      }
-    }
-  }
-  for (std::size_t n = 0; n < dk.size(); ++n) dk[n] = static_cast<T>(dk_sum[n]);
-}
-
-/// dV alone (SPEC §3): `dv_j = sum_{h reading kv head g} sum_i p_ij dO_i`
-/// — GQA sums over the H/Hkv query heads that share v_j. dout `[B,Sq,H,Dv]`
-/// (plan.o), dv `[B,Sk,Hkv,Dv]` contiguous (plan.dv). Throws tandem::Error
-/// before writing.
-template <class T, class Acc = accumulator_t<T>>
-void attention_backward_dv(const AttentionPlan& plan, const AttentionInputs<T>& in,
-                           std::span<const T> dout, std::span<T> dv) {
-  check_inputs(plan, in);
-  require_size(dout.size(), plan.o.extent, "dout");
-  require_size(dv.size(), plan.dv.extent, "dv");
-
-  // dv_j sums over queries and query heads: accumulate in Acc, round once.
-  std::vector<Acc> dv_sum(dv.size(), Acc(0));
-  for (std::int64_t b = 0; b < plan.B; ++b) {
-    for (std::int64_t h = 0; h < plan.H; ++h) {
-      const std::int64_t kv_head = plan.kv_head(h);
-      for (std::int64_t i = 0; i < plan.Sq; ++i) {
-        // forward passes 1–4 again: p_ij
-        const AttentionRow<Acc> row = attention_row<T, Acc>(plan, in, b, h, i);
-        // pass 5: dv_j += p_ij * dO_i   (into kv head g = kv_head(h))
-        //   forward: o_i = sum_j p_ij * v_j
-        for (std::int64_t j = 0; j < plan.Sk; ++j) {
-          if (!row.visible[j]) continue;
-          for (std::int64_t d = 0; d < plan.Dv; ++d) {
-            dv_sum[plan.dv.at(b, j, kv_head) + d] +=
-                row.p[j] * static_cast<Acc>(dout[plan.o.at(b, i, h) + d]);
-          }
-        }
-      }
-    }
-  }
-  for (std::size_t n = 0; n < dv.size(); ++n) dv[n] = static_cast<T>(dv_sum[n]);
-}
-
-/// dQ, dK and dV in one pass over the queries (SPEC §3): with P the
-/// probabilities and dx the score gradient,
+/// dQ, dK, dV and dsinks in one pass over the queries (SPEC §3, §2.7): with P
+/// the probabilities and dx the score gradient,
 /// `dq_i = scale · sum_j dx_ij k_j`, `dk_j = scale · sum_{h,i} dx_ij q_i`,
-/// `dv_j = sum_{h,i} p_ij dO_i` (h over the query heads sharing kv head g).
+/// `dv_j = sum_{h,i} p_ij dO_i` (h over the query heads sharing kv head g),
+/// `dsink_h = −sum_{n,i} p_sink,i · <dO_i, o_i>`.
 /// dout `[B,Sq,H,Dv]` (plan.o); grads.dq `[B,Sq,H,D]`, grads.dk `[B,Sk,Hkv,D]`,
-/// grads.dv `[B,Sk,Hkv,Dv]`, contiguous: any non-empty subset of them, an
-/// empty view is neither computed nor written. With `saved`
-/// (the forward's out and lse) P and delta come from it instead of a second
-/// forward; see attention_backward_saved. Throws tandem::Error before
-/// writing anything.
+/// grads.dv `[B,Sk,Hkv,Dv]`, grads.dsinks `[H]`, contiguous: any non-empty
+/// subset of them, an empty view is neither computed nor written
+/// (check_grads). With `saved` (the forward's out and lse) P and delta come
+/// from it instead of a second forward; see attention_backward_saved. A paged
+/// plan has no backward. Throws tandem::Error before writing anything.
 template <class T, class Acc = accumulator_t<T>>
 void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
                         std::span<const T> dout, const AttentionGrads<T>& grads,
@@ -411,61 +350,106 @@ void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
   if (saved != nullptr) check_saved(plan, *saved);
   const Acc scale = static_cast<Acc>(plan.scale);
 
-  // dk_j and dv_j sum over queries and query heads: accumulate in Acc.
+  // dk_j, dv_j and dsink_h sum over queries (and query heads): accumulate in Acc.
   std::vector<Acc> dk_sum(grads.dk.size(), Acc(0));
   std::vector<Acc> dv_sum(grads.dv.size(), Acc(0));
-  for (std::int64_t b = 0; b < plan.B; ++b) {
+  std::vector<Acc> dsink_sum(grads.dsinks.size(), Acc(0));
+  for (std::int64_t n = 0; n < plan.sequences(); ++n) {
+    const AttentionSeq seq = plan.sequence(in, n);
     for (std::int64_t h = 0; h < plan.H; ++h) {
       const std::int64_t kv_head = plan.kv_head(h);
-      for (std::int64_t i = 0; i < plan.Sq; ++i) {
+      for (std::int64_t i = 0; i < seq.Sq; ++i) {
+        const std::int64_t q_at = plan.q.at(seq.b, seq.q_row(i), h);
         // forward passes 1–4 again: p_ij (or from the saved lse_i)
-        const AttentionRow<Acc> row = saved == nullptr
-                                          ? attention_row<T, Acc>(plan, in, b, h, i)
-                                          : attention_row_saved<T, Acc>(plan, in, *saved, b, h, i);
-        // backward passes 1–4: dx_ij (delta_i from the saved o_i when given)
-        const std::vector<Acc> dx =
-            attention_score_grad_row<T, Acc>(plan, in, dout, row, b, h, i, saved);
+        const AttentionRow<Acc> row =
+            saved == nullptr ? attention_row<T, Acc>(plan, in, seq, h, i)
+                             : attention_row_saved<T, Acc>(plan, in, *saved, seq, h, i);
+        // backward passes 1–4: dx_ij and delta_i (from the saved o_i when given)
+        const ScoreGrad<Acc> g =
+            attention_score_grad_row<T, Acc>(plan, in, dout, seq, row, h, i, saved);
+        const std::vector<Acc>& dx = g.dx;
 
         // pass 5a: dq_i = scale * sum_j dx_ij * k_j
         //   forward: x_ij = scale * <q_i, k_j>
         for (std::int64_t d = 0; !grads.dq.empty() && d < plan.D; ++d) {
           Acc dq_id = Acc(0);
-          for (std::int64_t j = 0; j < plan.Sk; ++j) {
+          for (std::int64_t j = 0; j < seq.Sk; ++j) {
             if (!row.visible[j]) continue;
-            dq_id += dx[j] * static_cast<Acc>(in.k[plan.k.at(b, j, kv_head) + d]);
+            const KeyRow key = seq.key_row(j);
+            dq_id += dx[j] * static_cast<Acc>(in.k[plan.k.at(key.batch, key.seq, kv_head) + d]);
           }
-          grads.dq[plan.dq.at(b, i, h) + d] = static_cast<T>(scale * dq_id);
+          grads.dq[plan.dq.at(seq.b, seq.q_row(i), h) + d] = static_cast<T>(scale * dq_id);
         }
 
         // pass 5b: dk_j += scale * dx_ij * q_i   (into kv head g = kv_head(h))
         //   forward: x_ij = scale * <q_i, k_j>
-        for (std::int64_t j = 0; !grads.dk.empty() && j < plan.Sk; ++j) {
+        for (std::int64_t j = 0; !grads.dk.empty() && j < seq.Sk; ++j) {
           if (!row.visible[j]) continue;
+          const KeyRow key = seq.key_row(j);
           for (std::int64_t d = 0; d < plan.D; ++d) {
-            dk_sum[plan.dk.at(b, j, kv_head) + d] +=
-                scale * dx[j] * static_cast<Acc>(in.q[plan.q.at(b, i, h) + d]);
+            dk_sum[plan.dk.at(key.batch, key.seq, kv_head) + d] +=
+                scale * dx[j] * static_cast<Acc>(in.q[q_at + d]);
           }
         }
 
         // pass 5c: dv_j += p_ij * dO_i   (into kv head g = kv_head(h))
         //   forward: o_i = sum_j p_ij * v_j
-        for (std::int64_t j = 0; !grads.dv.empty() && j < plan.Sk; ++j) {
+        for (std::int64_t j = 0; !grads.dv.empty() && j < seq.Sk; ++j) {
           if (!row.visible[j]) continue;
+          const KeyRow key = seq.key_row(j);
           for (std::int64_t d = 0; d < plan.Dv; ++d) {
-            dv_sum[plan.dv.at(b, j, kv_head) + d] +=
-                row.p[j] * static_cast<Acc>(dout[plan.o.at(b, i, h) + d]);
+            dv_sum[plan.dv.at(key.batch, key.seq, kv_head) + d] +=
+                row.p[j] * static_cast<Acc>(dout[plan.o.at(seq.b, seq.q_row(i), h) + d]);
           }
         }
+
+        // pass 6: dsink_h += -p_sink,i * delta_i
+        //   forward: l_i = exp(sink_h - m_i) + sum_j exp(s_ij - m_i), the sink has no value
+        if (!grads.dsinks.empty()) dsink_sum[h] += -row.p_sink * g.delta;
       }
     }
   }
-  for (std::size_t n = 0; n < grads.dk.size(); ++n) grads.dk[n] = static_cast<T>(dk_sum[n]);
-  for (std::size_t n = 0; n < grads.dv.size(); ++n) grads.dv[n] = static_cast<T>(dv_sum[n]);
+  for (std::size_t e = 0; e < grads.dk.size(); ++e) grads.dk[e] = static_cast<T>(dk_sum[e]);
+  for (std::size_t e = 0; e < grads.dv.size(); ++e) grads.dv[e] = static_cast<T>(dv_sum[e]);
+  for (std::size_t e = 0; e < grads.dsinks.size(); ++e) {
+    grads.dsinks[e] = static_cast<T>(dsink_sum[e]);
+  }
+}
+
+/// dQ alone (SPEC §3): `dq_i = scale · sum_j dx_ij k_j`, attention_backward
+/// with only dq `[B,Sq,H,D]` (contiguous, plan.dq). Throws tandem::Error
+/// before writing.
+template <class T, class Acc = accumulator_t<T>>
+void attention_backward_dq(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                           std::span<const T> dout, std::span<T> dq) {
+  require_size(dq.size(), plan.dq.extent, "dq");
+  attention_backward<T, Acc>(plan, in, dout, AttentionGrads<T>{dq, {}, {}});
+}
+
+/// dK alone (SPEC §3): `dk_j = scale · sum_{h reading kv head g} sum_i dx_ij q_i`
+/// — GQA sums over the H/Hkv query heads that share k_j. dk `[B,Sk,Hkv,D]`
+/// contiguous (plan.dk). Throws tandem::Error before writing.
+template <class T, class Acc = accumulator_t<T>>
+void attention_backward_dk(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                           std::span<const T> dout, std::span<T> dk) {
+  require_size(dk.size(), plan.dk.extent, "dk");
+  attention_backward<T, Acc>(plan, in, dout, AttentionGrads<T>{{}, dk, {}});
+}
+
+/// dV alone (SPEC §3): `dv_j = sum_{h reading kv head g} sum_i p_ij dO_i`
+/// — GQA sums over the H/Hkv query heads that share v_j. dv `[B,Sk,Hkv,Dv]`
+/// contiguous (plan.dv). Throws tandem::Error before writing.
+template <class T, class Acc = accumulator_t<T>>
+void attention_backward_dv(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                           std::span<const T> dout, std::span<T> dv) {
+  require_size(dv.size(), plan.dv.extent, "dv");
+  attention_backward<T, Acc>(plan, in, dout, AttentionGrads<T>{{}, {}, dv});
 }
 
 /// Attention forward that also saves the log-sum-exp for the backward:
 /// out as attention_forward, lse `[B,H,Sq]` (contiguous, plan.lse_at)
-/// `lse_i = m_i + log sum_j exp(s_ij − m_i)`, −inf for a query with no visible key.
+/// `lse_i = m_i + log l_i` (the sink included), −inf for a query with no
+/// visible key and no sink.
 template <class T, class Acc = accumulator_t<T>>
 void attention_forward_lse(const AttentionPlan& plan, const AttentionInputs<T>& in,
                            std::span<T> out, std::span<T> lse) {
@@ -473,13 +457,14 @@ void attention_forward_lse(const AttentionPlan& plan, const AttentionInputs<T>& 
   attention_forward<T, Acc>(plan, in, out, lse);
 }
 
-/// dQ, dK and dV from the forward's saved state (AttentionSaved: out and lse):
-/// the formulas of attention_backward with `p_ij = exp(s_ij − lse_i)` and
-/// `delta_i = <dO_i, out_i>` read from what the forward kept. A fast backend
-/// thereby skips the forward's softmax and pass 5; this reference takes the
-/// scores s_ij from attention_row (whose own p it overwrites) for clarity.
-/// Given the forward's own out and lse it equals attention_backward up to
-/// rounding. Throws tandem::Error before writing anything.
+/// The gradients from the forward's saved state (AttentionSaved: out and lse):
+/// the formulas of attention_backward with `p_ij = exp(s_ij − lse_i)`,
+/// `p_sink,i = exp(sink_h − lse_i)` and `delta_i = <dO_i, out_i>` read from
+/// what the forward kept. A fast backend thereby skips the forward's softmax
+/// and pass 5; this reference takes the scores s_ij from attention_row (whose
+/// own p it overwrites) for clarity. Given the forward's own out and lse it
+/// equals attention_backward up to rounding. Throws tandem::Error before
+/// writing anything.
 template <class T, class Acc = accumulator_t<T>>
 void attention_backward_saved(const AttentionPlan& plan, const AttentionInputs<T>& in,
                               const AttentionSaved<T>& saved, std::span<const T> dout,

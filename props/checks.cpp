@@ -36,7 +36,9 @@ AttentionScales scales(const AttentionData& d) {
   s.dk = std::abs(p.scale) * ndo * nv * nq * colsum;
   s.dv = ndo * colsum;
   s.dsinks = ndo * nv * double(p.B * p.Sq);
-  s.underflow = double(p.Sk + p.D + p.Dv) * 0x1p-150;
+  // the longest chains: Σ over keys (out, dq), over the G·Sq rows of a kv
+  // head (dk, dv), over d (scores, dP); a few products per term
+  s.underflow = 4 * double(p.group() * p.Sq + p.Sk + p.D + p.Dv) * 0x1p-150;
   return s;
 }
 

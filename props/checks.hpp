@@ -32,10 +32,12 @@ namespace tandem::props {
 struct AttentionScales {
   double L = 0, out = 0, dq = 0, dk = 0, dv = 0;
   double dsinks = 0;  ///< ‖dO‖·‖V‖ times the query rows a sink's gradient sums over
-  /// The absolute error float has below its normal range: one result of a
-  /// chain of about n = Sk + D + Dv operations on subnormal values is off by
-  /// up to n half-steps of 2^−149 (Higham's model with underflow,
-  /// fl(x op y) = (x op y)(1 + δ) + η, |η| <= 2^−150), however small M and N.
+  /// The absolute error float has below its normal range: a result summed
+  /// from n terms of a few products each, n = G·Sq + Sk + D + Dv (the longest
+  /// chains: over the rows of a kv head for dk and dv, over keys for out and
+  /// dq, over d for the dot products), is off by up to 4n half-steps of
+  /// 2^−149 (Higham's model with underflow: fl(x·y) = x·y·(1 + δ) + η with
+  /// |η| <= 2^−150; sums of subnormals are exact), however small M and N.
   double underflow = 0;
 };
 AttentionScales scales(const AttentionData& d);

@@ -81,15 +81,16 @@ struct BackwardScratch {
   /// the call's partial sums.
   BackwardScratch(const Backward& bw, bool own_sums) : fwd(bw.c, true) {
     const AttentionPlan& p = *bw.c.plan;
-    const std::int64_t R = bw.c.max_rows_p, N = Lanes(), key_block = bw.c.key_block;
+    const std::int64_t R = bw.c.max_rows_p, ld = bw.c.max_stride, N = Lanes();
+    const std::int64_t key_block = bw.c.key_block;
     Dp = RoundUp(p.D, N);
     Dvp = RoundUp(p.Dv, N);
     if (bw.want_dk) Qp.resize(R * Dp);
-    if (bw.need_ds) dOt.resize(p.Dv * R);
+    if (bw.need_ds) dOt.resize(p.Dv * ld);
     if (bw.want_dv) dOp.resize(R * Dvp);
-    if (bw.need_ds) dPt.resize(key_block * R);
-    if (bw.need_ds && p.softcap > 0) tanh_s.resize(key_block * R);
-    if (bw.want_dq) dQt.resize(p.D * R);
+    if (bw.need_ds) dPt.resize(key_block * ld);
+    if (bw.need_ds && p.softcap > 0) tanh_s.resize(key_block * ld);
+    if (bw.want_dq) dQt.resize(p.D * ld);
     lse.resize(R);
     dsum.resize(R);
     inv.resize(R);
@@ -103,16 +104,12 @@ struct BackwardScratch {
 template <class RowPtr>
 void PackRows(const Tile& t, std::int64_t width, std::int64_t wp, RowPtr row, float* Dst,
               float* Dt) {
-  for (std::int64_t r = 0; r < t.rows_p; ++r) {
-    const float* src = r < t.rows ? row(r) : nullptr;
-    if (Dst != nullptr) {
-      float* dst = Dst + r * wp;
-      for (std::int64_t x = 0; x < wp; ++x) dst[x] = src != nullptr && x < width ? src[x] : 0.0f;
-    }
-    if (Dt != nullptr) {
-      for (std::int64_t x = 0; x < width; ++x)
-        Dt[x * t.rows_p + r] = src != nullptr ? src[x] : 0.0f;
-    }
+  if (Dt != nullptr) attn::PackTransposed(t, width, row, Dt);
+  for (std::int64_t r = 0; Dst != nullptr && r < t.rows_p; ++r) {
+    float* dst = Dst + r * wp;
+    const std::int64_t n = r < t.rows ? width : 0;
+    if (n > 0) std::copy_n(row(r), n, dst);
+    std::fill(dst + n, dst + wp, 0.0f);
   }
 }
 
@@ -146,7 +143,7 @@ class TileBackward {
     } else {
       ForwardRowStatistics();
     }
-    if (bw_.want_dq) std::fill(s_.dQt.get(), s_.dQt.get() + p.D * t_.rows_p, 0.0f);
+    if (bw_.want_dq) std::fill(s_.dQt.get(), s_.dQt.get() + p.D * t_.stride, 0.0f);
     rows_finite_ = RowStatisticsFinite();
   }
 
@@ -154,7 +151,7 @@ class TileBackward {
   /// of block kb, by the careful path where it must (see Skip in gemm-inl.h).
   void KeyBlock(const attn::KeyBlock& kb, float* dK, float* dV) {
     const AttentionPlan& p = *c_.plan;
-    const std::int64_t R = t_.rows_p, ks = attn::PackedStride(p.D);
+    const std::int64_t R = t_.stride, ks = attn::PackedStride(p.D);
     const std::int64_t vs = attn::PackedStride(p.Dv);
     // only the rows lo .. active_end−1 may see a key of this block
     const std::int64_t active = std::min(kb.hi, t_.rows) - kb.lo;
@@ -200,11 +197,10 @@ class TileBackward {
   /// dq of the tile's rows, in the layout of q.
   void WriteDq() const {
     if (!bw_.want_dq) return;
-    const float* dQt = s_.dQt.get();
-    for (std::int64_t r = 0; r < t_.rows; ++r) {
-      float* dst = bw_.grads.dq.data() + c_.dq_at(t_.b, t_.query(r), t_.head(r));
-      for (std::int64_t x = 0; x < c_.plan->D; ++x) dst[x] = dQt[x * t_.rows_p + r];
-    }
+    attn::StoreRows({s_.dQt.get(), 1, t_.stride}, t_.rows, c_.plan->D, nullptr,
+                    [&](std::int64_t r) {
+                      return bw_.grads.dq.data() + c_.dq_at(t_.b, t_.query(r), t_.head(r));
+                    });
   }
 
  private:
@@ -231,10 +227,10 @@ class TileBackward {
     attn::FinishRows(t_, s_.fwd, s_.inv.get(), s_.lse.get());
     if (!bw_.need_ds) return;
     const DF d;
-    const std::int64_t R = t_.rows_p;
+    const std::int64_t R = t_.stride;
     const float* Ot = s_.fwd.Ot.get();
     const float* dOt = s_.dOt.get();
-    for (std::int64_t r0 = 0; r0 < R; r0 += Lanes()) {
+    for (std::int64_t r0 = 0; r0 < t_.rows_p; r0 += Lanes()) {
       VF acc = hn::Zero(d);
       for (std::int64_t dv = 0; dv < c_.plan->Dv; ++dv) {
         acc = hn::MulAdd(hn::LoadU(d, dOt + dv * R + r0), hn::LoadU(d, Ot + dv * R + r0), acc);
@@ -274,7 +270,7 @@ class TileBackward {
   /// entries marked −0.0.
   void Probabilities(const attn::KeyBlock& kb, bool careful) {
     const DF d;
-    const std::int64_t R = t_.rows_p;
+    const std::int64_t R = t_.stride;
     float* Pt = s_.fwd.St.get();
     float* tanh_s = c_.softcap > 0.0f && bw_.need_ds ? s_.tanh_s.get() : nullptr;
     const VF scale = hn::Set(d, c_.scale);
@@ -301,7 +297,7 @@ class TileBackward {
   /// be NaN there).
   void ScoreGradient(const attn::KeyBlock& kb, bool careful) {
     const DF d;
-    const std::int64_t R = t_.rows_p;
+    const std::int64_t R = t_.stride;
     const float* Pt = s_.fwd.St.get();
     float* dSt = s_.dPt.get();
     const float* tanh_s = c_.softcap > 0.0f ? s_.tanh_s.get() : nullptr;

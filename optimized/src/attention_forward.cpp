@@ -49,13 +49,10 @@ using attn::Tile;
 /// when lse_out is given (inv = 1/l and lse_rows per row, FinishRows).
 void WriteRows(const Call& c, const Tile& t, const OutputRows& o, const float* inv,
                const float* lse_rows, float* out, float* lse_out) {
-  const std::int64_t Dv = c.plan->Dv;
-  for (std::int64_t r = 0; r < t.rows; ++r) {
-    // O <- diag(1/l)·O
-    float* dst = out + t.o_at(c, r);
-    const float w = inv[r];
-    for (std::int64_t dv = 0; dv < Dv; ++dv) dst[dv] = o.at(r, dv) * w;
-    if (lse_out != nullptr) lse_out[t.lse_at(c, r)] = lse_rows[r];
+  // O <- diag(1/l)·O
+  attn::StoreRows(o, t.rows, c.plan->Dv, inv, [&](std::int64_t r) { return out + t.o_at(c, r); });
+  for (std::int64_t r = 0; lse_out != nullptr && r < t.rows; ++r) {
+    lse_out[t.lse_at(c, r)] = lse_rows[r];
   }
 }
 

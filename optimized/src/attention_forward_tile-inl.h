@@ -37,7 +37,7 @@ namespace tandem::optimized::HWY_NAMESPACE::attn {
 namespace hn = hwy::HWY_NAMESPACE;
 
 /// Per-thread scratch of the forward tiles, sized for the largest tile of
-/// the call: St (scores, then probabilities, [key_block][rows_p]) and the
+/// the call: St (scores, then probabilities, [key_block][stride]) and the
 /// online softmax's m, l, alpha for every tile; Qt, Ot, Kp, Vp for the wide
 /// tile (and the backward) when `transposed`; Qn, On, Kn, Vn for the decode
 /// tile when the call takes it.
@@ -48,14 +48,14 @@ struct ForwardScratch {
   Buffer Qn, On, Kn, Vn;
   ForwardScratch(const Call& c, bool transposed) : score(c.max_rows_p) {
     const AttentionPlan& p = *c.plan;
-    const std::int64_t R = c.max_rows_p;
-    St.resize(c.key_block * R);
+    const std::int64_t R = c.max_rows_p, ld = c.max_stride;
+    St.resize(c.key_block * ld);
     m.resize(R);
     l.resize(R);
     alpha.resize(R);
     if (transposed) {
-      Qt.resize(p.D * R);
-      Ot.resize(p.Dv * R);
+      Qt.resize(p.D * ld);
+      Ot.resize(p.Dv * ld);
       Kp.resize(c.key_block * PackedStride(p.D));
       Vp.resize(c.key_block * PackedStride(p.Dv));
     }
@@ -80,6 +80,35 @@ struct OutputRows {
   float at(std::int64_t r, std::int64_t dv) const { return base[r * row_step + dv * col_step]; }
 };
 
+/// dst(r)[dv] = O[r][dv]·w[r] for r < rows, dv < width (w null: the rows as
+/// they are), through a block in L1 as PackTransposed.
+template <class DstRow>
+void StoreRows(const OutputRows& o, std::int64_t rows, std::int64_t width, const float* w,
+               DstRow dst) {
+  HWY_ALIGN float block[kTransposeRows][kTransposeWidth];
+  // the rows kTransposeAhead ahead of the block, for writing
+  const auto prefetch = [&](std::int64_t from, std::int64_t to) {
+    constexpr std::int64_t kLine = 64 / sizeof(float);  // floats per cache line
+    for (std::int64_t r = from; r < std::min(rows, to); ++r) {
+      for (std::int64_t x = 0; x < width; x += kLine) __builtin_prefetch(dst(r) + x, 1, 3);
+    }
+  };
+  prefetch(0, kTransposeAhead);
+  for (std::int64_t r0 = 0; r0 < rows; r0 += kTransposeRows) {
+    const std::int64_t n = std::min(kTransposeRows, rows - r0);
+    prefetch(r0 + kTransposeAhead, r0 + kTransposeAhead + kTransposeRows);
+    for (std::int64_t x0 = 0; x0 < width; x0 += kTransposeWidth) {
+      const std::int64_t m = std::min(kTransposeWidth, width - x0);
+      for (std::int64_t x = 0; x < m; ++x) {
+        for (std::int64_t i = 0; i < n; ++i) {
+          block[i][x] = o.at(r0 + i, x0 + x) * (w != nullptr ? w[r0 + i] : 1.0f);
+        }
+      }
+      for (std::int64_t i = 0; i < n; ++i) std::copy_n(block[i], m, dst(r0 + i) + x0);
+    }
+  }
+}
+
 /// The online softmax over one tile's rows (vectors over N rows at a time,
 /// no horizontal reduction): per row the running max m, the running sum l of
 /// exp(s − m) and, for the last key block, the factor alpha = exp(m_old −
@@ -87,17 +116,18 @@ struct OutputRows {
 /// a row with no visible key keeps both.
 class OnlineSoftmax {
  public:
-  OnlineSoftmax(ForwardScratch& s, std::int64_t rows_p)
-      : m_(s.m.get()), l_(s.l.get()), alpha_(s.alpha.get()), R_(rows_p) {
+  /// For rows_p rows whose scores lie `stride` apart from one key to the next.
+  OnlineSoftmax(ForwardScratch& s, std::int64_t rows_p, std::int64_t stride)
+      : m_(s.m.get()), l_(s.l.get()), alpha_(s.alpha.get()), R_(stride) {
     const DF d;
-    for (std::int64_t r = 0; r < R_; r += Lanes()) {
+    for (std::int64_t r = 0; r < rows_p; r += Lanes()) {
       hn::StoreU(hn::Set(d, -std::numeric_limits<float>::infinity()), d, m_ + r);
       hn::StoreU(hn::Zero(d), d, l_ + r);
     }
   }
 
   /// One key block of nk keys for the rows in the columns [lo, hi): turns the
-  /// raw dot products St[jj][r] (row stride rows_p) into scores (`score`),
+  /// raw dot products St[jj][r] (row stride `stride`) into scores (`score`),
   /// then into probabilities exp(s − m_new), and updates m, l and alpha;
   /// with `careful` the hidden entries of P are marked for the products to
   /// leave out (see Skip in gemm-inl.h). Returns whether any alpha is not 1
@@ -209,9 +239,9 @@ class WideTile {
         keys_(c.keys(t.b, t.g)),
         values_(c.values(t.b, t.g)),
         score_(c, t_, s.score),
-        softmax_(s, t.rows_p),
+        softmax_(s, t.rows_p, t.stride),
         prefetched_(t.j_begin + c.key_block) {
-    if (with_pv) std::fill(s.Ot.get(), s.Ot.get() + c.plan->Dv * t.rows_p, 0.0f);
+    if (with_pv) std::fill(s.Ot.get(), s.Ot.get() + c.plan->Dv * t.stride, 0.0f);
   }
   WideTile(const WideTile&) = delete;
   WideTile& operator=(const WideTile&) = delete;
@@ -221,12 +251,12 @@ class WideTile {
   void Run(std::int64_t j_from, std::int64_t j_to) {
     ForEachKeyBlock(c_, t_, j_from, j_to, [&](const KeyBlock& kb) { Block(kb); });
   }
-  OutputRows output() const { return {s_.Ot.get(), 1, t_.rows_p}; }
+  OutputRows output() const { return {s_.Ot.get(), 1, t_.stride}; }
 
  private:
   void Block(const KeyBlock& kb) {
     const AttentionPlan& p = *c_.plan;
-    const std::int64_t R = t_.rows_p, ks = PackedStride(p.D);
+    const std::int64_t R = t_.stride, ks = PackedStride(p.D);
     float* St = s_.St.get();
     Prefetch(kb.j0);
     score_.SetBlock(kb.j0, kb.nk);
@@ -253,12 +283,9 @@ class WideTile {
     GemmCareful<Skip::by_b>(careful, p.Dv, kb.hi - kb.lo, kb.nk, v.rows, 1, v.stride, St + kb.lo, R,
                             Ot + kb.lo, R, true, St + kb.lo);
   }
-  /// The block's V rows: in place (P·V reads one V row per step, see
-  /// attention_tile-inl.h), packed where a padding key needs zeroing.
+  /// The block's V rows, packed (see attention_tile-inl.h), zero for a
+  /// padding key.
   ValueBlock Values(const KeyBlock& kb) {
-    if (!score_.any_hidden() && values_.strided(kb.j0, kb.nk)) {
-      return {values_.row(kb.j0), values_.stride};
-    }
     const std::int64_t vs = PackedStride(values_.width);
     PackKeyRows(values_, kb.j0, kb.nk, vs, s_.Vp.get());
     score_.ZeroHiddenRows(s_.Vp.get(), vs, kb.nk);
@@ -330,7 +357,7 @@ class DecodeTile {
         keys_(c.keys(t.b, t.g)),
         values_(c.values(t.b, t.g)),
         score_(c, t_, s.score),
-        softmax_(s, t.rows_p) {
+        softmax_(s, t.rows_p, t.stride) {
     if (with_pv) std::fill(s.On.get(), s.On.get() + t.rows_p * Dvp_, 0.0f);
   }
   DecodeTile(const DecodeTile&) = delete;
@@ -345,7 +372,7 @@ class DecodeTile {
 
  private:
   void Block(const KeyBlock& kb) {
-    const std::int64_t R = t_.rows_p;
+    const std::int64_t R = t_.stride;
     // the rows of the tile in the block's columns (padding rows excluded)
     const std::int64_t r_end = std::min(kb.hi, t_.rows);
     float* St = s_.St.get();
@@ -370,7 +397,7 @@ class DecodeTile {
   /// S <- Q K^T by dot products along d, St[jj][r] for the rows lo .. r_end−1
   /// (zero in the padding rows up to hi, never stored).
   void Scores(const KeyBlock& kb, std::int64_t r_end) {
-    const std::int64_t R = t_.rows_p;
+    const std::int64_t R = t_.stride;
     float* St = s_.St.get();
     const bool in_place = keys_.width == Dp_ && !score_.any_hidden() && keys_.strided(kb.j0, kb.nk);
     if (!in_place) {
@@ -424,16 +451,16 @@ inline void ForwardTileTransposed(const Call& c, const Tile& t, ForwardScratch& 
     WideTile(c, t, s, with_pv).Run(t.j_begin, t.j_end);
     return;
   }
-  const std::int64_t R = t.rows_p, D = c.plan->D, Dp = RoundUp(D, Lanes());
+  const std::int64_t R = t.stride, D = c.plan->D, Dp = RoundUp(D, Lanes());
   const float* Qt = s.Qt.get();
-  for (std::int64_t r = 0; r < R; ++r) {
+  for (std::int64_t r = 0; r < t.rows_p; ++r) {
     for (std::int64_t x = 0; x < Dp; ++x) s.Qn.get()[r * Dp + x] = x < D ? Qt[x * R + r] : 0.0f;
   }
   DecodeTile tile(c, t, s, with_pv, {kPrefetchKeys, t.j_end});
   tile.Run(t.j_begin, t.j_end);
   if (!with_pv) return;
   const OutputRows o = tile.output();
-  for (std::int64_t r = 0; r < R; ++r) {
+  for (std::int64_t r = 0; r < t.rows_p; ++r) {
     for (std::int64_t dv = 0; dv < c.plan->Dv; ++dv) s.Ot.get()[dv * R + r] = o.at(r, dv);
   }
 }

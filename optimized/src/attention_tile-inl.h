@@ -14,10 +14,11 @@
 //     Ot[dv][r]  unnormalized output accumulator
 //
 // K and V are never transposed: the micro-kernel broadcasts their elements.
-// Q·Kᵀ broadcasts from kMR key rows at once, so K is copied per key block
-// into rows of an odd stride (rows a caller keeps 4 KiB apart would share a
-// cache set); P·V broadcasts consecutive elements of one V row per step, so
-// wide tiles read V in place (a copy only where padding keys must be zeroed).
+// Q·Kᵀ broadcasts from kMR key rows at once and P·V from one V row per key
+// of a block, so both are copied per key block into rows of an odd stride
+// (rows a caller keeps 4 KiB apart would share a cache set, and P·V walks
+// the rows of its block once per micro-tile). The lines of Qt, St and Ot lie
+// an odd number of cache lines apart too (TransposedStride).
 // The running max / sum of the online softmax are vectors over N rows, and
 // no horizontal reduction is needed. Decode tiles take vectors along d
 // instead (DecodeTile, attention_forward_tile-inl.h). Only buffers owned
@@ -102,6 +103,15 @@ struct KeyRows {
   bool strided(std::int64_t /*j0*/, std::int64_t /*n*/) const { return true; }
 };
 
+/// Distance between consecutive lines (Qt[d], St[jj], Ot[dv], ...) of a
+/// tile's transposed buffers, for rows_p rows: rows_p, plus one vector where
+/// rows_p is a multiple of 32 floats. A line of 2^k cache lines would put the
+/// column strip the micro-kernel reads over many lines into a few cache sets;
+/// an odd number of cache lines spreads it over all of them.
+inline std::int64_t TransposedStride(std::int64_t rows_p) {
+  return rows_p % 32 == 0 ? rows_p + Lanes() : rows_p;
+}
+
 /// The sequence lengths of one batch entry: Sq queries, Sk keys, and the
 /// causal alignment q_offset = max(Sk − Sq, 0) (key position of query i:
 /// q_offset + i).
@@ -123,6 +133,7 @@ struct Call {
   std::int64_t block_q = 1;     ///< queries per tile
   std::int64_t max_rows = 1;    ///< G·block_q
   std::int64_t max_rows_p = 1;  ///< max_rows rounded up to whole vectors
+  std::int64_t max_stride = 1;  ///< TransposedStride(max_rows_p)
   std::int64_t n_qblocks = 1;   ///< ceil(Sq / block_q)
   std::int64_t window = 0;      ///< w, capped at Sk + Sq (no key lies further back)
   std::int64_t key_block = 1;   ///< Geometry::key_block
@@ -153,6 +164,7 @@ struct Call {
     n_qblocks = (p.Sq + block_q - 1) / block_q;
     max_rows = G * block_q;
     max_rows_p = RoundUp(max_rows, Lanes());
+    max_stride = TransposedStride(max_rows_p);
     // Tiles of one vector of rows (a decode step: one query of the G heads
     // of a group) would waste most lanes of the broadcast micro-kernel.
     switch (geo.decode_tiles) {
@@ -205,9 +217,10 @@ struct Call {
 /// The query rows of one tile: batch entry b, kv head g, queries
 /// i0 .. i0+nq−1 of the G query heads h = g·G + gi; row r = qi·G + gi.
 /// rows_p = rows rounded up to whole vectors (the padding rows are zero and
-/// never stored).
+/// never stored); stride = TransposedStride(rows_p), the line length of the
+/// tile's transposed buffers.
 struct Tile {
-  std::int64_t b = 0, g = 0, G = 1, i0 = 0, nq = 0, rows = 0, rows_p = 0;
+  std::int64_t b = 0, g = 0, G = 1, i0 = 0, nq = 0, rows = 0, rows_p = 0, stride = 0;
   std::int64_t Sq = 0, Sk = 0, q_offset = 0;  ///< the lengths of entry b
   std::int64_t j_begin = 0, j_end = 0;        ///< keys any row of the tile may see
 
@@ -221,6 +234,7 @@ struct Tile {
     nq = std::min(c.block_q, Sq - i0);
     rows = nq * G;
     rows_p = RoundUp(rows, Lanes());
+    stride = TransposedStride(rows_p);
     // Blocks that causal or sliding-window masks hide for every row are
     // skipped wholesale: a = q_offset + i is the key position of query i.
     const std::int64_t a_first = q_offset + i0, a_last = q_offset + i0 + nq - 1;
@@ -337,17 +351,43 @@ struct ScoreScratch {
       : lo(rows), hi(rows), gather(rows), bias_row(static_cast<std::size_t>(rows), -1) {}
 };
 
+/// A transposing copy moves kTransposeRows rows at a time, kTransposeWidth
+/// floats of each at a time, through a block held in L1: whole vectors
+/// between the block and the caller's rows, elements between the block and
+/// the tile's transposed buffer. The caller's rows are often a multiple of
+/// 4 KiB apart and not in cache, which the hardware prefetchers do not
+/// follow: element by element, too few of their cache lines would be in
+/// flight at once. (Rows written are also prefetched kTransposeAhead rows
+/// ahead, see StoreRows.)
+inline constexpr std::int64_t kTransposeRows = 8;
+inline constexpr std::int64_t kTransposeWidth = 256;
+inline constexpr std::int64_t kTransposeAhead = 2 * kTransposeRows;
+
+/// Dt[x·stride + r] = row(r)[x] for x < width, r < t.rows, and zero in the
+/// padding rows up to t.rows_p: rows into a tile's transposed layout.
+template <class RowPtr>
+void PackTransposed(const Tile& t, std::int64_t width, RowPtr row, float* Dt) {
+  HWY_ALIGN float block[kTransposeRows][kTransposeWidth];
+  for (std::int64_t r0 = 0; r0 < t.rows_p; r0 += kTransposeRows) {
+    const std::int64_t n = std::min(kTransposeRows, t.rows_p - r0);
+    const std::int64_t real = std::clamp<std::int64_t>(t.rows - r0, 0, n);
+    for (std::int64_t x0 = 0; x0 < width; x0 += kTransposeWidth) {
+      const std::int64_t w = std::min(kTransposeWidth, width - x0);
+      for (std::int64_t i = 0; i < real; ++i) std::copy_n(row(r0 + i) + x0, w, block[i]);
+      for (std::int64_t x = 0; x < w; ++x) {
+        float* line = Dt + (x0 + x) * t.stride + r0;
+        for (std::int64_t i = 0; i < real; ++i) line[i] = block[i][x];
+        for (std::int64_t i = real; i < n; ++i) line[i] = 0.0f;
+      }
+    }
+  }
+}
+
 /// Qt[d][r] = q_r[d] for the tile's rows, zero in the padding rows (the wide
 /// tile's layout, and the backward's).
 inline void PackQueriesTransposed(const Call& c, const Tile& t, float* Qt) {
-  const std::int64_t D = c.plan->D;
-  for (std::int64_t r = 0; r < t.rows; ++r) {
-    const float* src = t.q_row(c, r);
-    for (std::int64_t d = 0; d < D; ++d) Qt[d * t.rows_p + r] = src[d];
-  }
-  for (std::int64_t d = 0; d < D; ++d) {
-    for (std::int64_t r = t.rows; r < t.rows_p; ++r) Qt[d * t.rows_p + r] = 0.0f;
-  }
+  PackTransposed(
+      t, c.plan->D, [&](std::int64_t r) { return t.q_row(c, r); }, Qt);
 }
 
 /// Qn[r][x] = q_r[x] for the tile's rows (row stride Dp = D rounded up to
@@ -459,7 +499,7 @@ class ScoreTransform {
     if (c_.softcap > 0.0f) {
       // s = c·tanh(s/c)
       const VF t = hn::Tanh(d, hn::Div(s, hn::Set(d, c_.softcap)));
-      if (tanh_out != nullptr) hn::StoreU(t, d, tanh_out + jj * t_.rows_p + r0);
+      if (tanh_out != nullptr) hn::StoreU(t, d, tanh_out + jj * t_.stride + r0);
       s = hn::Mul(hn::Set(d, c_.softcap), t);
     }
     if (p.mask == MaskKind::bias) {
@@ -496,13 +536,13 @@ class ScoreTransform {
     return hidden;
   }
 
-  /// Rewrites the probabilities P[jj][r] (row stride rows_p) of key j0 + jj,
+  /// Rewrites the probabilities P[jj][r] (row stride t.stride) of key j0 + jj,
   /// jj < nk, for the rows r0 .. r0+N−1 with −0.0 where the key is hidden:
   /// the careful path's mark of a product to leave out (see Skip).
   HWY_INLINE void MarkHidden(float* P, std::int64_t nk, std::int64_t r0) const {
     const DF d;
     for (std::int64_t jj = 0; jj < nk; ++jj) {
-      float* at = P + jj * t_.rows_p + r0;
+      float* at = P + jj * t_.stride + r0;
       hn::StoreU(hn::IfThenElse(Hidden(jj, r0), hn::Set(d, -0.0f), hn::LoadU(d, at)), d, at);
     }
   }

@@ -16,8 +16,9 @@
 //    lse and rowsum(dO ∘ O) from the saved out (five matrix products per
 //    tile instead of seven);
 //  - every product is a float fused multiply-add chain in the micro-kernel's
-//    order where the reference sums in double; exp is a polynomial on 2^f
-//    (attn::SoftmaxExp, ~1e-7 relative), tanh and log are Highway's.
+//    order where the reference sums in double; p = 2^(x − lse·log2 e) in
+//    base 2 as in the forward (attn::SoftmaxExp2, ~2e-7 relative), tanh and
+//    log2 are Highway's.
 // Determinism: one task owns one (batch, kv head) and everything it writes
 // (dQ rows of its G query heads, dK and dV rows of its kv head); inside it the
 // query blocks and key blocks run in a fixed order, so dK/dV (summed over all
@@ -99,12 +100,12 @@ struct BackwardScratch {
   }
 };
 
-/// Dst[r][x] = src_r[x] (x < width, zero up to wp) and/or Dt[x][r] = src_r[x]
-/// for the rows of a tile; padding rows are zero.
+/// Dst[r][x] = src_r[x] (x < width, zero up to wp) and/or Dt[x][r] =
+/// src_r[x]·t_factor for the rows of a tile; padding rows are zero.
 template <class RowPtr>
-void PackRows(const Tile& t, std::int64_t width, std::int64_t wp, RowPtr row, float* Dst,
-              float* Dt) {
-  if (Dt != nullptr) attn::PackTransposed(t, width, row, Dt);
+void PackRows(const Tile& t, std::int64_t width, std::int64_t wp, RowPtr row, float* Dst, float* Dt,
+              float t_factor = 1.0f) {
+  if (Dt != nullptr) attn::PackTransposed(t, width, row, t_factor, Dt);
   for (std::int64_t r = 0; Dst != nullptr && r < t.rows_p; ++r) {
     float* dst = Dst + r * wp;
     const std::int64_t n = r < t.rows ? width : 0;
@@ -135,7 +136,9 @@ class TileBackward {
     const AttentionPlan& p = *c_.plan;
     const auto q_row = [&](std::int64_t r) { return t_.q_row(c_, r); };
     const auto do_row = [&](std::int64_t r) { return bw_.dout + t_.o_at(c_, r); };
-    PackRows(t_, p.D, s_.Dp, q_row, bw_.want_dk ? s_.Qp.get() : nullptr, s_.fwd.Qt.get());
+    // Qt carries the factor of the forward's packed queries (Call::q_scale)
+    PackRows(t_, p.D, s_.Dp, q_row, bw_.want_dk ? s_.Qp.get() : nullptr, s_.fwd.Qt.get(),
+             c_.q_scale);
     PackRows(t_, p.Dv, s_.Dvp, do_row, bw_.want_dv ? s_.dOp.get() : nullptr,
              bw_.need_ds ? s_.dOt.get() : nullptr);
     if (bw_.saved != nullptr) {
@@ -264,28 +267,29 @@ class TileBackward {
     return !(rows_finite_ && (!bw_.want_dq || RowsFinite(s_.fwd.Kp.get(), ks, p.D, nk)) &&
              (!bw_.need_ds || RowsFinite(s_.fwd.Vp.get(), vs, p.Dv, nk)));
   }
-  /// P <- exp(S − lse) in place (St of the block); a row with no visible key
-  /// (lse = −inf) gets exp(s − inf) = 0 for every key instead of
-  /// exp(−inf − (−inf)). tanh(s/c) is kept for dS. Careful: the hidden
+  /// P <- exp(S − lse) = 2^(x − lse·log2 e) in place (St of the block, x
+  /// the scores in log2 units, see ScoreTransform); a row with no visible
+  /// key (lse = −inf) gets 2^(x − inf) = 0 for every key instead of
+  /// 2^(−inf − (−inf)). tanh(s/c) is kept for dS. Careful: the hidden
   /// entries marked −0.0.
   void Probabilities(const attn::KeyBlock& kb, bool careful) {
     const DF d;
     const std::int64_t R = t_.stride;
     float* Pt = s_.fwd.St.get();
     float* tanh_s = c_.softcap > 0.0f && bw_.need_ds ? s_.tanh_s.get() : nullptr;
-    const VF scale = hn::Set(d, c_.scale);
     for (std::int64_t r0 = kb.lo; r0 < kb.hi; r0 += Lanes()) {
       const VF lse = hn::LoadU(d, s_.lse.get() + r0);
-      const VF lse_use = hn::IfThenElse(hn::Eq(lse, hn::Set(d, -kInf)), hn::Set(d, kInf), lse);
-      if (score_.plain_at(r0)) {  // scale only
+      const VF lse2 = hn::Mul(hn::IfThenElse(hn::Eq(lse, hn::Set(d, -kInf)), hn::Set(d, kInf), lse),
+                              hn::Set(d, attn::kLog2e));
+      if (score_.plain_at(r0)) {  // the raw products are the scores
         for (std::int64_t jj = 0; jj < kb.nk; ++jj) {
-          const VF sc = hn::Mul(hn::LoadU(d, Pt + jj * R + r0), scale);
-          hn::StoreU(attn::SoftmaxExp(d, hn::Sub(sc, lse_use)), d, Pt + jj * R + r0);
+          const VF x = hn::LoadU(d, Pt + jj * R + r0);
+          hn::StoreU(attn::SoftmaxExp2(d, hn::Sub(x, lse2)), d, Pt + jj * R + r0);
         }
       } else {
         for (std::int64_t jj = 0; jj < kb.nk; ++jj) {
-          const VF sc = score_(hn::LoadU(d, Pt + jj * R + r0), jj, r0, tanh_s);
-          hn::StoreU(attn::SoftmaxExp(d, hn::Sub(sc, lse_use)), d, Pt + jj * R + r0);
+          const VF x = score_(hn::LoadU(d, Pt + jj * R + r0), jj, r0, tanh_s);
+          hn::StoreU(attn::SoftmaxExp2(d, hn::Sub(x, lse2)), d, Pt + jj * R + r0);
         }
         if (careful) score_.MarkHidden(Pt, kb.nk, r0);
       }

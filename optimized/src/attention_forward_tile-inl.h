@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "attention_tile-inl.h"
 
@@ -110,15 +111,29 @@ void StoreRows(const OutputRows& o, std::int64_t rows, std::int64_t width, const
 }
 
 /// The online softmax over one tile's rows (vectors over N rows at a time,
-/// no horizontal reduction): per row the running max m, the running sum l of
-/// exp(s − m) and, for the last key block, the factor alpha = exp(m_old −
-/// m_new) the running output must be rescaled by. Starts at m = −inf, l = 0;
-/// a row with no visible key keeps both.
+/// no horizontal reduction), in log2 units (scores x = s·log2 e): per row
+/// the reference max m, the running sum l of 2^(x − m) and, for the last
+/// key block, the factor alpha = 2^(m_old − m_new) the running output must
+/// be rescaled by. Starts at m = −inf, l = 0; a row with no visible key
+/// keeps both.
+///
+/// m moves only when a block's row max exceeds it by more than
+/// kRescaleAbove (as FlashAttention-4 does), so after the first blocks most
+/// leave the running output as it is: the probabilities against the stale
+/// m stay below 2^kRescaleAbove, far from overflow, and since l and the
+/// output are sums of 2^(x − m) with one and the same m, out = O/l and
+/// lse = m + log2 l are exact whatever m is.
 class OnlineSoftmax {
  public:
+  static constexpr float kRescaleAbove = 8.0f;
+
   /// For rows_p rows whose scores lie `stride` apart from one key to the next.
   OnlineSoftmax(ForwardScratch& s, std::int64_t rows_p, std::int64_t stride)
-      : m_(s.m.get()), l_(s.l.get()), alpha_(s.alpha.get()), R_(stride) {
+      : m_(s.m.get()),
+        l_(s.l.get()),
+        alpha_(s.alpha.get()),
+        R_(stride),
+        rescaled_(static_cast<std::size_t>(rows_p / Lanes()), 0) {
     const DF d;
     for (std::int64_t r = 0; r < rows_p; r += Lanes()) {
       hn::StoreU(hn::Set(d, -std::numeric_limits<float>::infinity()), d, m_ + r);
@@ -128,66 +143,69 @@ class OnlineSoftmax {
 
   /// One key block of nk keys for the rows in the columns [lo, hi): turns the
   /// raw dot products St[jj][r] (row stride `stride`) into scores (`score`),
-  /// then into probabilities exp(s − m_new), and updates m, l and alpha;
+  /// then into probabilities 2^(x − m_new), and updates m, l and alpha;
   /// with `careful` the hidden entries of P are marked for the products to
   /// leave out (see Skip in gemm-inl.h). Returns whether any alpha is not 1
-  /// (only then must the running output be rescaled).
+  /// (only then must the running output be rescaled; rescaled(r0) says for
+  /// which vectors of rows).
   bool Step(float* St, std::int64_t nk, std::int64_t lo, std::int64_t hi,
             const ScoreTransform& score, bool careful) {
     const DF d;
     const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-    bool rescale = false;
+    bool any = false;
     for (std::int64_t r0 = lo; r0 < hi; r0 += Lanes()) {
-      // m_new <- max(m, rowmax(S)), masked keys at −inf
+      // m_new <- rowmax(S) where it exceeds m by more than kRescaleAbove, else
+      // m (masked keys at −inf)
       const VF m_old = hn::LoadU(d, m_ + r0);
-      const VF m_new = hn::Max(m_old, Scores(St, nk, r0, score));
+      const VF mx = Scores(St, nk, r0, score);
+      const auto grow = hn::Gt(mx, hn::Add(m_old, hn::Set(d, kRescaleAbove)));
+      const VF m_new = hn::IfThenElse(grow, mx, m_old);
       // A row that has seen no visible key yet keeps m = −inf; subtract 0
-      // there so that exp(−inf − (−inf)) is never formed.
+      // there so that 2^(−inf − (−inf)) is never formed.
       const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
-      // P <- exp(S − m_new); l <- exp(m − m_new)·l + rowsum(P)
-      const VF a = SoftmaxExp(d, hn::Sub(m_old, m_use));
+      // P <- 2^(S − m_new); l <- 2^(m − m_new)·l + rowsum(P)
+      const bool moved = !hn::AllFalse(d, grow);
+      const VF a = moved ? SoftmaxExp2(d, hn::Sub(m_old, m_use)) : hn::Set(d, 1.0f);
       VF sum = hn::Zero(d);
       for (std::int64_t jj = 0; jj < nk; ++jj) {
-        const VF pr = SoftmaxExp(d, hn::Sub(hn::LoadU(d, St + jj * R_ + r0), m_use));
+        const VF pr = SoftmaxExp2(d, hn::Sub(hn::LoadU(d, St + jj * R_ + r0), m_use));
         hn::StoreU(pr, d, St + jj * R_ + r0);
         sum = hn::Add(sum, pr);
       }
       hn::StoreU(hn::MulAdd(hn::LoadU(d, l_ + r0), a, sum), d, l_ + r0);
       hn::StoreU(m_new, d, m_ + r0);
       hn::StoreU(a, d, alpha_ + r0);
-      rescale = rescale || !hn::AllTrue(d, hn::Eq(a, hn::Set(d, 1.0f)));
+      rescaled_[static_cast<std::size_t>(r0 / Lanes())] = moved;
+      any = any || moved;
       // the sum above is unchanged by the marks (+0 and −0 add alike)
       if (careful && !score.plain_at(r0)) score.MarkHidden(St, nk, r0);
     }
-    return rescale;
+    return any;
   }
 
   /// alpha[r] of the last block.
   const float* alpha() const { return alpha_; }
+  /// Whether the last block moved m of a row of the vector of rows r0 .. r0+N−1
+  /// (else their alpha is 1).
+  bool rescaled(std::int64_t r0) const { return rescaled_[static_cast<std::size_t>(r0 / Lanes())]; }
 
  private:
   /// S <- the scores of rows r0 .. r0+N−1 in place (the cheapest transform
-  /// the block allows: scale alone, scale and band, or the whole transform);
-  /// returns their row max.
+  /// the block allows: none, the band, or the whole transform); returns
+  /// their row max.
   VF Scores(float* St, std::int64_t nk, std::int64_t r0, const ScoreTransform& score) const {
     const DF d;
     const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-    const VF scale = hn::Set(d, score.scale());
     VF mx = neg_inf;
     if (score.plain() || score.plain_at(r0)) {
-      for (std::int64_t jj = 0; jj < nk; ++jj) {
-        const VF sc = hn::Mul(hn::LoadU(d, St + jj * R_ + r0), scale);
-        hn::StoreU(sc, d, St + jj * R_ + r0);
-        mx = hn::Max(mx, sc);
-      }
+      for (std::int64_t jj = 0; jj < nk; ++jj) mx = hn::Max(mx, hn::LoadU(d, St + jj * R_ + r0));
     } else if (score.band_only()) {
       VF band_lo, band_hi;
       score.Band(r0, band_lo, band_hi);
       for (std::int64_t jj = 0; jj < nk; ++jj) {
         const VF j = hn::Set(d, static_cast<float>(jj));
         const auto visible = hn::And(hn::Ge(j, band_lo), hn::Le(j, band_hi));
-        const VF sc =
-            hn::IfThenElse(visible, hn::Mul(hn::LoadU(d, St + jj * R_ + r0), scale), neg_inf);
+        const VF sc = hn::IfThenElse(visible, hn::LoadU(d, St + jj * R_ + r0), neg_inf);
         hn::StoreU(sc, d, St + jj * R_ + r0);
         mx = hn::Max(mx, sc);
       }
@@ -205,6 +223,7 @@ class OnlineSoftmax {
   float* l_;
   float* alpha_;
   std::int64_t R_;
+  std::vector<char> rescaled_;  ///< per vector of rows, for the last block
 };
 
 /// The rows of one block of V that P·V reads: `rows` (row stride `stride`)
@@ -269,14 +288,15 @@ class WideTile {
     const bool careful = with_pv_ && CarefulPV(score_, v, p.Dv, kb.nk);
     const bool rescale = softmax_.Step(St, kb.nk, kb.lo, kb.hi, score_, careful);
     if (!with_pv_) return;
-    // O <- diag(exp(m − m_new))·O + P V (transposed: Ot[dv][r]); the
-    // rescale is skipped when no row's max moved (every factor exactly 1)
+    // O <- diag(2^(m − m_new))·O + P V (transposed: Ot[dv][r]), the rescale
+    // only for the vectors of rows whose m moved (elsewhere every factor is 1)
     const DF d;
     float* Ot = s_.Ot.get();
-    for (std::int64_t dv = 0; rescale && dv < p.Dv; ++dv) {
-      for (std::int64_t r0 = kb.lo; r0 < kb.hi; r0 += Lanes()) {
-        hn::StoreU(hn::Mul(hn::LoadU(d, Ot + dv * R + r0), hn::LoadU(d, softmax_.alpha() + r0)), d,
-                   Ot + dv * R + r0);
+    for (std::int64_t r0 = kb.lo; rescale && r0 < kb.hi; r0 += Lanes()) {
+      if (!softmax_.rescaled(r0)) continue;
+      const VF a = hn::LoadU(d, softmax_.alpha() + r0);
+      for (std::int64_t dv = 0; dv < p.Dv; ++dv) {
+        hn::StoreU(hn::Mul(hn::LoadU(d, Ot + dv * R + r0), a), d, Ot + dv * R + r0);
       }
     }
     // P is B here (its own marks)
@@ -382,10 +402,12 @@ class DecodeTile {
     const bool careful = with_pv_ && CarefulPV(score_, v, c_.plan->Dv, kb.nk);
     const bool rescale = softmax_.Step(St, kb.nk, kb.lo, kb.hi, score_, careful);
     if (!with_pv_) return;
-    // O <- diag(exp(m − m_new))·O + P V, On[r][dv] natural, rows as broadcasts
+    // O <- diag(2^(m − m_new))·O + P V, On[r][dv] natural, rows as
+    // broadcasts, the rescale only for the rows whose m moved
     const DF d;
     float* On = s_.On.get();
     for (std::int64_t r = kb.lo; rescale && r < r_end; ++r) {
+      if (softmax_.alpha()[r] == 1.0f) continue;
       const VF a = hn::Set(d, softmax_.alpha()[r]);
       for (std::int64_t x = 0; x < Dvp_; x += Lanes())
         hn::StoreU(hn::Mul(hn::LoadU(d, On + r * Dvp_ + x), a), d, On + r * Dvp_ + x);
@@ -466,7 +488,7 @@ inline void ForwardTileTransposed(const Call& c, const Tile& t, ForwardScratch& 
 }
 
 /// inv[r] = 1/l[r] (0 for a row with no visible key) and, when lse is given,
-/// lse[r] = m[r] + log(l[r]) (−inf for such a row). A row that sees a key
+/// lse[r] = (m[r] + log2(l[r]))·ln 2 (−inf for such a row). A row that sees a key
 /// with a NaN score has l = NaN: it counts as seen (NaN, as in the
 /// reference), not as a row with no visible key (0, no gradient).
 inline void FinishRows(const Tile& t, const ForwardScratch& s, float* inv, float* lse) {
@@ -481,10 +503,11 @@ inline void FinishRows(const Tile& t, const ForwardScratch& s, float* inv, float
       const VF m = hn::LoadU(d, s.m.get() + r0);
       // Log of the other lanes is never used; feed it 1 to keep it quiet.
       const auto positive = hn::Gt(l, zero);
-      const VF lg = hn::Log(d, hn::IfThenElse(positive, l, hn::Set(d, 1.0f)));
+      const VF lg = hn::Log2(d, hn::IfThenElse(positive, l, hn::Set(d, 1.0f)));
       // l = 0 (no visible key): −inf; l = NaN: NaN
       const VF other = hn::IfThenElse(seen, l, hn::Set(d, -std::numeric_limits<float>::infinity()));
-      hn::StoreU(hn::IfThenElse(positive, hn::Add(m, lg), other), d, lse + r0);
+      hn::StoreU(hn::IfThenElse(positive, hn::Mul(hn::Add(m, lg), hn::Set(d, kLn2)), other), d,
+                 lse + r0);
     }
   }
 }

@@ -64,27 +64,32 @@ inline constexpr std::int64_t kPrefetchKeys = 256;
 // ---------------------------------------------------------------------------
 // exp for the softmax
 
-/// e^x for the softmax's arguments (x <= 0 up to rounding; −inf gives 0):
-/// e^x = 2^n·2^f with n = round(x·log2 e), |f| <= 1/2, 2^f by its degree-6
-/// Taylor polynomial (truncation < 1.3e-7 relative). The rounding of x·log2 e
-/// adds at most |x|·6e-8 relative error, so a probability e^x keeps about 6
-/// correct digits even at x = −87; below that it is 0. About half the work
-/// of hn::Exp, which also handles large positive x (not needed here).
-HWY_INLINE VF SoftmaxExp(DF d, VF x) {
+/// log2 e and ln 2: the softmax runs in base 2 (scores x = s·log2 e, p = 2^x).
+inline constexpr float kLog2e = 1.44269504088896341f;
+inline constexpr float kLn2 = 0.69314718055994531f;
+
+/// 2^x for the softmax's arguments in log2 units (x <= 0 up to rounding, or
+/// up to OnlineSoftmax::kRescaleAbove; −inf gives 0, NaN stays NaN):
+/// 2^x = 2^n·2^f with n = round(x), |f| <= 1/2, 2^f by a degree-5 polynomial
+/// fitted to the relative error on [−1/2, 1/2] (below 8e-8, 2.4e-7 with the
+/// float rounding of its evaluation, as the degree-6 Taylor polynomial). n
+/// is rounded by adding 1.5·2^23 + 127, which leaves n + 127 in the low bits
+/// of the sum: shifted into the exponent field, they make 2^n. Below −126
+/// (a subnormal 2^n) the result is 0. About a third of the work of hn::Exp,
+/// which also handles large positive x (not needed here).
+HWY_INLINE VF SoftmaxExp2(DF d, VF x) {
   const hn::RebindToSigned<DF> di;
-  const VF t = hn::Mul(x, hn::Set(d, 1.44269504088896341f));
-  const VF n = hn::Round(hn::Max(t, hn::Set(d, -126.0f)));
-  const VF f = hn::Sub(t, n);
-  VF p = hn::Set(d, 1.5403530393381606e-4f);
-  p = hn::MulAdd(p, f, hn::Set(d, 1.3333558146428443e-3f));
-  p = hn::MulAdd(p, f, hn::Set(d, 9.6181291076284772e-3f));
-  p = hn::MulAdd(p, f, hn::Set(d, 5.5504108664821580e-2f));
-  p = hn::MulAdd(p, f, hn::Set(d, 2.4022650695910071e-1f));
-  p = hn::MulAdd(p, f, hn::Set(d, 6.9314718055994531e-1f));
-  p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
-  const auto bits = hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127)));
-  const VF y = hn::Mul(p, hn::BitCast(d, bits));
-  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.0f)), y);
+  const VF magic = hn::Set(d, 12582912.0f + 127.0f);
+  const VF biased = hn::Add(x, magic);  // 1.5·2^23 + 127 + round(x)
+  const VF f = hn::Sub(x, hn::Sub(biased, magic));
+  VF p = hn::Set(d, 1.3277548e-3f);
+  p = hn::MulAdd(p, f, hn::Set(d, 9.6755512e-3f));
+  p = hn::MulAdd(p, f, hn::Set(d, 5.5507101e-2f));
+  p = hn::MulAdd(p, f, hn::Set(d, 2.4022119e-1f));
+  p = hn::MulAdd(p, f, hn::Set(d, 6.9314694e-1f));
+  p = hn::MulAdd(p, f, hn::Set(d, 1.0000001f));
+  const VF two_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, biased)));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -126.0f)), hn::Mul(p, two_n));
 }
 
 // ---------------------------------------------------------------------------
@@ -145,6 +150,10 @@ struct Call {
   bool decode = false;
   float scale = 1.0f;
   float softcap = 0.0f;
+  /// The factor the packed queries carry: scale·log2 e without a softcap,
+  /// so that a raw dot product is already the score in log2 units (see
+  /// ScoreTransform); 1 with one (tanh needs scale·<q, k> itself).
+  float q_scale = 1.0f;
 
   Call(const AttentionPlan& p, const AttentionInputs<float>& in, const Geometry& geo)
       : plan(&p), geometry(&geo), key_block(geo.key_block), edge_block(geo.edge_block) {
@@ -180,6 +189,7 @@ struct Call {
     }
     scale = static_cast<float>(p.scale);
     softcap = static_cast<float>(p.softcap);
+    q_scale = softcap > 0.0f ? 1.0f : static_cast<float>(p.scale * static_cast<double>(kLog2e));
   }
 
   /// Causal and sliding-window masks: each row sees a band of keys.
@@ -363,10 +373,10 @@ inline constexpr std::int64_t kTransposeRows = 8;
 inline constexpr std::int64_t kTransposeWidth = 256;
 inline constexpr std::int64_t kTransposeAhead = 2 * kTransposeRows;
 
-/// Dt[x·stride + r] = row(r)[x] for x < width, r < t.rows, and zero in the
-/// padding rows up to t.rows_p: rows into a tile's transposed layout.
+/// Dt[x·stride + r] = row(r)[x]·factor for x < width, r < t.rows, and zero in
+/// the padding rows up to t.rows_p: rows into a tile's transposed layout.
 template <class RowPtr>
-void PackTransposed(const Tile& t, std::int64_t width, RowPtr row, float* Dt) {
+void PackTransposed(const Tile& t, std::int64_t width, RowPtr row, float factor, float* Dt) {
   HWY_ALIGN float block[kTransposeRows][kTransposeWidth];
   for (std::int64_t r0 = 0; r0 < t.rows_p; r0 += kTransposeRows) {
     const std::int64_t n = std::min(kTransposeRows, t.rows_p - r0);
@@ -376,36 +386,38 @@ void PackTransposed(const Tile& t, std::int64_t width, RowPtr row, float* Dt) {
       for (std::int64_t i = 0; i < real; ++i) std::copy_n(row(r0 + i) + x0, w, block[i]);
       for (std::int64_t x = 0; x < w; ++x) {
         float* line = Dt + (x0 + x) * t.stride + r0;
-        for (std::int64_t i = 0; i < real; ++i) line[i] = block[i][x];
+        for (std::int64_t i = 0; i < real; ++i) line[i] = block[i][x] * factor;
         for (std::int64_t i = real; i < n; ++i) line[i] = 0.0f;
       }
     }
   }
 }
 
-/// Qt[d][r] = q_r[d] for the tile's rows, zero in the padding rows (the wide
-/// tile's layout, and the backward's).
+/// Qt[d][r] = q_r[d]·c.q_scale for the tile's rows, zero in the padding rows
+/// (the wide tile's layout, and the backward's).
 inline void PackQueriesTransposed(const Call& c, const Tile& t, float* Qt) {
   PackTransposed(
-      t, c.plan->D, [&](std::int64_t r) { return t.q_row(c, r); }, Qt);
+      t, c.plan->D, [&](std::int64_t r) { return t.q_row(c, r); }, c.q_scale, Qt);
 }
 
-/// Qn[r][x] = q_r[x] for the tile's rows (row stride Dp = D rounded up to
-/// whole vectors), zero beyond D and in the padding rows (the decode tile's
-/// layout).
+/// Qn[r][x] = q_r[x]·c.q_scale for the tile's rows (row stride Dp = D
+/// rounded up to whole vectors), zero beyond D and in the padding rows (the
+/// decode tile's layout).
 inline void PackQueriesNatural(const Call& c, const Tile& t, float* Qn) {
   const std::int64_t D = c.plan->D, Dp = RoundUp(D, Lanes());
   for (std::int64_t r = 0; r < t.rows_p; ++r) {
     float* dst = Qn + r * Dp;
-    if (r < t.rows) std::copy(t.q_row(c, r), t.q_row(c, r) + D, dst);
-    std::fill(dst + (r < t.rows ? D : 0), dst + Dp, 0.0f);
+    const float* src = r < t.rows ? t.q_row(c, r) : nullptr;
+    for (std::int64_t x = 0; x < D && src != nullptr; ++x) dst[x] = src[x] * c.q_scale;
+    std::fill(dst + (src != nullptr ? D : 0), dst + Dp, 0.0f);
   }
 }
 
-/// Turns the raw dot products St[jj][r] = <q_r, k_j> of keys j = j0 + jj into
-/// scores: s = scale·<q, k>; s = c·tanh(s/c) (softcap c > 0; tanh(s/c) kept
-/// in `tanh_out` when given, for the backward); s += bias; s = −inf where the mask
-/// hides key j from row r. Row r's lanes are independent.
+/// Turns the raw dot products St[jj][r] of keys j = j0 + jj (of the packed
+/// queries, see Call::q_scale) into scores in log2 units, x = s·log2 e:
+/// s = scale·<q, k>; s = c·tanh(s/c) (softcap c > 0; tanh(s/c) kept in
+/// `tanh_out` when given, for the backward); s += bias; s = −inf where the
+/// mask hides key j from row r. Row r's lanes are independent.
 class ScoreTransform {
  public:
   ScoreTransform(const Call& c, const Tile& t, ScoreScratch& s)
@@ -467,10 +479,9 @@ class ScoreTransform {
     }
   }
   bool any_hidden() const { return hidden_keys_; }
-  float scale() const { return c_.scale; }
 
-  /// True when the current block needs nothing but the scale: no softcap,
-  /// no bias, no row of the tile with a hidden key in it.
+  /// True when the raw dot products of the current block are its scores: no
+  /// softcap, no bias, no row of the tile with a hidden key in it.
   bool plain() const {
     return c_.softcap <= 0.0f && c_.plan->mask != MaskKind::bias && !bounded_ && !hidden_keys_;
   }
@@ -479,8 +490,8 @@ class ScoreTransform {
     return c_.softcap <= 0.0f && c_.plan->mask != MaskKind::bias && !hidden_keys_ &&
            (!bounded_ || vec_bounded_[static_cast<std::size_t>(r0 / Lanes())] == 0);
   }
-  /// True when the block needs the scale and the causal / sliding-window
-  /// band only (the diagonal blocks of a plain causal call).
+  /// True when the block needs the causal / sliding-window band alone (the
+  /// diagonal blocks of a plain causal call).
   bool band_only() const {
     return c_.softcap <= 0.0f && c_.plan->mask != MaskKind::bias && bounded_ && !hidden_keys_;
   }
@@ -491,22 +502,23 @@ class ScoreTransform {
     hi = hn::LoadU(d, hi_ + r0);
   }
 
-  /// Score of key j0 + jj for rows r0 .. r0+N−1 from the raw dot products.
+  /// Score of key j0 + jj for rows r0 .. r0+N−1 from the raw dot products,
+  /// in log2 units.
   HWY_INLINE VF operator()(VF raw, std::int64_t jj, std::int64_t r0, float* tanh_out) const {
     const DF d;
     const AttentionPlan& p = *c_.plan;
-    VF s = hn::Mul(raw, hn::Set(d, c_.scale));
+    VF s = raw;  // s·log2 e already, without a softcap (Call::q_scale)
     if (c_.softcap > 0.0f) {
-      // s = c·tanh(s/c)
-      const VF t = hn::Tanh(d, hn::Div(s, hn::Set(d, c_.softcap)));
+      // s = c·tanh(scale·<q, k>/c), in log2 units
+      const VF t = hn::Tanh(d, hn::Div(hn::Mul(raw, hn::Set(d, c_.scale)), hn::Set(d, c_.softcap)));
       if (tanh_out != nullptr) hn::StoreU(t, d, tanh_out + jj * t_.stride + r0);
-      s = hn::Mul(hn::Set(d, c_.softcap), t);
+      s = hn::Mul(hn::Set(d, c_.softcap * kLog2e), t);
     }
     if (p.mask == MaskKind::bias) {
       // s + bias, and −inf where the bias hides the key (whatever s is)
       const VF bias = Bias(jj, r0);
       s = hn::IfThenElse(hn::Eq(bias, hn::Set(d, -std::numeric_limits<float>::infinity())), bias,
-                         hn::Add(s, bias));
+                         hn::MulAdd(bias, hn::Set(d, kLog2e), s));
     }
     if (bounded_) {
       s = hn::IfThenElse(InBand(jj, r0), s, hn::Set(d, -std::numeric_limits<float>::infinity()));

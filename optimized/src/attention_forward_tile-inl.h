@@ -198,7 +198,17 @@ class OnlineSoftmax {
     const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
     VF mx = neg_inf;
     if (score.plain() || score.plain_at(r0)) {
-      for (std::int64_t jj = 0; jj < nk; ++jj) mx = hn::Max(mx, hn::LoadU(d, St + jj * R_ + r0));
+      // four independent chains: one would wait out the latency of each max
+      VF mx1 = neg_inf, mx2 = neg_inf, mx3 = neg_inf;
+      std::int64_t jj = 0;
+      for (; jj + 4 <= nk; jj += 4) {
+        mx = hn::Max(mx, hn::LoadU(d, St + jj * R_ + r0));
+        mx1 = hn::Max(mx1, hn::LoadU(d, St + (jj + 1) * R_ + r0));
+        mx2 = hn::Max(mx2, hn::LoadU(d, St + (jj + 2) * R_ + r0));
+        mx3 = hn::Max(mx3, hn::LoadU(d, St + (jj + 3) * R_ + r0));
+      }
+      for (; jj < nk; ++jj) mx = hn::Max(mx, hn::LoadU(d, St + jj * R_ + r0));
+      mx = hn::Max(hn::Max(mx, mx1), hn::Max(mx2, mx3));
     } else if (score.band_only()) {
       VF band_lo, band_hi;
       score.Band(r0, band_lo, band_hi);
@@ -282,26 +292,37 @@ class WideTile {
     // S <- Q K^T (transposed: St[jj][r] = <k_{j0+jj}, q_r>, rows lo .. hi−1)
     PackKeyRows(keys_, kb.j0, kb.nk, ks, s_.Kp.get());
     score_.ZeroHiddenRows(s_.Kp.get(), ks, kb.nk);
-    Gemm(kb.nk, kb.hi - kb.lo, p.D, s_.Kp.get(), ks, 1, s_.Qt.get() + kb.lo, R, St + kb.lo, R,
-         false);
     const ValueBlock v = with_pv_ ? Values(kb) : ValueBlock{};
     const bool careful = with_pv_ && CarefulPV(score_, v, p.Dv, kb.nk);
-    const bool rescale = softmax_.Step(St, kb.nk, kb.lo, kb.hi, score_, careful);
-    if (!with_pv_) return;
-    // O <- diag(2^(m − m_new))·O + P V (transposed: Ot[dv][r]), the rescale
-    // only for the vectors of rows whose m moved (elsewhere every factor is 1)
+    // One strip of the micro-kernel's width at a time: its scores stay in L1
+    // from Q·K^T through the softmax to P·V.
+    const std::int64_t strip = StripWidth();
+    for (std::int64_t lo = kb.lo; lo < kb.hi; lo += strip) {
+      const std::int64_t hi = std::min(kb.hi, lo + strip);
+      Gemm(kb.nk, hi - lo, p.D, s_.Kp.get(), ks, 1, s_.Qt.get() + lo, R, St + lo, R, false);
+      const bool rescale = softmax_.Step(St, kb.nk, lo, hi, score_, careful);
+      if (with_pv_) AddValues(kb.nk, lo, hi, v, careful, rescale);
+    }
+  }
+  /// O <- diag(2^(m − m_new))·O + P V (transposed: Ot[dv][r]) for the rows
+  /// in the columns [lo, hi), the rescale only for the vectors of rows whose
+  /// m moved (elsewhere every factor is 1).
+  void AddValues(std::int64_t nk, std::int64_t lo, std::int64_t hi, const ValueBlock& v,
+                 bool careful, bool rescale) {
     const DF d;
+    const std::int64_t R = t_.stride, Dv = c_.plan->Dv;
     float* Ot = s_.Ot.get();
-    for (std::int64_t r0 = kb.lo; rescale && r0 < kb.hi; r0 += Lanes()) {
+    float* St = s_.St.get();
+    for (std::int64_t r0 = lo; rescale && r0 < hi; r0 += Lanes()) {
       if (!softmax_.rescaled(r0)) continue;
       const VF a = hn::LoadU(d, softmax_.alpha() + r0);
-      for (std::int64_t dv = 0; dv < p.Dv; ++dv) {
+      for (std::int64_t dv = 0; dv < Dv; ++dv) {
         hn::StoreU(hn::Mul(hn::LoadU(d, Ot + dv * R + r0), a), d, Ot + dv * R + r0);
       }
     }
     // P is B here (its own marks)
-    GemmCareful<Skip::by_b>(careful, p.Dv, kb.hi - kb.lo, kb.nk, v.rows, 1, v.stride, St + kb.lo, R,
-                            Ot + kb.lo, R, true, St + kb.lo);
+    GemmCareful<Skip::by_b>(careful, Dv, hi - lo, nk, v.rows, 1, v.stride, St + lo, R, Ot + lo, R,
+                            true, St + lo);
   }
   /// The block's V rows, packed (see attention_tile-inl.h), zero for a
   /// padding key.

@@ -154,21 +154,20 @@ class TileBackward {
   /// of block kb, by the careful path where it must (see Skip in gemm-inl.h).
   void KeyBlock(const attn::KeyBlock& kb, float* dK, float* dV) {
     const AttentionPlan& p = *c_.plan;
-    const std::int64_t R = t_.stride, ks = attn::PackedStride(p.D);
-    const std::int64_t vs = attn::PackedStride(p.Dv);
+    const std::int64_t R = t_.stride, ks = s_.fwd.Kp->stride(), vs = s_.fwd.Vp->stride();
     // only the rows lo .. active_end−1 may see a key of this block
     const std::int64_t active = std::min(kb.hi, t_.rows) - kb.lo;
-    float* Kp = s_.fwd.Kp.get();
-    float* Vp = s_.fwd.Vp.get();
     float* Pt = s_.fwd.St.get();
     score_.SetBlock(kb.j0, kb.nk);
-    attn::PackKeyRows(keys_, kb.j0, kb.nk, ks, Kp);
+    const std::int64_t head = t_.b * p.Hkv + t_.g;
+    float* Kp = s_.fwd.Kp->Get(keys_, head, kb.j0, kb.nk);
     score_.ZeroHiddenRows(Kp, ks, kb.nk);
+    float* Vp = nullptr;
     if (bw_.need_ds) {
-      attn::PackKeyRows(values_, kb.j0, kb.nk, vs, Vp);
+      Vp = s_.fwd.Vp->Get(values_, head, kb.j0, kb.nk);
       score_.ZeroHiddenRows(Vp, vs, kb.nk);
     }
-    const bool careful = Careful(kb.nk);
+    const bool careful = Careful(Kp, Vp, kb.nk);
     // S <- Q K^T (transposed: St[jj][r])
     Gemm(kb.nk, kb.hi - kb.lo, p.D, Kp, ks, 1, s_.fwd.Qt.get() + kb.lo, R, Pt + kb.lo, R, false);
     Probabilities(kb, careful);
@@ -260,12 +259,11 @@ class TileBackward {
   /// Whether the current block takes the careful path: a key of it may be
   /// hidden from some rows, and the rows, or the packed K (for dQ) or V
   /// rows, are not all finite.
-  bool Careful(std::int64_t nk) const {
+  bool Careful(const float* Kp, const float* Vp, std::int64_t nk) const {
     const AttentionPlan& p = *c_.plan;
-    const std::int64_t ks = attn::PackedStride(p.D), vs = attn::PackedStride(p.Dv);
     if (!score_.hides_per_row() && !score_.any_hidden()) return false;
-    return !(rows_finite_ && (!bw_.want_dq || RowsFinite(s_.fwd.Kp.get(), ks, p.D, nk)) &&
-             (!bw_.need_ds || RowsFinite(s_.fwd.Vp.get(), vs, p.Dv, nk)));
+    return !(rows_finite_ && (!bw_.want_dq || RowsFinite(Kp, s_.fwd.Kp->stride(), p.D, nk)) &&
+             (!bw_.need_ds || RowsFinite(Vp, s_.fwd.Vp->stride(), p.Dv, nk)));
   }
   /// P <- exp(S − lse) = 2^(x − lse·log2 e) in place (St of the block, x
   /// the scores in log2 units, see ScoreTransform); a row with no visible

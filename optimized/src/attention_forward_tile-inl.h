@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "attention_tile-inl.h"
@@ -45,7 +46,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 struct ForwardScratch {
   Buffer St, m, l, alpha;
   ScoreScratch score;
-  Buffer Qt, Ot, Kp, Vp;
+  Buffer Qt, Ot;
+  std::optional<PackedRows> Kp, Vp;
   Buffer Qn, On, Kn, Vn;
   ForwardScratch(const Call& c, bool transposed) : score(c.max_rows_p) {
     const AttentionPlan& p = *c.plan;
@@ -57,8 +59,8 @@ struct ForwardScratch {
     if (transposed) {
       Qt.resize(p.D * ld);
       Ot.resize(p.Dv * ld);
-      Kp.resize(c.key_block * PackedStride(p.D));
-      Vp.resize(c.key_block * PackedStride(p.Dv));
+      Kp.emplace(p.Sk, p.D, c.key_block);
+      Vp.emplace(p.Sk, p.Dv, c.key_block);
     }
     if (c.decode) {
       const std::int64_t Dp = RoundUp(p.D, Lanes()), Dvp = RoundUp(p.Dv, Lanes());
@@ -267,6 +269,7 @@ class WideTile {
         with_pv_(with_pv),
         keys_(c.keys(t.b, t.g)),
         values_(c.values(t.b, t.g)),
+        head_(t.b * c.plan->Hkv + t.g),
         score_(c, t_, s.score),
         softmax_(s, t.rows_p, t.stride),
         prefetched_(t.j_begin + c.key_block) {
@@ -285,13 +288,13 @@ class WideTile {
  private:
   void Block(const KeyBlock& kb) {
     const AttentionPlan& p = *c_.plan;
-    const std::int64_t R = t_.stride, ks = PackedStride(p.D);
+    const std::int64_t R = t_.stride, ks = s_.Kp->stride();
     float* St = s_.St.get();
     Prefetch(kb.j0);
     score_.SetBlock(kb.j0, kb.nk);
     // S <- Q K^T (transposed: St[jj][r] = <k_{j0+jj}, q_r>, rows lo .. hi−1)
-    PackKeyRows(keys_, kb.j0, kb.nk, ks, s_.Kp.get());
-    score_.ZeroHiddenRows(s_.Kp.get(), ks, kb.nk);
+    float* Kp = s_.Kp->Get(keys_, head_, kb.j0, kb.nk);
+    score_.ZeroHiddenRows(Kp, ks, kb.nk);
     const ValueBlock v = with_pv_ ? Values(kb) : ValueBlock{};
     const bool careful = with_pv_ && CarefulPV(score_, v, p.Dv, kb.nk);
     // One strip of the micro-kernel's width at a time: its scores stay in L1
@@ -299,7 +302,7 @@ class WideTile {
     const std::int64_t strip = StripWidth();
     for (std::int64_t lo = kb.lo; lo < kb.hi; lo += strip) {
       const std::int64_t hi = std::min(kb.hi, lo + strip);
-      Gemm(kb.nk, hi - lo, p.D, s_.Kp.get(), ks, 1, s_.Qt.get() + lo, R, St + lo, R, false);
+      Gemm(kb.nk, hi - lo, p.D, Kp, ks, 1, s_.Qt.get() + lo, R, St + lo, R, false);
       const bool rescale = softmax_.Step(St, kb.nk, lo, hi, score_, careful);
       if (with_pv_) AddValues(kb.nk, lo, hi, v, careful, rescale);
     }
@@ -327,18 +330,18 @@ class WideTile {
   /// The block's V rows, packed (see attention_tile-inl.h), zero for a
   /// padding key.
   ValueBlock Values(const KeyBlock& kb) {
-    const std::int64_t vs = PackedStride(values_.width);
-    PackKeyRows(values_, kb.j0, kb.nk, vs, s_.Vp.get());
-    score_.ZeroHiddenRows(s_.Vp.get(), vs, kb.nk);
-    return {s_.Vp.get(), vs};
+    float* Vp = s_.Vp->Get(values_, head_, kb.j0, kb.nk);
+    score_.ZeroHiddenRows(Vp, s_.Vp->stride(), kb.nk);
+    return {Vp, s_.Vp->stride()};
   }
   /// Keeps the K and V rows of the next kPrefetchKeys keys on their way into
-  /// the cache while the block computes.
+  /// the cache while the block computes, where they are still to be packed.
   void Prefetch(std::int64_t j0) {
     const std::int64_t ahead = std::min(t_.j_end, j0 + c_.key_block + kPrefetchKeys);
     if (ahead <= prefetched_) return;
-    PrefetchRows(keys_, prefetched_, ahead - prefetched_);
-    if (with_pv_) PrefetchRows(values_, prefetched_, ahead - prefetched_);
+    const std::int64_t n = ahead - prefetched_;
+    if (s_.Kp->Missing(head_, prefetched_, n)) PrefetchRows(keys_, prefetched_, n);
+    if (with_pv_ && s_.Vp->Missing(head_, prefetched_, n)) PrefetchRows(values_, prefetched_, n);
     prefetched_ = ahead;
   }
 
@@ -347,6 +350,7 @@ class WideTile {
   ForwardScratch& s_;
   bool with_pv_;
   KeyRows keys_, values_;
+  std::int64_t head_;  ///< b·Hkv + g: which packed rows are the tile's
   ScoreTransform score_;
   OnlineSoftmax softmax_;
   std::int64_t prefetched_;

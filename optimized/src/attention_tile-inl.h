@@ -343,6 +343,55 @@ inline void PackKeyRows(const KeyRows& rows, std::int64_t j0, std::int64_t nk, s
   }
 }
 
+/// The packed K (or V) rows a thread's wide tiles read (PackKeyRows, row
+/// stride PackedStride(width)), kept for the whole key range of one (batch,
+/// kv head) when that fits kHeadBytes: the next tile of the same head then
+/// reads them as they are, where packing per tile would fetch every K and V
+/// row again from memory (rows a caller keeps 4 KiB apart, which the
+/// hardware prefetchers do not follow) for every tile of query rows. Larger
+/// heads are packed block by block.
+class PackedRows {
+ public:
+  static constexpr std::int64_t kHeadBytes = std::int64_t{16} << 20;
+
+  /// For heads of up to max_keys keys of `width` floats, blocks of up to
+  /// key_block keys.
+  PackedRows(std::int64_t max_keys, std::int64_t width, std::int64_t key_block)
+      : stride_(PackedStride(width)),
+        whole_head_(max_keys * stride_ * static_cast<std::int64_t>(sizeof(float)) <= kHeadBytes),
+        rows_((whole_head_ ? max_keys : key_block) * stride_, Buffer::Init::uninitialized) {}
+
+  std::int64_t stride() const { return stride_; }
+  /// Rows j0 .. j0+nk−1 of `rows`, those of (batch, kv head) `head`, packed:
+  /// the first row's address (row stride stride()).
+  float* Get(const KeyRows& rows, std::int64_t head, std::int64_t j0, std::int64_t nk) {
+    if (!whole_head_) {
+      PackKeyRows(rows, j0, nk, stride_, rows_.get());
+      return rows_.get();
+    }
+    // [lo_, hi_) of `head_` are packed; extend it, or start over
+    if (head != head_ || j0 < lo_ || j0 > hi_) {
+      head_ = head;
+      lo_ = hi_ = j0;
+    }
+    if (j0 + nk > hi_) {
+      PackKeyRows(rows, hi_, j0 + nk - hi_, stride_, rows_.get() + hi_ * stride_);
+      hi_ = j0 + nk;
+    }
+    return rows_.get() + j0 * stride_;
+  }
+  /// Whether rows j0 .. j0+nk−1 of `head` need packing (a cache miss ahead).
+  bool Missing(std::int64_t head, std::int64_t j0, std::int64_t nk) const {
+    return !whole_head_ || head != head_ || j0 < lo_ || j0 + nk > hi_;
+  }
+
+ private:
+  std::int64_t stride_;
+  bool whole_head_;
+  Buffer rows_;
+  std::int64_t head_ = -1, lo_ = 0, hi_ = 0;
+};
+
 /// Asks for key rows j0 .. j0+nk−1 to be brought into the cache.
 inline void PrefetchRows(const KeyRows& rows, std::int64_t j0, std::int64_t nk) {
   constexpr std::int64_t kLine = 64 / sizeof(float);  // floats per cache line

@@ -18,7 +18,7 @@
 // of a block, so both are copied per key block into rows of an odd stride
 // (rows a caller keeps 4 KiB apart would share a cache set, and P·V walks
 // the rows of its block once per micro-tile). The lines of Qt, St and Ot lie
-// an odd number of cache lines apart too (TransposedStride).
+// an odd number of cache lines apart too (LineStride).
 // The running max / sum of the online softmax are vectors over N rows, and
 // no horizontal reduction is needed. Decode tiles take vectors along d
 // instead (DecodeTile, attention_forward_tile-inl.h). Only buffers owned
@@ -108,13 +108,14 @@ struct KeyRows {
   bool strided(std::int64_t /*j0*/, std::int64_t /*n*/) const { return true; }
 };
 
-/// Distance between consecutive lines (Qt[d], St[jj], Ot[dv], ...) of a
-/// tile's transposed buffers, for rows_p rows: rows_p, plus one vector where
-/// rows_p is a multiple of 32 floats. A line of 2^k cache lines would put the
-/// column strip the micro-kernel reads over many lines into a few cache sets;
-/// an odd number of cache lines spreads it over all of them.
-inline std::int64_t TransposedStride(std::int64_t rows_p) {
-  return rows_p % 32 == 0 ? rows_p + Lanes() : rows_p;
+/// Distance between consecutive lines of an owned buffer the micro-kernel
+/// reads a column strip of (a tile's transposed Qt[d], St[jj], Ot[dv], the
+/// backward's rows of Q and dO), n floats wide (whole vectors): n, plus one
+/// vector where n is a multiple of 32 floats. Lines 2^k cache lines apart
+/// would put the strip's many lines into a few cache sets; an odd number of
+/// cache lines spreads it over all of them.
+inline std::int64_t LineStride(std::int64_t n) {
+  return n % 32 == 0 ? n + Lanes() : n;
 }
 
 /// The sequence lengths of one batch entry: Sq queries, Sk keys, and the
@@ -138,7 +139,7 @@ struct Call {
   std::int64_t block_q = 1;     ///< queries per tile
   std::int64_t max_rows = 1;    ///< G·block_q
   std::int64_t max_rows_p = 1;  ///< max_rows rounded up to whole vectors
-  std::int64_t max_stride = 1;  ///< TransposedStride(max_rows_p)
+  std::int64_t max_stride = 1;  ///< LineStride(max_rows_p)
   std::int64_t n_qblocks = 1;   ///< ceil(Sq / block_q)
   std::int64_t window = 0;      ///< w, capped at Sk + Sq (no key lies further back)
   std::int64_t key_block = 1;   ///< Geometry::key_block
@@ -173,7 +174,7 @@ struct Call {
     n_qblocks = (p.Sq + block_q - 1) / block_q;
     max_rows = G * block_q;
     max_rows_p = RoundUp(max_rows, Lanes());
-    max_stride = TransposedStride(max_rows_p);
+    max_stride = LineStride(max_rows_p);
     // Tiles of one vector of rows (a decode step: one query of the G heads
     // of a group) would waste most lanes of the broadcast micro-kernel.
     switch (geo.decode_tiles) {
@@ -227,7 +228,7 @@ struct Call {
 /// The query rows of one tile: batch entry b, kv head g, queries
 /// i0 .. i0+nq−1 of the G query heads h = g·G + gi; row r = qi·G + gi.
 /// rows_p = rows rounded up to whole vectors (the padding rows are zero and
-/// never stored); stride = TransposedStride(rows_p), the line length of the
+/// never stored); stride = LineStride(rows_p), the line length of the
 /// tile's transposed buffers.
 struct Tile {
   std::int64_t b = 0, g = 0, G = 1, i0 = 0, nq = 0, rows = 0, rows_p = 0, stride = 0;
@@ -244,7 +245,7 @@ struct Tile {
     nq = std::min(c.block_q, Sq - i0);
     rows = nq * G;
     rows_p = RoundUp(rows, Lanes());
-    stride = TransposedStride(rows_p);
+    stride = LineStride(rows_p);
     // Blocks that causal or sliding-window masks hide for every row are
     // skipped wholesale: a = q_offset + i is the key position of query i.
     const std::int64_t a_first = q_offset + i0, a_last = q_offset + i0 + nq - 1;

@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <vector>
 
 #include "buffer.hpp"
@@ -171,6 +172,12 @@ struct Call {
     const std::int64_t rows_aimed = banded() ? geo.rows_per_tile_banded : geo.rows_per_tile;
     block_q = std::max<std::int64_t>(1, rows_aimed / G);
     block_q = std::min(block_q, p.Sq);
+    // As many tiles as that takes, of about equal size (whole vectors of
+    // rows where the group allows): no short last tile that computes at a
+    // fraction of the rate, and shares a thread's time unevenly.
+    const std::int64_t tiles = (p.Sq + block_q - 1) / block_q;
+    const std::int64_t align = Lanes() / std::gcd(G, Lanes());
+    block_q = std::min(block_q, RoundUp((p.Sq + tiles - 1) / tiles, align));
     n_qblocks = (p.Sq + block_q - 1) / block_q;
     max_rows = G * block_q;
     max_rows_p = RoundUp(max_rows, Lanes());

@@ -138,9 +138,15 @@ AnyFixture& current_fixture() {
 // ---- roofline ---------------------------------------------------------------------
 
 namespace {
-std::mutex& roofline_mutex() {
-  static std::mutex m;
-  return m;
+/// The roofline figure of `threads` in `known` (given with --roofline, or
+/// measured before), else measure() now, remembered.
+double remembered(std::map<int, double>& known, int threads,
+                  const std::function<double()>& measure) {
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find(threads);
+  if (it != known.end()) return it->second;
+  return known[threads] = measure();
 }
 }  // namespace
 
@@ -157,33 +163,18 @@ std::size_t beyond_cache_bytes() {
 }
 
 double peak_gflops(int threads) {
-  std::lock_guard<std::mutex> lock(roofline_mutex());
-  auto& m = config().peak_gflops;
-  auto it = m.find(threads);
-  if (it != m.end()) return it->second;
-  const double g = measure_fma_gflops(threads, 0.3);
-  m[threads] = g;
-  return g;
+  return remembered(config().peak_gflops, threads,
+                    [&] { return measure_fma_gflops(threads, 0.3); });
 }
 
 double copy_gbs(int threads) {
-  std::lock_guard<std::mutex> lock(roofline_mutex());
-  auto& m = config().copy_gbs;
-  auto it = m.find(threads);
-  if (it != m.end()) return it->second;
-  const double g = measure_copy_gbs(threads, beyond_cache_bytes(), 8);
-  m[threads] = g;
-  return g;
+  return remembered(config().copy_gbs, threads,
+                    [&] { return measure_copy_gbs(threads, beyond_cache_bytes(), 8); });
 }
 
 double read_gbs(int threads) {
-  std::lock_guard<std::mutex> lock(roofline_mutex());
-  auto& m = config().read_gbs;
-  auto it = m.find(threads);
-  if (it != m.end()) return it->second;
-  const double g = measure_read_gbs(threads, beyond_cache_bytes(), 8);
-  m[threads] = g;
-  return g;
+  return remembered(config().read_gbs, threads,
+                    [&] { return measure_read_gbs(threads, beyond_cache_bytes(), 8); });
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {

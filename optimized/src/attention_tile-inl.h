@@ -356,11 +356,13 @@ inline void PackKeyRows(const KeyRows& rows, std::int64_t j0, std::int64_t nk, s
 /// kv head) when that fits kHeadBytes: the next tile of the same head then
 /// reads them as they are, where packing per tile would fetch every K and V
 /// row again from memory (rows a caller keeps 4 KiB apart, which the
-/// hardware prefetchers do not follow) for every tile of query rows. Larger
-/// heads are packed block by block.
+/// hardware prefetchers do not follow) for every tile of query rows. Heads
+/// beyond 8 MiB each for K and V (16384 keys at D = 128) are packed block by
+/// block: a thread's scratch stays O(Sk·D), and a backward there (whose dK
+/// and dV sums take 16 MiB a thread) within 64 MiB on two threads.
 class PackedRows {
  public:
-  static constexpr std::int64_t kHeadBytes = std::int64_t{16} << 20;
+  static constexpr std::int64_t kHeadBytes = std::int64_t{8} << 20;
 
   /// For heads of up to max_keys keys of `width` floats, blocks of up to
   /// key_block keys.

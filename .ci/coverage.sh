@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Line and branch coverage of the kernels (optimized/src, reference/) by the
 # property suite alone: a gcov build (TANDEM_COVERAGE, -O1) of the two props
-# programs, `ctest -L props` (no unit test runs), then gcovr. Prints the
+# programs, the tests of `ctest -L props` (no unit test runs), then gcovr. Prints the
 # summary and the per-file tables; the HTML report goes to $BUILD/html/.
 #   .ci/coverage.sh                   # build dir build-coverage
 #   BUILD=dir JOBS=n .ci/coverage.sh
@@ -17,7 +17,16 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g"
 cmake --build "$BUILD" --target props_suite props_fixtures -j"$JOBS"
 # Counters from an earlier run would add to this one.
 find "$BUILD" -name '*.gcda' -delete
-ctest --test-dir "$BUILD" -L props --output-on-failure -j"$JOBS"
+# The tests of `ctest -L props`, one process per program rather than CTest's
+# one per test: a process of a gcov build writes all its counters when it
+# exits, seconds each, which made the CTest run ten times longer.
+export OMP_WAIT_POLICY=passive  # as in props/CMakeLists.txt
+"$BUILD/props/props_suite" --gtest_brief=1 &
+suite=$!
+"$BUILD/props/props_fixtures" --gtest_brief=1 &
+fixtures=$!
+wait "$suite"
+wait "$fixtures"
 # gcov runs once, into a tracefile; every report below reads that.
 gcovr --root . --filter 'optimized/src/' --filter 'reference/' --exclude-throw-branches \
   --exclude-unreachable-branches --json "$BUILD/coverage.json" "$BUILD"

@@ -285,7 +285,7 @@ def main():
         print(f"{m.name}: {status}, {len(failed)} tests failed, first {failed[:1]} "
               f"(build {build_s:.0f} s, props {secs:.0f} s)", flush=True)
 
-    print("\n| mutation | file | planted bug | failed tests | properties that fail (first first) | geometries | props time |")
+    print("\n| mutation | file | planted bug | failed tests | properties that fail (in run order) | geometries | props time |")
     print("|---|---|---|---|---|---|---|")
     for m, status, failed, props, geos, secs in rows:
         count = "survived" if status == "survived" else str(len(failed))

@@ -115,7 +115,7 @@ struct OtherInputs {
     rp.batch = 2;
     rp.seq = 37;
     rp.head_dim = 20;
-    rp.width = 3 * 20;
+    rp.width = 60;  // 3 heads
     rp.n_rot = 12;
     rp.table_rows = 37;
     rope = tandem::RopePlan::make(rp);
@@ -123,26 +123,26 @@ struct OtherInputs {
     qp.q = rp;
     qp.k_width = 20;
     rope_qk = tandem::RopeQkPlan::make(qp);
-    x = random_values(2 * 37 * 60, 11);
-    xk = random_values(2 * 37 * 20, 12);
-    cos = random_values(37 * 6, 13);
-    sin = random_values(37 * 6, 14);
+    x = random_values(4440, 11);   // [2, 37, 60]
+    xk = random_values(1480, 12);  // [2, 37, 20]
+    cos = random_values(222, 13);  // [37, 6]
+    sin = random_values(222, 14);
     tandem::AxialRopeParams ap;
     ap.batch = 2;
     ap.end_x = 5;
     ap.end_y = 3;
     ap.repeat_factor = 2;
     ap.seq = 30;
-    ap.width = 2 * 16;
+    ap.width = 32;  // 2 heads of 16
     ap.num_heads = 2;
     axial = tandem::AxialRopePlan::make(ap);
-    ax = random_values(2 * 30 * 32, 15);
+    ax = random_values(1920, 15);  // [2, 30, 32]
     tandem::SwigluParams sp;
     sp.rows = 70;
     sp.n = 23;
     swiglu = tandem::SwigluPlan::make(sp);
-    sx = random_values(70 * 46, 16, -6.0f, 6.0f);
-    sdy = random_values(70 * 23, 17);
+    sx = random_values(3220, 16, -6.0f, 6.0f);  // [70, 46]
+    sdy = random_values(1610, 17);              // [70, 23]
     const std::int64_t B = 2, S = 19, E = 24;
     block = tandem::AttentionBlockPlan::from_shapes({B, S, E}, {3 * E, E}, tandem::Shape{3 * E},
                                                     {E, E}, tandem::Shape{E}, tandem::Shape{B, S},
@@ -248,14 +248,17 @@ std::vector<AttentionCase> attention_cases() {
 TEST(Reentrancy, ConcurrentCallsGiveTheBitsOfSerialCalls) {
   const std::vector<AttentionCase> cases = attention_cases();
   const OtherInputs other;
+  const auto all = backends();
   std::vector<Job> jobs;
-  for (const auto& [tag, b] : backends()) {
+  jobs.reserve(all.size() * (4 * cases.size() + 5));
+  for (const auto& [tag, b] : all) {
     for (std::size_t i = 0; i < cases.size(); ++i) {
       add_attention_jobs(b, tag + " case " + std::to_string(i), cases[i], jobs);
     }
     add_other_jobs(b, tag, other, jobs);
   }
   std::vector<std::vector<float>> serial;
+  serial.reserve(jobs.size());
   for (const Job& job : jobs) serial.push_back(job.run());
 
   // Every thread runs every job, each starting at another one, twice over,

@@ -13,9 +13,11 @@
 // setting reaches the kernels). Bad geometries are errors naming the field.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -317,6 +319,28 @@ Outputs run(const tandem::Backend& b, const Data& d) {
   return all;
 }
 
+/// The outputs of the optimized backend at geometry `geo` on one thread,
+/// after checking them against the reference and against 2 and 3 threads
+/// (bitwise).
+Outputs check_case(const tandem::Backend& ref, const Data& d, const opt::Geometry& geo) {
+  const Outputs want = run(ref, d);
+  const Outputs one = run(opt::backend(opt::Options{1, geo}), d);
+  for (std::size_t o = 0; o < want.size(); ++o) {
+    const bool is_out = o < 2;
+    EXPECT_TRUE(
+        test::close(one[o].second, want[o].second, is_out ? 5e-5 : 1e-4, is_out ? 1e-5 : 2e-5))
+        << want[o].first;
+  }
+  for (const int threads : {2, 3}) {
+    const Outputs many = run(opt::backend(opt::Options{threads, geo}), d);
+    for (std::size_t o = 0; o < one.size(); ++o) {
+      EXPECT_TRUE(test::bitwise(many[o].second, one[o].second))
+          << one[o].first << ", " << threads << " threads against 1";
+    }
+  }
+  return one;
+}
+
 TEST(OptimizedGeometry, SmallGeometriesAgreeWithTheReferenceAndAcrossThreads) {
   const tandem::Backend ref = tandem::reference::backend();
   for (const NamedGeometry& ng : geometries()) {
@@ -326,29 +350,88 @@ TEST(OptimizedGeometry, SmallGeometriesAgreeWithTheReferenceAndAcrossThreads) {
       for (const Case& c : cases()) {
         SCOPED_TRACE(c.name);
         const Data d(c);
-        const Outputs want = run(ref, d);
-        const Outputs one = run(opt::backend(opt::Options{1, ng.geometry}), d);
+        const Outputs one = check_case(ref, d, ng.geometry);
         const Outputs tuned = run(opt::backend(opt::Options{1}), d);
-        for (std::size_t o = 0; o < want.size(); ++o) {
-          const std::string& name = want[o].first;
-          const bool is_out = o < 2;
-          EXPECT_TRUE(test::close(one[o].second, want[o].second, is_out ? 5e-5 : 1e-4,
-                                  is_out ? 1e-5 : 2e-5))
-              << name;
+        for (std::size_t o = 0; o < one.size(); ++o) {
           differs_from_default =
               differs_from_default || !test::bitwise_equal(one[o].second, tuned[o].second);
-        }
-        for (const int threads : {2, 3}) {
-          const Outputs many = run(opt::backend(opt::Options{threads, ng.geometry}), d);
-          for (std::size_t o = 0; o < one.size(); ++o) {
-            EXPECT_TRUE(test::bitwise(many[o].second, one[o].second))
-                << one[o].first << ", " << threads << " threads against 1";
-          }
         }
       }
     });
     EXPECT_TRUE(differs_from_default) << "no result bit moved: the geometry is not used";
   }
+}
+
+/// A block table `[B, max_blocks]` over `blocks` blocks for caches of
+/// `lens` keys: each entry's used blocks drawn without repeats (seeded),
+/// −1 past them.
+std::vector<std::int32_t> block_table(const std::vector<std::int32_t>& lens, std::int64_t size,
+                                      std::int64_t width, std::int64_t blocks) {
+  std::vector<std::int32_t> order(static_cast<std::size_t>(blocks));
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int32_t>(i);
+  std::mt19937 gen(17);
+  std::shuffle(order.begin(), order.end(), gen);
+  std::vector<std::int32_t> table;
+  std::size_t next = 0;
+  for (const std::int32_t len : lens) {
+    const std::int64_t used = (len + size - 1) / size;
+    for (std::int64_t e = 0; e < width; ++e) table.push_back(e < used ? order[next++] : -1);
+  }
+  return table;
+}
+
+/// Feature cases large enough for the default geometry's blocks, tiles,
+/// split-key chunks and backward parts: paged caches of 16-key blocks
+/// (decode with split keys, chunked prefill whose key blocks span cache
+/// blocks), packed sequences (prefill with padding, decode with split keys,
+/// empty sequences).
+std::vector<Case> default_geometry_cases() {
+  using enum MaskKind;
+  std::vector<Case> c;
+  {
+    // (chunks of 1024 keys: a sequence of 2500 splits into 3)
+    const std::vector<std::int32_t> lens{2500, 0, 517};
+    c.push_back({"paged_decode_split_blocks16",
+                 with(paged(P(3, 1, 0, 8, 2, 64), 200, 16, 160), true, AlibiKind::per_batch_head),
+                 {},
+                 {},
+                 {},
+                 block_table(lens, 16, 160, 200),
+                 lens});
+  }
+  {
+    const std::vector<std::int32_t> lens{300, 40};
+    c.push_back({"paged_prefill_causal_blocks16",
+                 with(paged(P(2, 40, 0, 4, 4, 32, 0, Layout::bshd, causal), 24, 16, 20), false,
+                      AlibiKind::per_head),
+                 {},
+                 {},
+                 {},
+                 block_table(lens, 16, 20, 24),
+                 lens});
+  }
+  c.push_back({"packed_prefill_causal_parts",
+               with(packed(P(1, 450, 480, 4, 1, 32, 0, Layout::bshd, causal), 3), true,
+                    AlibiKind::per_batch_head),
+               {0, 150, 150, 450},
+               {0, 150, 160, 480},
+               {150, 10, 300}});
+  c.push_back({"packed_decode_split_window",
+               with(packed(P(1, 4, 4400, 8, 2, 64, 0, Layout::bshd, sliding_window, 2100), 4), true,
+                    AlibiKind::none),
+               {0, 1, 2, 3, 4},
+               {0, 2200, 2201, 2201, 4400}});
+  return c;
+}
+
+TEST(OptimizedGeometry, FeaturesAgreeAtTheDefaultGeometry) {
+  const tandem::Backend ref = tandem::reference::backend();
+  test::for_each_target([&] {
+    for (const Case& c : default_geometry_cases()) {
+      SCOPED_TRACE(c.name);
+      check_case(ref, Data(c), opt::Geometry{});
+    }
+  });
 }
 
 TEST(OptimizedGeometry, TheDefaultIsTheTunedGeometry) {

@@ -26,7 +26,7 @@ test: build
 
 ## The performance comparison report: report/report.md (+ report.html, plots).
 ## Options: OPS=a,b SEQS=1024,2048 DIMS=64,128 THREADS=N SCALING_THREADS=1,2
-##          PEERS=torch,openvino,onnxruntime,jax|none REPORT_FLAGS='...' (see bench/report/report.py -h)
+##          PEERS=torch,openvino,onnxruntime,jax,ggml|none REPORT_FLAGS='...' (see bench/report/report.py -h)
 REPORT_OUT ?= report
 REPORT_OPTS = --build $(BUILD) --out $(REPORT_OUT) \
   $(if $(OPS),--ops $(OPS)) $(if $(SEQS),--seqs $(SEQS)) $(if $(DIMS),--dims $(DIMS)) \

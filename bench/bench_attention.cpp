@@ -6,6 +6,7 @@
 // 2·D for <q_i, k_j> and 2·Dv for p_ij·v_j; causal counts only the visible
 // pairs. A backward call counts as 2.5× its forward.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <exception>
 #include <set>
@@ -310,7 +311,7 @@ void add_decode(const BackendUnderTest& bu, const AttnShape& shape, std::size_t 
       benchmark::ClobberMemory();
     }
     const double seconds = seconds_since(loop_start);
-    set_byte_counters(st, kv_bytes, threads, seconds);
+    set_byte_counters(st, kv_bytes, threads, seconds, true);
     st.counters["GFLOP/s"] =
         seconds > 0 ? shape.forward_flops() * static_cast<double>(st.iterations()) / seconds / 1e9
                     : 0;
@@ -417,24 +418,36 @@ void register_attention() {
                     false);
     }
   }
-  // Decode: one query against a 4096-token GQA cache.
+  // Decode: one query of a batch of B sequences against GQA caches of Sk
+  // tokens (H = 32, Hkv = 8, D = 128).
   if (op_selected("decode")) {
-    AttnShape d;
-    d.B = 1;
-    d.H = 32;
-    d.Hkv = 8;
-    d.Sq = 1;
-    d.Sk = 4096;
-    d.D = d.Dv = 128;
-    const double cache_bytes = 4.0 * static_cast<double>(d.Sk * d.Hkv * (d.D + d.Dv));
-    // Enough caches for 512 MiB of K and V in all (16× a 32 MiB L3).
-    const auto caches =
-        static_cast<std::size_t>(std::max(2.0, (quick ? 256.0 : 512.0) * 1048576.0 / cache_bytes));
-    for (const auto& bu : backends_at(c.threads, true)) {
-      if (bu.name == "reference") {
-        add_decode(bu, d, 2, {"small"});
-      } else {
-        add_decode(bu, d, caches, {"main", "peer"});
+    std::vector<std::pair<std::int64_t, std::int64_t>> batch_keys;  // (B, Sk)
+    if (quick) {
+      batch_keys = {{1, 4096}};
+    } else {
+      batch_keys = {{1, 1024}, {1, 4096}, {1, 32768}, {8, 1024}, {8, 4096}};
+      if (full) batch_keys.emplace_back(8, 32768);
+    }
+    for (const auto& [B, Sk] : batch_keys) {
+      AttnShape d;
+      d.B = B;
+      d.H = 32;
+      d.Hkv = 8;
+      d.Sq = 1;
+      d.Sk = Sk;
+      d.D = d.Dv = 128;
+      const double cache_bytes = 4.0 * static_cast<double>(B * Sk * d.Hkv * (d.D + d.Dv));
+      // Enough caches for the roofline's array size of K and V in all (none
+      // stays in the last-level cache), at least two below it.
+      const double all = static_cast<double>(beyond_cache_bytes()) * (quick ? 0.5 : 1.0);
+      const auto caches = static_cast<std::size_t>(
+          std::max(cache_bytes >= all ? 1.0 : 2.0, std::ceil(all / cache_bytes)));
+      for (const auto& bu : backends_at(c.threads, B == 1 && Sk == 4096)) {
+        if (bu.name == "reference") {
+          add_decode(bu, d, 2, {"small"});
+        } else {
+          add_decode(bu, d, caches, {"main", "peer"});
+        }
       }
     }
   }

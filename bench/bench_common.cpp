@@ -5,6 +5,7 @@
 
 #include <malloc.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -137,31 +138,43 @@ AnyFixture& current_fixture() {
 // ---- roofline ---------------------------------------------------------------------
 
 namespace {
-std::mutex& roofline_mutex() {
-  static std::mutex m;
-  return m;
+/// The roofline figure of `threads` in `known` (given with --roofline, or
+/// measured before), else measure() now, remembered.
+double remembered(std::map<int, double>& known, int threads,
+                  const std::function<double()>& measure) {
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find(threads);
+  if (it != known.end()) return it->second;
+  return known[threads] = measure();
 }
-constexpr std::size_t kCopyBytes = std::size_t(256) << 20;  // per array: far beyond any cache
 }  // namespace
 
+std::size_t beyond_cache_bytes() {
+  static const std::size_t bytes = [] {
+    std::size_t b = std::size_t(256) << 20;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (l3 > 0) b = std::max(b, 2 * static_cast<std::size_t>(l3));
+#endif
+    return b;
+  }();
+  return bytes;
+}
+
 double peak_gflops(int threads) {
-  std::lock_guard<std::mutex> lock(roofline_mutex());
-  auto& m = config().peak_gflops;
-  auto it = m.find(threads);
-  if (it != m.end()) return it->second;
-  const double g = measure_fma_gflops(threads, 0.3);
-  m[threads] = g;
-  return g;
+  return remembered(config().peak_gflops, threads,
+                    [&] { return measure_fma_gflops(threads, 0.3); });
 }
 
 double copy_gbs(int threads) {
-  std::lock_guard<std::mutex> lock(roofline_mutex());
-  auto& m = config().copy_gbs;
-  auto it = m.find(threads);
-  if (it != m.end()) return it->second;
-  const double g = measure_copy_gbs(threads, kCopyBytes, 8);
-  m[threads] = g;
-  return g;
+  return remembered(config().copy_gbs, threads,
+                    [&] { return measure_copy_gbs(threads, beyond_cache_bytes(), 8); });
+}
+
+double read_gbs(int threads) {
+  return remembered(config().read_gbs, threads,
+                    [&] { return measure_read_gbs(threads, beyond_cache_bytes(), 8); });
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -176,10 +189,12 @@ void set_flop_counters(benchmark::State& state, double flops, int threads, doubl
   state.counters["flop"] = flops;
 }
 
-void set_byte_counters(benchmark::State& state, double bytes, int threads, double seconds) {
+void set_byte_counters(benchmark::State& state, double bytes, int threads, double seconds,
+                       bool read_only) {
   const double rate = seconds > 0 ? bytes * static_cast<double>(state.iterations()) / seconds : 0;
   state.counters["GB/s"] = rate / 1e9;
   state.counters["frac_copy"] = rate / 1e9 / copy_gbs(threads);
+  if (read_only) state.counters["frac_read"] = rate / 1e9 / read_gbs(threads);
   state.counters["threads"] = threads;
   state.counters["bytes"] = bytes;
 }

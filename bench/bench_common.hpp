@@ -39,9 +39,9 @@ struct Config {
   std::vector<std::int64_t> dims;     ///< attention head widths; empty = preset's
   double min_time = 0.0;              ///< per-benchmark minimum time (s); 0 = preset's
   bool print_plan = false;            ///< print the plan as JSON and exit
-  /// Roofline given on the command line (threads → GFLOP/s, GB/s); measured
-  /// on first use for thread counts that are missing.
-  std::map<int, double> peak_gflops, copy_gbs;
+  /// Roofline given on the command line (threads → GFLOP/s, copy GB/s, read
+  /// GB/s); measured on first use for thread counts that are missing.
+  std::map<int, double> peak_gflops, copy_gbs, read_gbs;
 };
 
 /// The configuration of this run (set once by main before registration).
@@ -137,6 +137,13 @@ double peak_gflops(int threads);
 /// Copy bandwidth with `threads` threads (GB/s, bytes read + written): the
 /// --roofline value, else measured now and remembered.
 double copy_gbs(int threads);
+/// Read bandwidth with `threads` threads (GB/s): the --roofline value, else
+/// measured now and remembered.
+double read_gbs(int threads);
+/// Bytes of one roofline array (and the least a memory-bound benchmark
+/// cycles through): 256 MiB, or twice the last-level cache where that is
+/// larger, so that none of it stays in cache between passes.
+std::size_t beyond_cache_bytes();
 
 /// Runs about `seconds` of independent FMA chains on `threads` threads with
 /// the Highway target dynamic dispatch picks; returns GFLOP/s counted against
@@ -154,11 +161,14 @@ std::string roofline_target();
 /// Seconds elapsed since t0 (wall clock).
 double seconds_since(std::chrono::steady_clock::time_point t0);
 
-/// Sets GFLOP/s and frac_peak (or GB/s and frac_copy) for a benchmark doing
-/// `flops` floating-point operations (or moving `bytes`) per iteration on
-/// `threads` threads, whose timed loop took `seconds` of wall time in all.
+/// Sets GFLOP/s and frac_peak (or GB/s and frac_copy, with `read_only`
+/// frac_read too: a benchmark that only reads its bytes) for a benchmark
+/// doing `flops` floating-point operations (or moving `bytes`) per
+/// iteration on `threads` threads, whose timed loop took `seconds` of wall
+/// time in all.
 void set_flop_counters(benchmark::State& state, double flops, int threads, double seconds);
-void set_byte_counters(benchmark::State& state, double bytes, int threads, double seconds);
+void set_byte_counters(benchmark::State& state, double bytes, int threads, double seconds,
+                       bool read_only = false);
 
 // ---- memory ---------------------------------------------------------------------
 

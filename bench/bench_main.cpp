@@ -13,7 +13,8 @@
 //   --ops=a,b   --backends=a,b     restrict the ops / backends
 //   --seqs=1024,2048 --dims=64,128 attention sequence lengths / head widths
 //   --min_time=S                   minimum seconds per benchmark
-//   --roofline=T:GFLOPS:GBS,...    use these peaks instead of measuring them
+//   --roofline=T:GFLOPS:GBS[:READ],...  use these peaks (FMA, copy, read)
+//                                  instead of measuring them
 //   --plan                         print the planned benchmarks as JSON, exit
 #include <hwy/highway.h>
 #include <malloc.h>
@@ -115,10 +116,13 @@ void parse_flags(int* argc, char** argv) {
     } else if (name == "--roofline") {
       for (const auto& entry : split(v, ',')) {
         const auto f = split(entry, ':');
-        if (f.size() != 3) usage_error("--roofline entry " + entry + " must be THREADS:GFLOPS:GBS");
+        if (f.size() != 3 && f.size() != 4) {
+          usage_error("--roofline entry " + entry + " must be THREADS:GFLOPS:GBS[:READ_GBS]");
+        }
         const int t = parse_int(f[0], "--roofline threads");
         c.peak_gflops[t] = parse_double(f[1], "--roofline GFLOP/s");
         c.copy_gbs[t] = parse_double(f[2], "--roofline GB/s");
+        if (f.size() == 4) c.read_gbs[t] = parse_double(f[3], "--roofline read GB/s");
       }
     } else if (arg == "--plan") {
       c.print_plan = true;

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// The roofline probe: this machine's fp32 FMA peak and copy bandwidth,
-// measured with the Highway target that dynamic dispatch picks (the same
-// choice the optimized backend makes), on OpenMP threads. Every benchmark
-// figure is divided by these to give frac_peak and frac_copy.
+// The roofline probe: this machine's fp32 FMA peak, copy bandwidth and read
+// bandwidth, measured with the Highway target that dynamic dispatch picks
+// (the same choice the optimized backend makes), on OpenMP threads. Every
+// benchmark figure is divided by these to give frac_peak, frac_copy and
+// (for decode, which only reads) frac_read.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "roofline.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -249,7 +250,8 @@ void register_roofline() {
     counts.push_back(config().threads);
   }
   std::sort(counts.begin(), counts.end());
-  const std::size_t bytes = std::size_t(256) << 20;
+  const std::size_t bytes = beyond_cache_bytes();
+  const std::string mib = std::to_string(bytes >> 20) + "MiB";
   for (int t : counts) {
     Spec fma;
     fma.name = "roofline_fma/probe/fp32/threads:" + std::to_string(t);
@@ -270,10 +272,10 @@ void register_roofline() {
         },
         1e-9);
     Spec copy;
-    copy.name = "roofline_copy/probe/2x256MiB/threads:" + std::to_string(t);
+    copy.name = "roofline_copy/probe/2x" + mib + "/threads:" + std::to_string(t);
     copy.op = "roofline_copy";
     copy.backend = "probe";
-    copy.shape = "2x256MiB";
+    copy.shape = "2x" + mib;
     copy.threads = t;
     copy.params["bytes"] = 2.0 * static_cast<double>(bytes);
     copy.tags = {"roofline"};
@@ -287,10 +289,10 @@ void register_roofline() {
         },
         1e-9);
     Spec read;
-    read.name = "roofline_read/probe/256MiB/threads:" + std::to_string(t);
+    read.name = "roofline_read/probe/" + mib + "/threads:" + std::to_string(t);
     read.op = "roofline_read";
     read.backend = "probe";
-    read.shape = "256MiB";
+    read.shape = mib;
     read.threads = t;
     read.params["bytes"] = static_cast<double>(bytes);
     read.tags = {"roofline"};

@@ -443,6 +443,7 @@ TEST(OptimizedGeometry, TheDefaultIsTheTunedGeometry) {
   EXPECT_EQ(g.decode_tiles, opt::DecodeTiles::one_vector);
   EXPECT_EQ(g.split_keys_chunk, 0);
   EXPECT_EQ(g.split_keys_min_chunks, 2);
+  EXPECT_EQ(g.split_keys_step, 8);
   EXPECT_EQ(g.backward_min_tasks, 8);
   EXPECT_EQ(g.backward_query_parts, 0);
   EXPECT_NO_THROW(opt::backend(opt::Options{0, g}));

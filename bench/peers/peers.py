@@ -22,12 +22,16 @@ Peers (each only where importable):
   openvino_sdpa  OpenVINO ScaledDotProductAttention-13 compiled for CPU
   onnxruntime_attention  ONNX Runtime, ONNX Attention-23 (else com.microsoft MultiHeadAttention)
   jax_dpa        jax.nn.dot_product_attention, jitted, XLA CPU
+  ggml_fa_f32    ggml's CPU flash attention (ggml_flash_attn_ext, ggml-python), f32 K and V
+  ggml_fa_f16    the same with K and V in f16 (as llama.cpp keeps its KV cache)
+  ggml           ggml_rope_ext (NeoX) and ggml_swiglu
 
 Backward of the torch peers times autograd's backward alone (the forward graph
 is built once and kept: torch is not charged for recomputing its forward,
 which tandem's backward does). JAX's jitted vjp includes its forward.
 """
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -35,9 +39,9 @@ import subprocess
 import sys
 import time
 
-LIBRARIES = ("torch", "openvino", "onnxruntime", "jax")
+LIBRARIES = ("torch", "openvino", "onnxruntime", "jax", "ggml")
 PIP_NAMES = {"torch": "torch", "openvino": "openvino", "onnxruntime": "onnxruntime onnx",
-             "jax": "jax"}
+             "jax": "jax", "ggml": "ggml-python"}
 
 
 def log(msg):
@@ -55,6 +59,7 @@ def library_version(lib):
         "openvino": "import openvino as ov; print(ov.get_version())",
         "onnxruntime": "import onnxruntime, onnx; print(onnxruntime.__version__ + ' (onnx ' + onnx.__version__ + ')')",
         "jax": "import jax, jaxlib; print(jax.__version__ + ' (jaxlib ' + jaxlib.__version__ + ')')",
+        "ggml": "import importlib.metadata as m, ggml; print('ggml-python ' + m.version('ggml-python'))",
     }[lib]
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -431,8 +436,105 @@ def jax_impls(task, threads):
              {"note": "jitted vjp, includes its forward"})]
 
 
+# ---------------------------------------------------------------------------
+# ggml (ggml-python: ctypes bindings to ggml's CPU backend)
+
+
+class GgmlGraph:
+    """One ggml context holding input tensors and the graphs built on them;
+    call() runs graph i (in turn, when there are several) on `threads`
+    threads."""
+
+    def __init__(self, mem_bytes, threads):
+        import ggml
+        self.ggml = ggml
+        self.threads = threads
+        params = ggml.ggml_init_params(mem_size=int(mem_bytes) + (64 << 20), mem_buffer=None,
+                                       no_alloc=False)
+        self.ctx = ggml.ggml_init(params)
+        if not self.ctx:
+            raise RuntimeError("ggml_init failed")
+        self.graphs = []
+        self.next = 0
+
+    def tensor(self, gtype, ne, values=None):
+        """A new tensor of ggml type `gtype` and shape ne (ggml order, the
+        fastest first), filled from `values` (numpy, shape reversed)."""
+        from ggml import utils
+        t = self.ggml.ggml_new_tensor(self.ctx, gtype, len(ne), (ctypes.c_int64 * len(ne))(*ne))
+        if values is not None:
+            utils.to_numpy(t)[...] = values
+        return t
+
+    def add_graph(self, out):
+        gf = self.ggml.ggml_new_graph(self.ctx)
+        self.ggml.ggml_build_forward_expand(gf, out)
+        self.graphs.append(gf)
+
+    def call(self):
+        gf = self.graphs[self.next]
+        self.next = (self.next + 1) % len(self.graphs)
+        self.ggml.ggml_graph_compute_with_ctx(self.ctx, gf, self.threads)
+        return self
+
+    def __del__(self):
+        if getattr(self, "ctx", None):
+            self.ggml.ggml_free(self.ctx)
+
+
+def ggml_impls(task, threads):
+    """ggml_flash_attn_ext with f32 and with f16 K and V (forward, decode),
+    ggml_rope_ext (NeoX) and ggml_swiglu."""
+    import numpy as np
+    import ggml
+    op, p = task["op"], task["params"]
+    F32, F16 = ggml.GGML_TYPE_F32, ggml.GGML_TYPE_F16
+    impls = []
+    if op in ("attention_forward", "decode"):
+        B, H, Hkv, Sq, Sk, D, Dv, causal = attn_dims(p)
+        caches = int(p.get("caches", 1)) if op == "decode" else 1
+        for kv_type, name, np_type in ((F32, "ggml_fa_f32", np.float32), (F16, "ggml_fa_f16", np.float16)):
+            kv_bytes = caches * B * Hkv * Sk * (D + Dv) * np.dtype(np_type).itemsize
+            g = GgmlGraph(4 * B * H * Sq * (D + Dv) + kv_bytes + 2 * Sk * (Sq + 64) + (8 << 20), threads)
+            q, = rng_arrays(np, [(B, H, Sq, D)], 1)
+            qt = g.tensor(F32, (D, Sq, H, B), q)
+            mask = None
+            if causal:  # f16 additive mask [Sk, Sq padded], bottom-right aligned as tandem's
+                pad = (Sq + 63) // 64 * 64
+                i = np.arange(pad)[:, None] + max(Sk - Sq, 0)
+                m = np.where(np.arange(Sk)[None, :] > i, -np.inf, 0.0).astype(np.float16)
+                mask = g.tensor(F16, (Sk, pad), m)
+            for c in range(caches):
+                k, v = rng_arrays(np, [(B, Hkv, Sk, D), (B, Hkv, Sk, Dv)], 2 + 2 * c)
+                kt = g.tensor(kv_type, (D, Sk, Hkv, B), k.astype(np_type))
+                vt = g.tensor(kv_type, (Dv, Sk, Hkv, B), v.astype(np_type))
+                out = ggml.ggml_flash_attn_ext(g.ctx, qt, kt, vt, mask, 1.0 / math.sqrt(D), 0.0, 0.0)
+                ggml.ggml_flash_attn_ext_set_prec(out, ggml.GGML_PREC_F32)
+                g.add_graph(out)
+            note = "K and V in f16" if kv_type == F16 else "f32"
+            impls.append((name, g.call, {"note": note}))
+    elif op == "rope_forward":
+        B, S, H, D = (int(p[k]) for k in ("B", "S", "H", "D"))
+        x, = rng_arrays(np, [(B, S, H, D)], 5)
+        g = GgmlGraph(2 * 4 * x.size + 4 * S, threads)
+        xt = g.tensor(F32, (D, H, S, B), x)
+        pos = g.tensor(ggml.GGML_TYPE_I32, (S,), np.arange(S, dtype=np.int32))
+        out = ggml.ggml_rope_ext(g.ctx, xt, pos, None, D, ggml.GGML_ROPE_TYPE_NEOX, 0, 10000.0, 1.0,
+                                 0.0, 1.0, 0.0, 0.0)
+        g.add_graph(out)
+        impls.append(("ggml", g.call, {"note": "angles computed on the fly"}))
+    elif op == "swiglu_forward":
+        rows, n = int(p["rows"]), int(p["n"])
+        x, = rng_arrays(np, [(rows, 2 * n)], 9, -4, 4)
+        g = GgmlGraph(4 * x.size + 4 * rows * n, threads)
+        xt = g.tensor(F32, (2 * n, rows), x)
+        g.add_graph(ggml.ggml_swiglu(g.ctx, xt))  # silu(first half)·second half
+        impls.append(("ggml", g.call, {}))
+    return impls
+
+
 IMPLS = {"torch": torch_impls, "openvino": openvino_impls, "onnxruntime": onnxruntime_impls,
-         "jax": jax_impls}
+         "jax": jax_impls, "ggml": ggml_impls}
 
 
 # ---------------------------------------------------------------------------
@@ -504,6 +606,9 @@ def library_version_inproc(lib):
         if lib == "jax":
             import jax
             return jax.__version__
+        if lib == "ggml":
+            import importlib.metadata
+            return "ggml-python " + importlib.metadata.version("ggml-python")
     except Exception:  # noqa: BLE001
         return None
     return None

@@ -5,11 +5,11 @@
 # stop the others; the report names whatever is missing.
 #
 #   usage: bench/peers/setup.sh [VENV_DIR]        (default: .venv-peers)
-#   env:   PEERS=torch,openvino,onnxruntime,jax  to choose the set (commas or spaces)
+#   env:   PEERS=torch,openvino,onnxruntime,jax,ggml  to choose the set (commas or spaces)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 venv="${1:-.venv-peers}"
-peers="${PEERS:-torch openvino onnxruntime jax}"
+peers="${PEERS:-torch openvino onnxruntime jax ggml}"
 peers="${peers//,/ }"
 # ONNX Runtime's peer builds its model with the onnx package.
 case " $peers " in *" onnxruntime "*) case " $peers " in *" onnx "*) ;; *) peers="$peers onnx" ;; esac ;; esac
@@ -28,12 +28,14 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 
 failed=()
 for p in $peers; do
-  if [ "$p" = torch ]; then
-    echo "peers: pip install torch (its Linux wheel brings CUDA libraries: several GiB, minutes to download)"
-  else
-    echo "peers: pip install $p"
-  fi
-  if "${pip[@]}" install -q "$p"; then
+  pkg="$p"
+  case "$p" in
+    torch) echo "peers: pip install torch (its Linux wheel brings CUDA libraries: several GiB, minutes to download)" ;;
+    # ggml's Python bindings (PyPI has no wheel: pip builds ggml from source with cmake, a few minutes)
+    ggml) pkg="ggml-python==0.0.45"; echo "peers: pip install $pkg (builds ggml from source)" ;;
+    *) echo "peers: pip install $p" ;;
+  esac
+  if "${pip[@]}" install -q "$pkg"; then
     echo "peers: $p installed"
   else
     echo "peers: $p could not be installed; the report will name it as missing" >&2

@@ -14,9 +14,10 @@ under report/raw/.
         --seqs 1024,2048 --threads 2 --scaling-threads 1,2 --peers torch
 
 Every figure is a ratio within this one run: GFLOP/s and GB/s are divided by
-the FMA peak and copy bandwidth that tandem_bench's roofline probe measures at
-the start of the same run, and speed-ups compare measurements taken minutes
-apart on the same machine.
+the FMA peak, copy and read bandwidth that tandem_bench's roofline probe
+measures at the start of the same run (and again at its end: the report warns
+when the two differ by more than 10 %), and speed-ups compare measurements
+taken minutes apart on the same machine.
 """
 import argparse
 import datetime
@@ -226,7 +227,7 @@ class Eta:
         work = p.get("flop") if by_flop else p.get("bytes", 0)
         rate = self.rate.get((s["op"], s["backend"], s["threads"]))
         if rate is None:
-            peak, copy = self.peaks.get(s["threads"], (100.0, 10.0))
+            peak, copy = self.peaks.get(s["threads"], (100.0, 10.0, None))[:2]
             if s["backend"] == "reference":
                 rate = 0.5e9 if by_flop else 1e9
             else:
@@ -266,30 +267,20 @@ def run_benchmarks(a, exe, plan, raw_dir):
     log(f"report: {total} benchmarks to run ({len(roof)} roofline probes first)")
     tmp = os.path.join(raw_dir, ".one.json")
     # Roofline first: its peaks are handed to every later process.
+    got, context = run_roofline(exe, args, roof, tmp, "start", 0, total)
+    results.extend(got)
     peaks = {}
-    for i, s in enumerate(roof):
-        log(f"[{i + 1:3d}/{total}] {s['name']}")
-        got, ctx, _ = run_one(exe, args, s["name"], tmp, 300)
-        context = context or ctx
-        for r in got:
-            r["_spec"] = s
-            results.append(r)
-            t = s["threads"]
-            g, c = peaks.get(t, (None, None))
-            if s["op"] == "roofline_fma" and "GFLOP/s" in r:
-                g = r["GFLOP/s"]
-            if s["op"] == "roofline_copy" and "GB/s" in r:
-                c = r["GB/s"]
-            peaks[t] = (g, c)
-            if r.get("error_occurred"):
-                log(f"      failed: {r.get('error_message', '')[:200]}")
-            elif "GFLOP/s" in r:
-                log(f"      {fnum(r['GFLOP/s'])} GFLOP/s ({fnum(r.get('GFLOP/s_wall'))} by the wall clock)")
-            elif "GB/s" in r:
-                log(f"      {fnum(r['GB/s'])} GB/s")
+    for r in got:
+        t, op = r["_spec"]["threads"], r["_spec"]["op"]
+        g, c, rd = peaks.get(t, (None, None, None))
+        g = r.get("GFLOP/s", g) if op == "roofline_fma" else g
+        c = r.get("GB/s", c) if op == "roofline_copy" else c
+        rd = r.get("GB/s", rd) if op == "roofline_read" else rd
+        peaks[t] = (g, c, rd)
     complete = {t: v for t, v in peaks.items() if v[0] and v[1]}
     if complete:
-        args = args + ["--roofline=" + ",".join(f"{t}:{g:.6g}:{c:.6g}" for t, (g, c) in sorted(complete.items()))]
+        args = args + ["--roofline=" + ",".join(
+            f"{t}:{g:.6g}:{c:.6g}" + (f":{rd:.6g}" if rd else "") for t, (g, c, rd) in sorted(complete.items()))]
     eta = Eta(rest, a.min_time or {"quick": 0.05, "standard": 0.3, "full": 0.5}[a.preset], complete)
     for i, s in enumerate(rest):
         est = eta.guess(s)
@@ -313,6 +304,26 @@ def run_benchmarks(a, exe, plan, raw_dir):
                 log(f"      {fms(r['real_time'] * unit)}, {rate}{mem}")
         eta.learn(s, got[0] if got else None, dt, est)
     log(f"report: benchmarks done in {fmt_dur(time.time() - start)}")
+    return results, context
+
+
+def run_roofline(exe, args, roof, tmp, when, done, total):
+    """Runs the roofline probes, each result tagged with `when` (start, end)."""
+    results, context = [], {}
+    for i, s in enumerate(roof):
+        log(f"[{done + i + 1:3d}/{total}] {s['name']} ({when} of the run)")
+        got, ctx, _ = run_one(exe, args, s["name"], tmp, 300)
+        context = context or ctx
+        for r in got:
+            r["_spec"] = s
+            r["_when"] = when
+            results.append(r)
+            if r.get("error_occurred"):
+                log(f"      failed: {r.get('error_message', '')[:200]}")
+            elif "GFLOP/s" in r:
+                log(f"      {fnum(r['GFLOP/s'])} GFLOP/s ({fnum(r.get('GFLOP/s_wall'))} by the wall clock)")
+            elif "GB/s" in r:
+                log(f"      {fnum(r['GB/s'])} GB/s")
     return results, context
 
 
@@ -342,7 +353,7 @@ def peer_plan(plan, preset):
 def run_peers(a, plan, raw_dir):
     venv_py = os.path.join(ROOT, a.venv, "bin", "python")
     peers_out = os.path.join(raw_dir, "peers.json")
-    wanted = [p for p in (a.peers or "torch,openvino,onnxruntime,jax").split(",") if p and p != "none"]
+    wanted = [p for p in (a.peers or "torch,openvino,onnxruntime,jax,ggml").split(",") if p and p != "none"]
     if not wanted:
         return {"missing": [], "versions": {}, "results": [], "disabled": True}
     system_note = None
@@ -443,10 +454,11 @@ class Data:
         self.peers_doc = peers
         self.rows = []  # tandem results
         self.errors = []
-        self.peak = {}  # threads -> GFLOP/s
+        self.peak = {}  # threads -> GFLOP/s, measured at the start of the run
         self.copy = {}  # threads -> GB/s
         self.read = {}
         self.peak_wall = {}
+        self.end = {"peak": {}, "copy": {}, "read": {}}  # the same at the end of the run
         for r in bench:
             s = r.get("_spec", {})
             if r.get("error_occurred"):
@@ -461,9 +473,13 @@ class Data:
                    "seconds": r["real_time"] * unit,
                    "gflops": r.get("GFLOP/s"), "gbs": r.get("GB/s"),
                    "frac_peak": r.get("frac_peak"), "frac_copy": r.get("frac_copy"),
+                   "frac_read": r.get("frac_read"),
                    "extra_mib": r.get("extra_MiB"), "iterations": r.get("iterations"),
                    "gflops_wall": r.get("GFLOP/s_wall")}
-            if row["op"] == "roofline_fma":
+            if row["op"].startswith("roofline") and r.get("_when") == "end":
+                kind = {"roofline_fma": "peak", "roofline_copy": "copy", "roofline_read": "read"}[row["op"]]
+                self.end[kind][row["threads"]] = row["gflops"] if kind == "peak" else row["gbs"]
+            elif row["op"] == "roofline_fma":
                 self.peak[row["threads"]] = row["gflops"]
                 self.peak_wall[row["threads"]] = row["gflops_wall"]
             elif row["op"] == "roofline_copy":
@@ -496,6 +512,17 @@ class Data:
                 return p
         return None
 
+    def roofline_drift(self):
+        """[(kind, threads, start, end, end/start − 1)] for every roofline figure
+        measured at both ends of the run, or None when the end was not measured."""
+        out = []
+        for kind, start in (("FMA peak", self.peak), ("copy", self.copy), ("read", self.read)):
+            end = self.end[{"FMA peak": "peak", "copy": "copy", "read": "read"}[kind]]
+            for t in sorted(set(start) & set(end)):
+                if start[t] and end[t]:
+                    out.append((kind, t, start[t], end[t], end[t] / start[t] - 1))
+        return out or None
+
     def peer_names(self, op=None):
         names = []
         for p in self.peer_rows:
@@ -516,69 +543,113 @@ def evaluate_targets(d):
     def add(name, ok, measured):
         T.append((name, measured, "not measured" if ok is None else ("met" if ok else "not met")))
 
-    for D, need in ((128, 0.75), (64, 0.70)):
-        r = d.find("attention_forward", f"B1_H8_S2048_D{D}")
-        add(f"attention forward B=1 H=8 S=2048 D={D}, no mask: ≥ {need * 100:.0f} % of FMA peak",
+    def rows(op, pattern):
+        return [r for r in d.rows if r["op"] == op and r["backend"] == "optimized" and r["threads"] == mt
+                and re.fullmatch(pattern, r["shape"])]
+
+    def worst_frac(name, need, found, key="frac_peak", what="of FMA peak"):
+        if not found:
+            add(name, None, "–")
+            return
+        w = min(found, key=lambda r: r[key] or 0)
+        add(name, all((r[key] or 0) >= need for r in found),
+            f"lowest {fpct(w[key])} ({w['shape']}); " + ", ".join(f"{r['shape']} {fpct(r[key])}" for r in found)
+            + f" {what}")
+
+    def seq(r):
+        return int(r["params"].get("Sq", 0))
+
+    # Dense forward against the FMA peak, S >= 2048.
+    for D, need in ((128, 0.85), (64, 0.80)):
+        found = [r for r in rows("attention_forward", rf"B1_H8_S\d+_D{D}") if seq(r) >= 2048]
+        worst_frac(f"attention forward, no mask, D={D}, S ≥ 2048: ≥ {need * 100:.0f} % of FMA peak", need, found)
+    # Dense forward against the peers on every report shape.
+    dense = [r for r in rows("attention_forward", r"B1_H8_S\d+_D(64|128)") if 1024 <= seq(r) <= 4096]
+    for peers, need in ((("openvino_sdpa",), 1.10), (("onnxruntime_attention",), 1.25), (("torch_sdpa",), 2.0),
+                        (("ggml_fa_f32", "ggml_fa_f16"), 2.5)):
+        ratios = []
+        for r in dense:
+            times = [p["seconds"] for p in (d.peer("attention_forward", r["shape"], x) for x in peers) if p]
+            if times:
+                ratios.append((min(times) / r["seconds"], r["shape"]))
+        label = " / ".join(peers)
+        what = (f"attention forward, no mask, D=64/128, S=1024–4096: ≥ {need:g}× faster than {label}"
+                + (" (the faster of the two)" if len(peers) > 1 else ""))
+        if not ratios:
+            add(what, None, "–")
+        else:
+            lo = min(ratios)
+            add(what, lo[0] >= need and len(ratios) == len(dense),
+                f"lowest {lo[0]:.2f}× ({lo[1]}); " + ", ".join(f"{sh} {x:.2f}×" for x, sh in sorted(ratios, key=lambda t: t[1]))
+                + ("" if len(ratios) == len(dense) else f" ({len(dense) - len(ratios)} shape(s) without the peer)"))
+    # Short sequences.
+    for S, need in ((512, 0.65), (256, 0.50)):
+        worst_frac(f"attention forward, no mask, S={S} (D=64 and 128): ≥ {need * 100:.0f} % of FMA peak", need,
+                   rows("attention_forward", rf"B1_H8_S{S}_D(64|128)"))
+    # Decode against the read bandwidth and the peers.
+    dec = rows("decode", r"B\d+_H32_Hkv8_Sq1_Sk\d+_D128")
+    worst_frac("decode (Sq=1, H=32, Hkv=8, D=128, B=1–8, Sk=1k–32k): ≥ 80 % of the read bandwidth", 0.80, dec,
+               key="frac_read", what=f"of read ({fnum(d.read.get(mt))} GB/s)")
+    for peer, need in (("torch_eager", 2.0), ("torch_sdpa", 4.0)):
+        ratios = [(p["seconds"] / r["seconds"], r["shape"]) for r in dec for p in [d.peer("decode", r["shape"], peer)] if p]
+        name = f"decode: ≥ {need:g}× faster than PyTorch {peer.split('_')[1]}"
+        if not ratios:
+            add(name, None, "–")
+        else:
+            lo = min(ratios)
+            add(name, lo[0] >= need, f"lowest {lo[0]:.2f}× ({lo[1]}); "
+                + ", ".join(f"{sh} {x:.2f}×" for x, sh in sorted(ratios, key=lambda t: t[1])))
+    # Backward.
+    for op, label, need in (("attention_backward", "rerunning the forward", 0.65),
+                            ("attention_backward_saved", "from the saved state", 0.80)):
+        r = d.find(op, "B1_H8_S2048_D128")
+        add(f"attention backward {label} (S=2048, D=128; FLOPs = 2.5× forward): ≥ {need * 100:.0f} % of FMA peak",
             None if not r else r["frac_peak"] >= need,
-            "–" if not r else f"{fpct(r['frac_peak'])} ({fnum(r['gflops'])} GFLOP/s of {fnum(d.peak.get(mt))})")
+            "–" if not r else f"{fpct(r['frac_peak'])} ({fnum(r['gflops'])} GFLOP/s)")
+    one = [x for x in (d.find(f"attention_backward_{g}", "B1_H8_S2048_D128") for g in ("dq", "dk", "dv")) if x]
+    worst_frac("attention backward, dQ / dK / dV alone (S=2048, D=128): ≥ 55 % of FMA peak", 0.55, one)
+    # Block, streaming, causal.
+    blk = block_split(d)
+    add("attention block projections (B=8, S=512, E=768, H=12): ≥ 75 % of FMA peak",
+        None if not blk or blk.get("proj_frac") is None else blk["proj_frac"] >= 0.75,
+        "–" if not blk else (f"projections ≈ {fpct(blk.get('proj_frac'))} (block − its attention), "
+                             f"whole block {fpct(blk['block']['frac_peak'])}"))
+    streaming = [r for r in d.rows if r["backend"] == "optimized" and "main" in r["tags"]
+                 and r["op"].split("_")[0] in ("rope", "axial", "swiglu") and r["threads"] == mt]
+    all_ops = {f"{o}_{x}" for o in ("rope", "axial_rope", "swiglu") for x in ("forward", "backward")}
+    if streaming:
+        worst = min(streaming, key=lambda r: r["frac_copy"])
+        ok = all(r["frac_copy"] >= 0.85 for r in streaming)
+        add("streaming ops (RoPE, axial RoPE, SwiGLU, forward and backward): ≥ 85 % of copy bandwidth",
+            False if not ok else (True if all_ops <= {r["op"] for r in streaming} else None),
+            f"lowest {worst['op']} {fpct(worst['frac_copy'])}; " +
+            ", ".join(f"{r['op'].replace('_forward', ' fwd').replace('_backward', ' bwd')} {fpct(r['frac_copy'])}"
+                      for r in streaming))
+    else:
+        add("streaming ops ≥ 85 % of copy bandwidth", None, "–")
     for D in (128, 64):
         a, c = d.find("attention_forward", f"B1_H8_S2048_D{D}"), d.find("attention_forward", f"B1_H8_S2048_D{D}_causal")
         ratio = c["seconds"] / a["seconds"] if a and c else None
         add(f"causal forward (S=2048, D={D}) ≤ 0.55× the unmasked time",
             None if ratio is None else ratio <= 0.55, "–" if ratio is None else f"{ratio:.2f}×")
-    r = None
-    for row in d.rows:
-        if row["op"] == "decode" and row["backend"] == "optimized" and row["threads"] == mt:
-            r = row
-    add("decode (Sq=1, Sk=4096, H=32, Hkv=8, D=128) ≥ 70 % of copy bandwidth",
-        None if not r else r["frac_copy"] >= 0.70,
-        "–" if not r else f"{fpct(r['frac_copy'])} ({fnum(r['gbs'])} GB/s of K and V, copy {fnum(d.copy.get(mt))} GB/s)")
-    for D in (128,):
-        r = d.find("attention_backward", f"B1_H8_S2048_D{D}")
-        rs = d.find("attention_backward_saved", f"B1_H8_S2048_D{D}")
-        best = max((x for x in (r, rs) if x), key=lambda x: x["frac_peak"], default=None)
-        add(f"attention backward (all three, S=2048, D={D}) ≥ 50 % of FMA peak (FLOPs = 2.5× forward)",
-            None if not best else best["frac_peak"] >= 0.50,
-            "; ".join(f"{label} {fpct(x['frac_peak'])} ({fnum(x['gflops'])} GFLOP/s)"
-                      for label, x in (("from the saved state", rs), ("rerunning the forward", r)) if x)
-            or "–")
+    # ggml beside tandem on RoPE, SwiGLU and decode (measured, no target ratio).
+    for op in ("rope_forward", "swiglu_forward", "decode"):
+        for r in (rows(op, r".*") if op != "decode" else dec):
+            for peer in ("ggml", "ggml_fa_f32", "ggml_fa_f16"):
+                p = d.peer(op, r["shape"], peer)
+                if p:
+                    add(f"{op} {r['shape']} vs ggml ({peer}): faster", p["seconds"] >= r["seconds"],
+                        f"{p['seconds'] / r['seconds']:.2f}× ({fms(r['seconds'])} vs {fms(p['seconds'])})")
+    # Earlier targets, kept.
     for op, need in (("attention_forward", 4.0), ("attention_backward", 2.0)):
         shape = "B1_H8_S4096_D128_causal"
         p = d.peer(op, shape, "torch_sdpa")
-        # torch's backward starts from the state its forward kept: compare
-        # with tandem's backward from the saved state, and show the other too
         r = d.find("attention_backward_saved" if op == "attention_backward" else op, shape)
-        alt = d.find(op, shape) if op == "attention_backward" else None
         sp = p["seconds"] / r["seconds"] if r and p else None
         what = "forward" if op == "attention_forward" else "backward (from the saved state)"
-        text = "–" if sp is None else f"{sp:.2f}× ({fms(r['seconds'])} vs {fms(p['seconds'])})"
-        if sp is not None and alt:
-            text += f"; rerunning the forward {p['seconds'] / alt['seconds']:.2f}×"
         add(f"{what} vs PyTorch SDPA at B=1 H=8 S=4096 D=128 causal: ≥ {need:g}× faster",
-            None if sp is None else sp >= need, text)
-    r = d.find("attention_forward", "B1_H8_S4096_D128")
-    add("vs ggml CPU flash attention (118 GFLOP/s, quoted, D=128, S=4096, no mask): ≥ 2.5×",
-        None if not r else r["gflops"] / 118.0 >= 2.5,
-        "–" if not r else f"{r['gflops'] / 118.0:.2f}× ({fnum(r['gflops'])} GFLOP/s)")
-    streaming = [r for r in d.rows if r["backend"] == "optimized" and "main" in r["tags"]
-                 and r["op"].split("_")[0] in ("rope", "axial", "swiglu") and r["threads"] == mt]
-    if streaming:
-        worst = min(streaming, key=lambda r: r["frac_copy"])
-        ops_seen = {r["op"] for r in streaming}
-        all_ops = {f"{o}_{d}" for o in ("rope", "axial_rope", "swiglu") for d in ("forward", "backward")}
-        ok = all(r["frac_copy"] >= 0.80 for r in streaming)
-        add("streaming ops (RoPE, axial RoPE, SwiGLU, forward and backward, ≥ 64 MiB) ≥ 80 % of copy bandwidth",
-            False if not ok else (True if all_ops <= ops_seen else None),
-            f"lowest {worst['op']} {fpct(worst['frac_copy'])}; " +
-            ", ".join(f"{r['op'].replace('_forward', ' fwd').replace('_backward', ' bwd')} {fpct(r['frac_copy'])}"
-                      for r in streaming))
-    else:
-        add("streaming ops ≥ 80 % of copy bandwidth", None, "–")
-    blk = block_split(d)
-    add("attention block projections (B=8, S=512, E=768, H=12) ≥ 70 % of FMA peak",
-        None if not blk or blk.get("proj_frac") is None else blk["proj_frac"] >= 0.70,
-        "–" if not blk else (f"projections ≈ {fpct(blk.get('proj_frac'))} (block − its attention), "
-                             f"whole block {fpct(blk['block']['frac_peak'])}"))
+            None if sp is None else sp >= need,
+            "–" if sp is None else f"{sp:.2f}× ({fms(r['seconds'])} vs {fms(p['seconds'])})")
     for op in ("attention_forward", "attention_backward"):
         r = d.find(op, "B1_H8_S16384_D128")
         add(f"{op.replace('attention_', '')} extra memory at S=16384, D=128 ≤ 64 MiB beyond inputs/outputs",
@@ -591,6 +662,25 @@ def evaluate_targets(d):
             sp = one["seconds"] / two["seconds"] if one and two else None
             add(f"{op.replace('attention_', '')} {shape}: 2 threads ≥ 1.8× 1 thread",
                 None if sp is None else sp >= 1.8, "–" if sp is None else f"{sp:.2f}×")
+    # The attention features against their plain equivalents (same run).
+    pairs = feature_pairs(d)
+    for what, label, need in (("varlen", "packed sequences: time per token ≤ 1.10× a dense batch of equal lengths",
+                               1.10),
+                              ("paged_decode", "paged decode: ≥ 90 % of the contiguous decode's bandwidth", 1 / 0.90)):
+        found = [(sh, f, p) for sh, (f, p) in pairs.items() if sh.startswith(what)]
+        if not found:
+            add(label, None, "–")
+            continue
+        ratios = [(f["seconds"] / p["seconds"], sh) for sh, f, p in found]
+        worst = max(ratios)
+        shown = (lambda x: f"{1 / x:.0%} of contiguous") if what == "paged_decode" else (lambda x: f"{x:.2f}×")
+        add(label, worst[0] <= need, f"worst {shown(worst[0])} ({worst[1]}); "
+            + ", ".join(f"{sh} {shown(x)}" for x, sh in sorted(ratios, key=lambda t: t[1])))
+    # The roofline itself: the figures above are trustworthy only if it held still.
+    drift = d.roofline_drift()
+    add("roofline measured at the start and at the end of the run: within 10 % of each other",
+        None if drift is None else not any(abs(x[4]) > 0.10 for x in drift),
+        "–" if drift is None else "; ".join(f"{k} t={t}: {fnum(a)} → {fnum(b)} ({x:+.0%})" for k, t, a, b, x in drift))
     return T
 
 
@@ -624,9 +714,10 @@ def plots(d, out_dir):
     made = {}
     mt = d.main_threads
     colors = {"optimized": "C0", "optimized_saved": "C8", "reference": "C7", "torch_sdpa": "C1", "torch_eager": "C2",
-              "openvino_sdpa": "C3", "onnxruntime_attention": "C4", "jax_dpa": "C5", "torch_mha": "C6"}
+              "openvino_sdpa": "C3", "onnxruntime_attention": "C4", "jax_dpa": "C5", "torch_mha": "C6",
+              "ggml_fa_f32": "C9", "ggml_fa_f16": "k"}
     markers = {"optimized": "o", "optimized_saved": "*", "torch_sdpa": "s", "torch_eager": "^", "openvino_sdpa": "D",
-               "onnxruntime_attention": "v", "jax_dpa": "P"}
+               "onnxruntime_attention": "v", "jax_dpa": "P", "ggml_fa_f32": "X", "ggml_fa_f16": "x"}
 
     def series(op, D, causal, who):
         pts = []
@@ -925,6 +1016,38 @@ OP_ORDER = ["attention_forward", "attention_backward", "attention_backward_saved
             "axial_rope_backward", "swiglu_forward", "swiglu_backward", "attention_block"]
 
 
+def feature_pairs(d):
+    """{shape: (feature row, plain row)} of the attention_features benchmarks
+    (optimized backend, the report's thread count)."""
+    out = {}
+    for r in d.rows:
+        if r["op"] != "attention_features" or r["backend"] != "optimized" or r["threads"] != d.main_threads:
+            continue
+        side = 0 if "feature" in r["tags"] else 1
+        out.setdefault(r["shape"], [None, None])[side] = r
+    return {sh: tuple(v) for sh, v in out.items() if v[0] and v[1]}
+
+
+def write_features_section(doc, d):
+    """Each attention feature's time beside the same call without it."""
+    pairs = feature_pairs(d)
+    doc.h(2, "Attention features against plain attention")
+    if not pairs:
+        doc.p("Not measured (no `attention_features` results in this run).")
+        return
+    doc.p("Each pair measured in this run by the optimized backend: packed sequences (`cu_seqlens`) against a "
+          "dense batch of the same sequences (the same tokens and FLOPs); a paged decode step (16-key blocks "
+          "scattered over a pool by a block table) against the same step over contiguous caches (bytes of K and V "
+          "per second, caches cycled so that K and V come from memory); ALiBi (the standard slopes) and sinks "
+          "against the same shape without them. Ratio: the feature's time ÷ the plain call's.")
+    rows = []
+    for sh, (f, p) in sorted(pairs.items()):
+        rate = (lambda r: f"{fnum(r['gbs'])} GB/s") if f.get("gbs") else (lambda r: f"{fnum(r['gflops'])} GFLOP/s")
+        rows.append((sh, fms(f["seconds"]), fms(p["seconds"]), f"{f['seconds'] / p['seconds']:.2f}×",
+                     rate(f), rate(p)))
+    doc.table(["comparison", "with the feature", "plain", "ratio", "rate (feature)", "rate (plain)"], rows)
+
+
 def write_python_section(doc, d):
     """tandem called from Python (tandem.torch.scaled_dot_product_attention)
     beside PyTorch's SDPA, and beside the same kernel measured in C++."""
@@ -983,6 +1106,15 @@ def write_report(d, made, out_dir, a, run_seconds):
               f"on {cores} cores): other work shared the cores, so figures are low and noisy; ratios within "
               f"the run are affected too. Re-run on a quiet machine for numbers to quote.")
 
+    drift = d.roofline_drift()
+    moved = [x for x in drift or [] if abs(x[4]) > 0.10]
+    if moved:
+        doc.p("**Warning: the roofline moved during the run** ("
+              + "; ".join(f"{k} with {t} thread(s): {fnum(s0)} at the start, {fnum(s1)} at the end ({x:+.0%})"
+                          for k, t, s0, s1, x in moved)
+              + "): the machine's capacity changed under the measurements, so fractions of it are uncertain by "
+                "as much. Re-run on a quiet machine for numbers to quote.")
+
     doc.h(2, "Summary: targets on this machine")
     targets = evaluate_targets(d)
     met = sum(1 for t in targets if t[2] == "met")
@@ -1018,10 +1150,13 @@ def write_report(d, made, out_dir, a, run_seconds):
     doc.p("FMA peak: 12 independent fp32 FMA chains per thread with the Highway target dynamic dispatch "
           "picks, best of three trials; each thread's FLOPs are divided by its own CPU time, so the peak is "
           "what the cores can do even if other processes share them (the wall-clock figure beside it drops "
-          "when they do). Copy: 2 × 256 MiB arrays, bytes read + written, best of eight passes (wall clock). "
-          "Read: one 256 MiB array summed.")
-    doc.table(["threads", "FMA peak (GFLOP/s)", "FMA, wall clock", "copy (GB/s)", "read (GB/s)"],
-              [(t, fnum(d.peak.get(t)), fnum(d.peak_wall.get(t)), fnum(d.copy.get(t)), fnum(d.read.get(t)))
+          "when they do). Copy: two arrays of 256 MiB or twice the last-level cache, whichever is larger, bytes "
+          "read + written, best of eight passes (wall clock). Read: one such array summed. All three again at the "
+          "end of the run (last column).")
+    doc.table(["threads", "FMA peak (GFLOP/s)", "FMA, wall clock", "copy (GB/s)", "read (GB/s)",
+               "at the end: FMA, copy, read"],
+              [(t, fnum(d.peak.get(t)), fnum(d.peak_wall.get(t)), fnum(d.copy.get(t)), fnum(d.read.get(t)),
+                ", ".join(fnum(d.end[k].get(t)) for k in ("peak", "copy", "read")))
                for t in sorted(set(d.peak) | set(d.copy))])
 
     # Missing peers.
@@ -1037,11 +1172,12 @@ def write_report(d, made, out_dir, a, run_seconds):
               + "create it with `make peers` (a `python3 -m venv` + pip install from PyPI; torch's Linux wheel brings "
                 "several GiB of CUDA libraries) and run the report again.")
 
+    write_features_section(doc, d)
     write_python_section(doc, d)
 
     doc.h(2, "Results per op")
-    doc.p("Time is the mean wall time of one call. Fraction: of the FMA peak (GFLOP/s ops) or of the copy "
-          "bandwidth (GB/s ops) at the same thread count. ×ref: the reference's time ÷ this time (same shape; "
+    doc.p("Time is the mean wall time of one call. Fraction: of the FMA peak (GFLOP/s ops), of the read "
+          "bandwidth (decode, which only reads) or of the copy bandwidth (other GB/s ops) at the same thread count. ×ref: the reference's time ÷ this time (same shape; "
           "the reference is measured at small shapes only and is single-threaded). ×peer: the peer's time ÷ "
           "tandem's time on the same shape and thread count (> 1: tandem is faster). Attention FLOPs: "
           "2·D + 2·Dv per visible (query, key) pair and head (causal counts only the visible pairs); "
@@ -1065,7 +1201,8 @@ def write_report(d, made, out_dir, a, run_seconds):
                                             r["params"].get("causal", 0), r["params"].get("Sq", 0), r["shape"])):
             ref = d.find_any_threads(op, r["shape"], "reference") if r["backend"] != "reference" else None
             rate = r["gbs"] if rate_col == "GB/s" else r["gflops"]
-            frac = r["frac_copy"] if rate_col == "GB/s" else r["frac_peak"]
+            frac = (r["frac_read"] if r.get("frac_read") is not None else r["frac_copy"]) if rate_col == "GB/s" \
+                else r["frac_peak"]
             line = [r["backend"], r["shape"], r["threads"], fms(r["seconds"]), fnum(rate), fpct(frac),
                     fratio(ref["seconds"] / r["seconds"]) if ref else "–"]
             for p in peers:
@@ -1145,7 +1282,9 @@ def write_report(d, made, out_dir, a, run_seconds):
         "count, each library in its own process, on the same shapes (in each library's natural layout). Torch's "
         "backward is autograd's backward alone (the forward graph is built once and kept), so torch is not "
         "charged for the forward that tandem's backward recomputes; JAX's jitted vjp includes its forward.",
-        "The ggml figure (118 GFLOP/s) is quoted, not measured here.",
+        "ggml (ggml-python's bindings to ggml's CPU backend) is measured beside the other peers: "
+        "ggml_flash_attn_ext with f32 and with f16 K and V (prefill and decode), ggml_rope_ext and ggml_swiglu.",
+        "The roofline is measured at the start of the run (every fraction divides by it) and again at its end.",
     ])
     doc.p("Reproduce:")
     doc.code("make peers          # once: the peer environment (.venv-peers/)\n"
@@ -1177,7 +1316,7 @@ def main():
     ap.add_argument("--scaling-threads", help="thread counts of the scaling runs (default 1,2,4,...,all)")
     ap.add_argument("--backends", help="reference,optimized (default both)")
     ap.add_argument("--min-time", type=float, help="minimum seconds per benchmark")
-    ap.add_argument("--peers", help="torch,openvino,onnxruntime,jax (default) or none")
+    ap.add_argument("--peers", help="torch,openvino,onnxruntime,jax,ggml (default) or none")
     ap.add_argument("--peer-budget", type=float, help="seconds for all peers (default 420; quick 90)")
     ap.add_argument("--venv", default=".venv-peers", help="peer environment (default %(default)s)")
     ap.add_argument("--no-accuracy", action="store_true", help="skip tandem_accuracy")
@@ -1223,11 +1362,15 @@ def main():
     info["load_before"] = load_avg()
     log(f"report: {info['cpu_model']}, {plan['cores']} cores, optimized target {plan['optimized_target']}, "
         f"preset {a.preset}, load average {info['load_before'][0]:.2f}")
-    log("report: step 1 of 3: tandem's benchmarks")
+    log("report: step 1 of 4: tandem's benchmarks")
     bench, context = run_benchmarks(a, exe, plan, raw_dir)
-    log(f"report: step 2 of 3: peers (elapsed {fmt_dur(time.time() - start)})")
+    log(f"report: step 2 of 4: peers (elapsed {fmt_dur(time.time() - start)})")
     peers = run_peers(a, plan, raw_dir)
-    log(f"report: step 3 of 3: accuracy, then tandem through Python (elapsed {fmt_dur(time.time() - start)})")
+    log(f"report: step 3 of 4: the roofline again, at the end of the run (elapsed {fmt_dur(time.time() - start)})")
+    roof = [s for s in plan["benchmarks"] if s["op"].startswith("roofline")]
+    end, _ = run_roofline(exe, bench_args(a), roof, os.path.join(raw_dir, ".one.json"), "end", 0, len(roof))
+    bench.extend(end)
+    log(f"report: step 4 of 4: accuracy, then tandem through Python (elapsed {fmt_dur(time.time() - start)})")
     accuracy = {"results": []} if a.no_accuracy else run_accuracy(a, build, raw_dir)
     python = run_python(a, plan, raw_dir)
     info["load_after"] = load_avg()

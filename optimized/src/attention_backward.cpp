@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The optimized attention backward: FlashAttention-2 on the CPU, Highway SIMD
-// (dynamic dispatch) and OpenMP over (batch, kv head) tasks.
+// (dynamic dispatch) and OpenMP over (sequence, kv head) tasks.
 //
 // Must agree with tandem::reference::attention_backward (and its _dq, _dk,
 // _dv forms) in reference/include/tandem/reference/attention.hpp to float
@@ -16,13 +16,14 @@
 //    lse and rowsum(dO ∘ O) from the saved out (five matrix products per
 //    tile instead of seven);
 //  - every product is a float fused multiply-add chain in the micro-kernel's
-//    order where the reference sums in double; exp is a polynomial on 2^f
-//    (attn::SoftmaxExp, ~1e-7 relative), tanh and log are Highway's.
-// Determinism: one task owns one (batch, kv head) and everything it writes
+//    order where the reference sums in double; p = 2^(x − lse·log2 e) in
+//    base 2 as in the forward (attn::SoftmaxExp2, ~2e-7 relative), tanh and
+//    log2 are Highway's.
+// Determinism: one task owns one (sequence, kv head) and everything it writes
 // (dQ rows of its G query heads, dK and dV rows of its kv head); inside it the
 // query blocks and key blocks run in a fixed order, so dK/dV (summed over all
 // query rows of the group, GQA included) and dQ (summed over key blocks) are
-// the same for any thread count and any schedule. With few (batch, kv head)
+// the same for any thread count and any schedule. With few (sequence, kv head)
 // pairs the query blocks of each are split into parts (a number fixed by the
 // shape and the geometry, see QueryParts), each summing its own dK/dV
 // partial, added in part order at the end. No atomics.
@@ -86,15 +87,16 @@ struct BackwardScratch {
   /// the call's partial sums.
   BackwardScratch(const Backward& bw, bool own_sums) : fwd(bw.c, true) {
     const AttentionPlan& p = *bw.c.plan;
-    const std::int64_t R = bw.c.max_rows_p, N = Lanes(), key_block = bw.c.key_block;
+    const std::int64_t R = bw.c.max_rows_p, ld = bw.c.max_stride, N = Lanes();
+    const std::int64_t key_block = bw.c.key_block;
     Dp = RoundUp(p.D, N);
     Dvp = RoundUp(p.Dv, N);
     if (bw.want_dk) Qp.resize(R * Dp);
-    if (bw.need_dsum) dOt.resize(p.Dv * R);
+    if (bw.need_dsum) dOt.resize(p.Dv * ld);
     if (bw.want_dv) dOp.resize(R * Dvp);
-    if (bw.need_ds) dPt.resize(key_block * R);
-    if (bw.need_ds && p.softcap > 0) tanh_s.resize(key_block * R);
-    if (bw.want_dq) dQt.resize(p.D * R);
+    if (bw.need_ds) dPt.resize(key_block * ld);
+    if (bw.need_ds && p.softcap > 0) tanh_s.resize(key_block * ld);
+    if (bw.want_dq) dQt.resize(p.D * ld);
     lse.resize(R);
     dsum.resize(R);
     inv.resize(R);
@@ -103,21 +105,17 @@ struct BackwardScratch {
   }
 };
 
-/// Dst[r][x] = src_r[x] (x < width, zero up to wp) and/or Dt[x][r] = src_r[x]
-/// for the rows of a tile; padding rows are zero.
+/// Dst[r][x] = src_r[x] (x < width, zero up to wp) and/or Dt[x][r] =
+/// src_r[x]·t_factor for the rows of a tile; padding rows are zero.
 template <class RowPtr>
-void PackRows(const Tile& t, std::int64_t width, std::int64_t wp, RowPtr row, float* Dst,
-              float* Dt) {
-  for (std::int64_t r = 0; r < t.rows_p; ++r) {
-    const float* src = r < t.rows ? row(r) : nullptr;
-    if (Dst != nullptr) {
-      float* dst = Dst + r * wp;
-      for (std::int64_t x = 0; x < wp; ++x) dst[x] = src != nullptr && x < width ? src[x] : 0.0f;
-    }
-    if (Dt != nullptr) {
-      for (std::int64_t x = 0; x < width; ++x)
-        Dt[x * t.rows_p + r] = src != nullptr ? src[x] : 0.0f;
-    }
+void PackRows(const Tile& t, std::int64_t width, std::int64_t wp, RowPtr row, float* Dst, float* Dt,
+              float t_factor = 1.0f) {
+  if (Dt != nullptr) attn::PackTransposed(t, width, row, t_factor, Dt);
+  for (std::int64_t r = 0; Dst != nullptr && r < t.rows_p; ++r) {
+    float* dst = Dst + r * wp;
+    const std::int64_t n = r < t.rows ? width : 0;
+    if (n > 0) std::copy_n(row(r), n, dst);
+    std::fill(dst + n, dst + wp, 0.0f);
   }
 }
 
@@ -143,7 +141,9 @@ class TileBackward {
     const AttentionPlan& p = *c_.plan;
     const auto q_row = [&](std::int64_t r) { return t_.q_row(c_, r); };
     const auto do_row = [&](std::int64_t r) { return bw_.dout + t_.o_at(c_, r); };
-    PackRows(t_, p.D, s_.Dp, q_row, bw_.want_dk ? s_.Qp.get() : nullptr, s_.fwd.Qt.get());
+    // Qt carries the factor of the forward's packed queries (Call::q_scale)
+    PackRows(t_, p.D, s_.Dp, q_row, bw_.want_dk ? s_.Qp.get() : nullptr, s_.fwd.Qt.get(),
+             c_.q_scale);
     PackRows(t_, p.Dv, s_.Dvp, do_row, bw_.want_dv ? s_.dOp.get() : nullptr,
              bw_.need_dsum ? s_.dOt.get() : nullptr);
     if (bw_.saved != nullptr) {
@@ -151,7 +151,7 @@ class TileBackward {
     } else {
       ForwardRowStatistics();
     }
-    if (bw_.want_dq) std::fill(s_.dQt.get(), s_.dQt.get() + p.D * t_.rows_p, 0.0f);
+    if (bw_.want_dq) std::fill(s_.dQt.get(), s_.dQt.get() + p.D * t_.stride, 0.0f);
     rows_finite_ = RowStatisticsFinite();
   }
 
@@ -159,21 +159,20 @@ class TileBackward {
   /// of block kb, by the careful path where it must (see Skip in gemm-inl.h).
   void KeyBlock(const attn::KeyBlock& kb, float* dK, float* dV) {
     const AttentionPlan& p = *c_.plan;
-    const std::int64_t R = t_.rows_p, ks = attn::PackedStride(p.D);
-    const std::int64_t vs = attn::PackedStride(p.Dv);
+    const std::int64_t R = t_.stride, ks = s_.fwd.Kp->stride(), vs = s_.fwd.Vp->stride();
     // only the rows lo .. active_end−1 may see a key of this block
     const std::int64_t active = std::min(kb.hi, t_.rows) - kb.lo;
-    float* Kp = s_.fwd.Kp.get();
-    float* Vp = s_.fwd.Vp.get();
     float* Pt = s_.fwd.St.get();
     score_.SetBlock(kb.j0, kb.nk);
-    attn::PackKeyRows(keys_, kb.j0, kb.nk, ks, Kp);
+    const std::int64_t head = t_.n * p.Hkv + t_.g;  // (sequence, kv head): PackedRows
+    float* Kp = s_.fwd.Kp->Get(keys_, head, kb.j0, kb.nk);
     score_.ZeroHiddenRows(Kp, ks, kb.nk);
+    float* Vp = nullptr;
     if (bw_.need_ds) {
-      attn::PackKeyRows(values_, kb.j0, kb.nk, vs, Vp);
+      Vp = s_.fwd.Vp->Get(values_, head, kb.j0, kb.nk);
       score_.ZeroHiddenRows(Vp, vs, kb.nk);
     }
-    const bool careful = Careful(kb.nk);
+    const bool careful = Careful(Kp, Vp, kb.nk);
     // S <- Q K^T (transposed: St[jj][r])
     Gemm(kb.nk, kb.hi - kb.lo, p.D, Kp, ks, 1, s_.fwd.Qt.get() + kb.lo, R, Pt + kb.lo, R, false);
     Probabilities(kb, careful);
@@ -215,11 +214,8 @@ class TileBackward {
   /// dq of the tile's rows, in the layout of q.
   void WriteDq() const {
     if (!bw_.want_dq) return;
-    const float* dQt = s_.dQt.get();
-    for (std::int64_t r = 0; r < t_.rows; ++r) {
-      float* dst = bw_.grads.dq.data() + t_.dq_at(c_, r);
-      for (std::int64_t x = 0; x < c_.plan->D; ++x) dst[x] = dQt[x * t_.rows_p + r];
-    }
+    attn::StoreRows({s_.dQt.get(), 1, t_.stride}, t_.rows, c_.plan->D, nullptr,
+                    [&](std::int64_t r) { return bw_.grads.dq.data() + t_.dq_at(c_, r); });
   }
 
  private:
@@ -246,10 +242,10 @@ class TileBackward {
     attn::FinishRows(c_, t_, s_.fwd, s_.inv.get(), s_.lse.get());
     if (!bw_.need_dsum) return;
     const DF d;
-    const std::int64_t R = t_.rows_p;
+    const std::int64_t R = t_.stride;
     const float* Ot = s_.fwd.Ot.get();
     const float* dOt = s_.dOt.get();
-    for (std::int64_t r0 = 0; r0 < R; r0 += Lanes()) {
+    for (std::int64_t r0 = 0; r0 < t_.rows_p; r0 += Lanes()) {
       VF acc = hn::Zero(d);
       for (std::int64_t dv = 0; dv < c_.plan->Dv; ++dv) {
         acc = hn::MulAdd(hn::LoadU(d, dOt + dv * R + r0), hn::LoadU(d, Ot + dv * R + r0), acc);
@@ -276,35 +272,46 @@ class TileBackward {
   /// Whether the current block takes the careful path: a key of it may be
   /// hidden from some rows, and the rows, or the packed K (for dQ) or V
   /// rows, are not all finite.
-  bool Careful(std::int64_t nk) const {
+  bool Careful(const float* Kp, const float* Vp, std::int64_t nk) const {
     const AttentionPlan& p = *c_.plan;
-    const std::int64_t ks = attn::PackedStride(p.D), vs = attn::PackedStride(p.Dv);
     if (!score_.hides_per_row() && !score_.any_hidden()) return false;
-    return !(rows_finite_ && (!bw_.want_dq || RowsFinite(s_.fwd.Kp.get(), ks, p.D, nk)) &&
-             (!bw_.need_ds || RowsFinite(s_.fwd.Vp.get(), vs, p.Dv, nk)));
+    return !(rows_finite_ && (!bw_.want_dq || RowsFinite(Kp, s_.fwd.Kp->stride(), p.D, nk)) &&
+             (!bw_.need_ds || RowsFinite(Vp, s_.fwd.Vp->stride(), p.Dv, nk)));
   }
-  /// P <- exp(S − lse) in place (St of the block); a row with no visible key
-  /// (lse = −inf) gets exp(s − inf) = 0 for every key instead of
-  /// exp(−inf − (−inf)). tanh(s/c) is kept for dS. Careful: the hidden
-  /// entries marked −0.0.
+  /// P <- exp(S − lse) = 2^(x − lse·log2 e) in place (St of the block, x
+  /// the scores in log2 units, see ScoreTransform); a row with no visible
+  /// key (lse = −inf) gets 2^(x − inf) = 0 for every key instead of
+  /// 2^(−inf − (−inf)). tanh(s/c) is kept for dS. Careful: the hidden
+  /// entries marked −0.0. p below 2^kFloor is taken as 0: dS = p·(dP − dsum)
+  /// would be subnormal there, and every product it then feeds (dQ, dK)
+  /// would take the processor's slow path for subnormal operands (ALiBi's
+  /// steep heads make most of a long row's p that small); what is dropped is
+  /// below 2^−64 of |dP − dsum| per term, far below the float rounding of
+  /// any sum the row's larger p (at least 1/Sk) join.
+  static constexpr float kFloor = -64.0f;
   void Probabilities(const attn::KeyBlock& kb, bool careful) {
     const DF d;
-    const std::int64_t R = t_.rows_p;
+    const std::int64_t R = t_.stride;
     float* Pt = s_.fwd.St.get();
     float* tanh_s = c_.softcap > 0.0f && bw_.need_ds ? s_.tanh_s.get() : nullptr;
-    const VF scale = hn::Set(d, c_.scale);
     for (std::int64_t r0 = kb.lo; r0 < kb.hi; r0 += Lanes()) {
       const VF lse = hn::LoadU(d, s_.lse.get() + r0);
-      const VF lse_use = hn::IfThenElse(hn::Eq(lse, hn::Set(d, -kInf)), hn::Set(d, kInf), lse);
-      if (score_.plain_at(r0)) {  // scale only
+      const VF lse2 = hn::Mul(hn::IfThenElse(hn::Eq(lse, hn::Set(d, -kInf)), hn::Set(d, kInf), lse),
+                              hn::Set(d, attn::kLog2e));
+      const VF floor = hn::Set(d, kFloor);
+      const auto p_of = [&](VF x) {
+        const VF e = hn::Sub(x, lse2);
+        return hn::IfThenZeroElse(hn::Lt(e, floor), attn::SoftmaxExp2(d, e));
+      };
+      if (score_.plain_at(r0)) {  // the raw products are the scores
         for (std::int64_t jj = 0; jj < kb.nk; ++jj) {
-          const VF sc = hn::Mul(hn::LoadU(d, Pt + jj * R + r0), scale);
-          hn::StoreU(attn::SoftmaxExp(d, hn::Sub(sc, lse_use)), d, Pt + jj * R + r0);
+          const VF x = hn::LoadU(d, Pt + jj * R + r0);
+          hn::StoreU(p_of(x), d, Pt + jj * R + r0);
         }
       } else {
         for (std::int64_t jj = 0; jj < kb.nk; ++jj) {
-          const VF sc = score_(hn::LoadU(d, Pt + jj * R + r0), jj, r0, tanh_s);
-          hn::StoreU(attn::SoftmaxExp(d, hn::Sub(sc, lse_use)), d, Pt + jj * R + r0);
+          const VF x = score_(hn::LoadU(d, Pt + jj * R + r0), jj, r0, tanh_s);
+          hn::StoreU(p_of(x), d, Pt + jj * R + r0);
         }
         if (careful) score_.MarkHidden(Pt, kb.nk, r0);
       }
@@ -316,7 +323,7 @@ class TileBackward {
   /// be NaN there).
   void ScoreGradient(const attn::KeyBlock& kb, bool careful) {
     const DF d;
-    const std::int64_t R = t_.rows_p;
+    const std::int64_t R = t_.stride;
     const float* Pt = s_.fwd.St.get();
     float* dSt = s_.dPt.get();
     const float* tanh_s = c_.softcap > 0.0f ? s_.tanh_s.get() : nullptr;

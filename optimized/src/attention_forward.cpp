@@ -5,14 +5,18 @@
 // Must agree with tandem::reference::attention_forward
 // (reference/include/tandem/reference/attention.hpp) to float rounding. The
 // order of operations differs on purpose:
-//  - online softmax: the row max m and the row sum l are updated key block by
-//    key block and the running output is rescaled by exp(m_old − m_new),
-//    instead of one max, one sum and one weighted sum over all keys; no
-//    [Sq, Sk] score matrix is ever formed (memory O(tile) per thread);
+//  - online softmax: a reference max m and the row sum l are updated key
+//    block by key block, and the running output is rescaled by
+//    2^(m_old − m_new) where m moves (only by more than
+//    OnlineSoftmax::kRescaleAbove), instead of one max, one sum and one
+//    weighted sum over all keys; no [Sq, Sk] score matrix is ever formed
+//    (memory O(tile) per thread);
 //  - tiling: <q_i, k_j> and Σ_j p_ij v_j are float fused multiply-add chains
 //    in the micro-kernel's order (d, then j), where the reference sums in
-//    double; exp is a polynomial on 2^f (attn::SoftmaxExp, ~1e-7 relative),
-//    tanh and log are Highway's float approximations (≤ 4 ulp);
+//    double; the softmax runs in base 2 (the scale and log2 e folded into
+//    the packed queries), 2^x by a polynomial on 2^f (attn::SoftmaxExp2,
+//    ~2e-7 relative), tanh and log2 are Highway's float approximations
+//    (≤ 4 ulp);
 //  - the query heads of a GQA group share one pass over their K/V rows, and
 //    key blocks that causal or sliding-window masks hide are never visited;
 //  - decode steps with long caches split the keys into chunks (flash-decoding,
@@ -55,13 +59,10 @@ using attn::Tile;
 /// when lse_out is given (inv = 1/l and lse_rows per row, FinishRows).
 void WriteRows(const Call& c, const Tile& t, const OutputRows& o, const float* inv,
                const float* lse_rows, float* out, float* lse_out) {
-  const std::int64_t Dv = c.plan->Dv;
-  for (std::int64_t r = 0; r < t.rows; ++r) {
-    // O <- diag(1/l)·O
-    float* dst = out + t.o_at(c, r);
-    const float w = inv[r];
-    for (std::int64_t dv = 0; dv < Dv; ++dv) dst[dv] = o.at(r, dv) * w;
-    if (lse_out != nullptr) lse_out[t.lse_at(c, r)] = lse_rows[r];
+  // O <- diag(1/l)·O
+  attn::StoreRows(o, t.rows, c.plan->Dv, inv, [&](std::int64_t r) { return out + t.o_at(c, r); });
+  for (std::int64_t r = 0; lse_out != nullptr && r < t.rows; ++r) {
+    lse_out[t.lse_at(c, r)] = lse_rows[r];
   }
 }
 
@@ -238,15 +239,16 @@ void SplitKeysTask(const Call& c, std::int64_t n, std::int64_t ch, std::int64_t 
 
 /// Merges the chunks' partials of query i of sequence n, head h, in chunk
 /// order, and the sink last (one more partial: m = sink_h, l = 1, no value;
-/// see MergeSinks): m = max m_c, l = Σ l_c·e^(m_c − m), o = Σ o_c·e^(m_c − m),
-/// out = o / l (acc: Dvp floats of scratch).
+/// see MergeSinks): m = max m_c, l = Σ l_c·2^(m_c − m), o = Σ o_c·2^(m_c − m),
+/// out = o / l (acc: Dvp floats of scratch; m in log2 units, as
+/// OnlineSoftmax).
 void MergeRow(const Call& c, const SplitPartials& part, std::int64_t n, std::int64_t h,
               std::int64_t i, float* acc, float* out, float* lse_out) {
   const AttentionPlan& plan = *c.plan;
   const DF d;
   const std::int64_t Dvp = part.Dvp(), n_chunks = part.chunks(n), row = h * c.seqs[n].Sq + i;
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  const float sink = c.sinks != nullptr ? c.sinks[h] : neg_inf;
+  const float sink = c.sinks != nullptr ? c.sinks[h] * attn::kLog2e : neg_inf;  // log2 units
   // A NaN max (a NaN score) comes with a NaN sum, which reaches l below.
   float m = sink;
   for (std::int64_t ch = 0; ch < n_chunks; ++ch) m = std::max(m, part.at(n, ch, row)[Dvp]);
@@ -258,27 +260,27 @@ void MergeRow(const Call& c, const SplitPartials& part, std::int64_t n, std::int
     const float* src = part.at(n, ch, row);
     const float mc = src[Dvp], lc = src[Dvp + 1];
     if (lc == 0.0f && mc == neg_inf) continue;  // the chunk saw no key of the row
-    const VF w = attn::SoftmaxExp(d, hn::Set(d, mc - m_use));
+    const VF w = attn::SoftmaxExp2(d, hn::Set(d, mc - m_use));
     l += lc * hn::GetLane(w);
     for (std::int64_t x = 0; x < Dvp; x += Lanes()) {
       hn::Store(hn::MulAdd(hn::LoadU(d, src + x), w, hn::Load(d, acc + x)), d, acc + x);
     }
   }
-  if (c.sinks != nullptr) l += hn::GetLane(attn::SoftmaxExp(d, hn::Set(d, sink - m_use)));
+  if (c.sinks != nullptr) l += hn::GetLane(attn::SoftmaxExp2(d, hn::Set(d, sink - m_use)));
   // l = 0: no visible key, output 0; l = NaN counts as seen (NaN).
   const float inv = l != 0.0f ? 1.0f / l : 0.0f;
   float* dst = out + c.o_at(n, i, h);
   for (std::int64_t dv = 0; dv < plan.Dv; ++dv) dst[dv] = acc[dv] * inv;
   if (lse_out != nullptr) {
     float lse = l == 0.0f ? neg_inf : l;  // NaN stays NaN
-    if (l > 0.0f) lse = m + hn::GetLane(hn::Log(d, hn::Set(d, l)));
+    if (l > 0.0f) lse = (m + hn::GetLane(hn::Log2(d, hn::Set(d, l)))) * attn::kLn2;
     lse_out[c.lse_at(n, h, i)] = lse;
   }
 }
 
 /// The split-key forward: every (sequence, key chunk) task computes, for
-/// each query row (h, i) of the sequence, the row max m, the sum l of
-/// exp(s − m) and the unnormalized output over the visible keys of its chunk
+/// each query row (h, i) of the sequence, the reference max m, the sum l of
+/// 2^(x − m) and the unnormalized output over the visible keys of its chunk
 /// (SplitKeysTask); the partials of a row are then merged in chunk order
 /// (MergeRow). Each partial depends on the plan and the chunk only, and the
 /// merge order is fixed: bitwise identical for any number of threads.

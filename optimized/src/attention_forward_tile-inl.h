@@ -28,6 +28,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
+#include <vector>
 
 #include "attention_tile-inl.h"
 
@@ -37,27 +39,28 @@ namespace tandem::optimized::HWY_NAMESPACE::attn {
 namespace hn = hwy::HWY_NAMESPACE;
 
 /// Per-thread scratch of the forward tiles, sized for the largest tile of
-/// the call: St (scores, then probabilities, [key_block][rows_p]) and the
+/// the call: St (scores, then probabilities, [key_block][stride]) and the
 /// online softmax's m, l, alpha for every tile; Qt, Ot, Kp, Vp for the wide
 /// tile (and the backward) when `transposed`; Qn, On, Kn, Vn for the decode
 /// tile when the call takes it.
 struct ForwardScratch {
   Buffer St, m, l, alpha;
   ScoreScratch score;
-  Buffer Qt, Ot, Kp, Vp;
+  Buffer Qt, Ot;
+  std::optional<PackedRows> Kp, Vp;
   Buffer Qn, On, Kn, Vn;
   ForwardScratch(const Call& c, bool transposed) : score(c.max_rows_p) {
     const AttentionPlan& p = *c.plan;
-    const std::int64_t R = c.max_rows_p;
-    St.resize(c.key_block * R);
+    const std::int64_t R = c.max_rows_p, ld = c.max_stride;
+    St.resize(c.key_block * ld);
     m.resize(R);
     l.resize(R);
     alpha.resize(R);
     if (transposed) {
-      Qt.resize(p.D * R);
-      Ot.resize(p.Dv * R);
-      Kp.resize(c.key_block * PackedStride(p.D));
-      Vp.resize(c.key_block * PackedStride(p.Dv));
+      Qt.resize(p.D * ld);
+      Ot.resize(p.Dv * ld);
+      Kp.emplace(c.max_Sk, p.D, c.key_block);
+      Vp.emplace(c.max_Sk, p.Dv, c.key_block);
     }
     if (c.decode) {
       const std::int64_t Dp = RoundUp(p.D, Lanes()), Dvp = RoundUp(p.Dv, Lanes());
@@ -80,84 +83,141 @@ struct OutputRows {
   float at(std::int64_t r, std::int64_t dv) const { return base[r * row_step + dv * col_step]; }
 };
 
+/// dst(r)[dv] = O[r][dv]·w[r] for r < rows, dv < width (w null: the rows as
+/// they are), through a block in L1 as PackTransposed.
+template <class DstRow>
+void StoreRows(const OutputRows& o, std::int64_t rows, std::int64_t width, const float* w,
+               DstRow dst) {
+  HWY_ALIGN float block[kTransposeRows][kTransposeWidth];
+  // the rows kTransposeAhead ahead of the block, for writing
+  const auto prefetch = [&](std::int64_t from, std::int64_t to) {
+    constexpr std::int64_t kLine = 64 / sizeof(float);  // floats per cache line
+    for (std::int64_t r = from; r < std::min(rows, to); ++r) {
+      for (std::int64_t x = 0; x < width; x += kLine) __builtin_prefetch(dst(r) + x, 1, 3);
+    }
+  };
+  prefetch(0, kTransposeAhead);
+  for (std::int64_t r0 = 0; r0 < rows; r0 += kTransposeRows) {
+    const std::int64_t n = std::min(kTransposeRows, rows - r0);
+    prefetch(r0 + kTransposeAhead, r0 + kTransposeAhead + kTransposeRows);
+    for (std::int64_t x0 = 0; x0 < width; x0 += kTransposeWidth) {
+      const std::int64_t m = std::min(kTransposeWidth, width - x0);
+      for (std::int64_t x = 0; x < m; ++x) {
+        for (std::int64_t i = 0; i < n; ++i) {
+          block[i][x] = o.at(r0 + i, x0 + x) * (w != nullptr ? w[r0 + i] : 1.0f);
+        }
+      }
+      for (std::int64_t i = 0; i < n; ++i) std::copy_n(block[i], m, dst(r0 + i) + x0);
+    }
+  }
+}
+
 /// The online softmax over one tile's rows (vectors over N rows at a time,
-/// no horizontal reduction): per row the running max m, the running sum l of
-/// exp(s − m) and, for the last key block, the factor alpha = exp(m_old −
-/// m_new) the running output must be rescaled by. Starts at m = −inf, l = 0;
-/// a row with no visible key keeps both.
+/// no horizontal reduction), in log2 units (scores x = s·log2 e): per row
+/// the reference max m, the running sum l of 2^(x − m) and, for the last
+/// key block, the factor alpha = 2^(m_old − m_new) the running output must
+/// be rescaled by. Starts at m = −inf, l = 0; a row with no visible key
+/// keeps both.
+///
+/// m moves only when a block's row max exceeds it by more than
+/// kRescaleAbove (as FlashAttention-4 does), so after the first blocks most
+/// leave the running output as it is: the probabilities against the stale
+/// m stay below 2^kRescaleAbove, far from overflow, and since l and the
+/// output are sums of 2^(x − m) with one and the same m, out = O/l and
+/// lse = m + log2 l are exact whatever m is.
 class OnlineSoftmax {
  public:
-  OnlineSoftmax(ForwardScratch& s, std::int64_t rows_p)
-      : m_(s.m.get()), l_(s.l.get()), alpha_(s.alpha.get()), R_(rows_p) {
+  static constexpr float kRescaleAbove = 8.0f;
+
+  /// For rows_p rows whose scores lie `stride` apart from one key to the next.
+  OnlineSoftmax(ForwardScratch& s, std::int64_t rows_p, std::int64_t stride)
+      : m_(s.m.get()),
+        l_(s.l.get()),
+        alpha_(s.alpha.get()),
+        R_(stride),
+        rescaled_(static_cast<std::size_t>(rows_p / Lanes()), 0) {
     const DF d;
-    for (std::int64_t r = 0; r < R_; r += Lanes()) {
+    for (std::int64_t r = 0; r < rows_p; r += Lanes()) {
       hn::StoreU(hn::Set(d, -std::numeric_limits<float>::infinity()), d, m_ + r);
       hn::StoreU(hn::Zero(d), d, l_ + r);
     }
   }
 
   /// One key block of nk keys for the rows in the columns [lo, hi): turns the
-  /// raw dot products St[jj][r] (row stride rows_p) into scores (`score`),
-  /// then into probabilities exp(s − m_new), and updates m, l and alpha;
+  /// raw dot products St[jj][r] (row stride `stride`) into scores (`score`),
+  /// then into probabilities 2^(x − m_new), and updates m, l and alpha;
   /// with `careful` the hidden entries of P are marked for the products to
   /// leave out (see Skip in gemm-inl.h). Returns whether any alpha is not 1
-  /// (only then must the running output be rescaled).
+  /// (only then must the running output be rescaled; rescaled(r0) says for
+  /// which vectors of rows).
   bool Step(float* St, std::int64_t nk, std::int64_t lo, std::int64_t hi,
             const ScoreTransform& score, bool careful) {
     const DF d;
     const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-    bool rescale = false;
+    bool any = false;
     for (std::int64_t r0 = lo; r0 < hi; r0 += Lanes()) {
-      // m_new <- max(m, rowmax(S)), masked keys at −inf
+      // m_new <- rowmax(S) where it exceeds m by more than kRescaleAbove, else
+      // m (masked keys at −inf)
       const VF m_old = hn::LoadU(d, m_ + r0);
-      const VF m_new = hn::Max(m_old, Scores(St, nk, r0, score));
+      const VF mx = Scores(St, nk, r0, score);
+      const auto grow = hn::Gt(mx, hn::Add(m_old, hn::Set(d, kRescaleAbove)));
+      const VF m_new = hn::IfThenElse(grow, mx, m_old);
       // A row that has seen no visible key yet keeps m = −inf; subtract 0
-      // there so that exp(−inf − (−inf)) is never formed.
+      // there so that 2^(−inf − (−inf)) is never formed.
       const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
-      // P <- exp(S − m_new); l <- exp(m − m_new)·l + rowsum(P)
-      const VF a = SoftmaxExp(d, hn::Sub(m_old, m_use));
+      // P <- 2^(S − m_new); l <- 2^(m − m_new)·l + rowsum(P)
+      const bool moved = !hn::AllFalse(d, grow);
+      const VF a = moved ? SoftmaxExp2(d, hn::Sub(m_old, m_use)) : hn::Set(d, 1.0f);
       VF sum = hn::Zero(d);
       for (std::int64_t jj = 0; jj < nk; ++jj) {
-        const VF pr = SoftmaxExp(d, hn::Sub(hn::LoadU(d, St + jj * R_ + r0), m_use));
+        const VF pr = SoftmaxExp2(d, hn::Sub(hn::LoadU(d, St + jj * R_ + r0), m_use));
         hn::StoreU(pr, d, St + jj * R_ + r0);
         sum = hn::Add(sum, pr);
       }
       hn::StoreU(hn::MulAdd(hn::LoadU(d, l_ + r0), a, sum), d, l_ + r0);
       hn::StoreU(m_new, d, m_ + r0);
       hn::StoreU(a, d, alpha_ + r0);
-      rescale = rescale || !hn::AllTrue(d, hn::Eq(a, hn::Set(d, 1.0f)));
+      rescaled_[static_cast<std::size_t>(r0 / Lanes())] = moved;
+      any = any || moved;
       // the sum above is unchanged by the marks (+0 and −0 add alike)
       if (careful && !score.plain_at(r0)) score.MarkHidden(St, nk, r0);
     }
-    return rescale;
+    return any;
   }
 
   /// alpha[r] of the last block.
   const float* alpha() const { return alpha_; }
+  /// Whether the last block moved m of a row of the vector of rows r0 .. r0+N−1
+  /// (else their alpha is 1).
+  bool rescaled(std::int64_t r0) const { return rescaled_[static_cast<std::size_t>(r0 / Lanes())]; }
 
  private:
   /// S <- the scores of rows r0 .. r0+N−1 in place (the cheapest transform
-  /// the block allows: scale alone, scale and band, or the whole transform);
-  /// returns their row max.
+  /// the block allows: none, the band, or the whole transform); returns
+  /// their row max.
   VF Scores(float* St, std::int64_t nk, std::int64_t r0, const ScoreTransform& score) const {
     const DF d;
     const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-    const VF scale = hn::Set(d, score.scale());
     VF mx = neg_inf;
     if (score.plain() || score.plain_at(r0)) {
-      for (std::int64_t jj = 0; jj < nk; ++jj) {
-        const VF sc = hn::Mul(hn::LoadU(d, St + jj * R_ + r0), scale);
-        hn::StoreU(sc, d, St + jj * R_ + r0);
-        mx = hn::Max(mx, sc);
+      // four independent chains: one would wait out the latency of each max
+      VF mx1 = neg_inf, mx2 = neg_inf, mx3 = neg_inf;
+      std::int64_t jj = 0;
+      for (; jj + 4 <= nk; jj += 4) {
+        mx = hn::Max(mx, hn::LoadU(d, St + jj * R_ + r0));
+        mx1 = hn::Max(mx1, hn::LoadU(d, St + (jj + 1) * R_ + r0));
+        mx2 = hn::Max(mx2, hn::LoadU(d, St + (jj + 2) * R_ + r0));
+        mx3 = hn::Max(mx3, hn::LoadU(d, St + (jj + 3) * R_ + r0));
       }
+      for (; jj < nk; ++jj) mx = hn::Max(mx, hn::LoadU(d, St + jj * R_ + r0));
+      mx = hn::Max(hn::Max(mx, mx1), hn::Max(mx2, mx3));
     } else if (score.band_only()) {
       VF band_lo, band_hi;
       score.Band(r0, band_lo, band_hi);
       for (std::int64_t jj = 0; jj < nk; ++jj) {
         const VF j = hn::Set(d, static_cast<float>(jj));
         const auto visible = hn::And(hn::Ge(j, band_lo), hn::Le(j, band_hi));
-        const VF sc =
-            hn::IfThenElse(visible, hn::Mul(hn::LoadU(d, St + jj * R_ + r0), scale), neg_inf);
+        const VF sc = hn::IfThenElse(visible, hn::LoadU(d, St + jj * R_ + r0), neg_inf);
         hn::StoreU(sc, d, St + jj * R_ + r0);
         mx = hn::Max(mx, sc);
       }
@@ -175,6 +235,7 @@ class OnlineSoftmax {
   float* l_;
   float* alpha_;
   std::int64_t R_;
+  std::vector<char> rescaled_;  ///< per vector of rows, for the last block
 };
 
 /// The rows of one block of V that P·V reads: rows j0 .. j0+nk−1 of `rows`,
@@ -214,10 +275,11 @@ class WideTile {
         with_pv_(with_pv),
         keys_(c.keys(t.n, t.g)),
         values_(c.values(t.n, t.g)),
+        head_(t.n * c.plan->Hkv + t.g),
         score_(c, t_, s.score),
-        softmax_(s, t.rows_p),
+        softmax_(s, t.rows_p, t.stride),
         prefetched_(t.j_begin + c.key_block) {
-    if (with_pv) std::fill(s.Ot.get(), s.Ot.get() + c.plan->Dv * t.rows_p, 0.0f);
+    if (with_pv) std::fill(s.Ot.get(), s.Ot.get() + c.plan->Dv * t.stride, 0.0f);
   }
   WideTile(const WideTile&) = delete;
   WideTile& operator=(const WideTile&) = delete;
@@ -227,59 +289,65 @@ class WideTile {
   void Run(std::int64_t j_from, std::int64_t j_to) {
     ForEachKeyBlock(c_, t_, j_from, j_to, [&](const KeyBlock& kb) { Block(kb); });
   }
-  OutputRows output() const { return {s_.Ot.get(), 1, t_.rows_p}; }
+  OutputRows output() const { return {s_.Ot.get(), 1, t_.stride}; }
 
  private:
   void Block(const KeyBlock& kb) {
     const AttentionPlan& p = *c_.plan;
-    const std::int64_t R = t_.rows_p, ks = PackedStride(p.D);
+    const std::int64_t R = t_.stride, ks = s_.Kp->stride();
     float* St = s_.St.get();
     Prefetch(kb.j0);
     score_.SetBlock(kb.j0, kb.nk);
     // S <- Q K^T (transposed: St[jj][r] = <k_{j0+jj}, q_r>, rows lo .. hi−1)
-    PackKeyRows(keys_, kb.j0, kb.nk, ks, s_.Kp.get());
-    score_.ZeroHiddenRows(s_.Kp.get(), ks, kb.nk);
-    Gemm(kb.nk, kb.hi - kb.lo, p.D, s_.Kp.get(), ks, 1, s_.Qt.get() + kb.lo, R, St + kb.lo, R,
-         false);
+    float* Kp = s_.Kp->Get(keys_, head_, kb.j0, kb.nk);
+    score_.ZeroHiddenRows(Kp, ks, kb.nk);
     const ValueBlock v = with_pv_ ? Values(kb) : ValueBlock{};
     const bool careful = with_pv_ && CarefulPV(score_, v, p.Dv, kb.nk);
-    const bool rescale = softmax_.Step(St, kb.nk, kb.lo, kb.hi, score_, careful);
-    if (!with_pv_) return;
-    // O <- diag(exp(m − m_new))·O + P V (transposed: Ot[dv][r]); the
-    // rescale is skipped when no row's max moved (every factor exactly 1)
+    // One strip of the micro-kernel's width at a time: its scores stay in L1
+    // from Q·K^T through the softmax to P·V.
+    const std::int64_t strip = StripWidth();
+    for (std::int64_t lo = kb.lo; lo < kb.hi; lo += strip) {
+      const std::int64_t hi = std::min(kb.hi, lo + strip);
+      Gemm(kb.nk, hi - lo, p.D, Kp, ks, 1, s_.Qt.get() + lo, R, St + lo, R, false);
+      const bool rescale = softmax_.Step(St, kb.nk, lo, hi, score_, careful);
+      if (with_pv_) AddValues(kb.nk, lo, hi, v, careful, rescale);
+    }
+  }
+  /// O <- diag(2^(m − m_new))·O + P V (transposed: Ot[dv][r]) for the rows
+  /// in the columns [lo, hi), the rescale only for the vectors of rows whose
+  /// m moved (elsewhere every factor is 1).
+  void AddValues(std::int64_t nk, std::int64_t lo, std::int64_t hi, const ValueBlock& v,
+                 bool careful, bool rescale) {
     const DF d;
+    const std::int64_t R = t_.stride, Dv = c_.plan->Dv;
     float* Ot = s_.Ot.get();
-    for (std::int64_t dv = 0; rescale && dv < p.Dv; ++dv) {
-      for (std::int64_t r0 = kb.lo; r0 < kb.hi; r0 += Lanes()) {
-        hn::StoreU(hn::Mul(hn::LoadU(d, Ot + dv * R + r0), hn::LoadU(d, softmax_.alpha() + r0)), d,
-                   Ot + dv * R + r0);
+    float* St = s_.St.get();
+    for (std::int64_t r0 = lo; rescale && r0 < hi; r0 += Lanes()) {
+      if (!softmax_.rescaled(r0)) continue;
+      const VF a = hn::LoadU(d, softmax_.alpha() + r0);
+      for (std::int64_t dv = 0; dv < Dv; ++dv) {
+        hn::StoreU(hn::Mul(hn::LoadU(d, Ot + dv * R + r0), a), d, Ot + dv * R + r0);
       }
     }
     // P is B here (its own marks)
-    ForEachRun(v.rows, v.j0, kb.nk, [&](std::int64_t jj, std::int64_t n, const float* rows) {
-      float* P = St + jj * R + kb.lo;
-      GemmCareful<Skip::by_b>(careful, p.Dv, kb.hi - kb.lo, n, rows, 1, v.rows.stride, P, R,
-                              Ot + kb.lo, R, true, P);
-    });
+    GemmCareful<Skip::by_b>(careful, Dv, hi - lo, nk, v.rows.base, 1, v.rows.stride, St + lo, R,
+                            Ot + lo, R, true, St + lo);
   }
-  /// The block's V rows: in place (P·V reads one V row per step, see
-  /// attention_tile-inl.h), packed where a padding key needs zeroing or the
-  /// rows span blocks of a paged cache (a product per block would reload
-  /// the whole running output each time).
+  /// The block's V rows, packed (see PackedRows in attention_tile-inl.h: a
+  /// paged cache's rows are gathered there), zero for a padding key.
   ValueBlock Values(const KeyBlock& kb) {
-    if (!score_.any_hidden() && values_.strided(kb.j0, kb.nk)) return {values_, kb.j0};
-    const std::int64_t vs = PackedStride(values_.width);
-    PackKeyRows(values_, kb.j0, kb.nk, vs, s_.Vp.get());
-    score_.ZeroHiddenRows(s_.Vp.get(), vs, kb.nk);
-    return {KeyRows{s_.Vp.get(), vs, values_.width}, 0};
+    float* Vp = s_.Vp->Get(values_, head_, kb.j0, kb.nk);
+    score_.ZeroHiddenRows(Vp, s_.Vp->stride(), kb.nk);
+    return {KeyRows{Vp, s_.Vp->stride(), values_.width}, 0};
   }
   /// Keeps the K and V rows of the next kPrefetchKeys keys on their way into
-  /// the cache while the block computes.
+  /// the cache while the block computes, where they are still to be packed.
   void Prefetch(std::int64_t j0) {
     const std::int64_t ahead = std::min(t_.j_end, j0 + c_.key_block + kPrefetchKeys);
     if (ahead <= prefetched_) return;
-    PrefetchRows(keys_, prefetched_, ahead - prefetched_);
-    if (with_pv_) PrefetchRows(values_, prefetched_, ahead - prefetched_);
+    const std::int64_t n = ahead - prefetched_;
+    if (s_.Kp->Missing(head_, prefetched_, n)) PrefetchRows(keys_, prefetched_, n);
+    if (with_pv_ && s_.Vp->Missing(head_, prefetched_, n)) PrefetchRows(values_, prefetched_, n);
     prefetched_ = ahead;
   }
 
@@ -288,6 +356,7 @@ class WideTile {
   ForwardScratch& s_;
   bool with_pv_;
   KeyRows keys_, values_;
+  std::int64_t head_;  ///< n·Hkv + g (sequence n): which packed rows are the tile's
   ScoreTransform score_;
   OnlineSoftmax softmax_;
   std::int64_t prefetched_;
@@ -339,7 +408,7 @@ class DecodeTile {
         keys_(c.keys(t.n, t.g)),
         values_(c.values(t.n, t.g)),
         score_(c, t_, s.score),
-        softmax_(s, t.rows_p) {
+        softmax_(s, t.rows_p, t.stride) {
     if (with_pv) std::fill(s.On.get(), s.On.get() + t.rows_p * Dvp_, 0.0f);
   }
   DecodeTile(const DecodeTile&) = delete;
@@ -354,7 +423,7 @@ class DecodeTile {
 
  private:
   void Block(const KeyBlock& kb) {
-    const std::int64_t R = t_.rows_p;
+    const std::int64_t R = t_.stride;
     // the rows of the tile in the block's columns (padding rows excluded)
     const std::int64_t r_end = std::min(kb.hi, t_.rows);
     float* St = s_.St.get();
@@ -364,10 +433,12 @@ class DecodeTile {
     const bool careful = with_pv_ && CarefulPV(score_, v, c_.plan->Dv, kb.nk);
     const bool rescale = softmax_.Step(St, kb.nk, kb.lo, kb.hi, score_, careful);
     if (!with_pv_) return;
-    // O <- diag(exp(m − m_new))·O + P V, On[r][dv] natural, rows as broadcasts
+    // O <- diag(2^(m − m_new))·O + P V, On[r][dv] natural, rows as
+    // broadcasts, the rescale only for the rows whose m moved
     const DF d;
     float* On = s_.On.get();
     for (std::int64_t r = kb.lo; rescale && r < r_end; ++r) {
+      if (softmax_.alpha()[r] == 1.0f) continue;
       const VF a = hn::Set(d, softmax_.alpha()[r]);
       for (std::int64_t x = 0; x < Dvp_; x += Lanes())
         hn::StoreU(hn::Mul(hn::LoadU(d, On + r * Dvp_ + x), a), d, On + r * Dvp_ + x);
@@ -383,7 +454,7 @@ class DecodeTile {
   /// S <- Q K^T by dot products along d, St[jj][r] for the rows lo .. r_end−1
   /// (zero in the padding rows up to hi, never stored).
   void Scores(const KeyBlock& kb, std::int64_t r_end) {
-    const std::int64_t R = t_.rows_p;
+    const std::int64_t R = t_.stride;
     float* St = s_.St.get();
     // (one row at a time: in place wherever the rows are, a paged cache too)
     const bool in_place = keys_.width == Dp_ && !score_.any_hidden();
@@ -437,49 +508,49 @@ inline void ForwardTileTransposed(const Call& c, const Tile& t, ForwardScratch& 
     WideTile(c, t, s, with_pv).Run(t.j_begin, t.j_end);
     return;
   }
-  const std::int64_t R = t.rows_p, D = c.plan->D, Dp = RoundUp(D, Lanes());
+  const std::int64_t R = t.stride, D = c.plan->D, Dp = RoundUp(D, Lanes());
   const float* Qt = s.Qt.get();
-  for (std::int64_t r = 0; r < R; ++r) {
+  for (std::int64_t r = 0; r < t.rows_p; ++r) {
     for (std::int64_t x = 0; x < Dp; ++x) s.Qn.get()[r * Dp + x] = x < D ? Qt[x * R + r] : 0.0f;
   }
   DecodeTile tile(c, t, s, with_pv, {kPrefetchKeys, t.j_end});
   tile.Run(t.j_begin, t.j_end);
   if (!with_pv) return;
   const OutputRows o = tile.output();
-  for (std::int64_t r = 0; r < R; ++r) {
+  for (std::int64_t r = 0; r < t.rows_p; ++r) {
     for (std::int64_t dv = 0; dv < c.plan->Dv; ++dv) s.Ot.get()[dv * R + r] = o.at(r, dv);
   }
 }
 
-/// The sinks of the rows r0 .. r0+N−1 (SPEC §2.7) merged into their softmax
-/// as one more partial sum with m = sink_h, l = 1 and no value (the key the
-/// sink is, property sink_equals_extra_key): m <- max(m, sink_h),
-/// a = exp(m_old − m), l <- l·a + exp(sink_h − m); the running output must
-/// be scaled by a. A row with no visible key gets m = sink_h, l = 1, a = 0.
-/// Padding rows keep their m and l (a = 1).
+/// The sinks of the rows r0 .. r0+N−1 (spec §2.7) merged into their softmax
+/// as one more partial sum with m = sink_h (in log2 units, sink_h·log2 e),
+/// l = 1 and no value (the key the sink is, property sink_equals_extra_key):
+/// m <- max(m, sink_h), a = 2^(m_old − m), l <- l·a + 2^(sink_h − m); the
+/// running output must be scaled by a. A row with no visible key gets
+/// m = sink_h, l = 1, a = 0. Padding rows keep their m and l (a = 1).
 HWY_INLINE void MergeSinks(const Call& c, const Tile& t, std::int64_t r0, VF& m, VF& l, VF& a) {
   const DF d;
   const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
   HWY_ALIGN float rows[kMaxFloatLanes];
   for (std::int64_t n = 0; n < Lanes(); ++n) {
     const std::int64_t r = r0 + n;
-    rows[n] = r < t.rows ? c.sinks[t.head(r)] : -std::numeric_limits<float>::infinity();
+    rows[n] = r < t.rows ? c.sinks[t.head(r)] * kLog2e : -std::numeric_limits<float>::infinity();
   }
   const VF sink = hn::Load(d, rows);
   const auto real = hn::Ne(sink, neg_inf);
   const VF m_new = hn::Max(m, sink);
-  const VF a_new = SoftmaxExp(d, hn::Sub(m, m_new));  // m = −inf: 0
-  l = hn::IfThenElse(real, hn::MulAdd(l, a_new, SoftmaxExp(d, hn::Sub(sink, m_new))), l);
+  const VF a_new = SoftmaxExp2(d, hn::Sub(m, m_new));  // m = −inf: 0
+  l = hn::IfThenElse(real, hn::MulAdd(l, a_new, SoftmaxExp2(d, hn::Sub(sink, m_new))), l);
   a = hn::IfThenElse(real, a_new, a);
   m = hn::IfThenElse(real, m_new, m);
 }
 
 /// inv[r] = a/l[r] (0 for a row with no visible key and no sink; a = 1, or
 /// the factor of MergeSinks with sinks) and, when lse is given,
-/// lse[r] = m[r] + log(l[r]) (−inf for such a row; the sink included). A
-/// row that sees a key with a NaN score has l = NaN: it counts as seen
-/// (NaN, as in the reference), not as a row with no visible key (0, no
-/// gradient).
+/// lse[r] = (m[r] + log2(l[r]))·ln 2 (−inf for such a row; the sink
+/// included). A row that sees a key with a NaN score has l = NaN: it counts
+/// as seen (NaN, as in the reference), not as a row with no visible key (0,
+/// no gradient).
 inline void FinishRows(const Call& c, const Tile& t, const ForwardScratch& s, float* inv,
                        float* lse) {
   const DF d;
@@ -495,10 +566,11 @@ inline void FinishRows(const Call& c, const Tile& t, const ForwardScratch& s, fl
     if (lse != nullptr) {
       // Log of the other lanes is never used; feed it 1 to keep it quiet.
       const auto positive = hn::Gt(l, zero);
-      const VF lg = hn::Log(d, hn::IfThenElse(positive, l, hn::Set(d, 1.0f)));
+      const VF lg = hn::Log2(d, hn::IfThenElse(positive, l, hn::Set(d, 1.0f)));
       // l = 0 (no visible key): −inf; l = NaN: NaN
       const VF other = hn::IfThenElse(seen, l, hn::Set(d, -std::numeric_limits<float>::infinity()));
-      hn::StoreU(hn::IfThenElse(positive, hn::Add(m, lg), other), d, lse + r0);
+      hn::StoreU(hn::IfThenElse(positive, hn::Mul(hn::Add(m, lg), hn::Set(d, kLn2)), other), d,
+                 lse + r0);
     }
   }
 }

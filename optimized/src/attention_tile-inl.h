@@ -14,10 +14,11 @@
 //     Ot[dv][r]  unnormalized output accumulator
 //
 // K and V are never transposed: the micro-kernel broadcasts their elements.
-// Q·Kᵀ broadcasts from kMR key rows at once, so K is copied per key block
-// into rows of an odd stride (rows a caller keeps 4 KiB apart would share a
-// cache set); P·V broadcasts consecutive elements of one V row per step, so
-// wide tiles read V in place (a copy only where padding keys must be zeroed).
+// Q·Kᵀ broadcasts from kMR key rows at once and P·V from one V row per key
+// of a block, so both are copied per key block into rows of an odd stride
+// (rows a caller keeps 4 KiB apart would share a cache set, and P·V walks
+// the rows of its block once per micro-tile). The lines of Qt, St and Ot lie
+// an odd number of cache lines apart too (LineStride).
 // The running max / sum of the online softmax are vectors over N rows, and
 // no horizontal reduction is needed. Decode tiles take vectors along d
 // instead (DecodeTile, attention_forward_tile-inl.h). Only buffers owned
@@ -45,6 +46,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <vector>
 
 #include "buffer.hpp"
@@ -63,27 +65,35 @@ inline constexpr std::int64_t kPrefetchKeys = 256;
 // ---------------------------------------------------------------------------
 // exp for the softmax
 
-/// e^x for the softmax's arguments (x <= 0 up to rounding; −inf gives 0):
-/// e^x = 2^n·2^f with n = round(x·log2 e), |f| <= 1/2, 2^f by its degree-6
-/// Taylor polynomial (truncation < 1.3e-7 relative). The rounding of x·log2 e
-/// adds at most |x|·6e-8 relative error, so a probability e^x keeps about 6
-/// correct digits even at x = −87; below that it is 0. About half the work
-/// of hn::Exp, which also handles large positive x (not needed here).
-HWY_INLINE VF SoftmaxExp(DF d, VF x) {
+/// log2 e and ln 2: the softmax runs in base 2 (scores x = s·log2 e, p = 2^x).
+inline constexpr float kLog2e = 1.44269504088896341f;
+inline constexpr float kLn2 = 0.69314718055994531f;
+
+/// 2^x for the softmax's arguments in log2 units (x <= 0 up to rounding, or
+/// up to OnlineSoftmax::kRescaleAbove; −inf gives 0, NaN stays NaN):
+/// 2^x = 2^n·2^f with n = round(x), |f| <= 1/2, 2^f by a degree-5 polynomial
+/// with constant term 1, fitted to the relative error on [−1/2, 1/2] (below
+/// 9.2e-8, 1.8e-7 with the float rounding of its evaluation). The constant 1
+/// makes 2^0 exactly 1: a row's own maximum gets probability 1 before the
+/// division by l, so a row with one visible key reproduces v and its dS is 0
+/// exactly, as in the reference. n
+/// is rounded by adding 1.5·2^23 + 127, which leaves n + 127 in the low bits
+/// of the sum: shifted into the exponent field, they make 2^n. Below −126
+/// (a subnormal 2^n) the result is 0. About a third of the work of hn::Exp,
+/// which also handles large positive x (not needed here).
+HWY_INLINE VF SoftmaxExp2(DF d, VF x) {
   const hn::RebindToSigned<DF> di;
-  const VF t = hn::Mul(x, hn::Set(d, 1.44269504088896341f));
-  const VF n = hn::Round(hn::Max(t, hn::Set(d, -126.0f)));
-  const VF f = hn::Sub(t, n);
-  VF p = hn::Set(d, 1.5403530393381606e-4f);
-  p = hn::MulAdd(p, f, hn::Set(d, 1.3333558146428443e-3f));
-  p = hn::MulAdd(p, f, hn::Set(d, 9.6181291076284772e-3f));
-  p = hn::MulAdd(p, f, hn::Set(d, 5.5504108664821580e-2f));
-  p = hn::MulAdd(p, f, hn::Set(d, 2.4022650695910071e-1f));
-  p = hn::MulAdd(p, f, hn::Set(d, 6.9314718055994531e-1f));
+  const VF magic = hn::Set(d, 12582912.0f + 127.0f);
+  const VF biased = hn::Add(x, magic);  // 1.5·2^23 + 127 + round(x)
+  const VF f = hn::Sub(x, hn::Sub(biased, magic));
+  VF p = hn::Set(d, 1.32647110e-3f);
+  p = hn::MulAdd(p, f, hn::Set(d, 9.67151206e-3f));
+  p = hn::MulAdd(p, f, hn::Set(d, 5.55073395e-2f));
+  p = hn::MulAdd(p, f, hn::Set(d, 2.40222424e-1f));
+  p = hn::MulAdd(p, f, hn::Set(d, 6.93147004e-1f));
   p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
-  const auto bits = hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127)));
-  const VF y = hn::Mul(p, hn::BitCast(d, bits));
-  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.0f)), y);
+  const VF two_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, biased)));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -126.0f)), hn::Mul(p, two_n));
 }
 
 // ---------------------------------------------------------------------------
@@ -115,6 +125,16 @@ struct KeyRows {
   /// block can be read in place (always, but across a paged cache's blocks).
   bool strided(std::int64_t j0, std::int64_t n) const { return n <= run(j0); }
 };
+
+/// Distance between consecutive lines of an owned buffer the micro-kernel
+/// reads a column strip of (a tile's transposed Qt[d], St[jj], Ot[dv], the
+/// backward's rows of Q and dO), n floats wide (whole vectors): n, plus one
+/// vector where n is a multiple of 32 floats. Lines 2^k cache lines apart
+/// would put the strip's many lines into a few cache sets; an odd number of
+/// cache lines spreads it over all of them.
+inline std::int64_t LineStride(std::int64_t n) {
+  return n % 32 == 0 ? n + Lanes() : n;
+}
 
 /// Calls f(jj, n, rows) for the runs of keys j0 + jj .. j0 + jj + n − 1 of
 /// the block [j0, j0 + nk) whose rows lie rows.stride apart from `rows`
@@ -164,6 +184,7 @@ struct Call {
   std::int64_t block_q = 1;     ///< queries per tile
   std::int64_t max_rows = 1;    ///< G·block_q
   std::int64_t max_rows_p = 1;  ///< max_rows rounded up to whole vectors
+  std::int64_t max_stride = 1;  ///< LineStride(max_rows_p)
   std::int64_t window = 0;      ///< w, capped at Sk + Sq (no key lies further back)
   std::int64_t key_block = 1;   ///< Geometry::key_block
   std::int64_t edge_block = 1;  ///< Geometry::edge_block
@@ -174,6 +195,10 @@ struct Call {
   bool decode = false;
   float scale = 1.0f;
   float softcap = 0.0f;
+  /// The factor the packed queries carry: scale·log2 e without a softcap,
+  /// so that a raw dot product is already the score in log2 units (see
+  /// ScoreTransform); 1 with one (tanh needs scale·<q, k> itself).
+  float q_scale = 1.0f;
 
   Call(const AttentionPlan& p, const AttentionInputs<float>& in, const Geometry& geo)
       : plan(&p), geometry(&geo), key_block(geo.key_block), edge_block(geo.edge_block) {
@@ -193,8 +218,16 @@ struct Call {
     const std::int64_t rows_aimed = banded() ? geo.rows_per_tile_banded : geo.rows_per_tile;
     block_q = std::max<std::int64_t>(1, rows_aimed / G);
     block_q = std::min(block_q, max_Sq);
+    // As many tiles as the longest sequence takes, of about equal size
+    // (whole vectors of rows where the group allows): no short last tile
+    // that computes at a fraction of the rate, and shares a thread's time
+    // unevenly.
+    const std::int64_t tiles = (max_Sq + block_q - 1) / block_q;
+    const std::int64_t align = Lanes() / std::gcd(G, Lanes());
+    block_q = std::min(block_q, RoundUp((max_Sq + tiles - 1) / tiles, align));
     max_rows = G * block_q;
     max_rows_p = RoundUp(max_rows, Lanes());
+    max_stride = LineStride(max_rows_p);
     first_qblock.assign(1, 0);
     for (const AttentionSeq& s : seqs) {
       first_qblock.push_back(first_qblock.back() + (s.Sq + block_q - 1) / block_q);
@@ -214,6 +247,7 @@ struct Call {
     }
     scale = static_cast<float>(p.scale);
     softcap = static_cast<float>(p.softcap);
+    q_scale = softcap > 0.0f ? 1.0f : static_cast<float>(p.scale * static_cast<double>(kLog2e));
   }
 
   /// Causal and sliding-window masks: each row sees a band of keys.
@@ -283,9 +317,10 @@ struct Call {
 /// The query rows of one tile: sequence n, kv head g, its queries i0 ..
 /// i0+nq−1 (local to the sequence) of the G query heads h = g·G + gi; row
 /// r = qi·G + gi. rows_p = rows rounded up to whole vectors (the padding
-/// rows are zero and never stored).
+/// rows are zero and never stored); stride = LineStride(rows_p), the line
+/// length of the tile's transposed buffers.
 struct Tile {
-  std::int64_t n = 0, b = 0, g = 0, G = 1, i0 = 0, nq = 0, rows = 0, rows_p = 0;
+  std::int64_t n = 0, b = 0, g = 0, G = 1, i0 = 0, nq = 0, rows = 0, rows_p = 0, stride = 0;
   std::int64_t Sq = 0, Sk = 0, q_offset = 0;  ///< the lengths of sequence n
   std::int64_t j_begin = 0, j_end = 0;        ///< keys any row of the tile may see
 
@@ -299,6 +334,7 @@ struct Tile {
     nq = std::min(c.block_q, Sq - i0);
     rows = nq * G;
     rows_p = RoundUp(rows, Lanes());
+    stride = LineStride(rows_p);
     // Blocks that causal or sliding-window masks hide for every row are
     // skipped wholesale: a = q_offset + i is the key position of query i.
     const std::int64_t a_first = q_offset + i0, a_last = q_offset + i0 + nq - 1;
@@ -398,6 +434,57 @@ inline void PackKeyRows(const KeyRows& rows, std::int64_t j0, std::int64_t nk, s
   }
 }
 
+/// The packed K (or V) rows a thread's wide tiles read (PackKeyRows, row
+/// stride PackedStride(width)), kept for the whole key range of one (batch,
+/// kv head) when that fits kHeadBytes: the next tile of the same head then
+/// reads them as they are, where packing per tile would fetch every K and V
+/// row again from memory (rows a caller keeps 4 KiB apart, which the
+/// hardware prefetchers do not follow) for every tile of query rows. Heads
+/// beyond 8 MiB each for K and V (16384 keys at D = 128) are packed block by
+/// block: a thread's scratch stays O(Sk·D), and a backward there (whose dK
+/// and dV sums take 16 MiB a thread) within 64 MiB on two threads.
+class PackedRows {
+ public:
+  static constexpr std::int64_t kHeadBytes = std::int64_t{8} << 20;
+
+  /// For heads of up to max_keys keys of `width` floats, blocks of up to
+  /// key_block keys.
+  PackedRows(std::int64_t max_keys, std::int64_t width, std::int64_t key_block)
+      : stride_(PackedStride(width)),
+        whole_head_(max_keys * stride_ * static_cast<std::int64_t>(sizeof(float)) <= kHeadBytes),
+        rows_((whole_head_ ? max_keys : key_block) * stride_, Buffer::Init::uninitialized) {}
+
+  std::int64_t stride() const { return stride_; }
+  /// Rows j0 .. j0+nk−1 of `rows`, those of (batch, kv head) `head`, packed:
+  /// the first row's address (row stride stride()).
+  float* Get(const KeyRows& rows, std::int64_t head, std::int64_t j0, std::int64_t nk) {
+    if (!whole_head_) {
+      PackKeyRows(rows, j0, nk, stride_, rows_.get());
+      return rows_.get();
+    }
+    // [lo_, hi_) of `head_` are packed; extend it, or start over
+    if (head != head_ || j0 < lo_ || j0 > hi_) {
+      head_ = head;
+      lo_ = hi_ = j0;
+    }
+    if (j0 + nk > hi_) {
+      PackKeyRows(rows, hi_, j0 + nk - hi_, stride_, rows_.get() + hi_ * stride_);
+      hi_ = j0 + nk;
+    }
+    return rows_.get() + j0 * stride_;
+  }
+  /// Whether rows j0 .. j0+nk−1 of `head` need packing (a cache miss ahead).
+  bool Missing(std::int64_t head, std::int64_t j0, std::int64_t nk) const {
+    return !whole_head_ || head != head_ || j0 < lo_ || j0 + nk > hi_;
+  }
+
+ private:
+  std::int64_t stride_;
+  bool whole_head_;
+  Buffer rows_;
+  std::int64_t head_ = -1, lo_ = 0, hi_ = 0;
+};
+
 /// Asks for key rows j0 .. j0+nk−1 to be brought into the cache.
 inline void PrefetchRows(const KeyRows& rows, std::int64_t j0, std::int64_t nk) {
   constexpr std::int64_t kLine = 64 / sizeof(float);  // floats per cache line
@@ -422,34 +509,62 @@ struct ScoreScratch {
         bias_row(static_cast<std::size_t>(rows), -1) {}
 };
 
-/// Qt[d][r] = q_r[d] for the tile's rows, zero in the padding rows (the wide
-/// tile's layout, and the backward's).
-inline void PackQueriesTransposed(const Call& c, const Tile& t, float* Qt) {
-  const std::int64_t D = c.plan->D;
-  for (std::int64_t r = 0; r < t.rows; ++r) {
-    const float* src = t.q_row(c, r);
-    for (std::int64_t d = 0; d < D; ++d) Qt[d * t.rows_p + r] = src[d];
-  }
-  for (std::int64_t d = 0; d < D; ++d) {
-    for (std::int64_t r = t.rows; r < t.rows_p; ++r) Qt[d * t.rows_p + r] = 0.0f;
+/// A transposing copy moves kTransposeRows rows at a time, kTransposeWidth
+/// floats of each at a time, through a block held in L1: whole vectors
+/// between the block and the caller's rows, elements between the block and
+/// the tile's transposed buffer. The caller's rows are often a multiple of
+/// 4 KiB apart and not in cache, which the hardware prefetchers do not
+/// follow: element by element, too few of their cache lines would be in
+/// flight at once. (Rows written are also prefetched kTransposeAhead rows
+/// ahead, see StoreRows.)
+inline constexpr std::int64_t kTransposeRows = 8;
+inline constexpr std::int64_t kTransposeWidth = 256;
+inline constexpr std::int64_t kTransposeAhead = 2 * kTransposeRows;
+
+/// Dt[x·stride + r] = row(r)[x]·factor for x < width, r < t.rows, and zero in
+/// the padding rows up to t.rows_p: rows into a tile's transposed layout.
+template <class RowPtr>
+void PackTransposed(const Tile& t, std::int64_t width, RowPtr row, float factor, float* Dt) {
+  HWY_ALIGN float block[kTransposeRows][kTransposeWidth];
+  for (std::int64_t r0 = 0; r0 < t.rows_p; r0 += kTransposeRows) {
+    const std::int64_t n = std::min(kTransposeRows, t.rows_p - r0);
+    const std::int64_t real = std::clamp<std::int64_t>(t.rows - r0, 0, n);
+    for (std::int64_t x0 = 0; x0 < width; x0 += kTransposeWidth) {
+      const std::int64_t w = std::min(kTransposeWidth, width - x0);
+      for (std::int64_t i = 0; i < real; ++i) std::copy_n(row(r0 + i) + x0, w, block[i]);
+      for (std::int64_t x = 0; x < w; ++x) {
+        float* line = Dt + (x0 + x) * t.stride + r0;
+        for (std::int64_t i = 0; i < real; ++i) line[i] = block[i][x] * factor;
+        for (std::int64_t i = real; i < n; ++i) line[i] = 0.0f;
+      }
+    }
   }
 }
 
-/// Qn[r][x] = q_r[x] for the tile's rows (row stride Dp = D rounded up to
-/// whole vectors), zero beyond D and in the padding rows (the decode tile's
-/// layout).
+/// Qt[d][r] = q_r[d]·c.q_scale for the tile's rows, zero in the padding rows
+/// (the wide tile's layout, and the backward's).
+inline void PackQueriesTransposed(const Call& c, const Tile& t, float* Qt) {
+  PackTransposed(
+      t, c.plan->D, [&](std::int64_t r) { return t.q_row(c, r); }, c.q_scale, Qt);
+}
+
+/// Qn[r][x] = q_r[x]·c.q_scale for the tile's rows (row stride Dp = D
+/// rounded up to whole vectors), zero beyond D and in the padding rows (the
+/// decode tile's layout).
 inline void PackQueriesNatural(const Call& c, const Tile& t, float* Qn) {
   const std::int64_t D = c.plan->D, Dp = RoundUp(D, Lanes());
   for (std::int64_t r = 0; r < t.rows_p; ++r) {
     float* dst = Qn + r * Dp;
-    if (r < t.rows) std::copy(t.q_row(c, r), t.q_row(c, r) + D, dst);
-    std::fill(dst + (r < t.rows ? D : 0), dst + Dp, 0.0f);
+    const float* src = r < t.rows ? t.q_row(c, r) : nullptr;
+    for (std::int64_t x = 0; x < D && src != nullptr; ++x) dst[x] = src[x] * c.q_scale;
+    std::fill(dst + (src != nullptr ? D : 0), dst + Dp, 0.0f);
   }
 }
 
-/// Turns the raw dot products St[jj][r] = <q_r, k_j> of keys j = j0 + jj into
-/// scores: s = scale·<q, k>; s = c·tanh(s/c) (softcap c > 0; tanh(s/c) kept
-/// in `tanh_out` when given, for the backward); s −= m·|i + Sk − Sq − j|
+/// Turns the raw dot products St[jj][r] of keys j = j0 + jj (of the packed
+/// queries, see Call::q_scale) into scores in log2 units, x = s·log2 e:
+/// s = scale·<q, k>; s = c·tanh(s/c) (softcap c > 0; tanh(s/c) kept in
+/// `tanh_out` when given, for the backward); s −= m·|i + Sk − Sq − j|
 /// (ALiBi, slope m of the row's head and sequence, i and j local to the
 /// sequence); s += bias; s = −inf where the mask hides key j from row r.
 /// Row r's lanes are independent.
@@ -467,10 +582,11 @@ class ScoreTransform {
         terms_(c.softcap > 0.0f || c.slopes != nullptr || c.plan->mask == MaskKind::bias) {
     const AttentionPlan& p = *c.plan;
     if (c.slopes != nullptr) {
-      // row r: slope m of (sequence, head) and position i + Sk − Sq (0 in padding rows)
+      // row r: slope m·log2 e of (sequence, head), in log2 units as the
+      // scores, and position i + Sk − Sq (0 in padding rows)
       for (std::int64_t r = 0; r < t.rows_p; ++r) {
         const bool real = r < t.rows;
-        slope_[r] = real ? c.slopes[p.slope_at(t.n, t.head(r))] : 0.0f;
+        slope_[r] = real ? c.slopes[p.slope_at(t.n, t.head(r))] * kLog2e : 0.0f;
         position_[r] = real ? static_cast<float>(t.query(r) + t.Sk - t.Sq) : 0.0f;
       }
     }
@@ -525,18 +641,17 @@ class ScoreTransform {
     }
   }
   bool any_hidden() const { return hidden_keys_; }
-  float scale() const { return c_.scale; }
 
-  /// True when the current block needs nothing but the scale: no softcap,
-  /// no ALiBi, no bias, no row of the tile with a hidden key in it.
+  /// True when the raw dot products of the current block are its scores: no
+  /// softcap, no ALiBi, no bias, no row of the tile with a hidden key in it.
   bool plain() const { return !terms_ && !bounded_ && !hidden_keys_; }
   /// As plain(), for the rows r0 .. r0+N−1 alone.
   bool plain_at(std::int64_t r0) const {
     return !terms_ && !hidden_keys_ &&
            (!bounded_ || vec_bounded_[static_cast<std::size_t>(r0 / Lanes())] == 0);
   }
-  /// True when the block needs the scale and the causal / sliding-window
-  /// band only (the diagonal blocks of a plain causal call).
+  /// True when the block needs the causal / sliding-window band alone (the
+  /// diagonal blocks of a plain causal call).
   bool band_only() const { return !terms_ && bounded_ && !hidden_keys_; }
   /// The band of visible keys of rows r0 .. r0+N−1, relative to j0.
   HWY_INLINE void Band(std::int64_t r0, VF& lo, VF& hi) const {
@@ -545,19 +660,20 @@ class ScoreTransform {
     hi = hn::LoadU(d, hi_ + r0);
   }
 
-  /// Score of key j0 + jj for rows r0 .. r0+N−1 from the raw dot products.
+  /// Score of key j0 + jj for rows r0 .. r0+N−1 from the raw dot products,
+  /// in log2 units.
   HWY_INLINE VF operator()(VF raw, std::int64_t jj, std::int64_t r0, float* tanh_out) const {
     const DF d;
     const AttentionPlan& p = *c_.plan;
-    VF s = hn::Mul(raw, hn::Set(d, c_.scale));
+    VF s = raw;  // s·log2 e already, without a softcap (Call::q_scale)
     if (c_.softcap > 0.0f) {
-      // s = c·tanh(s/c)
-      const VF t = hn::Tanh(d, hn::Div(s, hn::Set(d, c_.softcap)));
-      if (tanh_out != nullptr) hn::StoreU(t, d, tanh_out + jj * t_.rows_p + r0);
-      s = hn::Mul(hn::Set(d, c_.softcap), t);
+      // s = c·tanh(scale·<q, k>/c), in log2 units
+      const VF t = hn::Tanh(d, hn::Div(hn::Mul(raw, hn::Set(d, c_.scale)), hn::Set(d, c_.softcap)));
+      if (tanh_out != nullptr) hn::StoreU(t, d, tanh_out + jj * t_.stride + r0);
+      s = hn::Mul(hn::Set(d, c_.softcap * kLog2e), t);
     }
     if (c_.slopes != nullptr) {
-      // s − m·|i + Sk − Sq − j|
+      // s − m·|i + Sk − Sq − j| (slope_ holds m·log2 e)
       const VF j = hn::Set(d, static_cast<float>(j0_ + jj));
       const VF distance = hn::Abs(hn::Sub(hn::LoadU(d, position_ + r0), j));
       s = hn::NegMulAdd(hn::LoadU(d, slope_ + r0), distance, s);
@@ -566,7 +682,7 @@ class ScoreTransform {
       // s + bias, and −inf where the bias hides the key (whatever s is)
       const VF bias = Bias(jj, r0);
       s = hn::IfThenElse(hn::Eq(bias, hn::Set(d, -std::numeric_limits<float>::infinity())), bias,
-                         hn::Add(s, bias));
+                         hn::MulAdd(bias, hn::Set(d, kLog2e), s));
     }
     if (bounded_) {
       s = hn::IfThenElse(InBand(jj, r0), s, hn::Set(d, -std::numeric_limits<float>::infinity()));
@@ -596,13 +712,13 @@ class ScoreTransform {
     return hidden;
   }
 
-  /// Rewrites the probabilities P[jj][r] (row stride rows_p) of key j0 + jj,
+  /// Rewrites the probabilities P[jj][r] (row stride t.stride) of key j0 + jj,
   /// jj < nk, for the rows r0 .. r0+N−1 with −0.0 where the key is hidden:
   /// the careful path's mark of a product to leave out (see Skip).
   HWY_INLINE void MarkHidden(float* P, std::int64_t nk, std::int64_t r0) const {
     const DF d;
     for (std::int64_t jj = 0; jj < nk; ++jj) {
-      float* at = P + jj * t_.rows_p + r0;
+      float* at = P + jj * t_.stride + r0;
       hn::StoreU(hn::IfThenElse(Hidden(jj, r0), hn::Set(d, -0.0f), hn::LoadU(d, at)), d, at);
     }
   }

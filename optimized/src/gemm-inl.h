@@ -188,6 +188,11 @@ inline HWY_NOINLINE void Gemm(std::int64_t M, std::int64_t NC, std::int64_t K, c
   }
 }
 
+/// Columns of C one pass of Gemm's micro-tiles covers (kNR vectors).
+inline std::int64_t StripWidth() {
+  return static_cast<std::int64_t>(kNR) * Lanes();
+}
+
 /// Gemm that, when `careful`, leaves out the products whose marks in H say
 /// hidden (kSkip) and otherwise forms every product: the careful path and
 /// the all-finite one share each call site.

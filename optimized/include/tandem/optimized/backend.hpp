@@ -58,11 +58,13 @@ struct Geometry {
   /// per-head tasks stream already: such calls split only with fewer than
   /// split_keys_contiguous_heads (batch, kv head) pairs (>= 0).
   /// split_keys_step in [1, 2^20]: keys per step of a task, each step
-  /// visiting the tiles of every kv head.
+  /// visiting the tiles of every kv head: few, so that the kv heads' parts of
+  /// a few K and V rows are read one after the other (all but sequential
+  /// memory, which the hardware prefetchers follow).
   std::int64_t split_keys_chunk = 0;
   std::int64_t split_keys_min_chunks = 2;
   std::int64_t split_keys_contiguous_heads = 4;
-  std::int64_t split_keys_step = 32;
+  std::int64_t split_keys_step = 8;
   ///@}
 
   ///@{

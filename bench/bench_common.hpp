@@ -185,6 +185,7 @@ std::string join_tag(const std::vector<std::pair<std::string, std::int64_t>>& pa
 
 void register_roofline();
 void register_attention();
+void register_features();
 void register_streaming();
 void register_block();
 

@@ -85,10 +85,6 @@ std::vector<Subject> correct_subjects() {
       s.thread_variants.push_back(optimized::backend(optimized::Options{t}));
     s.enter = [target] { optimized::force_target(target); };
     s.leave = [] { optimized::force_target(0); };
-    // The optimized kernels refuse sinks, ALiBi, packed and paged calls for
-    // now; set this to true when they implement them and every feature
-    // property runs on them too.
-    s.attention_features = false;
     out.push_back(s);
   }
 #endif

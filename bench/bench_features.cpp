@@ -24,10 +24,9 @@
 namespace tandem::bench {
 namespace {
 
-/// One side of a comparison: a dense shape and the feature it turns on.
-struct FeatureShape {
-  std::int64_t B = 1, H = 8, Hkv = 8, Sq = 0, Sk = 0, D = 128;
-  bool causal = false;
+/// One side of a comparison: a dense shape (D = Dv) and the feature it
+/// turns on.
+struct FeatureShape : AttnShape {
   bool packed = false;          ///< the B sequences packed as one batch entry
   bool sinks = false;           ///< a sink per head
   bool alibi = false;           ///< the standard ALiBi slopes
@@ -47,30 +46,9 @@ struct FeatureShape {
     p.alibi = alibi ? AlibiKind::per_head : AlibiKind::none;
     return p;
   }
-  /// FLOPs of one forward (2·D + 2·Dv per visible pair and head).
-  [[nodiscard]] double forward_flops() const {
-    double pairs = static_cast<double>(Sq) * static_cast<double>(Sk);
-    if (causal) {
-      const std::int64_t off = Sk > Sq ? Sk - Sq : 0;
-      pairs = 0;
-      for (std::int64_t i = 0; i < Sq; ++i) pairs += static_cast<double>(std::min(Sk, off + i + 1));
-    }
-    return static_cast<double>(B * H) * pairs * 4.0 * static_cast<double>(D);
-  }
   /// Bytes of K and V one call reads.
-  [[nodiscard]] double kv_bytes() const { return 8.0 * static_cast<double>(B * Sk * Hkv * D); }
-  /// "B4_H8_S1024_D128_causal" style (the dense side's tag, shared by both sides).
-  [[nodiscard]] std::string tag() const {
-    std::vector<std::pair<std::string, std::int64_t>> parts{{"B", B}, {"H", H}};
-    if (Hkv != H) parts.push_back({"Hkv", Hkv});
-    if (Sq == Sk) {
-      parts.push_back({"S", Sq});
-    } else {
-      parts.push_back({"Sq", Sq});
-      parts.push_back({"Sk", Sk});
-    }
-    parts.push_back({"D", D});
-    return join_tag(parts) + (causal ? "_causal" : "");
+  [[nodiscard]] double kv_bytes() const {
+    return 4.0 * static_cast<double>(B * Sk * Hkv * (D + Dv));
   }
 };
 

@@ -86,7 +86,7 @@ def numpy_attention(q, k, v, *, layout, mask, window, scale, softcap, bias=None,
         visible = visible & (key_padding != 0)[:, None, None, :]
     s = np.where(visible, s, -np.inf)
     m = np.zeros(s.shape[:-1] + (1,), q.dtype) if bug == "no_max" else \
-        np.max(np.where(visible, s, -np.inf), axis=-1, keepdims=True)
+        np.max(np.where(visible, s, -np.inf), axis=-1, keepdims=True, initial=-np.inf)
     sink = None if sinks is None else np.asarray(sinks, q.dtype)[None, :, None, None]
     if sink is not None and bug != "no_max":
         m = np.maximum(m, sink)

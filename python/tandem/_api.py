@@ -9,6 +9,8 @@ kernel with the GIL released. float32 runs `backend`; float64 runs the
 reference in double whatever `backend` says.
 """
 
+import math
+
 import numpy as np
 
 from . import _arrays as A
@@ -244,8 +246,7 @@ class _AttentionCall:
         A.same_dtype("dout", d, "q", self.like)
         shape = self.out_shape(self.params.seq_q, self.params.heads, self.params.v_head_dim)
         if self.rank != 4:
-            if d.size != self.params.batch * self.params.seq_q * self.params.heads * \
-                    self.params.v_head_dim:
+            if math.prod(d.shape) != math.prod(shape):
                 raise Error(f"dout.shape = {list(d.shape)} must have the shape of out", "dout")
             d = d.reshape(shape)
         return d if A.is_contiguous(d) else A.contiguous(d)

@@ -23,8 +23,8 @@ from torch import Tensor
 from . import _api, _ext
 from ._errors import Error
 
-__all__ = ["attention", "rope", "axial_rope", "swiglu", "attention_block",
-           "scaled_dot_product_attention"]
+__all__ = ["attention", "attention_with_kvcache", "rope", "axial_rope", "swiglu",
+           "attention_block", "scaled_dot_product_attention"]
 
 # ---------------------------------------------------------------------------
 # Attention: forward with log-sum-exp, backward from the saved state.
@@ -39,18 +39,36 @@ def _mask_kwargs(mask: Optional[Tensor], mask_kind: str, window: int):
     return {"mask": mask_kind, "window": window if mask_kind == "sliding_window" else None}
 
 
+def _feature_kwargs(sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k):
+    """tandem.attention's feature arguments (SPEC §2.7–2.9) of an op."""
+    return dict(sinks=sinks, alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
+                cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k)
+
+
+# The features are the ops' last arguments, with defaults, so that a call
+# without them reads as before: sinks [H] (differentiable), alibi_slopes
+# [H] or [n, H], cu_seqlens_q, cu_seqlens_k [n+1] and seqused_k [n] (packed
+# q [total_q, H, D], k, v [total_k, Hkv, D]).
 @torch.library.custom_op("tandem::attention", mutates_args=())
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], layout: str,
                   mask_kind: str, window: int, scale: Optional[float], softcap: float,
-                  backend: str) -> tuple[Tensor, Tensor]:
-    return _api.attention_forward_lse(q, k, v, layout=layout, scale=scale, softcap=softcap,
-                                      backend=backend, **_mask_kwargs(mask, mask_kind, window))
+                  backend: str, sinks: Optional[Tensor] = None,
+                  alibi_slopes: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
+                  cu_seqlens_k: Optional[Tensor] = None,
+                  seqused_k: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    return _api.attention_forward_lse(
+        q, k, v, layout=layout, scale=scale, softcap=softcap, backend=backend,
+        **_mask_kwargs(mask, mask_kind, window),
+        **_feature_kwargs(sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k))
 
 
 @_attention_op.register_fake
-def _(q, k, v, mask, layout, mask_kind, window, scale, softcap, backend):
-    # out [B,Sq,H,Dv] (bshd) or [B,H,Sq,Dv] (bhsd): q's first three axes and v's width
-    out = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+def _(q, k, v, mask, layout, mask_kind, window, scale, softcap, backend, sinks=None,
+      alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None):
+    # out [B,Sq,H,Dv] (bshd) or [B,H,Sq,Dv] (bhsd), packed [T,H,Dv]: q's axes and v's width
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    if q.dim() == 3:  # packed: lse [1, H, total_q]
+        return out, q.new_empty((1, q.shape[1], q.shape[0]))
     B, S, H = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bshd" else \
         (q.shape[0], q.shape[2], q.shape[1])
     return out, q.new_empty((B, H, S))
@@ -59,31 +77,48 @@ def _(q, k, v, mask, layout, mask_kind, window, scale, softcap, backend):
 @torch.library.custom_op("tandem::attention_backward", mutates_args=())
 def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], out: Tensor,
                            lse: Tensor, dout: Tensor, layout: str, mask_kind: str, window: int,
-                           scale: Optional[float], softcap: float,
-                           backend: str) -> tuple[Tensor, Tensor, Tensor]:
-    return _api.attention_backward_saved(q, k, v, out, lse, dout, layout=layout, scale=scale,
-                                         softcap=softcap, backend=backend,
-                                         **_mask_kwargs(mask, mask_kind, window))
+                           scale: Optional[float], softcap: float, backend: str,
+                           sinks: Optional[Tensor] = None,
+                           alibi_slopes: Optional[Tensor] = None,
+                           cu_seqlens_q: Optional[Tensor] = None,
+                           cu_seqlens_k: Optional[Tensor] = None,
+                           seqused_k: Optional[Tensor] = None
+                           ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dsinks); dsinks is empty ([0]) without sinks."""
+    grads = _api.attention_backward_saved(
+        q, k, v, out, lse, dout, layout=layout, scale=scale, softcap=softcap, backend=backend,
+        **_mask_kwargs(mask, mask_kind, window),
+        **_feature_kwargs(sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k))
+    return grads if sinks is not None else (*grads, q.new_empty((0,)))
 
 
 @_attention_backward_op.register_fake
-def _(q, k, v, mask, out, lse, dout, layout, mask_kind, window, scale, softcap, backend):
-    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
+def _(q, k, v, mask, out, lse, dout, layout, mask_kind, window, scale, softcap, backend,
+      sinks=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            q.new_empty((0,) if sinks is None else sinks.shape))
+
+
+_ATTENTION_ATTRS = 6  # layout, mask_kind, window, scale, softcap, backend
 
 
 def _attention_setup(ctx, inputs, output):
-    q, k, v, mask, layout, mask_kind, window, scale, softcap, backend = inputs
+    q, k, v, mask = inputs[:4]
+    features = tuple(inputs[4 + _ATTENTION_ATTRS:])
+    features += (None,) * (5 - len(features))  # sinks, alibi_slopes, cu_seqlens_q/k, seqused_k
     out, lse = output
-    ctx.save_for_backward(q, k, v, mask, out, lse)
-    ctx.attrs = (layout, mask_kind, window, scale, softcap, backend)
+    ctx.save_for_backward(q, k, v, mask, out, lse, *features)
+    ctx.attrs = tuple(inputs[4:4 + _ATTENTION_ATTRS])
     ctx.mark_non_differentiable(lse)
 
 
 def _attention_grad(ctx, dout, _dlse):
-    q, k, v, mask, out, lse = ctx.saved_tensors
-    dq, dk, dv = _attention_backward_op(q, k, v, mask, out, lse, dout, *ctx.attrs)
-    # the mask (keep or bias) gets no gradient; neither do the attributes
-    return dq, dk, dv, None, None, None, None, None, None, None
+    q, k, v, mask, out, lse, sinks, *features = ctx.saved_tensors
+    dq, dk, dv, dsinks = _attention_backward_op(q, k, v, mask, out, lse, dout, *ctx.attrs,
+                                                sinks, *features)
+    # the mask, ALiBi slopes and index inputs get no gradient; neither do the attributes
+    return (dq, dk, dv, None) + (None,) * _ATTENTION_ATTRS + \
+        (None if sinks is None else dsinks, None, None, None, None)
 
 
 _attention_op.register_autograd(_attention_grad, setup_context=_attention_setup)
@@ -105,13 +140,55 @@ def _mask_args(mask, window, bias, key_padding):
 
 
 def attention(q, k, v, *, layout="bshd", mask=None, window=None, scale=None, softcap=0.0,
-              bias=None, key_padding=None, backend="optimized"):
-    """tandem.attention on rank-4 torch tensors, differentiable in q, k and v
-    (the bias and key_padding get no gradient)."""
+              bias=None, key_padding=None, sinks=None, alibi_slopes=None, cu_seqlens_q=None,
+              cu_seqlens_k=None, seqused_k=None, backend="optimized"):
+    """tandem.attention on torch tensors (rank 4, or packed [total, H, D]
+    with cu_seqlens), differentiable in q, k, v and sinks (the bias,
+    key_padding, ALiBi slopes and index tensors get no gradient)."""
     m, kind, w = _mask_args(mask, window, bias, key_padding)
+    if alibi_slopes is not None:
+        alibi_slopes = torch.as_tensor(alibi_slopes).to(torch.float32)
     out, _ = _attention_op(q, k, v, m, layout, kind, w, None if scale is None else float(scale),
-                           float(softcap or 0.0), backend)
+                           float(softcap or 0.0), backend, sinks, alibi_slopes,
+                           _index(cu_seqlens_q), _index(cu_seqlens_k), _index(seqused_k))
     return out
+
+
+def _index(x):
+    """An index input as a tensor (int32 and int64 stay as they are)."""
+    return x if x is None or isinstance(x, Tensor) else torch.as_tensor(x)
+
+
+@torch.library.custom_op("tandem::attention_with_kvcache", mutates_args=())
+def _attention_with_kvcache_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
+                               cache_seqlens: Tensor, sinks: Optional[Tensor],
+                               alibi_slopes: Optional[Tensor], mask_kind: str, window: int,
+                               scale: Optional[float], softcap: float, backend: str) -> Tensor:
+    return _api.attention_with_kvcache(q, k_cache, v_cache, block_table, cache_seqlens,
+                                       mask=mask_kind,
+                                       window=window if mask_kind == "sliding_window" else None,
+                                       scale=scale, softcap=softcap, sinks=sinks,
+                                       alibi_slopes=alibi_slopes, backend=backend)
+
+
+@_attention_with_kvcache_op.register_fake
+def _(q, k_cache, v_cache, block_table, cache_seqlens, sinks, alibi_slopes, mask_kind, window,
+      scale, softcap, backend):
+    return q.new_empty((*q.shape[:-1], v_cache.shape[-1]))
+
+
+def attention_with_kvcache(q, k_cache, v_cache, block_table, cache_seqlens, *, mask=None,
+                           window=None, scale=None, softcap=0.0, sinks=None, alibi_slopes=None,
+                           backend="optimized"):
+    """tandem.attention_with_kvcache as a torch operator (inference: a paged
+    cache has no backward)."""
+    kind = mask if mask is not None else ("sliding_window" if window is not None else "none")
+    if alibi_slopes is not None:
+        alibi_slopes = torch.as_tensor(alibi_slopes).to(torch.float32)
+    return _attention_with_kvcache_op(q, k_cache, v_cache, _index(block_table),
+                                      _index(cache_seqlens), sinks, alibi_slopes, kind,
+                                      int(window or 0), None if scale is None else float(scale),
+                                      float(softcap or 0.0), backend)
 
 
 # ---------------------------------------------------------------------------

@@ -448,9 +448,11 @@ def _fast_sdpa(q, k, v, is_causal, scale, enable_gqa, backend):
 
 
 def sdpa_softcap(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                 enable_gqa=False, softcap=0.0, backend="optimized"):
+                 enable_gqa=False, softcap=0.0, backend="optimized", sinks=None):
     """scaled_dot_product_attention with tandem's logit softcap c > 0
-    (scores s -> c*tanh(s/c) before the mask is added) and a backend choice."""
+    (scores s -> c*tanh(s/c) before the mask is added), attention sinks
+    [Hq] (a logit per query head joining every softmax's denominator,
+    differentiable) and a backend choice."""
     if dropout_p != 0.0:
         raise Error(f"dropout_p = {dropout_p} must be 0 (tandem has no dropout)", "dropout_p")
     if query.dim() < 3:
@@ -460,14 +462,14 @@ def sdpa_softcap(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
         if mask is not None and mask.dim() >= 3:
             mask = mask.unsqueeze(-3)
         return sdpa_softcap(query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1), mask, 0.0,
-                            is_causal, scale, enable_gqa, softcap, backend).squeeze(1)
+                            is_causal, scale, enable_gqa, softcap, backend, sinks).squeeze(1)
     batch = tuple(query.shape[:-3])
     Hq, L, E = query.shape[-3:]
     H, S = key.shape[-3], key.shape[-2]
     if H != Hq and not (enable_gqa and H >= 1 and Hq % H == 0):
         raise Error(f"key.shape = {list(key.shape)} must have {Hq} heads (query's), or a divisor "
                     "of it with enable_gqa=True", "key.shape")
-    if attn_mask is None and not softcap:
+    if attn_mask is None and not softcap and sinks is None:
         out = _fast_sdpa(query, key, value, is_causal, scale, enable_gqa, backend)
         if out is not None:
             return out
@@ -478,8 +480,8 @@ def sdpa_softcap(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
     mask, kind = _sdpa_mask(attn_mask, is_causal, batch, N, Hq, L, S)
     sc = None if scale is None else float(scale)
     cap = float(softcap or 0.0)
-    if _needs_op(q, k, v):
-        out, _ = _attention_op(q, k, v, mask, "bhsd", kind, 0, sc, cap, backend)
+    if _needs_op(q, k, v) or sinks is not None:
+        out, _ = _attention_op(q, k, v, mask, "bhsd", kind, 0, sc, cap, backend, sinks)
     else:
         out = _api.attention(q, k, v, layout="bhsd", scale=sc, softcap=cap, backend=backend,
                              **_mask_kwargs(mask, kind, 0))

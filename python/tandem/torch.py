@@ -195,38 +195,46 @@ def attention_with_kvcache(q, k_cache, v_cache, block_table, cache_seqlens, *, m
 # RoPE, axial RoPE, SwiGLU: the backward is the op's own transpose kernel.
 
 
+# layout and positions (int32 or int64 position ids) are the last arguments,
+# with defaults, so that a call without them reads as before.
 @torch.library.custom_op("tandem::rope", mutates_args=())
 def _rope_op(x: Tensor, cos: Tensor, sin: Tensor, head_dim: Optional[int], n_rot: Optional[int],
-             style: str, table_rows: Optional[str], backward: bool, backend: str) -> Tensor:
+             style: str, table_rows: Optional[str], backward: bool, backend: str,
+             layout: Optional[str] = None, positions: Optional[Tensor] = None) -> Tensor:
     f = _api.rope_backward if backward else _api.rope
     return f(x, cos, sin, head_dim=head_dim, n_rot=n_rot, style=style, table_rows=table_rows,
-             backend=backend)
+             layout=layout, positions=positions, backend=backend)
 
 
 @_rope_op.register_fake
-def _(x, cos, sin, head_dim, n_rot, style, table_rows, backward, backend):
+def _(x, cos, sin, head_dim, n_rot, style, table_rows, backward, backend, layout=None,
+      positions=None):
     return x.new_empty(x.shape)
 
 
 def _rope_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[1], inputs[2])
-    ctx.attrs = inputs[3:]
+    positions = inputs[10] if len(inputs) > 10 else None
+    ctx.save_for_backward(inputs[1], inputs[2], positions)
+    ctx.attrs = tuple(inputs[3:9])
+    ctx.layout = inputs[9] if len(inputs) > 9 else None
 
 
 def _rope_grad(ctx, dy):
-    cos, sin = ctx.saved_tensors
+    cos, sin, positions = ctx.saved_tensors
     head_dim, n_rot, style, table_rows, backward, backend = ctx.attrs
-    dx = _rope_op(dy, cos, sin, head_dim, n_rot, style, table_rows, not backward, backend)
-    return dx, None, None, None, None, None, None, None, None
+    dx = _rope_op(dy, cos, sin, head_dim, n_rot, style, table_rows, not backward, backend,
+                  ctx.layout, positions)
+    return dx, None, None, None, None, None, None, None, None, None, None
 
 
 _rope_op.register_autograd(_rope_grad, setup_context=_rope_setup)
 
 
-def rope(x, cos, sin, *, head_dim=None, n_rot=None, style="neox", table_rows=None,
-         backend="optimized"):
+def rope(x, cos, sin, *, head_dim=None, n_rot=None, style="neox", table_rows=None, layout=None,
+         positions=None, backend="optimized"):
     """tandem.rope on torch tensors, differentiable in x (not in the tables)."""
-    return _rope_op(x, cos, sin, head_dim, n_rot, style, table_rows, False, backend)
+    return _rope_op(x, cos, sin, head_dim, n_rot, style, table_rows, False, backend, layout,
+                    _index(positions))
 
 
 @torch.library.custom_op("tandem::axial_rope", mutates_args=())

@@ -162,3 +162,19 @@ def test_float32_optimized_agrees_or_refuses(feature):
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd", "thd"])
+def test_rope_op_with_positions_passes_opcheck_and_gradcheck(layout):
+    shape = {"bshd": (2, 3, 2, 4), "bhsd": (2, 2, 3, 4), "thd": (6, 2, 4)}[layout]
+    x = randn(*shape)
+    angle = torch.rand(7, 2, dtype=torch.float64) * 6
+    cos, sin = angle.cos(), angle.sin()
+    pos = torch.randint(0, 7, (6,) if layout == "thd" else (2, 3), dtype=torch.int32)
+    torch.library.opcheck(torch.ops.tandem.rope.default,
+                          (x, cos, sin, None, None, "gptj", None, False, "reference", layout, pos))
+    assert torch.autograd.gradcheck(
+        lambda x: tt.rope(x, cos, sin, style="gptj", layout=layout, positions=pos,
+                          backend="reference"), (x.requires_grad_(),))
+    torch.testing.assert_close(tt.rope(x, cos, sin, layout=layout, positions=pos),
+                               tandem.rope(x, cos, sin, layout=layout, positions=pos))

@@ -2,8 +2,7 @@
 """The attention features (sinks, ALiBi, packed sequences, paged KV caches)
 and RoPE by position ids and layouts, against NumPy formulas written here
 (and in kernels.py); their gradients against finite differences; their
-errors. Every case runs on the reference; the optimized backend either
-agrees or refuses a feature it does not implement yet with tandem.Error."""
+errors. Every case runs on both backends."""
 
 import numpy as np
 import pytest
@@ -14,7 +13,6 @@ from kernels import numpy_attention, numpy_rope
 
 rng = np.random.default_rng(11)
 BACKENDS = ["reference", "optimized"]
-REFUSAL = "is not supported by the optimized backend"
 
 
 def randn(*shape, dtype=np.float32):
@@ -22,14 +20,8 @@ def randn(*shape, dtype=np.float32):
 
 
 def run(f, *args, backend, **kwargs):
-    """f(*args, backend=backend, **kwargs); skips when the optimized backend
-    refuses the feature (the documented tandem.Error)."""
-    try:
-        return f(*args, backend=backend, **kwargs)
-    except tandem.Error as e:
-        if backend == "optimized" and REFUSAL in str(e):
-            pytest.skip(f"optimized backend: {e}")
-        raise
+    """f(*args, backend=backend, **kwargs)."""
+    return f(*args, backend=backend, **kwargs)
 
 
 def plain(layout="bshd", mask="none", window=0, scale=None, softcap=0.0):

@@ -47,7 +47,7 @@ REPORT_OPTS = --build $(BUILD) --out $(REPORT_OUT) \
   $(if $(THREADS),--threads $(THREADS)) $(if $(SCALING_THREADS),--scaling-threads $(SCALING_THREADS)) \
   $(if $(PEERS),--peers $(PEERS)) $(REPORT_FLAGS)
 
-report: configure
+report: configure peers
 	cmake --build $(BUILD) -j$(JOBS) --target tandem_report_programs
 	/usr/bin/python3 bench/report/report.py --preset standard $(REPORT_OPTS)
 
@@ -56,7 +56,8 @@ report-quick: configure
 	cmake --build $(BUILD) -j$(JOBS) --target tandem_report_programs
 	/usr/bin/python3 bench/report/report.py --preset quick --strict $(REPORT_OPTS)
 
-## The peer libraries the report compares against, in .venv-peers/ (from PyPI).
+## The peer libraries the report compares against, in .venv-peers/ (from PyPI;
+## `make report` runs it first, a no-op once installed; PEERS=none skips it).
 peers:
 	bench/peers/setup.sh .venv-peers
 

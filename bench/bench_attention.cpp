@@ -18,67 +18,6 @@
 namespace tandem::bench {
 namespace {
 
-struct AttnShape {
-  std::int64_t B = 1, H = 8, Hkv = 8, Sq = 0, Sk = 0, D = 128, Dv = 128;
-  bool causal = false;
-
-  [[nodiscard]] AttentionPlan plan() const {
-    AttentionParams p;
-    p.batch = B;
-    p.seq_q = Sq;
-    p.seq_k = Sk;
-    p.heads = H;
-    p.kv_heads = Hkv;
-    p.head_dim = D;
-    p.v_head_dim = Dv;
-    p.layout = Layout::bshd;
-    p.mask = causal ? MaskKind::causal : MaskKind::none;
-    return AttentionPlan::make(p);
-  }
-
-  /// Number of visible (i, j) pairs of one (b, h).
-  [[nodiscard]] double visible_pairs() const {
-    if (!causal) return static_cast<double>(Sq) * static_cast<double>(Sk);
-    const std::int64_t off = Sk > Sq ? Sk - Sq : 0;
-    double pairs = 0.0;
-    for (std::int64_t i = 0; i < Sq; ++i) pairs += static_cast<double>(std::min(Sk, off + i + 1));
-    return pairs;
-  }
-
-  [[nodiscard]] double forward_flops() const {
-    return static_cast<double>(B * H) * visible_pairs() * 2.0 * static_cast<double>(D + Dv);
-  }
-
-  [[nodiscard]] std::string tag() const {
-    std::vector<std::pair<std::string, std::int64_t>> parts{{"B", B}, {"H", H}};
-    if (Hkv != H) parts.push_back({"Hkv", Hkv});
-    if (Sq == Sk) {
-      parts.push_back({"S", Sq});
-    } else {
-      parts.push_back({"Sq", Sq});
-      parts.push_back({"Sk", Sk});
-    }
-    parts.push_back({"D", D});
-    if (Dv != D) parts.push_back({"Dv", Dv});
-    return join_tag(parts) + (causal ? "_causal" : "");
-  }
-
-  void describe(Spec& s) const {
-    s.params["B"] = static_cast<double>(B);
-    s.params["H"] = static_cast<double>(H);
-    s.params["Hkv"] = static_cast<double>(Hkv);
-    s.params["Sq"] = static_cast<double>(Sq);
-    s.params["Sk"] = static_cast<double>(Sk);
-    s.params["D"] = static_cast<double>(D);
-    s.params["Dv"] = static_cast<double>(Dv);
-    s.params["causal"] = causal ? 1.0 : 0.0;
-    s.params["scores_bytes"] =
-        static_cast<double>(B * H) * static_cast<double>(Sq) * static_cast<double>(Sk) * 4.0;
-    s.params["io_bytes"] =
-        4.0 * static_cast<double>(B) * static_cast<double>(Sq * H * (D + Dv) + Sk * Hkv * (D + Dv));
-  }
-};
-
 AttnShape square(std::int64_t S, std::int64_t D, bool causal, std::int64_t B = 1,
                  std::int64_t H = 8) {
   AttnShape a;

@@ -285,6 +285,7 @@ int main(int argc, char** argv) {
   parse_flags(&argc, argv);
   register_roofline();
   register_attention();
+  register_features();
   register_streaming();
   register_block();
   if (config().print_plan) {

@@ -81,10 +81,6 @@ Subject optimized_subject(std::int64_t target, const std::string& name,
     s.thread_variants.push_back(optimized::backend(optimized::Options{t, geo}));
   s.enter = [target] { optimized::force_target(target); };
   s.leave = [] { optimized::force_target(0); };
-  // The optimized kernels refuse sinks, ALiBi, packed and paged calls for
-  // now; set this to true when they implement them and every feature
-  // property runs on them too.
-  s.attention_features = false;
   return s;
 }
 
@@ -140,16 +136,15 @@ std::vector<Subject> correct_subjects() {
 #ifdef TANDEM_HAVE_OPTIMIZED
   const std::vector<std::int64_t> targets = optimized::supported_targets();
   for (std::int64_t target : targets) {
-    out.push_back(
-        optimized_subject(target, "optimized_" + optimized::target_name(target), {}));
+    out.push_back(optimized_subject(target, "optimized_" + optimized::target_name(target), {}));
   }
   // The small geometries at every target too: the geometry's logic is the
   // same at every target but for the lane count, which sets the padding of a
   // tile's rows and which tiles fit one vector, and the micro-kernel's rows.
   for (std::int64_t target : targets) {
     for (const auto& [name, geo] : small_geometries()) {
-      Subject s =
-          optimized_subject(target, "optimized_" + optimized::target_name(target) + "_" + name, geo);
+      Subject s = optimized_subject(
+          target, "optimized_" + optimized::target_name(target) + "_" + name, geo);
       s.attention_only = true;
       out.push_back(s);
     }

@@ -4,15 +4,20 @@
 // from 2 chunks on a 12-key cache, forced backward query parts, the wide
 // tile forced on decode steps and the decode tile forced on wide ones, so
 // that cases of a dozen keys cross every block, tile, chunk and part
-// boundary. Each call agrees with the reference backend to float rounding
-// and is bitwise the same at 1, 2 and 3 threads, on every Highway target;
+// boundary, the attention features among them (sinks, ALiBi, packed
+// sequences with padding and empty sequences, paged caches of blocks of 2 to
+// 4 keys, their unused slots NaN). Each call agrees with the reference
+// backend to float rounding and is bitwise the same at 1, 2 and 3 threads,
+// on every Highway target;
 // every geometry changes some result bits against the default one (the
 // setting reaches the kernels). Bad geometries are errors naming the field.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -27,6 +32,7 @@ namespace {
 
 namespace opt = tandem::optimized;
 namespace test = tandem::test;
+using tandem::AlibiKind;
 using tandem::AttentionParams;
 using tandem::AttentionPlan;
 using tandem::Layout;
@@ -104,7 +110,34 @@ std::vector<NamedGeometry> geometries() {
 struct Case {
   std::string name;
   AttentionParams params;
+  /// Packed sequences: cu_seqlens_q, cu_seqlens_k and seqused_k (or empty).
+  std::vector<std::int64_t> cu_q = {}, cu_k = {}, used = {};
+  /// A paged cache: block_table `[B, max_blocks]` (−1 past each length) and cache_seqlens `[B]`.
+  std::vector<std::int32_t> table = {}, lens = {};
 };
+
+/// P(...) with sinks and ALiBi as asked.
+AttentionParams with(AttentionParams p, bool sinks, AlibiKind alibi) {
+  p.sinks = sinks;
+  p.alibi = alibi;
+  return p;
+}
+
+/// P(...) for n packed sequences of total_q queries and total_k keys.
+AttentionParams packed(AttentionParams p, std::int64_t n) {
+  p.num_seqs = n;
+  return p;
+}
+
+/// P(B, Sq, 0, ...) over a paged cache of `blocks` blocks of `size` keys, `width` per table row.
+AttentionParams paged(AttentionParams p, std::int64_t blocks, std::int64_t size,
+                      std::int64_t width) {
+  p.seq_k = 0;
+  p.num_blocks = blocks;
+  p.block_size = size;
+  p.max_blocks = width;
+  return p;
+}
 
 /// Shapes of a dozen keys: decode steps, prefill, every mask kind, GQA and
 /// MQA, both layouts, strided rows, Dv != D, softcap.
@@ -127,20 +160,77 @@ std::vector<Case> cases() {
     p.q_row_stride = p.k_row_stride = p.v_row_stride = 3 * 2 * 4 + 1;  // one fused row
     c.push_back({"fused_rows_causal", p});
   }
+  // the features
+  constexpr AlibiKind per_head = AlibiKind::per_head, per_batch_head = AlibiKind::per_batch_head;
+  c.push_back({"sinks_gqa_causal",
+               with(P(2, 5, 12, 4, 2, 8, 0, Layout::bshd, causal), true, AlibiKind::none)});
+  c.push_back({"sinks_alibi_decode", with(P(2, 1, 13, 6, 2, 8), true, per_head)});
+  {
+    AttentionParams p = P(1, 7, 12, 4, 2, 6, 0, Layout::bhsd, sliding_window, 4);
+    p.softcap = 3.0;
+    c.push_back({"alibi_window_softcap_bhsd", with(p, false, per_batch_head)});
+  }
+  // sequences of 4, 0 and 6 queries over 5 (of 6), 3 and 4 (of 5) keys
+  c.push_back(
+      {"packed3_causal_padding",
+       with(packed(P(1, 10, 14, 4, 2, 8, 0, Layout::bshd, causal), 3), true, per_batch_head),
+       {0, 4, 4, 10},
+       {0, 6, 9, 14},
+       {5, 3, 4}});
+  // decode steps of 3 sequences, one without keys
+  c.push_back({"packed3_decode_window",
+               with(packed(P(1, 3, 25, 4, 1, 8, 4, Layout::bshd, sliding_window, 5), 3), true,
+                    AlibiKind::none),
+               {0, 1, 2, 3},
+               {0, 12, 12, 25}});
+  c.push_back({"paged_decode_blocks3",
+               with(paged(P(2, 1, 0, 4, 2, 8), 12, 3, 5), true, per_batch_head),
+               {},
+               {},
+               {},
+               {7, 2, 9, 0, 4, 3, 11, 5, -1, -1},
+               {13, 7}});
+  {
+    // chunked prefill, one entry's cache shorter than the chunk; strided slots
+    AttentionParams p = paged(P(2, 3, 0, 2, 1, 5, 7, Layout::bshd, causal), 9, 4, 4);
+    p.k_row_stride = 8;
+    p.v_row_stride = 9;
+    c.push_back({"paged_prefill_blocks4",
+                 with(p, false, per_head),
+                 {},
+                 {},
+                 {},
+                 {6, 1, 8, 3, 2, -1, -1, -1},
+                 {11, 2}});
+  }
+  c.push_back({"paged_window_blocks2",
+               with(paged(P(1, 4, 0, 4, 4, 16, 0, Layout::bshd, sliding_window, 3), 10, 2, 6), true,
+                    AlibiKind::none),
+               {},
+               {},
+               {},
+               {9, 0, 8, 1, 7, 2},
+               {12}});
   return c;
 }
 
 /// Inputs of a case: values in [-2, 2], NaN in the gaps between strided
-/// rows; key_padding keeps ~70% of the keys, bias is ~20% −inf.
+/// rows, the padding keys of packed sequences and the slots of a paged
+/// cache that no sequence reads; key_padding keeps ~70% of the keys, bias
+/// is ~20% −inf; sinks in [-1, 3], ALiBi slopes in [0, 1/2].
 struct Data {
   AttentionPlan plan;
-  Vec q, k, v, mask, dout;
-  explicit Data(const AttentionParams& params)
-      : plan(AttentionPlan::make(params)),
+  Vec q, k, v, mask, dout, sinks, slopes;
+  Case c;
+  explicit Data(const Case& case_)
+      : plan(AttentionPlan::make(case_.params)),
         q(test::random_values<float>(static_cast<std::size_t>(plan.q.extent), 1, -2, 2)),
         k(test::random_values<float>(static_cast<std::size_t>(plan.k.extent), 2, -2, 2)),
         v(test::random_values<float>(static_cast<std::size_t>(plan.v.extent), 3, -2, 2)),
-        dout(test::random_values<float>(static_cast<std::size_t>(plan.o.extent), 4, -2, 2)) {
+        dout(test::random_values<float>(static_cast<std::size_t>(plan.o.extent), 4, -2, 2)),
+        sinks(test::random_values<float>(plan.sinks ? plan.H : 0, 6, -1, 3)),
+        slopes(test::random_values<float>(plan.slopes_size(), 7, 0, 0.5f)),
+        c(case_) {
     const Vec u = test::random_values<float>(static_cast<std::size_t>(plan.mask_size()), 5, 0, 1);
     mask.resize(u.size());
     for (std::size_t i = 0; i < u.size(); ++i) {
@@ -149,36 +239,106 @@ struct Data {
         mask[i] = u[i] < 0.2f ? -std::numeric_limits<float>::infinity() : 4 * u[i] - 2;
       }
     }
+    PoisonUnreadKeys();
   }
-  [[nodiscard]] tandem::AttentionInputs<float> in() const { return {q, k, v, mask}; }
+  [[nodiscard]] tandem::AttentionInputs<float> in() const {
+    tandem::AttentionInputs<float> r{q, k, v, mask};
+    r.sinks = sinks;
+    r.alibi_slopes = slopes;
+    r.cu_seqlens_q = c.cu_q;
+    r.cu_seqlens_k = c.cu_k;
+    r.seqused_k = c.used;
+    r.block_table = c.table;
+    r.cache_seqlens = c.lens;
+    return r;
+  }
+
+ private:
+  /// NaN in every K and V row no sequence reads (packed padding keys,
+  /// unused slots of a paged cache).
+  void PoisonUnreadKeys() {
+    if (!plan.varlen() && !plan.paged()) return;
+    std::vector<char> read(static_cast<std::size_t>(plan.kv_batch() * plan.kv_seq()), 0);
+    for (std::int64_t n = 0; n < plan.sequences(); ++n) {
+      const tandem::AttentionSeq s = plan.sequence(in(), n);
+      for (std::int64_t j = 0; j < s.Sk; ++j) {
+        const tandem::KeyRow r = s.key_row(j);
+        read[static_cast<std::size_t>(r.batch * plan.kv_seq() + r.seq)] = 1;
+      }
+    }
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (std::size_t row = 0; row < read.size(); ++row) {
+      if (read[row] != 0) continue;
+      const auto b = static_cast<std::int64_t>(row) / plan.kv_seq();
+      const auto j = static_cast<std::int64_t>(row) % plan.kv_seq();
+      for (std::int64_t g = 0; g < plan.Hkv; ++g) {
+        std::fill_n(k.begin() + plan.k.at(b, j, g), plan.D, nan);
+        std::fill_n(v.begin() + plan.v.at(b, j, g), plan.Dv, nan);
+      }
+    }
+  }
 };
 
-/// Every output of one backend on one case: out and lse, the one-call
-/// gradients, those from the saved state, and each gradient alone.
-struct Outputs {
-  std::vector<Vec> all;
-  static const std::vector<std::string>& names() {
-    static const std::vector<std::string> n = {"out",      "lse",      "dq",       "dk",
-                                               "dv",       "saved dq", "saved dk", "saved dv",
-                                               "dq alone", "dk alone", "dv alone"};
-    return n;
-  }
-};
+/// Every output of one backend on one case, by name: out and lse, then
+/// (not for a paged cache) the one-call gradients, those from the saved
+/// state and each gradient alone, dsinks among them with sinks.
+using Outputs = std::vector<std::pair<std::string, Vec>>;
 
 Outputs run(const tandem::Backend& b, const Data& d) {
   const AttentionPlan& p = d.plan;
   Vec out(static_cast<std::size_t>(p.o.extent)), lse(static_cast<std::size_t>(p.lse_size()));
   b.attention_forward_lse(p, d.in(), out, lse);
-  Vec dq(static_cast<std::size_t>(p.dq.extent)), dk(static_cast<std::size_t>(p.dk.extent)),
-      dv(static_cast<std::size_t>(p.dv.extent));
-  b.attention_backward(p, d.in(), d.dout, {dq, dk, dv});
-  Vec sdq(dq.size()), sdk(dk.size()), sdv(dv.size());
-  b.attention_backward_saved(p, d.in(), {out, lse}, d.dout, {sdq, sdk, sdv});
-  Vec adq(dq.size()), adk(dk.size()), adv(dv.size());
+  Outputs all{{"out", out}, {"lse", lse}};
+  if (p.paged()) return all;
+  const auto sized = [](std::int64_t n) { return Vec(static_cast<std::size_t>(n)); };
+  const std::int64_t n_sinks = p.sinks ? p.H : 0;
+  Vec dq = sized(p.dq.extent), dk = sized(p.dk.extent), dv = sized(p.dv.extent);
+  Vec ds = sized(n_sinks);
+  b.attention_backward(p, d.in(), d.dout, {dq, dk, dv, ds});
+  Vec sdq = sized(p.dq.extent), sdk = sized(p.dk.extent), sdv = sized(p.dv.extent);
+  Vec sds = sized(n_sinks);
+  b.attention_backward_saved(p, d.in(), {out, lse}, d.dout, {sdq, sdk, sdv, sds});
+  Vec adq = sized(p.dq.extent), adk = sized(p.dk.extent), adv = sized(p.dv.extent);
   b.attention_backward_dq(p, d.in(), d.dout, adq);
   b.attention_backward_dk(p, d.in(), d.dout, adk);
   b.attention_backward_dv(p, d.in(), d.dout, adv);
-  return {{out, lse, dq, dk, dv, sdq, sdk, sdv, adq, adk, adv}};
+  all.insert(all.end(), {{"dq", dq},
+                         {"dk", dk},
+                         {"dv", dv},
+                         {"saved dq", sdq},
+                         {"saved dk", sdk},
+                         {"saved dv", sdv},
+                         {"dq alone", adq},
+                         {"dk alone", adk},
+                         {"dv alone", adv}});
+  if (p.sinks) {
+    Vec ads = sized(n_sinks);
+    b.attention_backward(p, d.in(), d.dout, {{}, {}, {}, ads});
+    all.insert(all.end(), {{"dsinks", ds}, {"saved dsinks", sds}, {"dsinks alone", ads}});
+  }
+  return all;
+}
+
+/// The outputs of the optimized backend at geometry `geo` on one thread,
+/// after checking them against the reference and against 2 and 3 threads
+/// (bitwise).
+Outputs check_case(const tandem::Backend& ref, const Data& d, const opt::Geometry& geo) {
+  const Outputs want = run(ref, d);
+  const Outputs one = run(opt::backend(opt::Options{1, geo}), d);
+  for (std::size_t o = 0; o < want.size(); ++o) {
+    const bool is_out = o < 2;
+    EXPECT_TRUE(
+        test::close(one[o].second, want[o].second, is_out ? 5e-5 : 1e-4, is_out ? 1e-5 : 2e-5))
+        << want[o].first;
+  }
+  for (const int threads : {2, 3}) {
+    const Outputs many = run(opt::backend(opt::Options{threads, geo}), d);
+    for (std::size_t o = 0; o < one.size(); ++o) {
+      EXPECT_TRUE(test::bitwise(many[o].second, one[o].second))
+          << one[o].first << ", " << threads << " threads against 1";
+    }
+  }
+  return one;
 }
 
 TEST(OptimizedGeometry, SmallGeometriesAgreeWithTheReferenceAndAcrossThreads) {
@@ -189,30 +349,89 @@ TEST(OptimizedGeometry, SmallGeometriesAgreeWithTheReferenceAndAcrossThreads) {
     test::for_each_target([&] {
       for (const Case& c : cases()) {
         SCOPED_TRACE(c.name);
-        const Data d(c.params);
-        const Outputs want = run(ref, d);
-        const Outputs one = run(opt::backend(opt::Options{1, ng.geometry}), d);
+        const Data d(c);
+        const Outputs one = check_case(ref, d, ng.geometry);
         const Outputs tuned = run(opt::backend(opt::Options{1}), d);
-        for (std::size_t o = 0; o < want.all.size(); ++o) {
-          const std::string& name = Outputs::names()[o];
-          const bool is_out = o < 2;
-          EXPECT_TRUE(
-              test::close(one.all[o], want.all[o], is_out ? 5e-5 : 1e-4, is_out ? 1e-5 : 2e-5))
-              << name;
+        for (std::size_t o = 0; o < one.size(); ++o) {
           differs_from_default =
-              differs_from_default || !test::bitwise_equal(one.all[o], tuned.all[o]);
-        }
-        for (const int threads : {2, 3}) {
-          const Outputs many = run(opt::backend(opt::Options{threads, ng.geometry}), d);
-          for (std::size_t o = 0; o < one.all.size(); ++o) {
-            EXPECT_TRUE(test::bitwise(many.all[o], one.all[o]))
-                << Outputs::names()[o] << ", " << threads << " threads against 1";
-          }
+              differs_from_default || !test::bitwise_equal(one[o].second, tuned[o].second);
         }
       }
     });
     EXPECT_TRUE(differs_from_default) << "no result bit moved: the geometry is not used";
   }
+}
+
+/// A block table `[B, max_blocks]` over `blocks` blocks for caches of
+/// `lens` keys: each entry's used blocks drawn without repeats (seeded),
+/// −1 past them.
+std::vector<std::int32_t> block_table(const std::vector<std::int32_t>& lens, std::int64_t size,
+                                      std::int64_t width, std::int64_t blocks) {
+  std::vector<std::int32_t> order(static_cast<std::size_t>(blocks));
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int32_t>(i);
+  std::mt19937 gen(17);
+  std::shuffle(order.begin(), order.end(), gen);
+  std::vector<std::int32_t> table;
+  std::size_t next = 0;
+  for (const std::int32_t len : lens) {
+    const std::int64_t used = (len + size - 1) / size;
+    for (std::int64_t e = 0; e < width; ++e) table.push_back(e < used ? order[next++] : -1);
+  }
+  return table;
+}
+
+/// Feature cases large enough for the default geometry's blocks, tiles,
+/// split-key chunks and backward parts: paged caches of 16-key blocks
+/// (decode with split keys, chunked prefill whose key blocks span cache
+/// blocks), packed sequences (prefill with padding, decode with split keys,
+/// empty sequences).
+std::vector<Case> default_geometry_cases() {
+  using enum MaskKind;
+  std::vector<Case> c;
+  {
+    // (chunks of 1024 keys: a sequence of 2500 splits into 3)
+    const std::vector<std::int32_t> lens{2500, 0, 517};
+    c.push_back({"paged_decode_split_blocks16",
+                 with(paged(P(3, 1, 0, 8, 2, 64), 200, 16, 160), true, AlibiKind::per_batch_head),
+                 {},
+                 {},
+                 {},
+                 block_table(lens, 16, 160, 200),
+                 lens});
+  }
+  {
+    const std::vector<std::int32_t> lens{300, 40};
+    c.push_back({"paged_prefill_causal_blocks16",
+                 with(paged(P(2, 40, 0, 4, 4, 32, 0, Layout::bshd, causal), 24, 16, 20), false,
+                      AlibiKind::per_head),
+                 {},
+                 {},
+                 {},
+                 block_table(lens, 16, 20, 24),
+                 lens});
+  }
+  c.push_back({"packed_prefill_causal_parts",
+               with(packed(P(1, 450, 480, 4, 1, 32, 0, Layout::bshd, causal), 3), true,
+                    AlibiKind::per_batch_head),
+               {0, 150, 150, 450},
+               {0, 150, 160, 480},
+               {150, 10, 300}});
+  c.push_back({"packed_decode_split_window",
+               with(packed(P(1, 4, 4400, 8, 2, 64, 0, Layout::bshd, sliding_window, 2100), 4), true,
+                    AlibiKind::none),
+               {0, 1, 2, 3, 4},
+               {0, 2200, 2201, 2201, 4400}});
+  return c;
+}
+
+TEST(OptimizedGeometry, FeaturesAgreeAtTheDefaultGeometry) {
+  const tandem::Backend ref = tandem::reference::backend();
+  test::for_each_target([&] {
+    for (const Case& c : default_geometry_cases()) {
+      SCOPED_TRACE(c.name);
+      check_case(ref, Data(c), opt::Geometry{});
+    }
+  });
 }
 
 TEST(OptimizedGeometry, TheDefaultIsTheTunedGeometry) {

@@ -11,9 +11,19 @@ cd "$(dirname "$0")/../.."
 venv="${1:-.venv-peers}"
 peers="${PEERS:-torch openvino onnxruntime jax ggml}"
 peers="${peers//,/ }"
+if [ "$peers" = none ]; then
+  echo "peers: PEERS=none, nothing to install"
+  exit 0
+fi
 # ONNX Runtime's peer builds its model with the onnx package.
 case " $peers " in *" onnxruntime "*) case " $peers " in *" onnx "*) ;; *) peers="$peers onnx" ;; esac ;; esac
 python="${PYTHON:-/usr/bin/python3}"
+stamp="$venv/.tandem-peers"  # the set installed last time: nothing to do when it has not changed
+
+if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$peers" ]; then
+  echo "peers: $venv has $peers (delete $stamp to install again)"
+  exit 0
+fi
 
 if [ ! -x "$venv/bin/python" ]; then
   echo "peers: creating $venv with $python -m venv"
@@ -43,6 +53,7 @@ for p in $peers; do
   fi
 done
 "$venv/bin/python" bench/peers/peers.py --list || true
+echo "$peers" > "$stamp"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "peers: not installed: ${failed[*]}" >&2
 fi

@@ -662,6 +662,20 @@ def evaluate_targets(d):
             sp = one["seconds"] / two["seconds"] if one and two else None
             add(f"{op.replace('attention_', '')} {shape}: 2 threads ≥ 1.8× 1 thread",
                 None if sp is None else sp >= 1.8, "–" if sp is None else f"{sp:.2f}×")
+    # The attention features against their plain equivalents (same run).
+    pairs = feature_pairs(d)
+    for what, label, need in (("varlen", "packed sequences: time per token ≤ 1.10× a dense batch of equal lengths",
+                               1.10),
+                              ("paged_decode", "paged decode: ≥ 90 % of the contiguous decode's bandwidth", 1 / 0.90)):
+        found = [(sh, f, p) for sh, (f, p) in pairs.items() if sh.startswith(what)]
+        if not found:
+            add(label, None, "–")
+            continue
+        ratios = [(f["seconds"] / p["seconds"], sh) for sh, f, p in found]
+        worst = max(ratios)
+        shown = (lambda x: f"{1 / x:.0%} of contiguous") if what == "paged_decode" else (lambda x: f"{x:.2f}×")
+        add(label, worst[0] <= need, f"worst {shown(worst[0])} ({worst[1]}); "
+            + ", ".join(f"{sh} {shown(x)}" for x, sh in sorted(ratios, key=lambda t: t[1])))
     # The roofline itself: the figures above are trustworthy only if it held still.
     drift = d.roofline_drift()
     add("roofline measured at the start and at the end of the run: within 10 % of each other",
@@ -1002,6 +1016,38 @@ OP_ORDER = ["attention_forward", "attention_backward", "attention_backward_saved
             "axial_rope_backward", "swiglu_forward", "swiglu_backward", "attention_block"]
 
 
+def feature_pairs(d):
+    """{shape: (feature row, plain row)} of the attention_features benchmarks
+    (optimized backend, the report's thread count)."""
+    out = {}
+    for r in d.rows:
+        if r["op"] != "attention_features" or r["backend"] != "optimized" or r["threads"] != d.main_threads:
+            continue
+        side = 0 if "feature" in r["tags"] else 1
+        out.setdefault(r["shape"], [None, None])[side] = r
+    return {sh: tuple(v) for sh, v in out.items() if v[0] and v[1]}
+
+
+def write_features_section(doc, d):
+    """Each attention feature's time beside the same call without it."""
+    pairs = feature_pairs(d)
+    doc.h(2, "Attention features against plain attention")
+    if not pairs:
+        doc.p("Not measured (no `attention_features` results in this run).")
+        return
+    doc.p("Each pair measured in this run by the optimized backend: packed sequences (`cu_seqlens`) against a "
+          "dense batch of the same sequences (the same tokens and FLOPs); a paged decode step (16-key blocks "
+          "scattered over a pool by a block table) against the same step over contiguous caches (bytes of K and V "
+          "per second, caches cycled so that K and V come from memory); ALiBi (the standard slopes) and sinks "
+          "against the same shape without them. Ratio: the feature's time ÷ the plain call's.")
+    rows = []
+    for sh, (f, p) in sorted(pairs.items()):
+        rate = (lambda r: f"{fnum(r['gbs'])} GB/s") if f.get("gbs") else (lambda r: f"{fnum(r['gflops'])} GFLOP/s")
+        rows.append((sh, fms(f["seconds"]), fms(p["seconds"]), f"{f['seconds'] / p['seconds']:.2f}×",
+                     rate(f), rate(p)))
+    doc.table(["comparison", "with the feature", "plain", "ratio", "rate (feature)", "rate (plain)"], rows)
+
+
 def write_python_section(doc, d):
     """tandem called from Python (tandem.torch.scaled_dot_product_attention)
     beside PyTorch's SDPA, and beside the same kernel measured in C++."""
@@ -1126,6 +1172,7 @@ def write_report(d, made, out_dir, a, run_seconds):
               + "create it with `make peers` (a `python3 -m venv` + pip install from PyPI; torch's Linux wheel brings "
                 "several GiB of CUDA libraries) and run the report again.")
 
+    write_features_section(doc, d)
     write_python_section(doc, d)
 
     doc.h(2, "Results per op")

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The optimized attention backward: FlashAttention-2 on the CPU, Highway SIMD
-// (dynamic dispatch) and OpenMP over (batch, kv head) tasks.
+// (dynamic dispatch) and OpenMP over (sequence, kv head) tasks.
 //
 // Must agree with tandem::reference::attention_backward (and its _dq, _dk,
 // _dv forms) in reference/include/tandem/reference/attention.hpp to float
@@ -19,11 +19,11 @@
 //    order where the reference sums in double; p = 2^(x − lse·log2 e) in
 //    base 2 as in the forward (attn::SoftmaxExp2, ~2e-7 relative), tanh and
 //    log2 are Highway's.
-// Determinism: one task owns one (batch, kv head) and everything it writes
+// Determinism: one task owns one (sequence, kv head) and everything it writes
 // (dQ rows of its G query heads, dK and dV rows of its kv head); inside it the
 // query blocks and key blocks run in a fixed order, so dK/dV (summed over all
 // query rows of the group, GQA included) and dQ (summed over key blocks) are
-// the same for any thread count and any schedule. With few (batch, kv head)
+// the same for any thread count and any schedule. With few (sequence, kv head)
 // pairs the query blocks of each are split into parts (a number fixed by the
 // shape and the geometry, see QueryParts), each summing its own dK/dV
 // partial, added in part order at the end. No atomics.
@@ -56,8 +56,10 @@ struct Backward {
   const float* dout;
   const AttentionGrads<float>& grads;
   const AttentionSaved<float>* saved;
-  bool want_dq, want_dk, want_dv;
-  bool need_ds;  ///< dS, for dQ or dK
+  bool want_dq, want_dk, want_dv, want_dsinks;
+  bool need_ds;    ///< dS, for dQ or dK
+  bool need_dsum;  ///< rowsum(dO ∘ O), for dS or dsinks
+  bool need_keys;  ///< a pass over the key blocks, for dQ, dK or dV
   Backward(const Call& call, const float* dout_, const AttentionGrads<float>& g,
            const AttentionSaved<float>* saved_)
       : c(call),
@@ -67,7 +69,10 @@ struct Backward {
         want_dq(!g.dq.empty()),
         want_dk(!g.dk.empty()),
         want_dv(!g.dv.empty()),
-        need_ds(want_dq || want_dk) {}
+        want_dsinks(!g.dsinks.empty()),
+        need_ds(want_dq || want_dk),
+        need_dsum(need_ds || want_dsinks),
+        need_keys(want_dq || want_dk || want_dv) {}
 };
 
 /// Per-thread scratch of the backward: the forward's, the tile's dO and Q in
@@ -87,7 +92,7 @@ struct BackwardScratch {
     Dp = RoundUp(p.D, N);
     Dvp = RoundUp(p.Dv, N);
     if (bw.want_dk) Qp.resize(R * Dp);
-    if (bw.need_ds) dOt.resize(p.Dv * ld);
+    if (bw.need_dsum) dOt.resize(p.Dv * ld);
     if (bw.want_dv) dOp.resize(R * Dvp);
     if (bw.need_ds) dPt.resize(key_block * ld);
     if (bw.need_ds && p.softcap > 0) tanh_s.resize(key_block * ld);
@@ -95,8 +100,8 @@ struct BackwardScratch {
     lse.resize(R);
     dsum.resize(R);
     inv.resize(R);
-    if (bw.want_dk && own_sums) dK.resize(p.Sk * Dp);
-    if (bw.want_dv && own_sums) dV.resize(p.Sk * Dvp);
+    if (bw.want_dk && own_sums) dK.resize(bw.c.max_Sk * Dp);
+    if (bw.want_dv && own_sums) dV.resize(bw.c.max_Sk * Dvp);
   }
 };
 
@@ -125,8 +130,8 @@ class TileBackward {
         c_(bw.c),
         t_(t),
         s_(s),
-        keys_(c_.keys(t.b, t.g)),
-        values_(c_.values(t.b, t.g)),
+        keys_(c_.keys(t.n, t.g)),
+        values_(c_.values(t.n, t.g)),
         score_(c_, t_, s.fwd.score) {}
 
   /// Packs the tile's Q and dO, and forms each row's lse and
@@ -140,7 +145,7 @@ class TileBackward {
     PackRows(t_, p.D, s_.Dp, q_row, bw_.want_dk ? s_.Qp.get() : nullptr, s_.fwd.Qt.get(),
              c_.q_scale);
     PackRows(t_, p.Dv, s_.Dvp, do_row, bw_.want_dv ? s_.dOp.get() : nullptr,
-             bw_.need_ds ? s_.dOt.get() : nullptr);
+             bw_.need_dsum ? s_.dOt.get() : nullptr);
     if (bw_.saved != nullptr) {
       SavedRowStatistics();
     } else {
@@ -159,7 +164,7 @@ class TileBackward {
     const std::int64_t active = std::min(kb.hi, t_.rows) - kb.lo;
     float* Pt = s_.fwd.St.get();
     score_.SetBlock(kb.j0, kb.nk);
-    const std::int64_t head = t_.b * p.Hkv + t_.g;
+    const std::int64_t head = t_.n * p.Hkv + t_.g;  // (sequence, kv head): PackedRows
     float* Kp = s_.fwd.Kp->Get(keys_, head, kb.j0, kb.nk);
     score_.ZeroHiddenRows(Kp, ks, kb.nk);
     float* Vp = nullptr;
@@ -196,13 +201,21 @@ class TileBackward {
     }
   }
 
+  /// dsink_h += −p_sink,i · dsum_i, p_sink,i = exp(sink_h − lse_i), for the
+  /// tile's rows in order, into dsink[h − g·G] (in double):
+  ///   forward: l_i = exp(sink_h − m_i) + Σ_j exp(s_ij − m_i), the sink has no value
+  void SinkGradient(double* dsink) const {
+    for (std::int64_t r = 0; r < t_.rows; ++r) {
+      const double lse = s_.lse.get()[r], sink = c_.sinks[t_.head(r)];
+      dsink[r % t_.G] -= std::exp(sink - lse) * static_cast<double>(s_.dsum.get()[r]);
+    }
+  }
+
   /// dq of the tile's rows, in the layout of q.
   void WriteDq() const {
     if (!bw_.want_dq) return;
     attn::StoreRows({s_.dQt.get(), 1, t_.stride}, t_.rows, c_.plan->D, nullptr,
-                    [&](std::int64_t r) {
-                      return bw_.grads.dq.data() + c_.dq_at(t_.b, t_.query(r), t_.head(r));
-                    });
+                    [&](std::int64_t r) { return bw_.grads.dq.data() + t_.dq_at(c_, r); });
   }
 
  private:
@@ -215,7 +228,7 @@ class TileBackward {
       s_.lse.get()[r] = real ? bw_.saved->lse[static_cast<std::size_t>(t_.lse_at(c_, r))]
                              : -std::numeric_limits<float>::infinity();
       float dsum = 0.0f;
-      for (std::int64_t x = 0; real && bw_.need_ds && x < p.Dv; ++x) {
+      for (std::int64_t x = 0; real && bw_.need_dsum && x < p.Dv; ++x) {
         const std::int64_t at = t_.o_at(c_, r) + x;
         dsum += bw_.dout[at] * bw_.saved->out[static_cast<std::size_t>(at)];
       }
@@ -225,9 +238,9 @@ class TileBackward {
   /// lse <- the forward's log-sum-exp; O (unnormalized) only when dsum needs
   /// it, then dsum <- rowsum(dO * O).
   void ForwardRowStatistics() {
-    attn::ForwardTileTransposed(c_, t_, s_.fwd, bw_.need_ds);
-    attn::FinishRows(t_, s_.fwd, s_.inv.get(), s_.lse.get());
-    if (!bw_.need_ds) return;
+    attn::ForwardTileTransposed(c_, t_, s_.fwd, bw_.need_dsum);
+    attn::FinishRows(c_, t_, s_.fwd, s_.inv.get(), s_.lse.get());
+    if (!bw_.need_dsum) return;
     const DF d;
     const std::int64_t R = t_.stride;
     const float* Ot = s_.fwd.Ot.get();
@@ -269,7 +282,13 @@ class TileBackward {
   /// the scores in log2 units, see ScoreTransform); a row with no visible
   /// key (lse = −inf) gets 2^(x − inf) = 0 for every key instead of
   /// 2^(−inf − (−inf)). tanh(s/c) is kept for dS. Careful: the hidden
-  /// entries marked −0.0.
+  /// entries marked −0.0. p below 2^kFloor is taken as 0: dS = p·(dP − dsum)
+  /// would be subnormal there, and every product it then feeds (dQ, dK)
+  /// would take the processor's slow path for subnormal operands (ALiBi's
+  /// steep heads make most of a long row's p that small); what is dropped is
+  /// below 2^−64 of |dP − dsum| per term, far below the float rounding of
+  /// any sum the row's larger p (at least 1/Sk) join.
+  static constexpr float kFloor = -64.0f;
   void Probabilities(const attn::KeyBlock& kb, bool careful) {
     const DF d;
     const std::int64_t R = t_.stride;
@@ -279,15 +298,20 @@ class TileBackward {
       const VF lse = hn::LoadU(d, s_.lse.get() + r0);
       const VF lse2 = hn::Mul(hn::IfThenElse(hn::Eq(lse, hn::Set(d, -kInf)), hn::Set(d, kInf), lse),
                               hn::Set(d, attn::kLog2e));
+      const VF floor = hn::Set(d, kFloor);
+      const auto p_of = [&](VF x) {
+        const VF e = hn::Sub(x, lse2);
+        return hn::IfThenZeroElse(hn::Lt(e, floor), attn::SoftmaxExp2(d, e));
+      };
       if (score_.plain_at(r0)) {  // the raw products are the scores
         for (std::int64_t jj = 0; jj < kb.nk; ++jj) {
           const VF x = hn::LoadU(d, Pt + jj * R + r0);
-          hn::StoreU(attn::SoftmaxExp2(d, hn::Sub(x, lse2)), d, Pt + jj * R + r0);
+          hn::StoreU(p_of(x), d, Pt + jj * R + r0);
         }
       } else {
         for (std::int64_t jj = 0; jj < kb.nk; ++jj) {
           const VF x = score_(hn::LoadU(d, Pt + jj * R + r0), jj, r0, tanh_s);
-          hn::StoreU(attn::SoftmaxExp2(d, hn::Sub(x, lse2)), d, Pt + jj * R + r0);
+          hn::StoreU(p_of(x), d, Pt + jj * R + r0);
         }
         if (careful) score_.MarkHidden(Pt, kb.nk, r0);
       }
@@ -334,88 +358,144 @@ class TileBackward {
   bool rows_finite_ = true;
 };
 
-/// Query-block parts of one (batch, kv head) (see Geometry): part k takes
-/// query blocks k, k + parts, ... (interleaved, so causal parts weigh
-/// alike). 1 when there are backward_min_tasks (batch, kv head) tasks or
+/// Query-block parts of one (sequence, kv head) (see Geometry): part k
+/// takes query blocks k, k + parts, ... (interleaved, so causal parts weigh
+/// alike). 1 when there are backward_min_tasks (sequence, kv head) tasks or
 /// more, else enough parts for backward_min_tasks tasks (at most one per
-/// query block) whose dK/dV partials stay within kPartialBytes; or
-/// backward_query_parts when set. Each part sums its own dK/dV partial over
-/// its query rows and the partials are added in part order afterwards; the
-/// count depends on the shape and the geometry alone, never on the thread
-/// count.
+/// query block of the longest sequence) whose dK/dV partials stay within
+/// kPartialBytes; or backward_query_parts when set. Each part sums its own
+/// dK/dV partial over its query rows and the partials are added in part
+/// order afterwards; the count depends on the shape, the sequences' lengths
+/// and the geometry alone, never on the thread count.
 constexpr std::int64_t kPartialBytes = std::int64_t{64} << 20;
 std::int64_t QueryParts(const Call& c) {
   const AttentionPlan& p = *c.plan;
   const Geometry& geo = *c.geometry;
-  if (geo.backward_query_parts > 0) return std::min(geo.backward_query_parts, c.n_qblocks);
-  const std::int64_t heads = p.B * p.Hkv, min_tasks = geo.backward_min_tasks;
+  std::int64_t max_qblocks = 1;
+  for (std::int64_t n = 0; n < c.sequences(); ++n)
+    max_qblocks = std::max(max_qblocks, c.qblocks(n));
+  if (geo.backward_query_parts > 0) return std::min(geo.backward_query_parts, max_qblocks);
+  const std::int64_t heads = c.sequences() * p.Hkv, min_tasks = geo.backward_min_tasks;
   if (heads >= min_tasks) return 1;
-  std::int64_t parts = std::min((min_tasks + heads - 1) / heads, c.n_qblocks);
+  std::int64_t parts = std::min((min_tasks + heads - 1) / heads, max_qblocks);
   const std::int64_t part_bytes =
-      static_cast<std::int64_t>(sizeof(float)) * heads * p.Sk * (p.D + p.Dv);
+      static_cast<std::int64_t>(sizeof(float)) * p.Hkv * c.first_key.back() * (p.D + p.Dv);
   while (parts > 1 && parts * part_bytes > kPartialBytes) --parts;
   return std::max<std::int64_t>(parts, 1);
 }
 
-/// The backward of one (batch b, kv head g) over the query blocks of part
-/// `part` of `parts` (qb = part, part + parts, ...): each against every key
-/// block it may see. dK and dV (Sk rows of s.Dp / s.Dvp floats) accumulate
-/// the part's sums; with one part they are written to the gradients at the
-/// end.
-void BackwardTask(const Backward& bw, std::int64_t b, std::int64_t g, std::int64_t part,
-                  std::int64_t parts, BackwardScratch& s, float* dK, float* dV) {
+/// The dK/dV partials of a call with several query parts: per (sequence n,
+/// kv head g, part) the rows of n's key slot, `width` floats each
+/// (slot(n) rows; only the first Sk_n are summed into).
+class PartialSums {
+ public:
+  PartialSums(const Call& c, std::int64_t parts, std::int64_t width, bool wanted)
+      : c_(c), parts_(parts), width_(width) {
+    if (wanted) data_.resize(c.plan->Hkv * c.first_key.back() * parts * width);
+  }
+  float* at(std::int64_t n, std::int64_t g, std::int64_t part) const {
+    const std::int64_t slot = c_.slot(n);
+    return data_.get() +
+           ((c_.first_key[n] * c_.plan->Hkv + g * slot) * parts_ + part * slot) * width_;
+  }
+  /// Σ_part partial row j of (n, g), in part order, into dst (width floats).
+  void Sum(std::int64_t n, std::int64_t g, std::int64_t j, std::int64_t width, float* dst) const {
+    const std::int64_t slot = c_.slot(n);
+    const float* first = at(n, g, 0) + j * width_;
+    for (std::int64_t x = 0; x < width; ++x) {
+      float sum = first[x];
+      for (std::int64_t k = 1; k < parts_; ++k) sum += first[k * slot * width_ + x];
+      dst[x] = sum;
+    }
+  }
+
+ private:
+  const Call& c_;
+  std::int64_t parts_, width_;
+  Buffer data_;
+};
+
+/// The backward of one (sequence n, kv head g) over the query blocks of
+/// part `part` of `parts` (qb = part, part + parts, ...): each against every
+/// key block it may see. dK and dV (Sk_n rows of s.Dp / s.Dvp floats)
+/// accumulate the part's sums; with one part they are written to the
+/// gradients at the end, with dk = dv = 0 for the padding keys of the slot.
+/// dsink (G doubles) sums the sinks' gradient over the part's rows.
+void BackwardTask(const Backward& bw, std::int64_t n, std::int64_t g, std::int64_t part,
+                  std::int64_t parts, BackwardScratch& s, float* dK, float* dV, double* dsink) {
   const Call& c = bw.c;
-  const std::int64_t Sk = c.lengths(b).Sk;
+  const std::int64_t Sk = c.seqs[n].Sk;
   if (bw.want_dk) std::fill(dK, dK + Sk * s.Dp, 0.0f);
   if (bw.want_dv) std::fill(dV, dV + Sk * s.Dvp, 0.0f);
-  for (std::int64_t qb = part; qb < c.n_qblocks; qb += parts) {
-    const Tile t(c, b, g, qb);
+  for (std::int64_t qb = part; qb < c.qblocks(n); qb += parts) {
+    const Tile t(c, n, g, qb);
     TileBackward tile(bw, t, s);
     tile.LoadRowStatistics();
+    if (bw.want_dsinks) tile.SinkGradient(dsink);
+    if (!bw.need_keys) continue;
     attn::ForEachKeyBlock(c, t, t.j_begin, t.j_end,
                           [&](const attn::KeyBlock& kb) { tile.KeyBlock(kb, dK, dV); });
     tile.WriteDq();
   }
-  for (std::int64_t j = 0; parts == 1 && j < Sk; ++j) {
-    const AttentionPlan& p = *c.plan;
-    if (bw.want_dk) std::copy_n(dK + j * s.Dp, p.D, bw.grads.dk.data() + c.dk_at(b, j, g));
-    if (bw.want_dv) std::copy_n(dV + j * s.Dvp, p.Dv, bw.grads.dv.data() + c.dv_at(b, j, g));
+  const AttentionPlan& p = *c.plan;
+  for (std::int64_t j = 0; parts == 1 && j < c.slot(n); ++j) {
+    float* dk = bw.want_dk ? bw.grads.dk.data() + c.dk_at(n, j, g) : nullptr;
+    float* dv = bw.want_dv ? bw.grads.dv.data() + c.dv_at(n, j, g) : nullptr;
+    if (dk != nullptr && j < Sk) std::copy_n(dK + j * s.Dp, p.D, dk);
+    if (dv != nullptr && j < Sk) std::copy_n(dV + j * s.Dvp, p.Dv, dv);
+    if (dk != nullptr && j >= Sk) std::fill_n(dk, p.D, 0.0f);
+    if (dv != nullptr && j >= Sk) std::fill_n(dv, p.Dv, 0.0f);
   }
 }
 
-/// dk and dv row (head, j) = Σ_part partial, in part order (partials
-/// [heads·parts][Sk][Dp or Dvp]).
-void AddParts(const Backward& bw, std::int64_t parts, std::int64_t row, const Buffer& part_dk,
-              const Buffer& part_dv, std::int64_t Dp, std::int64_t Dvp) {
+/// dk and dv row j of sequence n, kv head g, = Σ_part partial in part order
+/// (0 for a padding key of the slot).
+void AddParts(const Backward& bw, std::int64_t n, std::int64_t g, std::int64_t j,
+              const PartialSums& part_dk, const PartialSums& part_dv) {
   const AttentionPlan& plan = *bw.c.plan;
-  const std::int64_t head = row / plan.Sk, j = row % plan.Sk;
-  const std::int64_t b = head / plan.Hkv, g = head % plan.Hkv;
-  const auto add_parts = [&](const float* partial, std::int64_t wp, std::int64_t width,
-                             float* dst) {
-    for (std::int64_t x = 0; x < width; ++x) {
-      float sum = partial[(head * parts * plan.Sk + j) * wp + x];
-      for (std::int64_t k = 1; k < parts; ++k) {
-        sum += partial[((head * parts + k) * plan.Sk + j) * wp + x];
+  const bool padding = j >= bw.c.seqs[n].Sk;
+  if (bw.want_dk) {
+    float* dst = bw.grads.dk.data() + bw.c.dk_at(n, j, g);
+    if (padding) std::fill_n(dst, plan.D, 0.0f);
+    if (!padding) part_dk.Sum(n, g, j, plan.D, dst);
+  }
+  if (bw.want_dv) {
+    float* dst = bw.grads.dv.data() + bw.c.dv_at(n, j, g);
+    if (padding) std::fill_n(dst, plan.Dv, 0.0f);
+    if (!padding) part_dv.Sum(n, g, j, plan.Dv, dst);
+  }
+}
+
+/// dsinks[h] = Σ over the tasks of h's kv head, in task order, of their
+/// partial sums (task (n·Hkv + g)·parts + part holds G of them).
+void WriteSinkGradient(const Backward& bw, std::int64_t parts, const std::vector<double>& partial) {
+  const AttentionPlan& plan = *bw.c.plan;
+  const std::int64_t G = plan.group();
+  for (std::int64_t h = 0; h < plan.H; ++h) {
+    const std::int64_t g = h / G;
+    double sum = 0.0;
+    for (std::int64_t n = 0; n < bw.c.sequences(); ++n) {
+      for (std::int64_t part = 0; part < parts; ++part) {
+        sum += partial[static_cast<std::size_t>(((n * plan.Hkv + g) * parts + part) * G + h % G)];
       }
-      dst[x] = sum;
     }
-  };
-  if (bw.want_dk) add_parts(part_dk.get(), Dp, plan.D, bw.grads.dk.data() + bw.c.dk_at(b, j, g));
-  if (bw.want_dv) add_parts(part_dv.get(), Dvp, plan.Dv, bw.grads.dv.data() + bw.c.dv_at(b, j, g));
+    bw.grads.dsinks[static_cast<std::size_t>(h)] = static_cast<float>(sum);
+  }
 }
 
 }  // namespace
 
-/// dq, dk, dv (those asked for) for every (b, h): one OpenMP task per
-/// (batch, kv head, query part) (see QueryParts), then, with several parts,
-/// the parts' dK/dV partials added in part order.
+/// dq, dk, dv, dsinks (those asked for): one OpenMP task per (sequence,
+/// kv head, query part) (see QueryParts), then, with several parts, the
+/// parts' dK/dV partials added in part order, and the tasks' dsinks partials
+/// in task order.
 void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<float>& in,
                              std::span<const float> dout, const AttentionGrads<float>& grads,
                              const AttentionSaved<float>* saved, const Geometry& geometry,
                              int threads) {
   const Call c(plan, in, geometry);
   const Backward bw(c, dout.data(), grads, saved);
-  const std::int64_t parts = QueryParts(c), heads = plan.B * plan.Hkv;
+  const std::int64_t parts = QueryParts(c), heads = c.sequences() * plan.Hkv;
   const std::int64_t n_tasks = heads * parts;
   const int nt =
       static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, n_tasks)));
@@ -426,27 +506,35 @@ void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<fl
   scratch.reserve(static_cast<std::size_t>(nt));
   for (int i = 0; i < nt; ++i) scratch.push_back(std::make_unique<BackwardScratch>(bw, parts == 1));
   const std::int64_t Dp = scratch[0]->Dp, Dvp = scratch[0]->Dvp;
-  Buffer part_dk, part_dv;  // [heads·parts][Sk][Dp or Dvp]
-  if (parts > 1 && bw.want_dk) part_dk.resize(n_tasks * plan.Sk * Dp);
-  if (parts > 1 && bw.want_dv) part_dv.resize(n_tasks * plan.Sk * Dvp);
+  const PartialSums part_dk(c, parts, Dp, parts > 1 && bw.want_dk);
+  const PartialSums part_dv(c, parts, Dvp, parts > 1 && bw.want_dv);
+  std::vector<double> dsink_parts(
+      bw.want_dsinks ? static_cast<std::size_t>(n_tasks * plan.group()) : 0, 0.0);
+  // dk and dv rows (key row x of the B·Sk, kv head g) enumerated x·Hkv + g
+  const std::int64_t n_rows = c.first_key.back() * plan.Hkv;
 #pragma omp parallel num_threads(nt)
   {
     BackwardScratch& s = *scratch[static_cast<std::size_t>(omp_get_thread_num())];
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t task = 0; task < n_tasks; ++task) {
       const std::int64_t head = task / parts, part = task % parts;
-      float* dK = parts == 1 ? s.dK.get() : part_dk.get() + task * plan.Sk * Dp;
-      float* dV = parts == 1 ? s.dV.get() : part_dv.get() + task * plan.Sk * Dvp;
-      BackwardTask(bw, head / plan.Hkv, head % plan.Hkv, part, parts, s, dK, dV);
+      const std::int64_t n = head / plan.Hkv, g = head % plan.Hkv;
+      float* dK = parts == 1 ? s.dK.get() : part_dk.at(n, g, part);
+      float* dV = parts == 1 ? s.dV.get() : part_dv.at(n, g, part);
+      double* dsink =
+          bw.want_dsinks ? &dsink_parts[static_cast<std::size_t>(task * plan.group())] : nullptr;
+      BackwardTask(bw, n, g, part, parts, s, dK, dV, dsink);
     }
     // dK, dV <- Σ_part partial, in part order (the barrier above: all written)
     if (parts > 1 && (bw.want_dk || bw.want_dv)) {
 #pragma omp for schedule(static)
-      for (std::int64_t row = 0; row < heads * plan.Sk; ++row) {
-        AddParts(bw, parts, row, part_dk, part_dv, Dp, Dvp);
+      for (std::int64_t row = 0; row < n_rows; ++row) {
+        const std::int64_t x = row / plan.Hkv, n = attn::SequenceOf(c.first_key, x);
+        AddParts(bw, n, row % plan.Hkv, x - c.first_key[n], part_dk, part_dv);
       }
     }
   }
+  if (bw.want_dsinks) WriteSinkGradient(bw, parts, dsink_parts);
 }
 
 }  // namespace tandem::optimized::HWY_NAMESPACE
@@ -463,7 +551,6 @@ namespace detail {
 void attention_backward(const AttentionPlan& plan, const AttentionInputs<float>& in,
                         std::span<const float> dout, const AttentionGrads<float>& grads,
                         const AttentionSaved<float>* saved, const Options& options) {
-  require_supported(plan);
   check_inputs(plan, in);
   require_size(dout.size(), plan.o.extent, "dout");
   check_grads(plan, grads);
@@ -475,7 +562,6 @@ void attention_backward(const AttentionPlan& plan, const AttentionInputs<float>&
 void attention_backward_one(const AttentionPlan& plan, const AttentionInputs<float>& in,
                             std::span<const float> dout, Gradient which, std::span<float> grad,
                             const Options& options) {
-  require_supported(plan);
   check_inputs(plan, in);
   require_size(dout.size(), plan.o.extent, "dout");
   AttentionGrads<float> grads;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The optimized attention forward: FlashAttention-2 on the CPU, Highway SIMD
-// (dynamic dispatch) and OpenMP over (batch, kv head, query block) tiles.
+// (dynamic dispatch) and OpenMP over (sequence, kv head, query block) tiles.
 //
 // Must agree with tandem::reference::attention_forward
 // (reference/include/tandem/reference/attention.hpp) to float rounding. The
@@ -20,7 +20,13 @@
 //  - the query heads of a GQA group share one pass over their K/V rows, and
 //    key blocks that causal or sliding-window masks hide are never visited;
 //  - decode steps with long caches split the keys into chunks (flash-decoding,
-//    ForwardSplitKeys) and merge the chunks' partial softmax sums.
+//    ForwardSplitKeys) and merge the chunks' partial softmax sums;
+//  - a sink joins a row's softmax at the finish, as one more partial sum
+//    (attn::MergeSinks, MergeRow), where the reference starts its max and
+//    sum from it.
+// Sequences (batch entries, packed sequences, paged cache rows) are found
+// by AttentionPlan::sequence, as in the reference, and each has its own
+// tiles (attn::Call).
 // The result of every tile depends only on the plan, never on the thread
 // count or the schedule: bitwise identical for any number of threads.
 
@@ -69,7 +75,7 @@ struct TileScratch {
       : tile(c, !c.decode), inv(c.max_rows_p), lse_rows(c.max_rows_p) {}
 };
 
-/// The forward of one (batch, kv head, query block) tile, by the call's
+/// The forward of one (sequence, kv head, query block) tile, by the call's
 /// algorithm, written to out (and lse_out when given).
 void ForwardTile(const Call& c, const Tile& t, TileScratch& scratch, float* out, float* lse_out) {
   ForwardScratch& s = scratch.tile;
@@ -86,14 +92,15 @@ void ForwardTile(const Call& c, const Tile& t, TileScratch& scratch, float* out,
     o = tile.output();
   }
   float* lse_rows = lse_out != nullptr ? scratch.lse_rows.get() : nullptr;
-  attn::FinishRows(t, s, scratch.inv.get(), lse_rows);
+  attn::FinishRows(c, t, s, scratch.inv.get(), lse_rows);
   WriteRows(c, t, o, scratch.inv.get(), lse_rows, out, lse_out);
 }
 
-/// The tiled forward: one OpenMP task per (batch, kv head, query block) tile.
+/// The tiled forward: one OpenMP task per (sequence, kv head, query block)
+/// tile.
 void ForwardTiles(const Call& c, float* out, float* lse_out, int threads) {
   const AttentionPlan& plan = *c.plan;
-  const std::int64_t n_tiles = plan.B * plan.Hkv * c.n_qblocks;
+  const std::int64_t n_tiles = plan.Hkv * c.qblocks();
   const int nt =
       static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, n_tiles)));
   // Scratch for every thread, allocated before any output is written (an
@@ -108,23 +115,28 @@ void ForwardTiles(const Call& c, float* out, float* lse_out, int threads) {
   const bool last_first = plan.mask == MaskKind::causal;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
   for (std::int64_t task = 0; task < n_tiles; ++task) {
-    const std::int64_t qb = last_first ? c.n_qblocks - 1 - task % c.n_qblocks : task % c.n_qblocks;
-    const std::int64_t g = task / c.n_qblocks % plan.Hkv;
-    const std::int64_t b = task / c.n_qblocks / plan.Hkv;
+    // sequence n owns the tasks [Hkv·first_qblock[n], Hkv·first_qblock[n+1])
+    const std::int64_t n = attn::SequenceOf(c.first_qblock, task / plan.Hkv);
+    const std::int64_t nqb = c.qblocks(n), local = task - plan.Hkv * c.first_qblock[n];
+    const std::int64_t qb = last_first ? nqb - 1 - local % nqb : local % nqb;
+    const std::int64_t g = local / nqb;
     TileScratch& thread_scratch = *scratch[static_cast<std::size_t>(omp_get_thread_num())];
-    ForwardTile(c, Tile(c, b, g, qb), thread_scratch, out, lse_out);
+    ForwardTile(c, Tile(c, n, g, qb), thread_scratch, out, lse_out);
   }
 }
 
 /// Keys per chunk of the split-key (flash-decoding) forward, or 0 when the
 /// call does not take it (see Geometry). Only calls of decode tiles (a
 /// decode step: the few query rows of a group) with long caches do: there
-/// one task per (batch, kv head) would read a head-wide slice of every K and
-/// V row (strided, and only B·Hkv tasks), while one task per (batch, key
-/// chunk) reads whole rows one after the other. Where a head's rows are
-/// contiguous (bhsd) the per-head tasks stream already and only calls with
-/// few of them split. The chunk depends on the shape and the geometry alone,
-/// never on the thread count.
+/// one task per (sequence, kv head) would read a head-wide slice of every K
+/// and V row (strided, and only as many tasks as those pairs), while one
+/// task per (sequence, key chunk) reads whole rows one after the other.
+/// Where a head's rows are contiguous (bhsd) the per-head tasks stream
+/// already and only calls with few of them split. The chunk depends on the
+/// shape, the sequences' lengths and the geometry alone, never on the thread
+/// count; chunks of a paged cache start at block boundaries whenever the
+/// chunk is a multiple of the block size (the default chunks are powers of
+/// two).
 std::int64_t SplitKeysChunk(const Call& c) {
   const AttentionPlan& p = *c.plan;
   const Geometry& geo = *c.geometry;
@@ -136,31 +148,43 @@ std::int64_t SplitKeysChunk(const Call& c) {
     chunk = c.key_block;
     while (chunk < 1024 && 2 * chunk * bytes_per_key <= (std::int64_t{1} << 20)) chunk *= 2;
   }
-  if (p.Sk < geo.split_keys_min_chunks * chunk) return 0;
+  if (c.max_Sk < geo.split_keys_min_chunks * chunk) return 0;
   // Where each head's rows are contiguous (bhsd, or a single kv head) the
   // per-head tasks already stream; split there only for want of tasks.
   const bool interleaved = p.k.seq != p.D || p.v.seq != p.Dv;
-  return interleaved || p.B * p.Hkv < geo.split_keys_contiguous_heads ? chunk : 0;
+  return interleaved || c.sequences() * p.Hkv < geo.split_keys_contiguous_heads ? chunk : 0;
 }
 
-/// The partial results of a split-key call: per (chunk, query row) one
-/// record of the unnormalized output o[0 .. Dvp), then m and l. Row
-/// (b·H + h)·Sq + i, the order of lse.
+/// The partial results of a split-key call: per (sequence n, key chunk ch
+/// of it, query row h·Sq_n + i of it) one record of the unnormalized output
+/// o[0 .. Dvp), then m and l. Sequence n has ceil(Sk_n / chunk) chunks (none
+/// without keys) of H·Sq_n records each.
 class SplitPartials {
  public:
-  SplitPartials(const Call& c, std::int64_t n_chunks)
-      : n_rows_(c.plan->B * c.plan->H * c.plan->Sq),
-        Dvp_(RoundUp(c.plan->Dv, Lanes())),
-        // Every record is written before the merge reads it: no zero fill.
-        data_(n_chunks * n_rows_ * (Dvp_ + 2), Buffer::Init::uninitialized) {}
-  float* at(std::int64_t chunk, std::int64_t row) const {
-    return data_.get() + (chunk * n_rows_ + row) * (Dvp_ + 2);
+  SplitPartials(const Call& c, std::int64_t chunk) : Dvp_(RoundUp(c.plan->Dv, Lanes())) {
+    first_chunk_.assign(1, 0);
+    first_record_.assign(1, 0);
+    for (const AttentionSeq& s : c.seqs) {
+      const std::int64_t chunks = (s.Sk + chunk - 1) / chunk, rows = c.plan->H * s.Sq;
+      first_chunk_.push_back(first_chunk_.back() + chunks);
+      first_record_.push_back(first_record_.back() + chunks * rows);
+      rows_.push_back(rows);
+    }
+    // Every record is written before the merge reads it: no zero fill.
+    data_.resize(first_record_.back() * (Dvp_ + 2), Buffer::Init::uninitialized);
   }
-  std::int64_t rows() const { return n_rows_; }
+  float* at(std::int64_t n, std::int64_t ch, std::int64_t row) const {
+    const auto s = static_cast<std::size_t>(n);
+    return data_.get() + (first_record_[s] + ch * rows_[s] + row) * (Dvp_ + 2);
+  }
+  /// The chunks of sequence n, and of every sequence (one task each).
+  std::int64_t chunks(std::int64_t n) const { return first_chunk_[n + 1] - first_chunk_[n]; }
+  const std::vector<std::int64_t>& first_chunk() const { return first_chunk_; }
   std::int64_t Dvp() const { return Dvp_; }
 
  private:
-  std::int64_t n_rows_, Dvp_;
+  std::int64_t Dvp_;
+  std::vector<std::int64_t> first_chunk_, first_record_, rows_;
   Buffer data_;
 };
 
@@ -176,18 +200,19 @@ struct SplitScratch {
   }
 };
 
-/// One split-key task: the keys [k0, k1) of batch entry b for every query
-/// row of the entry, each (kv head, query block) tile in turn per step, so
+/// One split-key task: the keys [k0, k1) of sequence n for every query row
+/// of the sequence, each (kv head, query block) tile in turn per step, so
 /// that whole K and V rows are read one after the other; the partials go to
 /// chunk `ch` of `part`.
-void SplitKeysTask(const Call& c, std::int64_t b, std::int64_t ch, std::int64_t k0, std::int64_t k1,
+void SplitKeysTask(const Call& c, std::int64_t n, std::int64_t ch, std::int64_t k0, std::int64_t k1,
                    SplitScratch& ss, const SplitPartials& part) {
-  const std::int64_t step = c.geometry->split_keys_step;
+  const std::int64_t step = c.geometry->split_keys_step, nqb = c.qblocks(n);
+  const auto n_tiles = static_cast<std::size_t>(c.plan->Hkv * nqb);
   for (std::int64_t g = 0; g < c.plan->Hkv; ++g) {
-    for (std::int64_t qb = 0; qb < c.n_qblocks; ++qb) {
-      const auto at = static_cast<std::size_t>(g * c.n_qblocks + qb);
+    for (std::int64_t qb = 0; qb < nqb; ++qb) {
+      const auto at = static_cast<std::size_t>(g * nqb + qb);
       ForwardScratch& s = *ss.scratch[at];
-      Tile t(c, b, g, qb);
+      Tile t(c, n, g, qb);
       // the same head's rows, one step ahead, up to the tile's last key
       const attn::DecodePrefetch pf{step, t.j_end};
       t.ClipKeys(k0, k1);
@@ -196,14 +221,14 @@ void SplitKeysTask(const Call& c, std::int64_t b, std::int64_t ch, std::int64_t 
     }
   }
   for (std::int64_t j = k0; j < k1; j += step) {
-    for (auto& tile : ss.tiles) tile->Run(j, std::min(k1, j + step));
+    for (std::size_t at = 0; at < n_tiles; ++at) ss.tiles[at]->Run(j, std::min(k1, j + step));
   }
   const std::int64_t Dvp = part.Dvp();
-  for (std::size_t at = 0; at < ss.tiles.size(); ++at) {
+  for (std::size_t at = 0; at < n_tiles; ++at) {
     const Tile& t = ss.tiles[at]->tile();
     const ForwardScratch& s = *ss.scratch[at];
     for (std::int64_t r = 0; r < t.rows; ++r) {
-      float* dst = part.at(ch, t.lse_at(c, r));
+      float* dst = part.at(n, ch, t.head(r) * t.Sq + t.query(r));
       std::copy(s.On.get() + r * Dvp, s.On.get() + (r + 1) * Dvp, dst);
       dst[Dvp] = s.m.get()[r];
       dst[Dvp + 1] = s.l.get()[r];
@@ -212,25 +237,27 @@ void SplitKeysTask(const Call& c, std::int64_t b, std::int64_t ch, std::int64_t 
   }
 }
 
-/// Merges the chunks' partials of query row `row` = (b·H + h)·Sq + i in
-/// chunk order: m = max m_c, l = Σ l_c·2^(m_c − m), o = Σ o_c·2^(m_c − m),
+/// Merges the chunks' partials of query i of sequence n, head h, in chunk
+/// order, and the sink last (one more partial: m = sink_h, l = 1, no value;
+/// see MergeSinks): m = max m_c, l = Σ l_c·2^(m_c − m), o = Σ o_c·2^(m_c − m),
 /// out = o / l (acc: Dvp floats of scratch; m in log2 units, as
 /// OnlineSoftmax).
-void MergeRow(const Call& c, const SplitPartials& part, std::int64_t n_chunks, std::int64_t row,
-              float* acc, float* out, float* lse_out) {
+void MergeRow(const Call& c, const SplitPartials& part, std::int64_t n, std::int64_t h,
+              std::int64_t i, float* acc, float* out, float* lse_out) {
   const AttentionPlan& plan = *c.plan;
   const DF d;
-  const std::int64_t Dvp = part.Dvp();
+  const std::int64_t Dvp = part.Dvp(), n_chunks = part.chunks(n), row = h * c.seqs[n].Sq + i;
   const float neg_inf = -std::numeric_limits<float>::infinity();
+  const float sink = c.sinks != nullptr ? c.sinks[h] * attn::kLog2e : neg_inf;  // log2 units
   // A NaN max (a NaN score) comes with a NaN sum, which reaches l below.
-  float m = neg_inf;
-  for (std::int64_t ch = 0; ch < n_chunks; ++ch) m = std::max(m, part.at(ch, row)[Dvp]);
+  float m = sink;
+  for (std::int64_t ch = 0; ch < n_chunks; ++ch) m = std::max(m, part.at(n, ch, row)[Dvp]);
   // No visible key anywhere: subtract 0, never form −inf − (−inf).
   const float m_use = m == neg_inf ? 0.0f : m;
   float l = 0.0f;
   std::fill(acc, acc + Dvp, 0.0f);
   for (std::int64_t ch = 0; ch < n_chunks; ++ch) {
-    const float* src = part.at(ch, row);
+    const float* src = part.at(n, ch, row);
     const float mc = src[Dvp], lc = src[Dvp + 1];
     if (lc == 0.0f && mc == neg_inf) continue;  // the chunk saw no key of the row
     const VF w = attn::SoftmaxExp2(d, hn::Set(d, mc - m_use));
@@ -239,48 +266,54 @@ void MergeRow(const Call& c, const SplitPartials& part, std::int64_t n_chunks, s
       hn::Store(hn::MulAdd(hn::LoadU(d, src + x), w, hn::Load(d, acc + x)), d, acc + x);
     }
   }
-  const std::int64_t b = row / (plan.H * plan.Sq), h = row / plan.Sq % plan.H, i = row % plan.Sq;
+  if (c.sinks != nullptr) l += hn::GetLane(attn::SoftmaxExp2(d, hn::Set(d, sink - m_use)));
   // l = 0: no visible key, output 0; l = NaN counts as seen (NaN).
   const float inv = l != 0.0f ? 1.0f / l : 0.0f;
-  float* dst = out + c.o_at(b, i, h);
+  float* dst = out + c.o_at(n, i, h);
   for (std::int64_t dv = 0; dv < plan.Dv; ++dv) dst[dv] = acc[dv] * inv;
   if (lse_out != nullptr) {
     float lse = l == 0.0f ? neg_inf : l;  // NaN stays NaN
     if (l > 0.0f) lse = (m + hn::GetLane(hn::Log2(d, hn::Set(d, l)))) * attn::kLn2;
-    lse_out[c.lse_at(b, h, i)] = lse;
+    lse_out[c.lse_at(n, h, i)] = lse;
   }
 }
 
-/// The split-key forward: every (batch, key chunk) task computes, for each
-/// query row (b, h, i), the reference max m, the sum l of 2^(x − m) and the
-/// unnormalized output over the visible keys of its chunk (SplitKeysTask);
-/// the partials of a row are then merged in chunk order (MergeRow). Each
-/// partial depends on the plan and the chunk only, and the merge order is
-/// fixed: bitwise identical for any number of threads.
+/// The split-key forward: every (sequence, key chunk) task computes, for
+/// each query row (h, i) of the sequence, the reference max m, the sum l of
+/// 2^(x − m) and the unnormalized output over the visible keys of its chunk
+/// (SplitKeysTask); the partials of a row are then merged in chunk order
+/// (MergeRow). Each partial depends on the plan and the chunk only, and the
+/// merge order is fixed: bitwise identical for any number of threads.
 void ForwardSplitKeys(const Call& c, std::int64_t chunk, float* out, float* lse_out, int threads) {
   const AttentionPlan& plan = *c.plan;
-  const std::int64_t n_chunks = (plan.Sk + chunk - 1) / chunk;
-  const std::int64_t n_tasks = plan.B * n_chunks;
+  const SplitPartials part(c, chunk);
+  const std::vector<std::int64_t>& first_chunk = part.first_chunk();
+  const std::int64_t n_tasks = first_chunk.back();
   const int nt =
       static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, n_tasks)));
-  const SplitPartials part(c, n_chunks);
+  std::int64_t max_tiles = 0;
+  for (std::int64_t n = 0; n < c.sequences(); ++n) max_tiles = std::max(max_tiles, c.qblocks(n));
   std::vector<SplitScratch> scratch;
   scratch.reserve(static_cast<std::size_t>(nt));
-  for (int i = 0; i < nt; ++i) scratch.emplace_back(c, plan.Hkv * c.n_qblocks);
+  for (int i = 0; i < nt; ++i)
+    scratch.emplace_back(c, std::max<std::int64_t>(1, plan.Hkv * max_tiles));
+  // rows (query row x of the B·Sq, head h) enumerated x·H + h
+  const std::int64_t n_rows = c.first_query.back() * plan.H;
 #pragma omp parallel num_threads(nt)
   {
     SplitScratch& ss = scratch[static_cast<std::size_t>(omp_get_thread_num())];
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t task = 0; task < n_tasks; ++task) {
-      const std::int64_t b = task / n_chunks, ch = task % n_chunks;
-      const std::int64_t k0 = ch * chunk, k1 = std::min(plan.Sk, k0 + chunk);
-      SplitKeysTask(c, b, ch, k0, k1, ss, part);
+      const std::int64_t n = attn::SequenceOf(first_chunk, task), ch = task - first_chunk[n];
+      const std::int64_t k0 = ch * chunk, k1 = std::min(c.seqs[n].Sk, k0 + chunk);
+      SplitKeysTask(c, n, ch, k0, k1, ss, part);
     }
     // (the implicit barrier above: every partial is written)
     float* acc = ss.scratch[0]->On.get();  // N·Dvp floats, free again
 #pragma omp for schedule(static)
-    for (std::int64_t row = 0; row < part.rows(); ++row) {
-      MergeRow(c, part, n_chunks, row, acc, out, lse_out);
+    for (std::int64_t row = 0; row < n_rows; ++row) {
+      const std::int64_t x = row / plan.H, n = attn::SequenceOf(c.first_query, x);
+      MergeRow(c, part, n, row % plan.H, x - c.first_query[n], acc, out, lse_out);
     }
   }
 }
@@ -288,8 +321,8 @@ void ForwardSplitKeys(const Call& c, std::int64_t chunk, float* out, float* lse_
 }  // namespace
 
 /// out (and lse when non-empty) for every (b, h, i): one OpenMP task per
-/// (batch, kv head, query block) tile, or per (batch, key chunk) for decode
-/// steps with long caches (ForwardSplitKeys).
+/// (sequence, kv head, query block) tile, or per (sequence, key chunk) for
+/// decode steps with long caches (ForwardSplitKeys).
 void AttentionForwardTarget(const AttentionPlan& plan, const AttentionInputs<float>& in,
                             std::span<float> out, std::span<float> lse, const Geometry& geometry,
                             int threads) {
@@ -315,7 +348,6 @@ namespace detail {
 
 void attention_forward(const AttentionPlan& plan, const AttentionInputs<float>& in,
                        std::span<float> out, const Options& options) {
-  require_supported(plan);
   check_inputs(plan, in);
   require_size(out.size(), plan.o.extent, "out");
   HWY_DYNAMIC_DISPATCH(AttentionForwardTarget)
@@ -324,7 +356,6 @@ void attention_forward(const AttentionPlan& plan, const AttentionInputs<float>& 
 
 void attention_forward_lse(const AttentionPlan& plan, const AttentionInputs<float>& in,
                            std::span<float> out, std::span<float> lse, const Options& options) {
-  require_supported(plan);
   check_inputs(plan, in);
   require_size(out.size(), plan.o.extent, "out");
   require_size(lse.size(), plan.lse_size(), "lse");

@@ -59,8 +59,8 @@ struct ForwardScratch {
     if (transposed) {
       Qt.resize(p.D * ld);
       Ot.resize(p.Dv * ld);
-      Kp.emplace(p.Sk, p.D, c.key_block);
-      Vp.emplace(p.Sk, p.Dv, c.key_block);
+      Kp.emplace(c.max_Sk, p.D, c.key_block);
+      Vp.emplace(c.max_Sk, p.Dv, c.key_block);
     }
     if (c.decode) {
       const std::int64_t Dp = RoundUp(p.D, Lanes()), Dvp = RoundUp(p.Dv, Lanes());
@@ -238,11 +238,12 @@ class OnlineSoftmax {
   std::vector<char> rescaled_;  ///< per vector of rows, for the last block
 };
 
-/// The rows of one block of V that P·V reads: `rows` (row stride `stride`)
-/// in place, or a packed copy.
+/// The rows of one block of V that P·V reads: rows j0 .. j0+nk−1 of `rows`,
+/// the caller's in place (ForEachRun: one run, or one per block of a paged
+/// cache) or a packed copy (j0 = 0).
 struct ValueBlock {
-  const float* rows = nullptr;
-  std::int64_t stride = 0;
+  KeyRows rows;
+  std::int64_t j0 = 0;
 };
 
 /// Whether a block needs the careful P·V (see Skip in gemm-inl.h): a key may
@@ -251,7 +252,12 @@ struct ValueBlock {
 /// hidden keys are −inf whatever k holds (ScoreTransform).
 inline bool CarefulPV(const ScoreTransform& score, const ValueBlock& v, std::int64_t Dv,
                       std::int64_t nk) {
-  return score.hides_per_row() && !RowsFinite(v.rows, v.stride, Dv, nk);
+  if (!score.hides_per_row()) return false;
+  bool finite = true;
+  ForEachRun(v.rows, v.j0, nk, [&](std::int64_t, std::int64_t n, const float* rows) {
+    finite = finite && RowsFinite(rows, v.rows.stride, Dv, n);
+  });
+  return !finite;
 }
 
 /// The FlashAttention-2 forward of one tile by vectors across rows: with the
@@ -267,9 +273,9 @@ class WideTile {
         t_(t),
         s_(s),
         with_pv_(with_pv),
-        keys_(c.keys(t.b, t.g)),
-        values_(c.values(t.b, t.g)),
-        head_(t.b * c.plan->Hkv + t.g),
+        keys_(c.keys(t.n, t.g)),
+        values_(c.values(t.n, t.g)),
+        head_(t.n * c.plan->Hkv + t.g),
         score_(c, t_, s.score),
         softmax_(s, t.rows_p, t.stride),
         prefetched_(t.j_begin + c.key_block) {
@@ -324,15 +330,15 @@ class WideTile {
       }
     }
     // P is B here (its own marks)
-    GemmCareful<Skip::by_b>(careful, Dv, hi - lo, nk, v.rows, 1, v.stride, St + lo, R, Ot + lo, R,
-                            true, St + lo);
+    GemmCareful<Skip::by_b>(careful, Dv, hi - lo, nk, v.rows.base, 1, v.rows.stride, St + lo, R,
+                            Ot + lo, R, true, St + lo);
   }
-  /// The block's V rows, packed (see attention_tile-inl.h), zero for a
-  /// padding key.
+  /// The block's V rows, packed (see PackedRows in attention_tile-inl.h: a
+  /// paged cache's rows are gathered there), zero for a padding key.
   ValueBlock Values(const KeyBlock& kb) {
     float* Vp = s_.Vp->Get(values_, head_, kb.j0, kb.nk);
     score_.ZeroHiddenRows(Vp, s_.Vp->stride(), kb.nk);
-    return {Vp, s_.Vp->stride()};
+    return {KeyRows{Vp, s_.Vp->stride(), values_.width}, 0};
   }
   /// Keeps the K and V rows of the next kPrefetchKeys keys on their way into
   /// the cache while the block computes, where they are still to be packed.
@@ -350,7 +356,7 @@ class WideTile {
   ForwardScratch& s_;
   bool with_pv_;
   KeyRows keys_, values_;
-  std::int64_t head_;  ///< b·Hkv + g: which packed rows are the tile's
+  std::int64_t head_;  ///< n·Hkv + g (sequence n): which packed rows are the tile's
   ScoreTransform score_;
   OnlineSoftmax softmax_;
   std::int64_t prefetched_;
@@ -399,8 +405,8 @@ class DecodeTile {
         pf_(pf),
         Dp_(RoundUp(c.plan->D, Lanes())),
         Dvp_(RoundUp(c.plan->Dv, Lanes())),
-        keys_(c.keys(t.b, t.g)),
-        values_(c.values(t.b, t.g)),
+        keys_(c.keys(t.n, t.g)),
+        values_(c.values(t.n, t.g)),
         score_(c, t_, s.score),
         softmax_(s, t.rows_p, t.stride) {
     if (with_pv) std::fill(s.On.get(), s.On.get() + t.rows_p * Dvp_, 0.0f);
@@ -437,16 +443,21 @@ class DecodeTile {
       for (std::int64_t x = 0; x < Dvp_; x += Lanes())
         hn::StoreU(hn::Mul(hn::LoadU(d, On + r * Dvp_ + x), a), d, On + r * Dvp_ + x);
     }
-    // P is A here (its own marks)
-    GemmCareful<Skip::by_a>(careful, r_end - kb.lo, Dvp_, kb.nk, St + kb.lo, 1, R, v.rows, v.stride,
-                            On + kb.lo * Dvp_, Dvp_, true, St + kb.lo);
+    // P is A here (its own marks); one product per run of V rows (per
+    // block of a paged cache), each continuing the same chains in key order
+    ForEachRun(v.rows, v.j0, kb.nk, [&](std::int64_t jj, std::int64_t n, const float* rows) {
+      float* P = St + jj * R + kb.lo;
+      GemmCareful<Skip::by_a>(careful, r_end - kb.lo, Dvp_, n, P, 1, R, rows, v.rows.stride,
+                              On + kb.lo * Dvp_, Dvp_, true, P);
+    });
   }
   /// S <- Q K^T by dot products along d, St[jj][r] for the rows lo .. r_end−1
   /// (zero in the padding rows up to hi, never stored).
   void Scores(const KeyBlock& kb, std::int64_t r_end) {
     const std::int64_t R = t_.stride;
     float* St = s_.St.get();
-    const bool in_place = keys_.width == Dp_ && !score_.any_hidden() && keys_.strided(kb.j0, kb.nk);
+    // (one row at a time: in place wherever the rows are, a paged cache too)
+    const bool in_place = keys_.width == Dp_ && !score_.any_hidden();
     if (!in_place) {
       PackKeyRows(keys_, kb.j0, kb.nk, Dp_, s_.Kn.get());
       score_.ZeroHiddenRows(s_.Kn.get(), Dp_, kb.nk);
@@ -468,14 +479,13 @@ class DecodeTile {
     }
   }
   /// The block's V rows: in place where they are whole vectors wide and no
-  /// padding key needs zeroing, else packed with whole-vector rows.
+  /// padding key needs zeroing (a paged cache's too, a run per block), else
+  /// packed with whole-vector rows.
   ValueBlock Values(const KeyBlock& kb) {
-    if (values_.width == Dvp_ && !score_.any_hidden() && values_.strided(kb.j0, kb.nk)) {
-      return {values_.row(kb.j0), values_.stride};
-    }
+    if (values_.width == Dvp_ && !score_.any_hidden()) return {values_, kb.j0};
     PackKeyRows(values_, kb.j0, kb.nk, Dvp_, s_.Vn.get());
     score_.ZeroHiddenRows(s_.Vn.get(), Dvp_, kb.nk);
-    return {s_.Vn.get(), Dvp_};
+    return {KeyRows{s_.Vn.get(), Dvp_, values_.width}, 0};
   }
 
   const Call& c_;
@@ -512,20 +522,48 @@ inline void ForwardTileTransposed(const Call& c, const Tile& t, ForwardScratch& 
   }
 }
 
-/// inv[r] = 1/l[r] (0 for a row with no visible key) and, when lse is given,
-/// lse[r] = (m[r] + log2(l[r]))·ln 2 (−inf for such a row). A row that sees a key
-/// with a NaN score has l = NaN: it counts as seen (NaN, as in the
-/// reference), not as a row with no visible key (0, no gradient).
-inline void FinishRows(const Tile& t, const ForwardScratch& s, float* inv, float* lse) {
+/// The sinks of the rows r0 .. r0+N−1 (spec §2.7) merged into their softmax
+/// as one more partial sum with m = sink_h (in log2 units, sink_h·log2 e),
+/// l = 1 and no value (the key the sink is, property sink_equals_extra_key):
+/// m <- max(m, sink_h), a = 2^(m_old − m), l <- l·a + 2^(sink_h − m); the
+/// running output must be scaled by a. A row with no visible key gets
+/// m = sink_h, l = 1, a = 0. Padding rows keep their m and l (a = 1).
+HWY_INLINE void MergeSinks(const Call& c, const Tile& t, std::int64_t r0, VF& m, VF& l, VF& a) {
+  const DF d;
+  const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  HWY_ALIGN float rows[kMaxFloatLanes];
+  for (std::int64_t n = 0; n < Lanes(); ++n) {
+    const std::int64_t r = r0 + n;
+    rows[n] = r < t.rows ? c.sinks[t.head(r)] * kLog2e : -std::numeric_limits<float>::infinity();
+  }
+  const VF sink = hn::Load(d, rows);
+  const auto real = hn::Ne(sink, neg_inf);
+  const VF m_new = hn::Max(m, sink);
+  const VF a_new = SoftmaxExp2(d, hn::Sub(m, m_new));  // m = −inf: 0
+  l = hn::IfThenElse(real, hn::MulAdd(l, a_new, SoftmaxExp2(d, hn::Sub(sink, m_new))), l);
+  a = hn::IfThenElse(real, a_new, a);
+  m = hn::IfThenElse(real, m_new, m);
+}
+
+/// inv[r] = a/l[r] (0 for a row with no visible key and no sink; a = 1, or
+/// the factor of MergeSinks with sinks) and, when lse is given,
+/// lse[r] = (m[r] + log2(l[r]))·ln 2 (−inf for such a row; the sink
+/// included). A row that sees a key with a NaN score has l = NaN: it counts
+/// as seen (NaN, as in the reference), not as a row with no visible key (0,
+/// no gradient).
+inline void FinishRows(const Call& c, const Tile& t, const ForwardScratch& s, float* inv,
+                       float* lse) {
   const DF d;
   const std::int64_t N = Lanes();
   const VF zero = hn::Zero(d);
   for (std::int64_t r0 = 0; r0 < t.rows_p; r0 += N) {
-    const VF l = hn::LoadU(d, s.l.get() + r0);
+    VF l = hn::LoadU(d, s.l.get() + r0);
+    VF m = hn::LoadU(d, s.m.get() + r0);
+    VF a = hn::Set(d, 1.0f);
+    if (c.sinks != nullptr) MergeSinks(c, t, r0, m, l, a);
     const auto seen = hn::Not(hn::Eq(l, zero));
-    hn::StoreU(hn::IfThenElseZero(seen, hn::Div(hn::Set(d, 1.0f), l)), d, inv + r0);
+    hn::StoreU(hn::IfThenElseZero(seen, hn::Div(a, l)), d, inv + r0);
     if (lse != nullptr) {
-      const VF m = hn::LoadU(d, s.m.get() + r0);
       // Log of the other lanes is never used; feed it 1 to keep it quiet.
       const auto positive = hn::Gt(l, zero);
       const VF lg = hn::Log2(d, hn::IfThenElse(positive, l, hn::Set(d, 1.0f)));

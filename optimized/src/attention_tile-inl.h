@@ -99,17 +99,31 @@ HWY_INLINE VF SoftmaxExp2(DF d, VF x) {
 // ---------------------------------------------------------------------------
 // One call and one tile of query rows
 
-/// The rows of k or v (keys) of one (batch entry, kv head): key j at row(j).
-/// Every address of a key row is formed here, so that a cache whose rows are
-/// found through a block table plugs in at this one place.
+/// The rows of k or v (keys) of one (sequence, kv head): key j at row(j).
+/// Every address of a key row is formed here: `stride` apart from the
+/// sequence's key 0 (dense and packed sequences), or, for a paged cache,
+/// slot j % block_size of block block_table[b, j / block_size]
+/// (AttentionSeq::key_row, the one helper that reads a block table).
 struct KeyRows {
-  const float* base = nullptr;
-  std::int64_t stride = 0;  ///< from one key's row to the next
-  std::int64_t width = 0;   ///< floats per row: D or Dv
-  const float* row(std::int64_t j) const { return base + j * stride; }
+  const float* base = nullptr;        ///< key 0; paged: slot 0 of block 0 (at the kv head)
+  std::int64_t stride = 0;            ///< from one key's row to the next (one slot to the next)
+  std::int64_t width = 0;             ///< floats per row: D or Dv
+  std::int64_t block_stride = 0;      ///< paged: from one block of the cache to the next
+  const AttentionSeq* seq = nullptr;  ///< paged: the sequence whose block table places the rows
+  const float* row(std::int64_t j) const {
+    if (seq == nullptr) return base + j * stride;
+    const KeyRow at = seq->key_row(j);
+    return base + at.batch * block_stride + at.seq * stride;
+  }
+  /// Number of keys from key j on whose rows lie `stride` apart: all of them,
+  /// or (paged) those up to the end of j's block.
+  std::int64_t run(std::int64_t j) const {
+    return seq == nullptr ? std::numeric_limits<std::int64_t>::max()
+                          : seq->block_size - j % seq->block_size;
+  }
   /// Whether rows j0 .. j0+n−1 lie `stride` apart from row(j0), so that a
-  /// block can be read in place (always, in the dense layouts).
-  bool strided(std::int64_t /*j0*/, std::int64_t /*n*/) const { return true; }
+  /// block can be read in place (always, but across a paged cache's blocks).
+  bool strided(std::int64_t j0, std::int64_t n) const { return n <= run(j0); }
 };
 
 /// Distance between consecutive lines of an owned buffer the micro-kernel
@@ -122,16 +136,30 @@ inline std::int64_t LineStride(std::int64_t n) {
   return n % 32 == 0 ? n + Lanes() : n;
 }
 
-/// The sequence lengths of one batch entry: Sq queries, Sk keys, and the
-/// causal alignment q_offset = max(Sk − Sq, 0) (key position of query i:
-/// q_offset + i).
-struct Lengths {
-  std::int64_t Sq = 0, Sk = 0, q_offset = 0;
-};
+/// Calls f(jj, n, rows) for the runs of keys j0 + jj .. j0 + jj + n − 1 of
+/// the block [j0, j0 + nk) whose rows lie rows.stride apart from `rows`
+/// (one run, but where a paged cache's block ends), in key order.
+template <class F>
+void ForEachRun(const KeyRows& rows, std::int64_t j0, std::int64_t nk, F&& f) {
+  for (std::int64_t jj = 0, n = 0; jj < nk; jj += n) {
+    n = std::min(nk - jj, rows.run(j0 + jj));
+    f(jj, n, rows.row(j0 + jj));
+  }
+}
 
-/// Sizes of one call, derived from the plan and the geometry once, and the
-/// addresses of its rows: every q, out, dout, dq, dk and dv row, lse entry
-/// and K or V row is found through the accessors below.
+/// Which sequence holds entry x of a range that sequences split in order:
+/// the last n with start[n] <= x (start: [sequences + 1], non-decreasing,
+/// x < start.back()), so an empty sequence never holds one.
+inline std::int64_t SequenceOf(const std::vector<std::int64_t>& start, std::int64_t x) {
+  return std::upper_bound(start.begin(), start.end(), x) - start.begin() - 1;
+}
+
+/// Sizes of one call, derived from the plan, the inputs and the geometry
+/// once, and the addresses of its rows: every q, out, dout, dq, dk and dv
+/// row, lse entry and K or V row is found through the accessors below. The
+/// call runs over sequences (AttentionPlan::sequence: a batch entry, a
+/// packed sequence or a paged cache row), each with its own Sq and Sk, and
+/// its query blocks are tiles of their own.
 struct Call {
   const AttentionPlan* plan = nullptr;
   const Geometry* geometry = nullptr;
@@ -139,12 +167,24 @@ struct Call {
   const float* k = nullptr;
   const float* v = nullptr;
   const float* mask = nullptr;
+  const float* sinks = nullptr;    ///< `[H]` with sinks, else null
+  const float* slopes = nullptr;   ///< the ALiBi slopes, else null
+  std::vector<AttentionSeq> seqs;  ///< every sequence of the call, in order
+  ///@{
+  /// `[sequences + 1]` each, sequence n's share of a range split in sequence
+  /// order: its query blocks [first_qblock[n], first_qblock[n+1]); its query
+  /// rows [first_query[n], …) of the B·Sq rows (b·Sq + q_start + i); its key
+  /// slot [first_key[n], …) of the B·Sk rows (b·Sk + k_start + j; for packed
+  /// sequences the cu_seqlens_k slot, padding included).
+  std::vector<std::int64_t> first_qblock, first_query, first_key;
+  ///@}
+  std::int64_t max_Sq = 1;      ///< the longest sequence's queries (at least 1)
+  std::int64_t max_Sk = 0;      ///< the longest sequence's keys
   std::int64_t G = 1;           ///< query heads per kv head
   std::int64_t block_q = 1;     ///< queries per tile
   std::int64_t max_rows = 1;    ///< G·block_q
   std::int64_t max_rows_p = 1;  ///< max_rows rounded up to whole vectors
   std::int64_t max_stride = 1;  ///< LineStride(max_rows_p)
-  std::int64_t n_qblocks = 1;   ///< ceil(Sq / block_q)
   std::int64_t window = 0;      ///< w, capped at Sk + Sq (no key lies further back)
   std::int64_t key_block = 1;   ///< Geometry::key_block
   std::int64_t edge_block = 1;  ///< Geometry::edge_block
@@ -166,7 +206,10 @@ struct Call {
     k = in.k.data();
     v = in.v.data();
     mask = in.mask.empty() ? nullptr : in.mask.data();
+    sinks = p.sinks ? in.sinks.data() : nullptr;
+    slopes = p.alibi != AlibiKind::none ? in.alibi_slopes.data() : nullptr;
     G = p.group();
+    Sequences(in);
     // a − w <= 0 <= j for every query position a < Sk + Sq: a larger window
     // changes nothing, and the cap keeps a − w − j0 far from overflow.
     window = std::min(p.window, p.Sk + p.Sq);
@@ -174,17 +217,21 @@ struct Call {
     // sliding-window masks smaller ones waste less work on the diagonal.
     const std::int64_t rows_aimed = banded() ? geo.rows_per_tile_banded : geo.rows_per_tile;
     block_q = std::max<std::int64_t>(1, rows_aimed / G);
-    block_q = std::min(block_q, p.Sq);
-    // As many tiles as that takes, of about equal size (whole vectors of
-    // rows where the group allows): no short last tile that computes at a
-    // fraction of the rate, and shares a thread's time unevenly.
-    const std::int64_t tiles = (p.Sq + block_q - 1) / block_q;
+    block_q = std::min(block_q, max_Sq);
+    // As many tiles as the longest sequence takes, of about equal size
+    // (whole vectors of rows where the group allows): no short last tile
+    // that computes at a fraction of the rate, and shares a thread's time
+    // unevenly.
+    const std::int64_t tiles = (max_Sq + block_q - 1) / block_q;
     const std::int64_t align = Lanes() / std::gcd(G, Lanes());
-    block_q = std::min(block_q, RoundUp((p.Sq + tiles - 1) / tiles, align));
-    n_qblocks = (p.Sq + block_q - 1) / block_q;
+    block_q = std::min(block_q, RoundUp((max_Sq + tiles - 1) / tiles, align));
     max_rows = G * block_q;
     max_rows_p = RoundUp(max_rows, Lanes());
     max_stride = LineStride(max_rows_p);
+    first_qblock.assign(1, 0);
+    for (const AttentionSeq& s : seqs) {
+      first_qblock.push_back(first_qblock.back() + (s.Sq + block_q - 1) / block_q);
+    }
     // Tiles of one vector of rows (a decode step: one query of the G heads
     // of a group) would waste most lanes of the broadcast micro-kernel.
     switch (geo.decode_tiles) {
@@ -207,50 +254,82 @@ struct Call {
   bool banded() const {
     return plan->mask == MaskKind::causal || plan->mask == MaskKind::sliding_window;
   }
-  Lengths lengths(std::int64_t /*b*/) const { return {plan->Sq, plan->Sk, plan->q_offset()}; }
-  const float* q_row(std::int64_t b, std::int64_t i, std::int64_t h) const {
-    return q + plan->q.at(b, i, h);
+  std::int64_t sequences() const { return static_cast<std::int64_t>(seqs.size()); }
+  /// The query blocks of sequence n (ceil(Sq_n / block_q)), and of all.
+  std::int64_t qblocks(std::int64_t n) const { return first_qblock[n + 1] - first_qblock[n]; }
+  std::int64_t qblocks() const { return first_qblock.back(); }
+  /// Rows of the key slot of sequence n (dk and dv rows it writes).
+  std::int64_t slot(std::int64_t n) const { return first_key[n + 1] - first_key[n]; }
+
+  /// Offset of row i of sequence n, head h, of out, dout and the saved out.
+  std::int64_t o_at(std::int64_t n, std::int64_t i, std::int64_t h) const {
+    return plan->o.at(seqs[n].b, seqs[n].q_row(i), h);
   }
-  /// Offset of row (b, i, h) of out, dout and the saved out.
-  std::int64_t o_at(std::int64_t b, std::int64_t i, std::int64_t h) const {
-    return plan->o.at(b, i, h);
+  std::int64_t dq_at(std::int64_t n, std::int64_t i, std::int64_t h) const {
+    return plan->dq.at(seqs[n].b, seqs[n].q_row(i), h);
   }
-  std::int64_t dq_at(std::int64_t b, std::int64_t i, std::int64_t h) const {
-    return plan->dq.at(b, i, h);
+  std::int64_t lse_at(std::int64_t n, std::int64_t h, std::int64_t i) const {
+    return plan->lse_at(seqs[n].b, h, seqs[n].q_row(i));
   }
-  std::int64_t dk_at(std::int64_t b, std::int64_t j, std::int64_t g) const {
-    return plan->dk.at(b, j, g);
+  const float* q_row(std::int64_t n, std::int64_t i, std::int64_t h) const {
+    return q + plan->q.at(seqs[n].b, seqs[n].q_row(i), h);
   }
-  std::int64_t dv_at(std::int64_t b, std::int64_t j, std::int64_t g) const {
-    return plan->dv.at(b, j, g);
+  /// Offset of key j of sequence n, kv head g, of dk and dv (no paged cache).
+  std::int64_t dk_at(std::int64_t n, std::int64_t j, std::int64_t g) const {
+    const KeyRow at = seqs[n].key_row(j);
+    return plan->dk.at(at.batch, at.seq, g);
   }
-  std::int64_t lse_at(std::int64_t b, std::int64_t h, std::int64_t i) const {
-    return plan->lse_at(b, h, i);
+  std::int64_t dv_at(std::int64_t n, std::int64_t j, std::int64_t g) const {
+    const KeyRow at = seqs[n].key_row(j);
+    return plan->dv.at(at.batch, at.seq, g);
   }
-  KeyRows keys(std::int64_t b, std::int64_t g) const {
-    return {k + plan->k.at(b, 0, g), plan->k.seq, plan->D};
+  KeyRows keys(std::int64_t n, std::int64_t g) const { return RowsOf(k, plan->k, plan->D, n, g); }
+  KeyRows values(std::int64_t n, std::int64_t g) const {
+    return RowsOf(v, plan->v, plan->Dv, n, g);
   }
-  KeyRows values(std::int64_t b, std::int64_t g) const {
-    return {v + plan->v.at(b, 0, g), plan->v.seq, plan->Dv};
+
+ private:
+  /// seqs, max_Sq, max_Sk, first_query and first_key from the inputs.
+  void Sequences(const AttentionInputs<float>& in) {
+    const AttentionPlan& p = *plan;
+    first_query.assign(1, 0);
+    first_key.clear();
+    max_Sq = 1;
+    for (std::int64_t n = 0; n < p.sequences(); ++n) {
+      seqs.push_back(p.sequence(in, n));
+      const AttentionSeq& s = seqs.back();
+      max_Sq = std::max(max_Sq, s.Sq);
+      max_Sk = std::max(max_Sk, s.Sk);
+      first_query.push_back(first_query.back() + s.Sq);
+      first_key.push_back(s.b * p.Sk + s.k_start);
+    }
+    first_key.push_back(p.B * p.Sk);  // each slot ends where the next begins
+  }
+  KeyRows RowsOf(const float* x, const Strides& st, std::int64_t width, std::int64_t n,
+                 std::int64_t g) const {
+    const AttentionSeq& s = seqs[n];
+    if (plan->paged()) return {x + st.at(0, 0, g), st.seq, width, st.batch, &s};
+    const KeyRow first = s.key_row(0);
+    return {x + st.at(first.batch, first.seq, g), st.seq, width, 0, nullptr};
   }
 };
 
-/// The query rows of one tile: batch entry b, kv head g, queries
-/// i0 .. i0+nq−1 of the G query heads h = g·G + gi; row r = qi·G + gi.
-/// rows_p = rows rounded up to whole vectors (the padding rows are zero and
-/// never stored); stride = LineStride(rows_p), the line length of the
-/// tile's transposed buffers.
+/// The query rows of one tile: sequence n, kv head g, its queries i0 ..
+/// i0+nq−1 (local to the sequence) of the G query heads h = g·G + gi; row
+/// r = qi·G + gi. rows_p = rows rounded up to whole vectors (the padding
+/// rows are zero and never stored); stride = LineStride(rows_p), the line
+/// length of the tile's transposed buffers.
 struct Tile {
-  std::int64_t b = 0, g = 0, G = 1, i0 = 0, nq = 0, rows = 0, rows_p = 0, stride = 0;
-  std::int64_t Sq = 0, Sk = 0, q_offset = 0;  ///< the lengths of entry b
+  std::int64_t n = 0, b = 0, g = 0, G = 1, i0 = 0, nq = 0, rows = 0, rows_p = 0, stride = 0;
+  std::int64_t Sq = 0, Sk = 0, q_offset = 0;  ///< the lengths of sequence n
   std::int64_t j_begin = 0, j_end = 0;        ///< keys any row of the tile may see
 
-  Tile(const Call& c, std::int64_t b_, std::int64_t g_, std::int64_t qblock)
-      : b(b_), g(g_), G(c.G) {
-    const Lengths n = c.lengths(b);
-    Sq = n.Sq;
-    Sk = n.Sk;
-    q_offset = n.q_offset;
+  Tile(const Call& c, std::int64_t n_, std::int64_t g_, std::int64_t qblock)
+      : n(n_), b(c.seqs[n_].b), g(g_), G(c.G) {
+    const AttentionSeq& s = c.seqs[n];
+    Sq = s.Sq;
+    Sk = s.Sk;
+    q_offset = s.q_offset();
     i0 = qblock * c.block_q;
     nq = std::min(c.block_q, Sq - i0);
     rows = nq * G;
@@ -307,10 +386,11 @@ struct Tile {
   }
   std::int64_t query(std::int64_t r) const { return i0 + r / G; }
   std::int64_t head(std::int64_t r) const { return g * G + r % G; }
-  const float* q_row(const Call& c, std::int64_t r) const { return c.q_row(b, query(r), head(r)); }
-  std::int64_t o_at(const Call& c, std::int64_t r) const { return c.o_at(b, query(r), head(r)); }
+  const float* q_row(const Call& c, std::int64_t r) const { return c.q_row(n, query(r), head(r)); }
+  std::int64_t o_at(const Call& c, std::int64_t r) const { return c.o_at(n, query(r), head(r)); }
+  std::int64_t dq_at(const Call& c, std::int64_t r) const { return c.dq_at(n, query(r), head(r)); }
   std::int64_t lse_at(const Call& c, std::int64_t r) const {
-    return c.lse_at(b, head(r), query(r));
+    return c.lse_at(n, head(r), query(r));
   }
 };
 
@@ -415,12 +495,18 @@ inline void PrefetchRows(const KeyRows& rows, std::int64_t j0, std::int64_t nk) 
 }
 
 /// Per-thread scratch of the score transform, sized for the largest tile:
-/// the band of visible keys per row and the bias rows.
+/// the band of visible keys per row, the bias rows, and each row's ALiBi
+/// slope and position.
 struct ScoreScratch {
-  Buffer lo, hi, gather;
+  Buffer lo, hi, gather, slope, position;
   std::vector<std::int64_t> bias_row;
   explicit ScoreScratch(std::int64_t rows)
-      : lo(rows), hi(rows), gather(rows), bias_row(static_cast<std::size_t>(rows), -1) {}
+      : lo(rows),
+        hi(rows),
+        gather(rows),
+        slope(rows),
+        position(rows),
+        bias_row(static_cast<std::size_t>(rows), -1) {}
 };
 
 /// A transposing copy moves kTransposeRows rows at a time, kTransposeWidth
@@ -478,8 +564,10 @@ inline void PackQueriesNatural(const Call& c, const Tile& t, float* Qn) {
 /// Turns the raw dot products St[jj][r] of keys j = j0 + jj (of the packed
 /// queries, see Call::q_scale) into scores in log2 units, x = s·log2 e:
 /// s = scale·<q, k>; s = c·tanh(s/c) (softcap c > 0; tanh(s/c) kept in
-/// `tanh_out` when given, for the backward); s += bias; s = −inf where the
-/// mask hides key j from row r. Row r's lanes are independent.
+/// `tanh_out` when given, for the backward); s −= m·|i + Sk − Sq − j|
+/// (ALiBi, slope m of the row's head and sequence, i and j local to the
+/// sequence); s += bias; s = −inf where the mask hides key j from row r.
+/// Row r's lanes are independent.
 class ScoreTransform {
  public:
   ScoreTransform(const Call& c, const Tile& t, ScoreScratch& s)
@@ -488,8 +576,20 @@ class ScoreTransform {
         lo_(s.lo.get()),
         hi_(s.hi.get()),
         gather_(s.gather.get()),
-        bias_row_(s.bias_row.data()) {
+        slope_(s.slope.get()),
+        position_(s.position.get()),
+        bias_row_(s.bias_row.data()),
+        terms_(c.softcap > 0.0f || c.slopes != nullptr || c.plan->mask == MaskKind::bias) {
     const AttentionPlan& p = *c.plan;
+    if (c.slopes != nullptr) {
+      // row r: slope m·log2 e of (sequence, head), in log2 units as the
+      // scores, and position i + Sk − Sq (0 in padding rows)
+      for (std::int64_t r = 0; r < t.rows_p; ++r) {
+        const bool real = r < t.rows;
+        slope_[r] = real ? c.slopes[p.slope_at(t.n, t.head(r))] * kLog2e : 0.0f;
+        position_[r] = real ? static_cast<float>(t.query(r) + t.Sk - t.Sq) : 0.0f;
+      }
+    }
     if (p.mask == MaskKind::bias) {
       for (std::int64_t r = 0; r < t.rows_p; ++r) {
         bias_row_[r] = r < t.rows ? p.mask_row(t.b, t.head(r), t.query(r)) : -1;
@@ -543,20 +643,16 @@ class ScoreTransform {
   bool any_hidden() const { return hidden_keys_; }
 
   /// True when the raw dot products of the current block are its scores: no
-  /// softcap, no bias, no row of the tile with a hidden key in it.
-  bool plain() const {
-    return c_.softcap <= 0.0f && c_.plan->mask != MaskKind::bias && !bounded_ && !hidden_keys_;
-  }
+  /// softcap, no ALiBi, no bias, no row of the tile with a hidden key in it.
+  bool plain() const { return !terms_ && !bounded_ && !hidden_keys_; }
   /// As plain(), for the rows r0 .. r0+N−1 alone.
   bool plain_at(std::int64_t r0) const {
-    return c_.softcap <= 0.0f && c_.plan->mask != MaskKind::bias && !hidden_keys_ &&
+    return !terms_ && !hidden_keys_ &&
            (!bounded_ || vec_bounded_[static_cast<std::size_t>(r0 / Lanes())] == 0);
   }
   /// True when the block needs the causal / sliding-window band alone (the
   /// diagonal blocks of a plain causal call).
-  bool band_only() const {
-    return c_.softcap <= 0.0f && c_.plan->mask != MaskKind::bias && bounded_ && !hidden_keys_;
-  }
+  bool band_only() const { return !terms_ && bounded_ && !hidden_keys_; }
   /// The band of visible keys of rows r0 .. r0+N−1, relative to j0.
   HWY_INLINE void Band(std::int64_t r0, VF& lo, VF& hi) const {
     const DF d;
@@ -575,6 +671,12 @@ class ScoreTransform {
       const VF t = hn::Tanh(d, hn::Div(hn::Mul(raw, hn::Set(d, c_.scale)), hn::Set(d, c_.softcap)));
       if (tanh_out != nullptr) hn::StoreU(t, d, tanh_out + jj * t_.stride + r0);
       s = hn::Mul(hn::Set(d, c_.softcap * kLog2e), t);
+    }
+    if (c_.slopes != nullptr) {
+      // s − m·|i + Sk − Sq − j| (slope_ holds m·log2 e)
+      const VF j = hn::Set(d, static_cast<float>(j0_ + jj));
+      const VF distance = hn::Abs(hn::Sub(hn::LoadU(d, position_ + r0), j));
+      s = hn::NegMulAdd(hn::LoadU(d, slope_ + r0), distance, s);
     }
     if (p.mask == MaskKind::bias) {
       // s + bias, and −inf where the bias hides the key (whatever s is)
@@ -644,7 +746,10 @@ class ScoreTransform {
   float* lo_;
   float* hi_;
   float* gather_;
+  float* slope_;
+  float* position_;
   std::int64_t* bias_row_;
+  bool terms_;  ///< a term beyond the scale: softcap, ALiBi or bias
   const float* keep_ = nullptr;
   std::int64_t j0_ = 0;
   bool bounded_ = false;

@@ -5,10 +5,8 @@
 ///        the backend's one validation and thread-count layer.
 ///
 /// Each entry point validates its views against the plan (the check_*
-/// helpers of the plan headers; an attention entry point first refuses the
-/// features it does not implement, require_supported) before it writes
-/// anything, resolves the thread count of the call once (threads_of), then
-/// dispatches once to the best Highway target. Outer loops run on that many
+/// helpers of the plan headers) before it writes anything, resolves the thread count of the call
+/// once (threads_of), then dispatches once to the best Highway target. Outer loops run on that many
 /// OpenMP threads, and no result depends on their number: bitwise identical
 /// for any thread count.
 #pragma once
@@ -17,7 +15,6 @@
 
 #include <cstdint>
 #include <span>
-#include <string>
 
 #include "tandem/attention.hpp"
 #include "tandem/attention_block.hpp"
@@ -34,23 +31,6 @@ inline int threads_of(const Options& options) {
   return options.threads > 0 ? options.threads : omp_get_max_threads();
 }
 
-/// The attention features the optimized kernels do not implement yet — sinks
-/// (and so dsinks), ALiBi, packed sequences, paged caches (SPEC §2.7–2.10):
-/// the one place that refuses them, first thing in every attention entry
-/// point below, so that no call returns a wrong result. The reference backend
-/// implements them all.
-inline void require_supported(const AttentionPlan& plan) {
-  const char* input = plan.sinks                      ? "sinks"
-                      : plan.alibi != AlibiKind::none ? "alibi_slopes"
-                      : plan.varlen()                 ? "cu_seqlens_q"
-                      : plan.paged()                  ? "block_table"
-                                                      : nullptr;
-  if (input != nullptr) {
-    throw Error(input, std::string(input) + " (" + plan.describe() +
-                           ") is not supported by the optimized backend yet");
-  }
-}
-
 /// out = attention(q, k, v, mask).
 void attention_forward(const AttentionPlan& plan, const AttentionInputs<float>& in,
                        std::span<float> out, const Options& options);
@@ -58,7 +38,7 @@ void attention_forward(const AttentionPlan& plan, const AttentionInputs<float>& 
 /// ([B, H, Sq], contiguous), −inf for a row with no visible key.
 void attention_forward_lse(const AttentionPlan& plan, const AttentionInputs<float>& in,
                            std::span<float> out, std::span<float> lse, const Options& options);
-/// Any non-empty subset of dq, dk, dv (an empty view is not computed); with
+/// Any non-empty subset of dq, dk, dv, dsinks (an empty view is not computed); with
 /// `saved` (the forward's out and lse) P and rowsum(dO ∘ O) come from it
 /// instead of a forward run over each query block.
 void attention_backward(const AttentionPlan& plan, const AttentionInputs<float>& in,

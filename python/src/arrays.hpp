@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tandem/error.hpp"
+#include "tandem/indices.hpp"
 #include "tandem/shape.hpp"
 
 namespace tandem::python {
@@ -145,6 +146,36 @@ inline std::span<const float> mask_span(const std::optional<In>& a, const Shape&
     throw Error("mask.dtype", "mask.dtype = " + dtype_name(a->dtype()) + " must be float32");
   }
   return in_span<float>(*a, "mask", contiguous(shape), count(shape));
+}
+
+/// The integers of an index input (cu_seqlens, seqused_k, block tables,
+/// cache lengths, RoPE positions) as an Indices view of the caller's memory:
+/// `a` must be int32 or int64, contiguous, of shape `shape`; an empty view
+/// when absent. Throws Error naming `name` otherwise.
+inline Indices index_view(const std::optional<In>& a, const std::string& name, const Shape& shape) {
+  if (!a) return {};
+  const bool i32 = a->dtype() == nb::dtype<std::int32_t>(),
+             i64 = a->dtype() == nb::dtype<std::int64_t>();
+  if (!i32 && !i64) {
+    fail(name + ".dtype",
+         "(dlpack code " + std::to_string(a->dtype().code) + ", " +
+             std::to_string(a->dtype().bits) + " bits)",
+         "must be int32 or int64");
+  }
+  bool same = a->ndim() == shape.size();
+  for (std::size_t i = 0; same && i < a->ndim(); ++i) {
+    same = static_cast<std::int64_t>(a->shape(i)) == shape[i];
+  }
+  if (!same) fail(name + ".shape", to_string(shape_of(*a)), "must be " + to_string(shape));
+  const Expect e = contiguous(shape);
+  for (std::size_t i = 0; i < a->ndim() && count(shape) > 0; ++i) {
+    if (shape[i] != 1 && a->stride(i) != e.strides[i]) {
+      fail(name + ".strides", "(not contiguous)", "must be contiguous");
+    }
+  }
+  const auto n = static_cast<std::size_t>(count(shape));
+  if (i32) return std::span<const std::int32_t>(static_cast<const std::int32_t*>(a->data()), n);
+  return std::span<const std::int64_t>(static_cast<const std::int64_t*>(a->data()), n);
 }
 
 }  // namespace tandem::python

@@ -39,6 +39,9 @@ struct Kernels {
       attention_backward_dq, attention_backward_dk, attention_backward_dv;
   std::function<void(const RopePlan&, std::span<const T>, const RopeTables<T>&, std::span<T>)>
       rope_forward, rope_backward;
+  std::function<void(const RopeQkPlan&, std::span<const T>, std::span<const T>,
+                     const RopeTables<T>&, std::span<T>, std::span<T>)>
+      rope_forward_qk, rope_backward_qk;
   std::function<void(const AxialRopePlan&, std::span<const T>, std::span<T>)> axial_rope_forward,
       axial_rope_backward;
   std::function<void(const SwigluPlan&, std::span<const T>, std::span<T>)> swiglu_forward;
@@ -52,8 +55,8 @@ inline Kernels<float> kernels_of(const Backend& be) {
   return {be.attention_forward,        be.attention_forward_lse, be.attention_backward,
           be.attention_backward_saved, be.attention_backward_dq, be.attention_backward_dk,
           be.attention_backward_dv,    be.rope_forward,          be.rope_backward,
-          be.axial_rope_forward,       be.axial_rope_backward,   be.swiglu_forward,
-          be.swiglu_backward};
+          be.rope_forward_qk,          be.rope_backward_qk,      be.axial_rope_forward,
+          be.axial_rope_backward,      be.swiglu_forward,        be.swiglu_backward};
 }
 
 /// The templated reference at scalar type T, every sum in Acc.
@@ -75,6 +78,8 @@ Kernels<T> reference_kernels() {
   k.attention_backward_dv = ref::attention_backward_dv<T, Acc>;
   k.rope_forward = ref::rope_forward<T, Acc>;
   k.rope_backward = ref::rope_backward<T, Acc>;
+  k.rope_forward_qk = ref::rope_forward_qk<T, Acc>;
+  k.rope_backward_qk = ref::rope_backward_qk<T, Acc>;
   k.axial_rope_forward = ref::axial_rope_forward<T, Acc>;
   k.axial_rope_backward = ref::axial_rope_backward<T, Acc>;
   k.swiglu_forward = ref::swiglu_forward<T, Acc>;

@@ -12,6 +12,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <optional>
@@ -107,11 +108,12 @@ void with_dtype(const In& a, const std::string& name, F&& f) {
 // Attention
 
 /// Shape and strides of a multi-head tensor of the plan: [B, S, heads, width]
-/// in bshd, [B, heads, S, width] in bhsd, placed by `st`.
-Expect heads_layout(const AttentionPlan& p, const Strides& st, std::int64_t S, std::int64_t heads,
-                    std::int64_t width) {
-  if (p.layout == Layout::bshd) return {{p.B, S, heads, width}, {st.batch, st.seq, st.head, 1}};
-  return {{p.B, heads, S, width}, {st.batch, st.head, st.seq, 1}};
+/// in bshd, [B, heads, S, width] in bhsd, placed by `st` (B and S: the
+/// batch and sequence axes, `[num_blocks, block_size]` for a paged cache).
+Expect heads_layout(const AttentionPlan& p, const Strides& st, std::int64_t B, std::int64_t S,
+                    std::int64_t heads, std::int64_t width) {
+  if (p.layout == Layout::bshd) return {{B, S, heads, width}, {st.batch, st.seq, st.head, 1}};
+  return {{B, heads, S, width}, {st.batch, st.head, st.seq, 1}};
 }
 
 /// The shape of the mask the plan's kind takes (keep [B, Sk] or bias
@@ -128,8 +130,41 @@ std::optional<In> input(const nb::dict& inputs, const char* name) {
   return nb::cast<In>(inputs[name]);
 }
 
+/// The feature inputs of `inputs` (SPEC §2.7–2.10) into `in`: sinks [H]
+/// (element type T), ALiBi slopes [H] or [n, H] (float32), cu_seqlens_q and
+/// cu_seqlens_k [n+1], seqused_k [n] (optional), block_table [B, max_blocks]
+/// and cache_seqlens [B] (int32 or int64), each given exactly when the plan
+/// takes it; the kernel checks their values.
+template <class T>
+void feature_inputs(const AttentionPlan& p, const nb::dict& inputs, AttentionInputs<T>& in) {
+  const auto taken = [&](const char* name, bool takes) {
+    std::optional<In> a = input(inputs, name);
+    if (takes && !a) fail(name, "(absent)", "is required by the call (" + p.describe() + ")");
+    if (!takes && a) {
+      fail(name, to_string(shape_of(*a)),
+           "must be absent (the call takes none: " + p.describe() + ")");
+    }
+    return a;
+  };
+  if (const std::optional<In> sinks = taken("sinks", p.sinks)) {
+    in.sinks = in_span<T>(*sinks, "sinks", contiguous({p.H}), p.H);
+  }
+  if (const std::optional<In> slopes = taken("alibi_slopes", p.alibi != AlibiKind::none)) {
+    const Shape s = p.alibi == AlibiKind::per_head ? Shape{p.H} : Shape{p.sequences(), p.H};
+    in.alibi_slopes = in_span<float>(*slopes, "alibi_slopes", contiguous(s), count(s));
+  }
+  const std::int64_t n = p.num_seqs;
+  in.cu_seqlens_q = index_view(taken("cu_seqlens_q", p.varlen()), "cu_seqlens_q", {n + 1});
+  in.cu_seqlens_k = index_view(taken("cu_seqlens_k", p.varlen()), "cu_seqlens_k", {n + 1});
+  const std::optional<In> used = input(inputs, "seqused_k");
+  if (used && !p.varlen()) taken("seqused_k", false);
+  in.seqused_k = index_view(used, "seqused_k", {n});
+  in.block_table = index_view(taken("block_table", p.paged()), "block_table", {p.B, p.max_blocks});
+  in.cache_seqlens = index_view(taken("cache_seqlens", p.paged()), "cache_seqlens", {p.B});
+}
+
 /// The one place where the arrays of an attention call become its views:
-/// q, k, v (read through the plan's strides) and the mask.
+/// q, k, v (read through the plan's strides), the mask and the feature inputs.
 template <class T>
 AttentionInputs<T> attention_inputs(const AttentionPlan& p, const nb::dict& inputs) {
   const auto need = [&](const char* name) {
@@ -138,9 +173,10 @@ AttentionInputs<T> attention_inputs(const AttentionPlan& p, const nb::dict& inpu
     return *a;
   };
   AttentionInputs<T> in;
-  in.q = in_span<T>(need("q"), "q", heads_layout(p, p.q, p.Sq, p.H, p.D), p.q.extent);
-  in.k = in_span<T>(need("k"), "k", heads_layout(p, p.k, p.Sk, p.Hkv, p.D), p.k.extent);
-  in.v = in_span<T>(need("v"), "v", heads_layout(p, p.v, p.Sk, p.Hkv, p.Dv), p.v.extent);
+  const std::int64_t KB = p.kv_batch(), KS = p.kv_seq();
+  in.q = in_span<T>(need("q"), "q", heads_layout(p, p.q, p.B, p.Sq, p.H, p.D), p.q.extent);
+  in.k = in_span<T>(need("k"), "k", heads_layout(p, p.k, KB, KS, p.Hkv, p.D), p.k.extent);
+  in.v = in_span<T>(need("v"), "v", heads_layout(p, p.v, KB, KS, p.Hkv, p.Dv), p.v.extent);
   const std::optional<In> mask = input(inputs, "mask");
   const std::optional<Shape> shape = mask_shape(p);
   if (mask && !shape) {
@@ -151,12 +187,20 @@ AttentionInputs<T> attention_inputs(const AttentionPlan& p, const nb::dict& inpu
     fail("mask", "(absent)", std::string("is required for mask kind ") + to_string(p.mask));
   }
   if (shape) in.mask = mask_span(mask, *shape);
+  feature_inputs(p, inputs, in);
   return in;
 }
 
-/// The contiguous shape of an output with the plan's layout.
-Shape heads_shape(const AttentionPlan& p, std::int64_t S, std::int64_t heads, std::int64_t width) {
-  return heads_layout(p, {}, S, heads, width).shape;
+/// The contiguous shape of an output with the plan's layout: [B, S, heads,
+/// width] (bshd) or [B, heads, S, width] (bhsd).
+Shape heads_shape(const AttentionPlan& p, std::int64_t B, std::int64_t S, std::int64_t heads,
+                  std::int64_t width) {
+  return heads_layout(p, {}, B, S, heads, width).shape;
+}
+
+/// The shape of out and dout: [B, Sq, H, Dv] in the plan's layout.
+Shape out_shape(const AttentionPlan& p) {
+  return heads_shape(p, p.B, p.Sq, p.H, p.Dv);
 }
 
 void attention_forward(const std::string& backend, const AttentionParams& params,
@@ -166,7 +210,7 @@ void attention_forward(const std::string& backend, const AttentionParams& params
     using T = decltype(tag);
     const Kernels<T>& k = kernels<T>(backend);
     const AttentionInputs<T> in = attention_inputs<T>(plan, inputs);
-    const std::span<T> o = out_span<T>(out, "out", heads_shape(plan, plan.Sq, plan.H, plan.Dv));
+    const std::span<T> o = out_span<T>(out, "out", out_shape(plan));
     const std::span<T> l = out_span<T>(lse, "lse", {plan.B, plan.H, plan.Sq});
     nb::gil_scoped_release release;
     if (lse) {
@@ -208,29 +252,40 @@ void attention_forward_contiguous(const std::string& backend, const AttentionPla
   }
 }
 
-/// dq, dk, dv views for the outputs given (an absent one stays empty).
+/// The gradients an attention backward writes: dq, dk, dv and dsinks (an
+/// absent one is neither computed nor written).
+struct GradOutputs {
+  ///@{
+  /// [B, Sq, H, D], [B, Sk, Hkv, D], [B, Sk, Hkv, Dv] in the plan's layout; [H].
+  std::optional<Out> dq, dk, dv, dsinks;
+  ///@}
+};
+
+/// dq, dk, dv, dsinks views for the outputs given (an absent one stays empty).
 template <class T>
-AttentionGrads<T> attention_grads(const AttentionPlan& p, const std::optional<Out>& dq,
-                                  const std::optional<Out>& dk, const std::optional<Out>& dv) {
-  return {out_span<T>(dq, "dq", heads_shape(p, p.Sq, p.H, p.D)),
-          out_span<T>(dk, "dk", heads_shape(p, p.Sk, p.Hkv, p.D)),
-          out_span<T>(dv, "dv", heads_shape(p, p.Sk, p.Hkv, p.Dv))};
+AttentionGrads<T> attention_grads(const AttentionPlan& p, const GradOutputs& g) {
+  const std::int64_t KB = p.kv_batch(), KS = p.kv_seq();
+  return {out_span<T>(g.dq, "dq", heads_shape(p, p.B, p.Sq, p.H, p.D)),
+          out_span<T>(g.dk, "dk", heads_shape(p, KB, KS, p.Hkv, p.D)),
+          out_span<T>(g.dv, "dv", heads_shape(p, KB, KS, p.Hkv, p.Dv)),
+          out_span<T>(g.dsinks, "dsinks", {p.sinks ? p.H : 0})};
 }
 
 void attention_backward(const std::string& backend, const AttentionParams& params,
                         const nb::dict& inputs, const In& dout, const std::optional<Out>& dq,
-                        const std::optional<Out>& dk, const std::optional<Out>& dv) {
+                        const std::optional<Out>& dk, const std::optional<Out>& dv,
+                        const std::optional<Out>& dsinks) {
   const AttentionPlan plan = AttentionPlan::make(params);
-  if (!dq && !dk && !dv) fail("dq", "(absent)", "or dk or dv must be asked for");
+  if (!dq && !dk && !dv && !dsinks) fail("dq", "(absent)", "or dk, dv, dsinks must be asked for");
   with_dtype(nb::cast<In>(inputs["q"]), "q", [&](auto tag) {
     using T = decltype(tag);
     const Kernels<T>& k = kernels<T>(backend);
     const AttentionInputs<T> in = attention_inputs<T>(plan, inputs);
-    const std::span<const T> d = in_span<T>(
-        dout, "dout", contiguous(heads_shape(plan, plan.Sq, plan.H, plan.Dv)), plan.o.extent);
-    const AttentionGrads<T> g = attention_grads<T>(plan, dq, dk, dv);
+    const std::span<const T> d =
+        in_span<T>(dout, "dout", contiguous(out_shape(plan)), plan.o.extent);
+    const AttentionGrads<T> g = attention_grads<T>(plan, {dq, dk, dv, dsinks});
     nb::gil_scoped_release release;
-    if (dq && dk && dv) {
+    if ((dq && dk && dv) || dsinks) {
       k.attention_backward(plan, in, d, g);
       return;
     }
@@ -242,18 +297,19 @@ void attention_backward(const std::string& backend, const AttentionParams& param
 
 void attention_backward_saved(const std::string& backend, const AttentionParams& params,
                               const nb::dict& inputs, const In& out, const In& lse, const In& dout,
-                              const Out& dq, const Out& dk, const Out& dv) {
+                              const Out& dq, const Out& dk, const Out& dv,
+                              const std::optional<Out>& dsinks) {
   const AttentionPlan plan = AttentionPlan::make(params);
   with_dtype(nb::cast<In>(inputs["q"]), "q", [&](auto tag) {
     using T = decltype(tag);
     const Kernels<T>& k = kernels<T>(backend);
     const AttentionInputs<T> in = attention_inputs<T>(plan, inputs);
-    const Expect o = contiguous(heads_shape(plan, plan.Sq, plan.H, plan.Dv));
+    const Expect o = contiguous(out_shape(plan));
     const AttentionSaved<T> saved{
         in_span<T>(out, "out", o, plan.o.extent),
         in_span<T>(lse, "lse", contiguous({plan.B, plan.H, plan.Sq}), plan.lse_size())};
     const std::span<const T> d = in_span<T>(dout, "dout", o, plan.o.extent);
-    const AttentionGrads<T> g = attention_grads<T>(plan, dq, dk, dv);
+    const AttentionGrads<T> g = attention_grads<T>(plan, {dq, dk, dv, dsinks});
     nb::gil_scoped_release release;
     k.attention_backward_saved(plan, in, saved, d, g);
   });
@@ -267,21 +323,58 @@ Expect rows_layout(std::int64_t B, std::int64_t S, std::int64_t W, std::int64_t 
   return {{B, S, W}, {S * row_stride, row_stride, 1}};
 }
 
+/// Shape and strides of a RoPE source: [B, H, S, D] contiguous (bhsd), or
+/// [B, S, W] rows with the plan's row stride (bshd; thd with B = 1).
+Expect rope_source(const RopePlan& plan) {
+  if (plan.layout == RopeLayout::bhsd) return contiguous({plan.B, plan.heads(), plan.S, plan.D});
+  return rows_layout(plan.B, plan.S, plan.W, plan.src_row_stride);
+}
+
+/// The contiguous shape of a RoPE output: that of the source.
+Shape rope_out_shape(const RopePlan& plan) {
+  return rope_source(plan).shape;
+}
+
+/// The cos and sin tables [R, T] (contiguous) and the position ids [B·S]
+/// (int32 or int64, contiguous; absent unless the plan reads position ids).
+template <class T>
+RopeTables<T> rope_tables(const RopePlan& plan, const In& cos, const In& sin,
+                          const std::optional<In>& positions) {
+  return {in_span<T>(cos, "cos", contiguous({plan.R, plan.T}), plan.R * plan.T),
+          in_span<T>(sin, "sin", contiguous({plan.R, plan.T}), plan.R * plan.T),
+          index_view(positions, "positions", {plan.B * plan.S})};
+}
+
 void rope(const std::string& backend, const RopeParams& params, const In& x, const In& cos,
-          const In& sin, const Out& out, bool backward) {
+          const In& sin, const std::optional<In>& positions, const Out& out, bool backward) {
   const RopePlan plan = RopePlan::make(params);
   const char* src = backward ? "dy" : "x";
   with_dtype(x, src, [&](auto tag) {
     using T = decltype(tag);
     const Kernels<T>& k = kernels<T>(backend);
-    const std::span<const T> s = in_span<T>(
-        x, src, rows_layout(plan.B, plan.S, plan.W, plan.src_row_stride), plan.src_extent());
-    const RopeTables<T> tables{
-        in_span<T>(cos, "cos", contiguous({plan.R, plan.T}), plan.R * plan.T),
-        in_span<T>(sin, "sin", contiguous({plan.R, plan.T}), plan.R * plan.T)};
-    const std::span<T> o = out_span<T>(out, backward ? "dx" : "out", {plan.B, plan.S, plan.W});
+    const std::span<const T> s = in_span<T>(x, src, rope_source(plan), plan.src_extent());
+    const RopeTables<T> tables = rope_tables<T>(plan, cos, sin, positions);
+    const std::span<T> o = out_span<T>(out, backward ? "dx" : "out", rope_out_shape(plan));
     nb::gil_scoped_release release;
     (backward ? k.rope_backward : k.rope_forward)(plan, s, tables, o);
+  });
+}
+
+void rope_qk(const std::string& backend, const RopeQkParams& params, const In& q, const In& k,
+             const In& cos, const In& sin, const std::optional<In>& positions, const Out& q_out,
+             const Out& k_out, bool backward) {
+  const RopeQkPlan plan = RopeQkPlan::make(params);
+  const RopeQkNames& names = backward ? kRopeQkBackward : kRopeQkForward;
+  with_dtype(q, names.q, [&](auto tag) {
+    using T = decltype(tag);
+    const Kernels<T>& kernel = kernels<T>(backend);
+    const std::span<const T> qs = in_span<T>(q, names.q, rope_source(plan.q), plan.q.src_extent());
+    const std::span<const T> ks = in_span<T>(k, names.k, rope_source(plan.k), plan.k.src_extent());
+    const RopeTables<T> tables = rope_tables<T>(plan.q, cos, sin, positions);
+    const std::span<T> qo = out_span<T>(q_out, names.q_out, rope_out_shape(plan.q));
+    const std::span<T> ko = out_span<T>(k_out, names.k_out, rope_out_shape(plan.k));
+    nb::gil_scoped_release release;
+    (backward ? kernel.rope_backward_qk : kernel.rope_forward_qk)(plan, qs, ks, tables, qo, ko);
   });
 }
 
@@ -398,12 +491,21 @@ NB_MODULE(_ext, m) {
       .value("sliding_window", MaskKind::sliding_window)
       .value("key_padding", MaskKind::key_padding)
       .value("bias", MaskKind::bias);
+  nb::enum_<AlibiKind>(m, "AlibiKind")
+      .value("none", AlibiKind::none)
+      .value("per_head", AlibiKind::per_head)
+      .value("per_batch_head", AlibiKind::per_batch_head);
+  nb::enum_<RopeLayout>(m, "RopeLayout")
+      .value("bshd", RopeLayout::bshd)
+      .value("bhsd", RopeLayout::bhsd)
+      .value("thd", RopeLayout::thd);
   nb::enum_<RopeStyle>(m, "RopeStyle")
       .value("neox", RopeStyle::neox)
       .value("gptj", RopeStyle::gptj);
   nb::enum_<TableRows>(m, "TableRows")
       .value("position", TableRows::position)
-      .value("token", TableRows::token);
+      .value("token", TableRows::token)
+      .value("position_ids", TableRows::position_ids);
 
   // The Params of each op: the Python package sets these fields from its
   // keyword arguments (one line per field there, one here).
@@ -426,6 +528,12 @@ NB_MODULE(_ext, m) {
       .def_rw("v_row_stride", &AttentionParams::v_row_stride)
       .def_rw("bias_batch", &AttentionParams::bias_batch)
       .def_rw("bias_heads", &AttentionParams::bias_heads)
+      .def_rw("sinks", &AttentionParams::sinks)
+      .def_rw("alibi", &AttentionParams::alibi)
+      .def_rw("num_seqs", &AttentionParams::num_seqs)
+      .def_rw("num_blocks", &AttentionParams::num_blocks)
+      .def_rw("block_size", &AttentionParams::block_size)
+      .def_rw("max_blocks", &AttentionParams::max_blocks)
       .def("describe", [](const AttentionParams& p) { return AttentionPlan::make(p).describe(); });
   nb::class_<AttentionPlan>(m, "AttentionPlan")
       .def_static("make", &AttentionPlan::make, "params"_a)
@@ -436,12 +544,18 @@ NB_MODULE(_ext, m) {
       .def_rw("seq", &RopeParams::seq)
       .def_rw("width", &RopeParams::width)
       .def_rw("head_dim", &RopeParams::head_dim)
+      .def_rw("layout", &RopeParams::layout)
       .def_rw("n_rot", &RopeParams::n_rot)
       .def_rw("style", &RopeParams::style)
       .def_rw("table_rows", &RopeParams::table_rows)
       .def_rw("table_stride", &RopeParams::table_stride)
       .def_rw("rows", &RopeParams::rows)
       .def_rw("src_row_stride", &RopeParams::src_row_stride);
+  nb::class_<RopeQkParams>(m, "RopeQkParams")
+      .def(nb::init<>())
+      .def_rw("q", &RopeQkParams::q)
+      .def_rw("k_width", &RopeQkParams::k_width)
+      .def_rw("k_src_row_stride", &RopeQkParams::k_src_row_stride);
   nb::class_<AxialRopeParams>(m, "AxialRopeParams")
       .def(nb::init<>())
       .def_rw("batch", &AxialRopeParams::batch)
@@ -464,10 +578,14 @@ NB_MODULE(_ext, m) {
   m.def("attention_forward_contiguous", &attention_forward_contiguous, "backend"_a, "plan"_a, "q"_a,
         "k"_a, "v"_a, "out"_a, "float64"_a);
   m.def("attention_backward", &attention_backward, "backend"_a, "params"_a, "inputs"_a, "dout"_a,
-        "dq"_a.none(), "dk"_a.none(), "dv"_a.none());
+        "dq"_a.none(), "dk"_a.none(), "dv"_a.none(), "dsinks"_a.none());
   m.def("attention_backward_saved", &attention_backward_saved, "backend"_a, "params"_a, "inputs"_a,
-        "out"_a, "lse"_a, "dout"_a, "dq"_a, "dk"_a, "dv"_a);
-  m.def("rope", &rope, "backend"_a, "params"_a, "x"_a, "cos"_a, "sin"_a, "out"_a, "backward"_a);
+        "out"_a, "lse"_a, "dout"_a, "dq"_a, "dk"_a, "dv"_a, "dsinks"_a.none());
+  m.def("alibi_standard_slopes", &alibi_standard_slopes, "num_heads"_a);
+  m.def("rope", &rope, "backend"_a, "params"_a, "x"_a, "cos"_a, "sin"_a, "positions"_a.none(),
+        "out"_a, "backward"_a);
+  m.def("rope_qk", &rope_qk, "backend"_a, "params"_a, "q"_a, "k"_a, "cos"_a, "sin"_a,
+        "positions"_a.none(), "q_out"_a, "k_out"_a, "backward"_a);
   m.def("axial_rope", &axial_rope, "backend"_a, "params"_a, "x"_a, "out"_a, "backward"_a);
   m.def("swiglu_forward", &swiglu_forward, "backend"_a, "params"_a, "x"_a, "out"_a);
   m.def("swiglu_backward", &swiglu_backward, "backend"_a, "params"_a, "x"_a, "dy"_a, "dx"_a);

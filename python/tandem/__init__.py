@@ -14,16 +14,18 @@ ValueError) naming the parameter.
 """
 
 from . import _ext
-from ._api import (attention, attention_backward, attention_backward_saved, attention_block,
-                   attention_forward_lse, axial_rope, axial_rope_backward, rope, rope_backward,
-                   swiglu, swiglu_backward)
+from ._api import (alibi_slopes, attention, attention_backward, attention_backward_saved,
+                   attention_block, attention_forward_lse, attention_with_kvcache, axial_rope,
+                   axial_rope_backward, rope, rope_backward, rope_qk, rope_qk_backward, swiglu,
+                   swiglu_backward)
 from ._errors import Error
 
 __version__ = _ext.version()
 
 __all__ = [
     "Error", "attention", "attention_backward", "attention_forward_lse",
-    "attention_backward_saved", "rope", "rope_backward", "axial_rope", "axial_rope_backward",
+    "attention_backward_saved", "attention_with_kvcache", "alibi_slopes", "rope",
+    "rope_backward", "rope_qk", "rope_qk_backward", "axial_rope", "axial_rope_backward",
     "swiglu", "swiglu_backward", "attention_block", "set_threads", "threads", "simd_target",
 ]
 

@@ -9,21 +9,29 @@ kernel with the GIL released. float32 runs `backend`; float64 runs the
 reference in double whatever `backend` says.
 """
 
+import math
+
+import numpy as np
+
 from . import _arrays as A
 from . import _ext
 from ._errors import Error
 
 __all__ = [
     "attention", "attention_backward", "attention_forward_lse", "attention_backward_saved",
-    "rope", "rope_backward", "axial_rope", "axial_rope_backward", "swiglu",
-    "swiglu_backward", "attention_block",
+    "attention_with_kvcache", "alibi_slopes", "rope", "rope_backward", "rope_qk",
+    "rope_qk_backward", "axial_rope", "axial_rope_backward", "swiglu", "swiglu_backward",
+    "attention_block",
 ]
 
 _LAYOUTS = {"bshd": _ext.Layout.bshd, "bhsd": _ext.Layout.bhsd}
 _MASKS = {"none": _ext.MaskKind.none, "causal": _ext.MaskKind.causal,
           "sliding_window": _ext.MaskKind.sliding_window}
 _STYLES = {"neox": _ext.RopeStyle.neox, "gptj": _ext.RopeStyle.gptj}
-_TABLE_ROWS = {"position": _ext.TableRows.position, "token": _ext.TableRows.token}
+_TABLE_ROWS = {"position": _ext.TableRows.position, "token": _ext.TableRows.token,
+               "position_ids": _ext.TableRows.position_ids}
+_ROPE_LAYOUTS = {"bshd": _ext.RopeLayout.bshd, "bhsd": _ext.RopeLayout.bhsd,
+                 "thd": _ext.RopeLayout.thd}
 
 
 def _choice(name, value, table):
@@ -37,13 +45,24 @@ def _choice(name, value, table):
 # Attention
 
 
+def _pair(x, y, x_name, y_name, what):
+    """Raises Error naming the missing one of two inputs that come together."""
+    if (x is None) != (y is None):
+        missing, given = (x_name, y_name) if x is None else (y_name, x_name)
+        raise Error(f"{missing} = None must be given with {given} ({what} take both)", missing)
+    return x is not None
+
+
 class _AttentionCall:
     """An attention call read from Python arguments: the Params, the input
     arrays (q, k, v as rank-4 views of the caller's memory where possible;
-    the mask as float32), and how to give outputs back in the caller's rank."""
+    the mask and ALiBi slopes as float32; index inputs as int32 or int64),
+    and how to give outputs back in the caller's rank."""
 
     def __init__(self, q, k, v, layout="bshd", num_heads=None, mask=None, window=None,
-                 scale=None, softcap=0.0, bias=None, key_padding=None):
+                 scale=None, softcap=0.0, bias=None, key_padding=None, sinks=None,
+                 alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
+                 block_table=None, cache_seqlens=None):
         q, k, v = A.as_array(q, "q"), A.as_array(k, "k"), A.as_array(v, "v")
         A.same_dtype("k", k, "q", q)
         A.same_dtype("v", v, "q", q)
@@ -51,6 +70,25 @@ class _AttentionCall:
         self.shapes = {"q": tuple(q.shape), "k": tuple(k.shape), "v": tuple(v.shape)}
         L = _choice("layout", layout, _LAYOUTS)
         self.rank = q.ndim
+        packed = _pair(cu_seqlens_q, cu_seqlens_k, "cu_seqlens_q", "cu_seqlens_k",
+                       "packed sequences")
+        paged = _pair(block_table, cache_seqlens, "block_table", "cache_seqlens", "paged caches")
+        if seqused_k is not None and not packed:
+            raise Error("seqused_k: is taken only with cu_seqlens_q and cu_seqlens_k (packed "
+                        "sequences)", "seqused_k")
+        if (packed or paged) and L != _ext.Layout.bshd:
+            raise Error(f"layout = {layout!r} must be 'bshd' with "
+                        f"{'packed sequences' if packed else 'a paged cache'}", "layout")
+        # packed [total, H, D]: one batch entry of total tokens
+        self.heads_axis = packed and q.ndim == 3
+        if self.heads_axis:
+            if k.ndim != 3 or v.ndim != 3:
+                raise Error(f"k.shape = {list(k.shape)}, v.shape = {list(v.shape)} must be "
+                            "[total_k, Hkv, D] like q [total_q, H, D]", "k.shape")
+            q, k, v = q[None], k[None], v[None]
+        elif packed and q.ndim != 2:
+            raise Error(f"q.shape = {list(q.shape)} must be [total_q, H, D] or [total_q, H*D] "
+                        "with packed sequences (cu_seqlens)", "q.shape")
         if q.ndim != 4:
             q, k, v = self._to_rank4(q, k, v, layout, num_heads)
         for name, x in (("k", k), ("v", v)):
@@ -62,6 +100,8 @@ class _AttentionCall:
         p.layout = L
         p.batch, p.seq_q, p.heads, p.head_dim = q.shape[0], q.shape[s_ax], q.shape[h_ax], q.shape[3]
         p.seq_k, p.kv_heads, p.v_head_dim = k.shape[s_ax], k.shape[h_ax], v.shape[3]
+        if paged:  # k, v [num_blocks, block_size, Hkv, D]
+            p.seq_k, (p.num_blocks, p.block_size) = 0, k.shape[:2]
         if num_heads is not None and num_heads != p.heads:
             raise Error(f"num_heads = {num_heads} must be q's head count {p.heads} "
                         f"(q.shape = {list(q.shape)}, layout {layout})", "num_heads")
@@ -77,6 +117,43 @@ class _AttentionCall:
         self.inputs = {"q": q, "k": k, "v": v, "mask": self._mask(p, mask, window, bias,
                                                                   key_padding)}
         self.params = p
+        self._features(sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+                       cache_seqlens)
+
+    def _features(self, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                  block_table, cache_seqlens):
+        """Sets the Params of the features (SPEC §2.7–2.10) and their inputs;
+        the plan and the kernel check shapes and values."""
+        p, inputs = self.params, self.inputs
+        if sinks is not None:
+            sinks = A.as_array(sinks, "sinks")
+            A.same_dtype("sinks", sinks, "q", self.like)
+            p.sinks = True
+            inputs["sinks"] = A.contiguous(sinks)
+        if alibi_slopes is not None:
+            m = A.to_float32(alibi_slopes, "alibi_slopes")
+            if m.ndim not in (1, 2):
+                raise Error(f"alibi_slopes.shape = {list(m.shape)} must be [H] or [n, H]",
+                            "alibi_slopes.shape")
+            p.alibi = _ext.AlibiKind.per_head if m.ndim == 1 else _ext.AlibiKind.per_batch_head
+            inputs["alibi_slopes"] = m
+        for name, x in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
+                        ("seqused_k", seqused_k), ("block_table", block_table),
+                        ("cache_seqlens", cache_seqlens)):
+            if x is not None:
+                inputs[name] = A.as_indices(x, name)
+        if cu_seqlens_q is not None:
+            cu = inputs["cu_seqlens_q"]
+            if cu.ndim != 1 or cu.shape[0] < 2:
+                raise Error(f"cu_seqlens_q.shape = {list(cu.shape)} must be [n+1] with n >= 1 "
+                            "sequences", "cu_seqlens_q.shape")
+            p.num_seqs = cu.shape[0] - 1
+        if block_table is not None:
+            t = inputs["block_table"]
+            if t.ndim != 2:
+                raise Error(f"block_table.shape = {list(t.shape)} must be [B, max_blocks]",
+                            "block_table.shape")
+            p.max_blocks = t.shape[1]
 
     @staticmethod
     def _to_rank4(q, k, v, layout, num_heads):
@@ -157,9 +234,11 @@ class _AttentionCall:
         return x if x is None or self.rank == 4 else x.reshape(self.shapes[name])
 
     def out_back(self, out):
-        """out [B, Sq, H, Dv] in the caller's rank."""
+        """out [B, Sq, H, Dv] in the caller's rank ([total_q, H, Dv] packed)."""
         if self.rank == 4:
             return out
+        if self.heads_axis:
+            return out.reshape(*self.shapes["q"][:-1], self.params.v_head_dim)
         return out.reshape(*self.shapes["q"][:-1], self.params.heads * self.params.v_head_dim)
 
     def dout(self, dout):
@@ -167,15 +246,15 @@ class _AttentionCall:
         A.same_dtype("dout", d, "q", self.like)
         shape = self.out_shape(self.params.seq_q, self.params.heads, self.params.v_head_dim)
         if self.rank != 4:
-            if d.size != self.params.batch * self.params.seq_q * self.params.heads * \
-                    self.params.v_head_dim:
+            if math.prod(d.shape) != math.prod(shape):
                 raise Error(f"dout.shape = {list(d.shape)} must have the shape of out", "dout")
             d = d.reshape(shape)
         return d if A.is_contiguous(d) else A.contiguous(d)
 
 
 def attention(q, k, v, *, layout="bshd", num_heads=None, mask=None, window=None, scale=None,
-              softcap=0.0, bias=None, key_padding=None, backend="optimized"):
+              softcap=0.0, bias=None, key_padding=None, sinks=None, alibi_slopes=None,
+              cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, backend="optimized"):
     """Scaled dot-product attention (SPEC §2): out [B, Sq, H, Dv] (bshd) or
     [B, H, Sq, Dv] (bhsd).
 
@@ -186,9 +265,22 @@ def attention(q, k, v, *, layout="bshd", num_heads=None, mask=None, window=None,
     `bias` [Bb, Hb, Sq, Sk] (Bb in {1, B}, Hb in {1, H}; -inf hides a key);
     or `key_padding` [B, Sk] (nonzero = attend). `scale` defaults to
     1/sqrt(D); `softcap` c > 0 caps scores to c*tanh(s/c). A query that sees
-    no key gets 0. NumPy in, NumPy out; torch in, torch out."""
+    no key gets 0. NumPy in, NumPy out; torch in, torch out.
+
+    Features (SPEC §2.7–2.9): `sinks` [H] (q's dtype) adds a learned logit
+    per query head to every softmax's denominator (p_ij = e^s_ij /
+    (e^sink_h + sum_j e^s_ij)); `alibi_slopes` [H] or [B, H] (float32; see
+    alibi_slopes()) subtracts m_h * |i + Sk - Sq - j| from the scores;
+    `cu_seqlens_q`, `cu_seqlens_k` [n+1] (int32 or int64, from 0 to the
+    totals) pack n sequences along the token axis: q [total_q, H, D],
+    k, v [total_k, Hkv, D] (or [total, H*D] with num_heads), out
+    [total_q, H, Dv]; sequence s owns rows cu_seqlens[s]:cu_seqlens[s+1]
+    and masks apply within it; `seqused_k` [n] keeps only the first
+    seqused_k[s] keys of each slot (FlashAttention's flash_attn_varlen_func;
+    max_seqlen is not needed)."""
     call = _AttentionCall(q, k, v, layout, num_heads, mask, window, scale, softcap, bias,
-                          key_padding)
+                          key_padding, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                          seqused_k)
     p = call.params
     out = call.empty(p.seq_q, p.heads, p.v_head_dim)
     _ext.attention_forward(backend, p, call.inputs, out, None)
@@ -196,9 +288,10 @@ def attention(q, k, v, *, layout="bshd", num_heads=None, mask=None, window=None,
 
 
 def attention_forward_lse(q, k, v, **kwargs):
-    """attention() and the log-sum-exp lse [B, H, Sq] that
-    attention_backward_saved starts from (lse_i = log sum_j exp(s_ij) over
-    the visible keys; -inf for a query that sees none). Returns (out, lse)."""
+    """attention() and the log-sum-exp lse [B, H, Sq] ([1, H, total_q]
+    packed) that attention_backward_saved starts from (lse_i = log sum_j
+    exp(s_ij) over the visible keys, the sink's e^sink_h included; -inf for a
+    query that sees neither key nor sink). Returns (out, lse)."""
     backend = kwargs.pop("backend", "optimized")
     call = _AttentionCall(q, k, v, **kwargs)
     p = call.params
@@ -208,95 +301,286 @@ def attention_forward_lse(q, k, v, **kwargs):
     return call.out_back(out), lse
 
 
+_GRADS = ("dq", "dk", "dv", "dsinks")
+
+
 def _grads(call, want):
+    """The gradient outputs named in `want` (None: all of them), new; the
+    others None. dsinks [H] exists only for calls with sinks."""
     p = call.params
-    shapes = {"dq": (p.seq_q, p.heads, p.head_dim), "dk": (p.seq_k, p.kv_heads, p.head_dim),
-              "dv": (p.seq_k, p.kv_heads, p.v_head_dim)}
+    names = _GRADS if p.sinks else _GRADS[:3]
+    if want is None:
+        want = names
     for name in want:
-        if name not in shapes:
-            raise Error(f"grads = {tuple(want)!r} may name only dq, dk, dv", "grads")
-    return {name: call.empty(*shapes[name]) if name in want else None for name in shapes}
+        if name not in names:
+            raise Error(f"grads = {tuple(want)!r} may name only {', '.join(names)}", "grads")
+    g = {name: None for name in _GRADS}
+    for name in want:
+        if name == "dsinks":
+            g[name] = A.empty(call.like, (p.heads,))
+        else:
+            heads, width = (p.heads, p.head_dim) if name == "dq" else \
+                (p.kv_heads, p.head_dim if name == "dk" else p.v_head_dim)
+            g[name] = call.empty(p.seq_q if name == "dq" else p.seq_k, heads, width)
+    return g
 
 
 def _grads_back(call, g):
-    return tuple(call.back(g[n], n[1]) for n in ("dq", "dk", "dv"))
+    """(dq, dk, dv) in the shapes of q, k, v, and dsinks when the call has sinks."""
+    grads = tuple(call.back(g[n], n[1]) for n in ("dq", "dk", "dv"))
+    return grads + (g["dsinks"],) if call.params.sinks else grads
 
 
-def attention_backward(q, k, v, dout, *, grads=("dq", "dk", "dv"), backend="optimized",
-                       **kwargs):
+def attention_backward(q, k, v, dout, *, grads=None, backend="optimized", **kwargs):
     """The gradients of attention() for the loss <dout, out>: (dq, dk, dv),
-    each of its input's shape; only those named in `grads` are computed (the
-    others are None). Keyword arguments as for attention()."""
+    each of its input's shape, and dsinks [H] as a fourth when `sinks` is
+    given (dsink_h = -sum_i p_sink,i <dout_i, out_i>). Only those named in
+    `grads` are computed (default: all; the others are None). Keyword
+    arguments as for attention()."""
     call = _AttentionCall(q, k, v, **kwargs)
     g = _grads(call, grads)
     _ext.attention_backward(backend, call.params, call.inputs, call.dout(dout), g["dq"], g["dk"],
-                            g["dv"])
+                            g["dv"], g["dsinks"])
     return _grads_back(call, g)
 
 
 def attention_backward_saved(q, k, v, out, lse, dout, *, backend="optimized", **kwargs):
-    """(dq, dk, dv) from the forward's saved out and lse
+    """(dq, dk, dv[, dsinks]) from the forward's saved out and lse
     (attention_forward_lse), without running the forward again."""
     call = _AttentionCall(q, k, v, **kwargs)
-    g = _grads(call, ("dq", "dk", "dv"))
+    g = _grads(call, None)
     saved_out = call.dout(out)
     lse = A.as_array(lse, "lse")
     _ext.attention_backward_saved(backend, call.params, call.inputs, saved_out,
                                   lse if A.is_contiguous(lse) else A.contiguous(lse),
-                                  call.dout(dout), g["dq"], g["dk"], g["dv"])
+                                  call.dout(dout), g["dq"], g["dk"], g["dv"], g["dsinks"])
     return _grads_back(call, g)
+
+
+def attention_with_kvcache(q, k_cache, v_cache, block_table, cache_seqlens, *, mask=None,
+                           window=None, scale=None, softcap=0.0, sinks=None, alibi_slopes=None,
+                           return_lse=False, backend="optimized"):
+    """Attention of new queries over a paged KV cache (SPEC §2.10; forward
+    only): q [B, Sq, H, D]; k_cache [num_blocks, block_size, Hkv, D] and
+    v_cache [num_blocks, block_size, Hkv, Dv]; block_table [B, max_blocks]
+    and cache_seqlens [B] (int32 or int64): batch entry b sees keys
+    j < cache_seqlens[b], key j in slot j % block_size of block
+    block_table[b, j // block_size]. The queries are the last Sq positions
+    (mask="causal" aligns them bottom-right). Returns out [B, Sq, H, Dv],
+    and lse [B, H, Sq] too with return_lse. As FlashAttention's
+    flash_attn_with_kvcache with block_table (causal=True is mask="causal";
+    new keys are appended to the cache by the caller)."""
+    call = _AttentionCall(q, k_cache, v_cache, "bshd", None, mask, window, scale, softcap,
+                          None, None, sinks, alibi_slopes, block_table=block_table,
+                          cache_seqlens=cache_seqlens)
+    p = call.params
+    out = call.empty(p.seq_q, p.heads, p.v_head_dim)
+    lse = A.empty(call.like, (p.batch, p.heads, p.seq_q)) if return_lse else None
+    _ext.attention_forward(backend, p, call.inputs, out, lse)
+    return (out, lse) if return_lse else out
+
+
+def alibi_slopes(num_heads):
+    """The standard ALiBi slopes [H] (float32) of BLOOM and MPT (SPEC §2.8):
+    2^(-8(h+1)/n) for the n = 2^floor(log2 H) first heads, then the odd
+    terms of the 2n-head sequence."""
+    return np.asarray(_ext.alibi_standard_slopes(int(num_heads)), dtype=np.float32)
 
 
 # ---------------------------------------------------------------------------
 # RoPE, axial RoPE, SwiGLU
 
 
-def _rope(src, cos, sin, head_dim, n_rot, style, table_rows, backend, backward):
-    name = "dy" if backward else "x"
-    src = A.as_array(src, name)
+def _rope_tables(cos, sin, cos_sin_cache, like, name):
+    """cos and sin [R, T] (contiguous, the dtype of the source), given as
+    two tables or as one cos_sin_cache [R, 2T] (cos | sin, vLLM's layout;
+    its halves are copied)."""
+    if cos_sin_cache is not None:
+        if cos is not None or sin is not None:
+            raise Error("cos_sin_cache: give either cos and sin or cos_sin_cache", "cos_sin_cache")
+        cache = A.as_array(cos_sin_cache, "cos_sin_cache")
+        A.same_dtype("cos_sin_cache", cache, name, like)
+        if cache.ndim != 2 or cache.shape[1] % 2:
+            raise Error(f"cos_sin_cache.shape = {list(cache.shape)} must be [R, 2T] (cos | sin)",
+                        "cos_sin_cache.shape")
+        T = cache.shape[1] // 2
+        return A.contiguous(cache[:, :T]), A.contiguous(cache[:, T:])
+    if cos is None or sin is None:
+        raise Error(f"{'cos' if cos is None else 'sin'} = None: give cos and sin, or "
+                    "cos_sin_cache", "cos" if cos is None else "sin")
     cos, sin = A.as_array(cos, "cos"), A.as_array(sin, "sin")
-    A.same_dtype("cos", cos, name, src)
-    A.same_dtype("sin", sin, name, src)
-    x3, rs = A.rows_view(src, name)
-    p = _ext.RopeParams()
-    p.batch, p.seq, p.width = x3.shape
-    if head_dim is None:
-        if src.ndim < 4:
-            raise Error(f"head_dim = None must be given for {name}.shape = {list(src.shape)} "
-                        "(rank < 4)", "head_dim")
-        head_dim = src.shape[-1]
-    p.head_dim = int(head_dim)
-    if n_rot is not None:
-        p.n_rot = int(n_rot)
-    p.style = _choice("style", style, _STYLES)
+    A.same_dtype("cos", cos, name, like)
+    A.same_dtype("sin", sin, name, like)
     if cos.ndim != 2 or tuple(sin.shape) != tuple(cos.shape):
         raise Error(f"cos.shape = {list(cos.shape)}, sin.shape = {list(sin.shape)} must both "
                     "be [R, T]", "cos.shape")
+    return A.contiguous(cos), A.contiguous(sin)
+
+
+def _rope_source(src, name, layout, head_dim):
+    """The source as the kernel reads it and its RopeParams' token and head
+    fields: [B, S, W] rows (bshd, thd; every axis before the last two folded
+    into B when layout is None) or [B, H, S, D] contiguous (bhsd); also the
+    shape position ids must have (None: they are not taken)."""
+    p = _ext.RopeParams()
+    if layout is None:
+        layout = "bshd" if src.ndim <= 3 else None
+    p.layout = _choice("layout", layout, _ROPE_LAYOUTS) if layout else _ext.RopeLayout.bshd
+    heads_axis = (layout in ("bshd", "bhsd") and src.ndim == 4) or \
+        (layout == "thd" and src.ndim == 3) or layout is None
+    if layout == "bhsd" or (layout == "bshd" and src.ndim == 4):
+        if src.ndim != 4:
+            raise Error(f"{name}.shape = {list(src.shape)} must be [B, H, S, D] for layout "
+                        "'bhsd'", f"{name}.shape")
+        B, a, b, D = src.shape
+        S, H = (b, a) if layout == "bhsd" else (a, b)
+        tokens = (B, S)
+    elif layout == "thd":
+        if src.ndim not in (2, 3):
+            raise Error(f"{name}.shape = {list(src.shape)} must be [T, H, D] or [T, H*D] for "
+                        "layout 'thd'", f"{name}.shape")
+        tokens = (src.shape[0],)
+    elif layout == "bshd":
+        if src.ndim not in (2, 3):
+            raise Error(f"{name}.shape = {list(src.shape)} must have rank 2, 3 or 4 for layout "
+                        "'bshd'", f"{name}.shape")
+        tokens = tuple(src.shape[:-1])
+    else:  # legacy: [..., S, W], the leading axes folded
+        tokens = None
+    if layout is None:
+        head_dim = src.shape[-1] if head_dim is None else head_dim
+    elif heads_axis:
+        if head_dim is not None and int(head_dim) != src.shape[-1]:
+            raise Error(f"head_dim = {head_dim} must equal the last dim of {name}.shape = "
+                        f"{list(src.shape)}", "head_dim")
+        head_dim = src.shape[-1]
+    if head_dim is None:
+        raise Error(f"head_dim = None must be given for {name}.shape = {list(src.shape)} "
+                    "(no head axis)", "head_dim")
+    p.head_dim = int(head_dim)
+    if layout == "bhsd":
+        x = A.contiguous(src)
+        p.batch, p.seq, p.width = B, S, H * D
+        return x, p, tokens
+    if layout == "bshd" and src.ndim == 4:
+        x = src.reshape(B, S, H * D)
+    elif layout == "thd":
+        x = src.reshape(1, src.shape[0], -1)
+    else:
+        x = src
+    x3, p.src_row_stride = A.rows_view(x, name)
+    p.batch, p.seq, p.width = x3.shape
+    return x3, p, tokens
+
+
+def _rope_positions(p, positions, tokens, table_rows, name):
+    """Sets p.rows (and checks positions against the token axes); returns
+    the position ids [B*S] or None."""
+    if positions is None:
+        if table_rows is None:
+            table_rows = "token" if p.table_rows == p.batch * p.seq and p.batch > 1 else \
+                "position"
+        p.rows = _choice("table_rows", table_rows, _TABLE_ROWS)
+        return None
+    if table_rows not in (None, "position_ids"):
+        raise Error(f"table_rows = {table_rows!r} must be None (or 'position_ids') when "
+                    "positions are given", "table_rows")
+    if tokens is None:
+        raise Error("layout = None is ambiguous with positions for a rank >= 4 source: give "
+                    "layout 'bshd' or 'bhsd'", "layout")
+    pos = A.as_indices(positions, "positions")
+    if tuple(pos.shape) != tokens:
+        raise Error(f"positions.shape = {list(pos.shape)} must be {name}'s token axes "
+                    f"{list(tokens)}", "positions.shape")
+    p.rows = _ext.TableRows.position_ids
+    return pos.reshape(-1)
+
+
+def _rope_call(src, cos, sin, cos_sin_cache, name, head_dim, n_rot, style, table_rows, layout,
+               positions):
+    """(source view, RopeParams, cos, sin, positions) of one RoPE call."""
+    src = A.as_array(src, name)
+    cos, sin = _rope_tables(cos, sin, cos_sin_cache, src, name)
+    x, p, tokens = _rope_source(src, name, layout, head_dim)
+    if n_rot is not None:
+        p.n_rot = int(n_rot)
+    p.style = _choice("style", style, _STYLES)
     p.table_rows, p.table_stride = cos.shape
-    if table_rows is None:
-        table_rows = "token" if p.table_rows == p.batch * p.seq and p.batch > 1 else "position"
-    p.rows = _choice("table_rows", table_rows, _TABLE_ROWS)
-    p.src_row_stride = rs
-    out = A.empty(src, x3.shape)
-    _ext.rope(backend, p, x3, A.contiguous(cos), A.contiguous(sin), out, backward)
+    pos = _rope_positions(p, positions, tokens, table_rows, name)
+    return src, x, p, cos, sin, pos
+
+
+def _rope(src, cos, sin, cos_sin_cache, head_dim, n_rot, style, table_rows, layout, positions,
+          backend, backward):
+    src, x, p, cos, sin, pos = _rope_call(src, cos, sin, cos_sin_cache,
+                                          "dy" if backward else "x", head_dim, n_rot, style,
+                                          table_rows, layout, positions)
+    out = A.empty(src, tuple(x.shape))
+    _ext.rope(backend, p, x, cos, sin, pos, out, backward)
     return out.reshape(src.shape)
 
 
-def rope(x, cos, sin, *, head_dim=None, n_rot=None, style="neox", table_rows=None,
-         backend="optimized"):
-    """Rotary position embedding (SPEC §4) of x [..., S, W] (W/head_dim heads
-    per row; head_dim defaults to x's last dim when x has rank >= 4), with
-    tables cos, sin [R, T]: pair i < n_rot/2 of every head, (i, i + n_rot/2)
-    for style "neox" or (2i, 2i+1) for "gptj", rotates by the angle whose cos
-    and sin are row r, column i of the tables; r is the position s
-    (table_rows "position") or the token index b*S + s ("token")."""
-    return _rope(x, cos, sin, head_dim, n_rot, style, table_rows, backend, False)
+def rope(x, cos=None, sin=None, *, head_dim=None, n_rot=None, style="neox", table_rows=None,
+         layout=None, positions=None, cos_sin_cache=None, backend="optimized"):
+    """Rotary position embedding (SPEC §4) of x with tables cos, sin [R, T]
+    (or one cos_sin_cache [R, 2T], cos then sin, as vLLM keeps it): pair
+    i < n_rot/2 of every head, (i, i + n_rot/2) for style "neox" or
+    (2i, 2i+1) for "gptj", rotates by the angle whose cos and sin are row r,
+    column i of the tables; r is the position s (table_rows "position"), the
+    token index b*S + s ("token") or positions[b, s] (`positions`, int32 or
+    int64, x's token axes: [B, S], or [T] / [S]; each in [0, R)).
+
+    layout: "bshd" x [B, S, H, D], [B, S, H*D] or [S, H*D]; "bhsd"
+    [B, H, S, D]; "thd" packed tokens [T, H, D] or [T, H*D]. None: bshd for
+    rank <= 3, and a rank >= 4 x is read as [..., S, D] rows (every leading
+    axis a batch axis; positions then need a layout). head_dim defaults to
+    the last dim when x has a head axis. The output has x's shape."""
+    return _rope(x, cos, sin, cos_sin_cache, head_dim, n_rot, style, table_rows, layout,
+                 positions, backend, False)
 
 
-def rope_backward(dy, cos, sin, *, head_dim=None, n_rot=None, style="neox", table_rows=None,
+def rope_backward(dy, cos=None, sin=None, *, head_dim=None, n_rot=None, style="neox",
+                  table_rows=None, layout=None, positions=None, cos_sin_cache=None,
                   backend="optimized"):
     """The gradient of rope(): dy rotated by minus the angle (the transpose)."""
-    return _rope(dy, cos, sin, head_dim, n_rot, style, table_rows, backend, True)
+    return _rope(dy, cos, sin, cos_sin_cache, head_dim, n_rot, style, table_rows, layout,
+                 positions, backend, True)
+
+
+def _rope_qk(q, k, cos, sin, cos_sin_cache, head_dim, n_rot, style, table_rows, layout,
+             positions, backend, backward):
+    names = ("dq_out", "dk_out") if backward else ("q", "k")
+    if layout is None and getattr(q, "ndim", 0) >= 4:
+        raise Error("layout = None: give 'bshd' or 'bhsd' for rank-4 q and k", "layout")
+    q, xq, pq, cos, sin, pos = _rope_call(q, cos, sin, cos_sin_cache, names[0], head_dim, n_rot,
+                                          style, table_rows, layout, positions)
+    k = A.as_array(k, names[1])
+    A.same_dtype(names[1], k, names[0], q)
+    xk, pk, _ = _rope_source(k, names[1], layout, pq.head_dim)
+    p = _ext.RopeQkParams()
+    p.q, p.k_width, p.k_src_row_stride = pq, pk.width, pk.src_row_stride
+    q_out, k_out = A.empty(q, tuple(xq.shape)), A.empty(k, tuple(xk.shape))
+    _ext.rope_qk(backend, p, xq, xk, cos, sin, pos, q_out, k_out, backward)
+    return q_out.reshape(q.shape), k_out.reshape(k.shape)
+
+
+def rope_qk(q, k, cos=None, sin=None, *, head_dim=None, n_rot=None, style="neox",
+            table_rows=None, layout=None, positions=None, cos_sin_cache=None,
+            backend="optimized"):
+    """rope() of q and k in one call, with the same tables and positions
+    (vLLM's rotary_embedding(positions, query, key, ...)): k has q's layout,
+    token axes and head width, its own head count (GQA). Returns
+    (q_out, k_out)."""
+    return _rope_qk(q, k, cos, sin, cos_sin_cache, head_dim, n_rot, style, table_rows, layout,
+                    positions, backend, False)
+
+
+def rope_qk_backward(dq_out, dk_out, cos=None, sin=None, *, head_dim=None, n_rot=None,
+                     style="neox", table_rows=None, layout=None, positions=None,
+                     cos_sin_cache=None, backend="optimized"):
+    """The gradient of rope_qk(): (dq, dk)."""
+    return _rope_qk(dq_out, dk_out, cos, sin, cos_sin_cache, head_dim, n_rot, style, table_rows,
+                    layout, positions, backend, True)
 
 
 def _axial_rope(src, num_heads, end_x, end_y, theta, repeat_factor, backend, backward):

@@ -90,6 +90,26 @@ def to_float32(x, name):
     return np.ascontiguousarray(np.asarray(x), dtype=np.float32)
 
 
+INDICES = ("int32", "int64")
+
+
+def as_indices(x, name):
+    """An index input (cu_seqlens, block tables, lengths, positions) as a
+    contiguous int32 or int64 NumPy array or CPU torch tensor, the caller's
+    memory when it already is one; a list becomes an int64 NumPy array."""
+    if is_torch(x):
+        if x.device.type != "cpu":
+            raise Error(f"{name}.device = {x.device} must be cpu", f"{name}.device")
+        x = x.detach()
+    elif not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+        if x.dtype.kind in "iu" and x.dtype.name not in INDICES:
+            x = x.astype(np.int64)
+    if dtype_name(x) not in INDICES:
+        raise Error(f"{name}.dtype = {dtype_name(x)} must be int32 or int64", f"{name}.dtype")
+    return x if is_contiguous(x) else contiguous(x)
+
+
 def same_dtype(name, x, ref_name, ref):
     if x.dtype != ref.dtype:
         raise Error(f"{name}.dtype = {dtype_name(x)} must equal {ref_name}.dtype = "

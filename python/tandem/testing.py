@@ -43,11 +43,15 @@ __all__ = [
     "attention_configs", "rope_configs", "swiglu_configs",
     "check_attention", "check_attention_backward", "check_rope", "check_swiglu",
     "check_attention_config", "check_attention_backward_config", "check_rope_config",
-    "check_swiglu_config", "MASKS", "LAYOUTS",
+    "check_swiglu_config", "MASKS", "LAYOUTS", "ALIBI",
 ]
 
 MASKS = ("none", "causal", "sliding_window", "key_padding", "bias")
 LAYOUTS = ("bshd", "bhsd")
+ALIBI = ("none", "per_head", "per_batch_head")
+#: The optional inputs of an attention call, passed as keyword arguments
+#: when a configuration has them.
+_OPTIONAL = ("bias", "key_padding", "sinks", "alibi_slopes")
 
 
 class CheckFailure(AssertionError):
@@ -92,6 +96,8 @@ class AttentionConfig:
     for key_padding), softcap, scale (None = 1/sqrt(D)); masked_rows: some
     queries see no key; strided: q, k, v are views with row strides (bshd) or
     transposed views (bhsd); q and k scaled by `amplitude` (large scores);
+    sinks: a logit per query head [H] (scaled by `amplitude` too); alibi:
+    ALiBi slopes [H] ("per_head") or [B, H] ("per_batch_head") in [0, 1);
     contents from `seed`."""
     B: int = 1
     H: int = 1
@@ -110,6 +116,8 @@ class AttentionConfig:
     masked_rows: bool = False
     strided: bool = False
     amplitude: float = 1.0
+    sinks: bool = False
+    alibi: str = "none"
     seed: int = 0
 
     def _heads(self, rng, S, heads, width, amplitude):
@@ -128,7 +136,8 @@ class AttentionConfig:
         return x
 
     def arrays(self):
-        """q, k, v, bias and key_padding (None unless the mask takes it) as
+        """q, k, v, bias and key_padding (None unless the mask takes it),
+        sinks and alibi_slopes (None unless the configuration has them) as
         float32 NumPy arrays drawn from the seed."""
         rng = _rng(self.seed)
         q = self._heads(rng, self.Sq, self.H, self.D, self.amplitude)
@@ -147,7 +156,12 @@ class AttentionConfig:
             keep[:, rng.integers(self.Sk)] = 1.0
             if self.masked_rows:
                 keep[rng.integers(self.B)] = 0.0
-        return {"q": q, "k": k, "v": v, "bias": bias, "key_padding": keep}
+        sinks = (self.amplitude * rng.standard_normal(self.H)).astype(np.float32) \
+            if self.sinks else None
+        slopes = None if self.alibi == "none" else rng.uniform(
+            0, 1, (self.H,) if self.alibi == "per_head" else (self.B, self.H)).astype(np.float32)
+        return {"q": q, "k": k, "v": v, "bias": bias, "key_padding": keep, "sinks": sinks,
+                "alibi_slopes": slopes}
 
     def kwargs(self):
         """The keyword arguments of tandem.attention (and of your function)."""
@@ -167,12 +181,13 @@ class AttentionConfig:
 @st.composite
 def attention_configs(draw, masks=MASKS, layouts=LAYOUTS, gqa=True, v_head_dim=True,
                       softcap=True, scale=True, bias_broadcast=True, masked_rows=True,
-                      strided=True, large_scores=True, max_batch=2, max_heads=4, max_seq=12,
-                      max_dim=12):
+                      strided=True, large_scores=True, sinks=False, alibi=(), max_batch=2,
+                      max_heads=4, max_seq=12, max_dim=12):
     """AttentionConfigs; each switch off (False, or a shorter tuple) leaves
-    that feature out. Every choice lists its simplest option first, so a
-    failure shrinks to B = H = Sq = Sk = D = 1, no mask, contiguous, unless
-    it needs more."""
+    that feature out; the features off by default (sinks=True, alibi=ALIBI
+    or a part of it) pass `sinks` and `alibi_slopes` to the function under
+    test. Every choice lists its simplest option first, so a failure shrinks
+    to B = H = Sq = Sk = D = 1, no mask, contiguous, unless it needs more."""
     B = draw(st.integers(1, max_batch))
     Hkv = draw(st.integers(1, max_heads))
     group = draw(st.integers(1, max(1, max_heads // Hkv))) if gqa else 1
@@ -192,6 +207,8 @@ def attention_configs(draw, masks=MASKS, layouts=LAYOUTS, gqa=True, v_head_dim=T
         masked_rows=mask in ("bias", "key_padding") and masked_rows and draw(st.booleans()),
         strided=strided and draw(st.booleans()),
         amplitude=draw(st.sampled_from((1.0, 4.0, 32.0))) if large_scores else 1.0,
+        sinks=sinks and draw(st.booleans()),
+        alibi=draw(st.sampled_from(("none",) + tuple(a for a in alibi if a != "none"))),
         seed=draw(st.integers(0, 2**32 - 1)))
 
 
@@ -322,11 +339,11 @@ def _compare(name, got, ref64, ref32, policy, skip=None, score_bound=0.0):
 
 
 def _call(fn, arrays, positional, kwargs, array):
-    """fn(*positional arrays, **kwargs), with bias / key_padding as keyword
-    arguments when the configuration has them."""
+    """fn(*positional arrays, **kwargs), with bias, key_padding, sinks and
+    alibi_slopes as keyword arguments when the configuration has them."""
     inputs = _framework(arrays, array)
     kw = dict(kwargs)
-    for opt in ("bias", "key_padding"):
+    for opt in _OPTIONAL:
         if inputs.get(opt) is not None:
             kw[opt] = inputs[opt]
     return fn(*(inputs[n] for n in positional), **kw)
@@ -358,7 +375,8 @@ def _masked_rows(config, arrays):
 
 
 def _score_bound(config, arrays):
-    """A bound of |s_ij| <= |scale| max|q_i| max|k_j| (+ max|bias|), capped by softcap."""
+    """A bound of |s_ij| <= |scale| max|q_i| max|k_j| (+ max|bias|), capped
+    by softcap (+ the largest ALiBi term; at least max|sink|)."""
     scale = config.scale if config.scale is not None else 1 / math.sqrt(config.D)
     q, k = arrays["q"].astype(np.float64), arrays["k"].astype(np.float64)
     s = abs(scale) * np.linalg.norm(q, axis=-1).max() * np.linalg.norm(k, axis=-1).max()
@@ -367,21 +385,26 @@ def _score_bound(config, arrays):
     if arrays["bias"] is not None:
         b = arrays["bias"][np.isfinite(arrays["bias"])]
         s += float(np.abs(b).max(initial=0.0))
+    if arrays.get("alibi_slopes") is not None:
+        s += float(np.abs(arrays["alibi_slopes"]).max()) * max(config.Sq, config.Sk)
+    if arrays.get("sinks") is not None:
+        s = max(s, float(np.abs(arrays["sinks"]).max()))
     return s
 
 
 def _ref_kwargs(config, arrays):
     kw = config.kwargs()
-    for opt in ("bias", "key_padding"):
+    for opt in _OPTIONAL:
         if arrays[opt] is not None:
             kw[opt] = arrays[opt]
     return kw
 
 
 def _f64(arrays):
-    """The tensors in float64 for the reference in double (masks stay float32)."""
-    return {n: a if a is None or n in ("bias", "key_padding") else a.astype(np.float64)
-            for n, a in arrays.items()}
+    """The tensors in float64 for the reference in double (masks and ALiBi
+    slopes stay float32)."""
+    return {n: a if a is None or n in ("bias", "key_padding", "alibi_slopes") else
+            a.astype(np.float64) for n, a in arrays.items()}
 
 
 def _raise_on(problem, config):
@@ -396,14 +419,15 @@ def check_attention_config(fn, config, array="numpy", policy=Policy()):
 
 def _attention_problem(fn, config, array, policy):
     arrays = config.arrays()
-    kw = _ref_kwargs(config, arrays)
     try:
         got = _call(fn, arrays, ("q", "k", "v"), config.kwargs(), array)
     except Exception as e:  # the kernel under test raised: a failure too
         return f"out: the function raised {type(e).__name__}: {e}"
     a64 = _f64(arrays)
-    ref64 = _api.attention(a64["q"], a64["k"], a64["v"], backend="reference", **kw)
-    ref32 = _api.attention(arrays["q"], arrays["k"], arrays["v"], backend="reference_fp32acc", **kw)
+    ref64 = _api.attention(a64["q"], a64["k"], a64["v"], backend="reference",
+                           **_ref_kwargs(config, a64))
+    ref32 = _api.attention(arrays["q"], arrays["k"], arrays["v"], backend="reference_fp32acc",
+                           **_ref_kwargs(config, arrays))
     masked = _masked_rows(config, arrays)[..., None]
     skip = np.broadcast_to(masked, ref64.shape) if policy.masked_rows == "any" else None
     return _compare("out", got, ref64, ref32, policy, skip, _score_bound(config, arrays)) or \
@@ -412,31 +436,34 @@ def _attention_problem(fn, config, array, policy):
 
 
 def check_attention_backward_config(fn, config, array="numpy", policy=Policy()):
-    """Runs the backward `fn(q, k, v, dout, **kwargs) -> (dq, dk, dv)` on one
+    """Runs the backward `fn(q, k, v, dout, **kwargs) -> (dq, dk, dv)`
+    (and dsinks as a fourth when the configuration has sinks) on one
     AttentionConfig; raises CheckFailure on a mismatch."""
     _raise_on(_attention_backward_problem(fn, config, array, policy), config)
 
 
 def _attention_backward_problem(fn, config, array, policy):
     arrays = dict(config.arrays(), dout=config.dout())
-    kw = _ref_kwargs(config, arrays)
+    names = ("dq", "dk", "dv", "dsinks") if config.sinks else ("dq", "dk", "dv")
+    what = ", ".join(names)
     try:
         got = _call(fn, arrays, ("q", "k", "v", "dout"), config.kwargs(), array)
     except Exception as e:
-        return f"dq, dk, dv: the function raised {type(e).__name__}: {e}"
+        return f"{what}: the function raised {type(e).__name__}: {e}"
     a64 = _f64(arrays)
     ref64 = _api.attention_backward(a64["q"], a64["k"], a64["v"], a64["dout"],
-                                    backend="reference", **kw)
+                                    backend="reference", **_ref_kwargs(config, a64))
+    kw = _ref_kwargs(config, arrays)
     ref32 = [_api.attention_backward(arrays["q"], arrays["k"], arrays["v"], arrays["dout"],
                                      grads=(g,), backend="reference_fp32acc", **kw)[i]
-             for i, g in enumerate(("dq", "dk", "dv"))]
-    if not isinstance(got, (tuple, list)) or len(got) != 3:
-        return "dq, dk, dv: the function must return (dq, dk, dv)"
-    for name, g, r64, r32 in zip(("dq", "dk", "dv"), got, ref64, ref32):
+             for i, g in enumerate(names)]
+    if not isinstance(got, (tuple, list)) or len(got) != len(names):
+        return f"{what}: the function must return ({what})"
+    for name, g, r64, r32 in zip(names, got, ref64, ref32):
         problem = _compare(name, g, r64, r32, policy, None, _score_bound(config, arrays))
         if problem:
             return problem
-    return _deterministic("dq, dk, dv", fn,
+    return _deterministic(what, fn,
                           lambda: _call(fn, arrays, ("q", "k", "v", "dout"), config.kwargs(), array),
                           policy)
 
@@ -539,10 +566,11 @@ def _run(fn, what, strategy, problem_of, array, policy, max_examples, time_budge
 def check_attention(fn, *, array="numpy", policy=Policy(), max_examples=200, time_budget=30.0,
                     seed=None, **space):
     """Checks `fn(q, k, v, *, layout, mask, window, scale, softcap[, bias]
-    [, key_padding]) -> out` (tandem.attention's signature) on drawn
-    AttentionConfigs; `space` takes attention_configs' switches (e.g.
-    softcap=False, masks=("none", "causal")) to leave out what fn does not
-    support. Raises CheckFailure with a shrunk configuration."""
+    [, key_padding][, sinks][, alibi_slopes]) -> out` (tandem.attention's
+    signature) on drawn AttentionConfigs; `space` takes attention_configs'
+    switches (e.g. softcap=False, masks=("none", "causal")) to leave out what
+    fn does not support, or to draw sinks and ALiBi (sinks=True,
+    alibi=ALIBI). Raises CheckFailure with a shrunk configuration."""
     _run(fn, "attention", attention_configs(**space), _attention_problem, array, policy,
          max_examples, time_budget, seed)
 
@@ -550,7 +578,8 @@ def check_attention(fn, *, array="numpy", policy=Policy(), max_examples=200, tim
 def check_attention_backward(fn, *, array="numpy", policy=Policy(), max_examples=100,
                              time_budget=30.0, seed=None, **space):
     """Checks `fn(q, k, v, dout, **kwargs) -> (dq, dk, dv)` (kwargs as for
-    check_attention) on drawn AttentionConfigs."""
+    check_attention; with sinks=True, -> (dq, dk, dv, dsinks)) on drawn
+    AttentionConfigs."""
     _run(fn, "attention_backward", attention_configs(**space), _attention_backward_problem,
          array, policy, max_examples, time_budget, seed)
 

@@ -23,8 +23,8 @@ from torch import Tensor
 from . import _api, _ext
 from ._errors import Error
 
-__all__ = ["attention", "rope", "axial_rope", "swiglu", "attention_block",
-           "scaled_dot_product_attention"]
+__all__ = ["attention", "attention_with_kvcache", "rope", "axial_rope", "swiglu",
+           "attention_block", "scaled_dot_product_attention"]
 
 # ---------------------------------------------------------------------------
 # Attention: forward with log-sum-exp, backward from the saved state.
@@ -39,18 +39,36 @@ def _mask_kwargs(mask: Optional[Tensor], mask_kind: str, window: int):
     return {"mask": mask_kind, "window": window if mask_kind == "sliding_window" else None}
 
 
+def _feature_kwargs(sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k):
+    """tandem.attention's feature arguments (SPEC §2.7–2.9) of an op."""
+    return dict(sinks=sinks, alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
+                cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k)
+
+
+# The features are the ops' last arguments, with defaults, so that a call
+# without them reads as before: sinks [H] (differentiable), alibi_slopes
+# [H] or [n, H], cu_seqlens_q, cu_seqlens_k [n+1] and seqused_k [n] (packed
+# q [total_q, H, D], k, v [total_k, Hkv, D]).
 @torch.library.custom_op("tandem::attention", mutates_args=())
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], layout: str,
                   mask_kind: str, window: int, scale: Optional[float], softcap: float,
-                  backend: str) -> tuple[Tensor, Tensor]:
-    return _api.attention_forward_lse(q, k, v, layout=layout, scale=scale, softcap=softcap,
-                                      backend=backend, **_mask_kwargs(mask, mask_kind, window))
+                  backend: str, sinks: Optional[Tensor] = None,
+                  alibi_slopes: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
+                  cu_seqlens_k: Optional[Tensor] = None,
+                  seqused_k: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    return _api.attention_forward_lse(
+        q, k, v, layout=layout, scale=scale, softcap=softcap, backend=backend,
+        **_mask_kwargs(mask, mask_kind, window),
+        **_feature_kwargs(sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k))
 
 
 @_attention_op.register_fake
-def _(q, k, v, mask, layout, mask_kind, window, scale, softcap, backend):
-    # out [B,Sq,H,Dv] (bshd) or [B,H,Sq,Dv] (bhsd): q's first three axes and v's width
-    out = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+def _(q, k, v, mask, layout, mask_kind, window, scale, softcap, backend, sinks=None,
+      alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None):
+    # out [B,Sq,H,Dv] (bshd) or [B,H,Sq,Dv] (bhsd), packed [T,H,Dv]: q's axes and v's width
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    if q.dim() == 3:  # packed: lse [1, H, total_q]
+        return out, q.new_empty((1, q.shape[1], q.shape[0]))
     B, S, H = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bshd" else \
         (q.shape[0], q.shape[2], q.shape[1])
     return out, q.new_empty((B, H, S))
@@ -59,31 +77,48 @@ def _(q, k, v, mask, layout, mask_kind, window, scale, softcap, backend):
 @torch.library.custom_op("tandem::attention_backward", mutates_args=())
 def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], out: Tensor,
                            lse: Tensor, dout: Tensor, layout: str, mask_kind: str, window: int,
-                           scale: Optional[float], softcap: float,
-                           backend: str) -> tuple[Tensor, Tensor, Tensor]:
-    return _api.attention_backward_saved(q, k, v, out, lse, dout, layout=layout, scale=scale,
-                                         softcap=softcap, backend=backend,
-                                         **_mask_kwargs(mask, mask_kind, window))
+                           scale: Optional[float], softcap: float, backend: str,
+                           sinks: Optional[Tensor] = None,
+                           alibi_slopes: Optional[Tensor] = None,
+                           cu_seqlens_q: Optional[Tensor] = None,
+                           cu_seqlens_k: Optional[Tensor] = None,
+                           seqused_k: Optional[Tensor] = None
+                           ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dsinks); dsinks is empty ([0]) without sinks."""
+    grads = _api.attention_backward_saved(
+        q, k, v, out, lse, dout, layout=layout, scale=scale, softcap=softcap, backend=backend,
+        **_mask_kwargs(mask, mask_kind, window),
+        **_feature_kwargs(sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k))
+    return grads if sinks is not None else (*grads, q.new_empty((0,)))
 
 
 @_attention_backward_op.register_fake
-def _(q, k, v, mask, out, lse, dout, layout, mask_kind, window, scale, softcap, backend):
-    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
+def _(q, k, v, mask, out, lse, dout, layout, mask_kind, window, scale, softcap, backend,
+      sinks=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            q.new_empty((0,) if sinks is None else sinks.shape))
+
+
+_ATTENTION_ATTRS = 6  # layout, mask_kind, window, scale, softcap, backend
 
 
 def _attention_setup(ctx, inputs, output):
-    q, k, v, mask, layout, mask_kind, window, scale, softcap, backend = inputs
+    q, k, v, mask = inputs[:4]
+    features = tuple(inputs[4 + _ATTENTION_ATTRS:])
+    features += (None,) * (5 - len(features))  # sinks, alibi_slopes, cu_seqlens_q/k, seqused_k
     out, lse = output
-    ctx.save_for_backward(q, k, v, mask, out, lse)
-    ctx.attrs = (layout, mask_kind, window, scale, softcap, backend)
+    ctx.save_for_backward(q, k, v, mask, out, lse, *features)
+    ctx.attrs = tuple(inputs[4:4 + _ATTENTION_ATTRS])
     ctx.mark_non_differentiable(lse)
 
 
 def _attention_grad(ctx, dout, _dlse):
-    q, k, v, mask, out, lse = ctx.saved_tensors
-    dq, dk, dv = _attention_backward_op(q, k, v, mask, out, lse, dout, *ctx.attrs)
-    # the mask (keep or bias) gets no gradient; neither do the attributes
-    return dq, dk, dv, None, None, None, None, None, None, None
+    q, k, v, mask, out, lse, sinks, *features = ctx.saved_tensors
+    dq, dk, dv, dsinks = _attention_backward_op(q, k, v, mask, out, lse, dout, *ctx.attrs,
+                                                sinks, *features)
+    # the mask, ALiBi slopes and index inputs get no gradient; neither do the attributes
+    return (dq, dk, dv, None) + (None,) * _ATTENTION_ATTRS + \
+        (None if sinks is None else dsinks, None, None, None, None)
 
 
 _attention_op.register_autograd(_attention_grad, setup_context=_attention_setup)
@@ -105,51 +140,101 @@ def _mask_args(mask, window, bias, key_padding):
 
 
 def attention(q, k, v, *, layout="bshd", mask=None, window=None, scale=None, softcap=0.0,
-              bias=None, key_padding=None, backend="optimized"):
-    """tandem.attention on rank-4 torch tensors, differentiable in q, k and v
-    (the bias and key_padding get no gradient)."""
+              bias=None, key_padding=None, sinks=None, alibi_slopes=None, cu_seqlens_q=None,
+              cu_seqlens_k=None, seqused_k=None, backend="optimized"):
+    """tandem.attention on torch tensors (rank 4, or packed [total, H, D]
+    with cu_seqlens), differentiable in q, k, v and sinks (the bias,
+    key_padding, ALiBi slopes and index tensors get no gradient)."""
     m, kind, w = _mask_args(mask, window, bias, key_padding)
+    if alibi_slopes is not None:
+        alibi_slopes = torch.as_tensor(alibi_slopes).to(torch.float32)
     out, _ = _attention_op(q, k, v, m, layout, kind, w, None if scale is None else float(scale),
-                           float(softcap or 0.0), backend)
+                           float(softcap or 0.0), backend, sinks, alibi_slopes,
+                           _index(cu_seqlens_q), _index(cu_seqlens_k), _index(seqused_k))
     return out
+
+
+def _index(x):
+    """An index input as a tensor (int32 and int64 stay as they are)."""
+    return x if x is None or isinstance(x, Tensor) else torch.as_tensor(x)
+
+
+@torch.library.custom_op("tandem::attention_with_kvcache", mutates_args=())
+def _attention_with_kvcache_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
+                               cache_seqlens: Tensor, sinks: Optional[Tensor],
+                               alibi_slopes: Optional[Tensor], mask_kind: str, window: int,
+                               scale: Optional[float], softcap: float, backend: str) -> Tensor:
+    return _api.attention_with_kvcache(q, k_cache, v_cache, block_table, cache_seqlens,
+                                       mask=mask_kind,
+                                       window=window if mask_kind == "sliding_window" else None,
+                                       scale=scale, softcap=softcap, sinks=sinks,
+                                       alibi_slopes=alibi_slopes, backend=backend)
+
+
+@_attention_with_kvcache_op.register_fake
+def _(q, k_cache, v_cache, block_table, cache_seqlens, sinks, alibi_slopes, mask_kind, window,
+      scale, softcap, backend):
+    return q.new_empty((*q.shape[:-1], v_cache.shape[-1]))
+
+
+def attention_with_kvcache(q, k_cache, v_cache, block_table, cache_seqlens, *, mask=None,
+                           window=None, scale=None, softcap=0.0, sinks=None, alibi_slopes=None,
+                           backend="optimized"):
+    """tandem.attention_with_kvcache as a torch operator (inference: a paged
+    cache has no backward)."""
+    kind = mask if mask is not None else ("sliding_window" if window is not None else "none")
+    if alibi_slopes is not None:
+        alibi_slopes = torch.as_tensor(alibi_slopes).to(torch.float32)
+    return _attention_with_kvcache_op(q, k_cache, v_cache, _index(block_table),
+                                      _index(cache_seqlens), sinks, alibi_slopes, kind,
+                                      int(window or 0), None if scale is None else float(scale),
+                                      float(softcap or 0.0), backend)
 
 
 # ---------------------------------------------------------------------------
 # RoPE, axial RoPE, SwiGLU: the backward is the op's own transpose kernel.
 
 
+# layout and positions (int32 or int64 position ids) are the last arguments,
+# with defaults, so that a call without them reads as before.
 @torch.library.custom_op("tandem::rope", mutates_args=())
 def _rope_op(x: Tensor, cos: Tensor, sin: Tensor, head_dim: Optional[int], n_rot: Optional[int],
-             style: str, table_rows: Optional[str], backward: bool, backend: str) -> Tensor:
+             style: str, table_rows: Optional[str], backward: bool, backend: str,
+             layout: Optional[str] = None, positions: Optional[Tensor] = None) -> Tensor:
     f = _api.rope_backward if backward else _api.rope
     return f(x, cos, sin, head_dim=head_dim, n_rot=n_rot, style=style, table_rows=table_rows,
-             backend=backend)
+             layout=layout, positions=positions, backend=backend)
 
 
 @_rope_op.register_fake
-def _(x, cos, sin, head_dim, n_rot, style, table_rows, backward, backend):
+def _(x, cos, sin, head_dim, n_rot, style, table_rows, backward, backend, layout=None,
+      positions=None):
     return x.new_empty(x.shape)
 
 
 def _rope_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[1], inputs[2])
-    ctx.attrs = inputs[3:]
+    positions = inputs[10] if len(inputs) > 10 else None
+    ctx.save_for_backward(inputs[1], inputs[2], positions)
+    ctx.attrs = tuple(inputs[3:9])
+    ctx.layout = inputs[9] if len(inputs) > 9 else None
 
 
 def _rope_grad(ctx, dy):
-    cos, sin = ctx.saved_tensors
+    cos, sin, positions = ctx.saved_tensors
     head_dim, n_rot, style, table_rows, backward, backend = ctx.attrs
-    dx = _rope_op(dy, cos, sin, head_dim, n_rot, style, table_rows, not backward, backend)
-    return dx, None, None, None, None, None, None, None, None
+    dx = _rope_op(dy, cos, sin, head_dim, n_rot, style, table_rows, not backward, backend,
+                  ctx.layout, positions)
+    return dx, None, None, None, None, None, None, None, None, None, None
 
 
 _rope_op.register_autograd(_rope_grad, setup_context=_rope_setup)
 
 
-def rope(x, cos, sin, *, head_dim=None, n_rot=None, style="neox", table_rows=None,
-         backend="optimized"):
+def rope(x, cos, sin, *, head_dim=None, n_rot=None, style="neox", table_rows=None, layout=None,
+         positions=None, backend="optimized"):
     """tandem.rope on torch tensors, differentiable in x (not in the tables)."""
-    return _rope_op(x, cos, sin, head_dim, n_rot, style, table_rows, False, backend)
+    return _rope_op(x, cos, sin, head_dim, n_rot, style, table_rows, False, backend, layout,
+                    _index(positions))
 
 
 @torch.library.custom_op("tandem::axial_rope", mutates_args=())
@@ -371,9 +456,11 @@ def _fast_sdpa(q, k, v, is_causal, scale, enable_gqa, backend):
 
 
 def sdpa_softcap(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                 enable_gqa=False, softcap=0.0, backend="optimized"):
+                 enable_gqa=False, softcap=0.0, backend="optimized", sinks=None):
     """scaled_dot_product_attention with tandem's logit softcap c > 0
-    (scores s -> c*tanh(s/c) before the mask is added) and a backend choice."""
+    (scores s -> c*tanh(s/c) before the mask is added), attention sinks
+    [Hq] (a logit per query head joining every softmax's denominator,
+    differentiable) and a backend choice."""
     if dropout_p != 0.0:
         raise Error(f"dropout_p = {dropout_p} must be 0 (tandem has no dropout)", "dropout_p")
     if query.dim() < 3:
@@ -383,14 +470,14 @@ def sdpa_softcap(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
         if mask is not None and mask.dim() >= 3:
             mask = mask.unsqueeze(-3)
         return sdpa_softcap(query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1), mask, 0.0,
-                            is_causal, scale, enable_gqa, softcap, backend).squeeze(1)
+                            is_causal, scale, enable_gqa, softcap, backend, sinks).squeeze(1)
     batch = tuple(query.shape[:-3])
     Hq, L, E = query.shape[-3:]
     H, S = key.shape[-3], key.shape[-2]
     if H != Hq and not (enable_gqa and H >= 1 and Hq % H == 0):
         raise Error(f"key.shape = {list(key.shape)} must have {Hq} heads (query's), or a divisor "
                     "of it with enable_gqa=True", "key.shape")
-    if attn_mask is None and not softcap:
+    if attn_mask is None and not softcap and sinks is None:
         out = _fast_sdpa(query, key, value, is_causal, scale, enable_gqa, backend)
         if out is not None:
             return out
@@ -401,8 +488,8 @@ def sdpa_softcap(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
     mask, kind = _sdpa_mask(attn_mask, is_causal, batch, N, Hq, L, S)
     sc = None if scale is None else float(scale)
     cap = float(softcap or 0.0)
-    if _needs_op(q, k, v):
-        out, _ = _attention_op(q, k, v, mask, "bhsd", kind, 0, sc, cap, backend)
+    if _needs_op(q, k, v) or sinks is not None:
+        out, _ = _attention_op(q, k, v, mask, "bhsd", kind, 0, sc, cap, backend, sinks)
     else:
         out = _api.attention(q, k, v, layout="bhsd", scale=sc, softcap=cap, backend=backend,
                              **_mask_kwargs(mask, kind, 0))

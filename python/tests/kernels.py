@@ -55,19 +55,28 @@ def sdpa_attention_backward(q, k, v, dout, *, bug=None, **kwargs):
 
 
 def numpy_attention(q, k, v, *, layout, mask, window, scale, softcap, bias=None,
-                    key_padding=None, bug=None):
-    """Attention in float32 NumPy, written plainly. bug: "gqa" (query head h
-    reads kv head h % Hkv), "causal_offset" (causal without the Sk - Sq
-    offset), "no_max" (softmax without subtracting the row maximum)."""
+                    key_padding=None, sinks=None, alibi_slopes=None, bug=None):
+    """Attention in NumPy (float32, or float64 inputs in float64), written
+    plainly: s_ij = scale <q_i, k_j> (softcapped) - m_h |i + Sk - Sq - j|
+    (ALiBi slopes m [H] or [B, H]) + bias_ij; p_ij = e^s_ij / (e^sink_h +
+    sum_j e^s_ij) (sinks [H]). bug: "gqa" (query head h reads kv head
+    h % Hkv), "causal_offset" (causal without the Sk - Sq offset), "no_max"
+    (softmax without subtracting the row maximum), "sink_numerator" (the
+    sink's e^sink_h added to every p_ij's numerator as well)."""
     if layout == "bshd":
         q, k, v = (np.asarray(x).transpose(0, 2, 1, 3) for x in (q, k, v))
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     heads = np.arange(H) % Hkv if bug == "gqa" else np.arange(H) // (H // Hkv)
     k, v = k[:, heads], v[:, heads]
-    s = np.float32(scale if scale is not None else 1 / np.sqrt(D)) * (q @ k.transpose(0, 1, 3, 2))
+    f = q.dtype.type
+    s = f(scale if scale is not None else 1 / np.sqrt(D)) * (q @ k.transpose(0, 1, 3, 2))
     if softcap > 0:
-        s = np.float32(softcap) * np.tanh(s / np.float32(softcap))
+        s = f(softcap) * np.tanh(s / f(softcap))
+    if alibi_slopes is not None:
+        slopes = np.asarray(alibi_slopes, np.float32).astype(q.dtype)
+        slopes = slopes.reshape((1, H) if slopes.ndim == 1 else slopes.shape)[:, :, None, None]
+        s = s - slopes * np.abs(np.arange(Sq)[:, None] + Sk - Sq - np.arange(Sk)[None, :])
     offset = 0 if bug == "causal_offset" else max(Sk - Sq, 0)
     visible = np.broadcast_to(_visible(Sq, Sk, mask, window, offset), s.shape)
     if bias is not None:
@@ -76,13 +85,20 @@ def numpy_attention(q, k, v, *, layout, mask, window, scale, softcap, bias=None,
     if key_padding is not None:
         visible = visible & (key_padding != 0)[:, None, None, :]
     s = np.where(visible, s, -np.inf)
-    m = np.zeros(s.shape[:-1] + (1,), np.float32) if bug == "no_max" else \
-        np.max(np.where(visible, s, -np.inf), axis=-1, keepdims=True)
+    m = np.zeros(s.shape[:-1] + (1,), q.dtype) if bug == "no_max" else \
+        np.max(np.where(visible, s, -np.inf), axis=-1, keepdims=True, initial=-np.inf)
+    sink = None if sinks is None else np.asarray(sinks, q.dtype)[None, :, None, None]
+    if sink is not None and bug != "no_max":
+        m = np.maximum(m, sink)
     m = np.where(np.isfinite(m), m, 0)
     with np.errstate(over="ignore", invalid="ignore"):
-        p = np.where(visible, np.exp(s - m), 0).astype(np.float32)
+        p = np.where(visible, np.exp(s - m), 0).astype(q.dtype)
         l = p.sum(-1, keepdims=True)
-        out = np.where(l > 0, (p @ v) / np.where(l > 0, l, 1), 0).astype(np.float32)
+        if sink is not None:
+            l = l + np.exp(sink - m)
+            if bug == "sink_numerator":
+                p = np.where(visible, p + np.exp(sink - m), 0)
+        out = np.where(l > 0, (p @ v) / np.where(l > 0, l, 1), 0).astype(q.dtype)
     return out.transpose(0, 2, 1, 3) if layout == "bshd" else out
 
 

@@ -164,3 +164,38 @@ def test_the_docs_page_shows_this_shrunk_failure_verbatim():
     with open(page) as f:
         shown = f.read().split("```text\n", 1)[1].split("```", 1)[0]
     assert shown == str(info.value)
+
+
+# -- sinks and ALiBi, drawn when asked for ------------------------------------
+
+FEATURES = dict(sinks=True, alibi=T.ALIBI)
+
+
+def sink_numerator_bug_attention(q, k, v, **kw):
+    return numpy_attention(q, k, v, bug="sink_numerator", **kw)
+
+
+def test_numpy_attention_with_sinks_and_alibi_passes_and_the_reference_backward_too():
+    T.check_attention(numpy_attention, **FEATURES, **BUDGET)
+    T.check_attention_backward(functools.partial(tandem.attention_backward, backend="reference"),
+                               max_examples=60, **FEATURES, **BUDGET)
+
+
+def test_a_sink_added_to_the_numerator_is_caught_with_one_key():
+    config, report = failure(T.check_attention, sink_numerator_bug_attention, **FEATURES)
+    assert config.sinks and (config.B, config.H, config.Sq, config.Sk) == (1, 1, 1, 1)
+    assert "sinks=True" in report
+
+
+def test_drawn_features_reach_the_kernel():
+    seen = set()
+
+    def spy(q, k, v, **kw):
+        seen.update(n for n in ("sinks", "alibi_slopes") if kw.get(n) is not None)
+        if kw.get("alibi_slopes") is not None:
+            seen.add(kw["alibi_slopes"].shape == (q.shape[0], q.shape[2 if kw["layout"] ==
+                                                                          "bshd" else 1]))
+        return numpy_attention(q, k, v, **kw)
+
+    T.check_attention(spy, max_examples=80, **FEATURES, **BUDGET)
+    assert {"sinks", "alibi_slopes", True, False} <= seen

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Randomly initialized small Llama, Mistral (sliding window) and Gemma 2
-(logit softcap), built from configs (no weights downloaded), give the same
+"""Randomly initialized small Llama, Mistral (sliding window), Gemma 2
+(logit softcap) and gpt-oss (attention sinks, sliding window, a small
+mixture of experts), built from configs (no weights downloaded), give the same
 logits, greedy tokens and training gradients with attn_implementation="tandem"
 as with "eager"."""
 
@@ -8,9 +9,11 @@ import copy
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, MistralConfig
+from transformers import (AutoModelForCausalLM, Gemma2Config, GptOssConfig, LlamaConfig,
+                          MistralConfig)
 
-import tandem.transformers  # noqa: F401  (registers "tandem")
+import tandem
+import tandem.transformers  # noqa: F401  (registers "tandem" and "tandem_reference")
 
 SMALL = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
@@ -19,18 +22,25 @@ CONFIGS = {
     "mistral": lambda: MistralConfig(**SMALL, sliding_window=5),
     "gemma2": lambda: Gemma2Config(**SMALL, head_dim=16, sliding_window=5,
                                    attn_logit_softcapping=5.0, query_pre_attn_scalar=16),
+    "gpt_oss": lambda: GptOssConfig(**SMALL, head_dim=16, sliding_window=5, num_local_experts=4,
+                                    num_experts_per_tok=2),
 }
 
 
-def pair(name):
+# (model, implementation): every model with "tandem" (the optimized backend),
+# gpt-oss's sinks with "tandem_reference" too
+CASES = [(name, "tandem") for name in CONFIGS] + [("gpt_oss", "tandem_reference")]
+
+
+def pair(name, impl="tandem"):
     """The same random model twice: eager attention and tandem's."""
     torch.manual_seed(0)
     config = CONFIGS[name]()
     eager = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager")
-    ours = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="tandem")
+    ours = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=impl)
     ours.load_state_dict(eager.state_dict())
     assert (eager.config._attn_implementation, ours.config._attn_implementation) == \
-        ("eager", "tandem")
+        ("eager", impl)
     return eager, ours
 
 
@@ -42,9 +52,9 @@ def batch():
     return ids, mask
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-def test_logits_and_greedy_tokens_match_eager(name):
-    eager, ours = pair(name)
+@pytest.mark.parametrize("name,impl", CASES)
+def test_logits_and_greedy_tokens_match_eager(name, impl):
+    eager, ours = pair(name, impl)
     ids, mask = batch()
     with torch.no_grad():
         a = eager(ids, attention_mask=mask).logits
@@ -57,9 +67,9 @@ def test_logits_and_greedy_tokens_match_eager(name):
                        ours.generate(ids, attention_mask=mask, **kw))
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-def test_a_training_step_has_the_same_gradients(name):
-    eager, ours = pair(name)
+@pytest.mark.parametrize("name,impl", CASES)
+def test_a_training_step_has_the_same_gradients(name, impl):
+    eager, ours = pair(name, impl)
     ids, _ = batch()
     for model in (eager, ours):
         model.train()

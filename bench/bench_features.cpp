@@ -1,0 +1,281 @@
+// SPDX-License-Identifier: Apache-2.0
+// The attention features against their plain equivalents, each pair measured
+// in the same run (op attention_features, tags `feature` and `plain`, the same
+// shape tag; the report's features table divides one by the other):
+//  - packed sequences: n equal sequences packed (cu_seqlens) against a dense
+//    batch B = n of the same length, forward and backward: the cost per
+//    token (same tokens, same FLOPs);
+//  - a paged decode step: a cache of 16-key blocks scattered over a pool
+//    through a block table, against the same decode step over a contiguous
+//    cache: bytes of K and V per second (both cycle through enough caches to
+//    read K and V from memory);
+//  - ALiBi (the standard slopes) and sinks against plain attention, forward
+//    and backward (with sinks, dsinks too).
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+
+namespace tandem::bench {
+namespace {
+
+/// One side of a comparison: a dense shape (D = Dv) and the feature it
+/// turns on.
+struct FeatureShape : AttnShape {
+  bool packed = false;          ///< the B sequences packed as one batch entry
+  bool sinks = false;           ///< a sink per head
+  bool alibi = false;           ///< the standard ALiBi slopes
+  std::int64_t block_size = 0;  ///< a paged cache of blocks of this many keys
+
+  [[nodiscard]] AttentionParams params() const {
+    AttentionParams p;
+    p.batch = packed ? 1 : B;
+    p.num_seqs = packed ? B : 0;
+    p.seq_q = packed ? B * Sq : Sq;
+    p.seq_k = packed ? B * Sk : Sk;
+    p.heads = H;
+    p.kv_heads = Hkv;
+    p.head_dim = D;
+    p.mask = causal ? MaskKind::causal : MaskKind::none;
+    p.sinks = sinks;
+    p.alibi = alibi ? AlibiKind::per_head : AlibiKind::none;
+    return p;
+  }
+  /// Bytes of K and V one call reads.
+  [[nodiscard]] double kv_bytes() const {
+    return 4.0 * static_cast<double>(B * Sk * Hkv * (D + Dv));
+  }
+};
+
+/// The inputs and outputs of one attention call of a FeatureShape (a packed
+/// call's cu_seqlens, sinks, ALiBi slopes).
+struct CallFixture {
+  AttentionPlan plan;
+  std::vector<float> q, k, v, out, dout, dq, dk, dv, sinks, slopes, dsinks;
+  std::vector<std::int32_t> cu;
+
+  CallFixture(const FeatureShape& s, bool backward) : plan(AttentionPlan::make(s.params())) {
+    q = random_buffer(static_cast<std::size_t>(plan.q.extent), 1);
+    k = random_buffer(static_cast<std::size_t>(plan.k.extent), 2);
+    v = random_buffer(static_cast<std::size_t>(plan.v.extent), 3);
+    out = zero_buffer(static_cast<std::size_t>(plan.o.extent));
+    if (s.sinks) sinks = random_buffer(static_cast<std::size_t>(plan.H), 5);
+    if (s.alibi) slopes = alibi_standard_slopes(plan.H);
+    for (std::int64_t n = 0; s.packed && n <= s.B; ++n)
+      cu.push_back(static_cast<std::int32_t>(n * s.Sq));
+    if (backward) {
+      dout = random_buffer(static_cast<std::size_t>(plan.o.extent), 4);
+      dq = zero_buffer(static_cast<std::size_t>(plan.dq.extent));
+      dk = zero_buffer(static_cast<std::size_t>(plan.dk.extent));
+      dv = zero_buffer(static_cast<std::size_t>(plan.dv.extent));
+      dsinks = zero_buffer(sinks.size());
+    }
+  }
+  [[nodiscard]] AttentionInputs<float> inputs() const {
+    AttentionInputs<float> in{q, k, v, {}};
+    in.sinks = sinks;
+    in.alibi_slopes = slopes;
+    in.cu_seqlens_q = cu;
+    in.cu_seqlens_k = cu;
+    return in;
+  }
+};
+
+/// Several decode caches, together far larger than the last-level cache,
+/// visited in turn (as in the decode benchmark): contiguous, or (block_size
+/// > 0) blocks of one shared pool, each cache's blocks scattered over it by
+/// its own block table.
+struct DecodeCaches {
+  AttentionPlan plan;
+  std::vector<float> q, out;
+  std::vector<std::vector<float>> k, v;  ///< one per cache, or the pool
+  std::vector<std::vector<std::int32_t>> tables;
+  std::vector<std::int32_t> lens;
+  std::size_t next = 0, caches = 0;
+
+  DecodeCaches(const FeatureShape& s, std::size_t n) : caches(n) {
+    AttentionParams p = s.params();
+    const std::int64_t per_cache = s.block_size > 0 ? s.Sk / s.block_size : 0;
+    if (s.block_size > 0) {
+      p.seq_k = 0;
+      p.num_blocks = per_cache * static_cast<std::int64_t>(n);
+      p.block_size = s.block_size;
+      p.max_blocks = per_cache;
+    }
+    plan = AttentionPlan::make(p);
+    q = random_buffer(static_cast<std::size_t>(plan.q.extent), 11);
+    out = zero_buffer(static_cast<std::size_t>(plan.o.extent));
+    const std::size_t pools = s.block_size > 0 ? 1 : n;
+    for (std::size_t c = 0; c < pools; ++c) {
+      k.push_back(random_buffer(static_cast<std::size_t>(plan.k.extent), 100 + 2 * c));
+      v.push_back(random_buffer(static_cast<std::size_t>(plan.v.extent), 101 + 2 * c));
+    }
+    if (s.block_size == 0) return;
+    std::vector<std::int32_t> blocks(static_cast<std::size_t>(plan.num_blocks));
+    std::iota(blocks.begin(), blocks.end(), 0);
+    std::shuffle(blocks.begin(), blocks.end(), std::mt19937(7));
+    for (std::size_t c = 0; c < n; ++c) {
+      const auto first = blocks.begin() + static_cast<std::ptrdiff_t>(c) * per_cache;
+      tables.emplace_back(first, first + per_cache);
+    }
+    lens.assign(static_cast<std::size_t>(s.B), static_cast<std::int32_t>(s.Sk));
+  }
+  /// The inputs of cache c.
+  [[nodiscard]] AttentionInputs<float> inputs(std::size_t c) const {
+    if (tables.empty()) return {q, k[c], v[c], {}};
+    AttentionInputs<float> in{q, k[0], v[0], {}};
+    in.block_table = tables[c];
+    in.cache_seqlens = lens;
+    return in;
+  }
+};
+
+/// The spec of one side of comparison `what` (e.g. "varlen_forward").
+Spec feature_spec(const std::string& what, const BackendUnderTest& bu, const FeatureShape& s,
+                  bool feature) {
+  Spec spec;
+  spec.op = "attention_features";
+  spec.backend = bu.name;
+  spec.shape = what + "_" + s.tag();
+  spec.threads = bu.threads;
+  spec.name = spec.op + "/" + spec.backend + "/" + spec.shape + (feature ? "/feature" : "/plain");
+  spec.tags = {"features", feature ? "feature" : "plain"};
+  spec.params["B"] = static_cast<double>(s.B);
+  spec.params["H"] = static_cast<double>(s.H);
+  spec.params["Sq"] = static_cast<double>(s.Sq);
+  spec.params["Sk"] = static_cast<double>(s.Sk);
+  spec.params["D"] = static_cast<double>(s.D);
+  return spec;
+}
+
+/// Registers the forward (or backward: dq, dk, dv, and dsinks with sinks) of
+/// `s` as one side of comparison `what`.
+void add_call(const std::string& what, const BackendUnderTest& bu, const FeatureShape& s,
+              bool feature, bool backward) {
+  Spec spec = feature_spec(what, bu, s, feature);
+  const double flops = (backward ? 2.5 : 1.0) * s.forward_flops();
+  spec.params["flop"] = flops;
+  const std::string key = spec.name;
+  const int threads = bu.threads;
+  auto be = std::make_shared<Backend>(bu.make());
+  add(spec, [be, s, backward, flops, threads, key](benchmark::State& st) {
+    CallFixture* fx = nullptr;
+    try {
+      fx = &cached_fixture<CallFixture>(key,
+                                        [&] { return std::make_unique<CallFixture>(s, backward); });
+    } catch (const std::exception& e) {
+      st.SkipWithError(e.what());
+      return;
+    }
+    CallFixture& f = *fx;
+    const AttentionInputs<float> in = f.inputs();
+    const auto call = [&] {
+      if (backward) {
+        be->attention_backward(f.plan, in, f.dout, {f.dq, f.dk, f.dv, f.dsinks});
+      } else {
+        be->attention_forward(f.plan, in, f.out);
+      }
+    };
+    call();  // warm-up
+    const auto loop_start = std::chrono::steady_clock::now();
+    for (auto _ : st) {
+      call();
+      benchmark::ClobberMemory();
+    }
+    set_flop_counters(st, flops, threads, seconds_since(loop_start));
+  });
+}
+
+/// Registers a decode step over `caches` caches of `s` (paged when
+/// s.block_size > 0) as one side of comparison `what`.
+void add_decode_step(const std::string& what, const BackendUnderTest& bu, const FeatureShape& s,
+                     std::size_t caches) {
+  Spec spec = feature_spec(what, bu, s, s.block_size > 0);
+  const double bytes = s.kv_bytes();
+  spec.params["bytes"] = bytes;
+  spec.params["block_size"] = static_cast<double>(s.block_size);
+  const std::string key = spec.name;
+  const int threads = bu.threads;
+  auto be = std::make_shared<Backend>(bu.make());
+  add(spec, [be, s, caches, bytes, threads, key](benchmark::State& st) {
+    DecodeCaches* fx = nullptr;
+    try {
+      fx = &cached_fixture<DecodeCaches>(key,
+                                         [&] { return std::make_unique<DecodeCaches>(s, caches); });
+      for (std::size_t c = 0; c < caches; ++c) {  // warm-up: every cache once
+        be->attention_forward(fx->plan, fx->inputs(c), fx->out);
+      }
+    } catch (const std::exception& e) {
+      st.SkipWithError(e.what());
+      return;
+    }
+    DecodeCaches& f = *fx;
+    const auto loop_start = std::chrono::steady_clock::now();
+    for (auto _ : st) {
+      const std::size_t c = f.next;
+      f.next = (f.next + 1) % caches;
+      be->attention_forward(f.plan, f.inputs(c), f.out);
+      benchmark::ClobberMemory();
+    }
+    set_byte_counters(st, bytes, threads, seconds_since(loop_start));
+  });
+}
+
+}  // namespace
+
+void register_features() {
+  if (!op_selected("attention_features")) return;
+  const Config& c = config();
+  const bool quick = c.preset == Preset::quick;
+  for (const auto& bu : backends_at(c.threads, false)) {
+    // packed sequences: n equal sequences against a batch of n
+    FeatureShape dense;
+    dense.B = 4;
+    dense.Sq = dense.Sk = quick ? 256 : 1024;
+    dense.causal = true;
+    FeatureShape packed = dense;
+    packed.packed = true;
+    for (const bool backward : {false, true}) {
+      if (quick && backward) continue;
+      const std::string what = backward ? "varlen_backward" : "varlen_forward";
+      add_call(what, bu, packed, true, backward);
+      add_call(what, bu, dense, false, backward);
+    }
+    // ALiBi and sinks against plain attention
+    FeatureShape plain;
+    plain.Sq = plain.Sk = quick ? 512 : 2048;
+    for (const bool backward : {false, true}) {
+      if (quick && backward) continue;
+      FeatureShape s = plain;
+      if (backward) s.Sq = s.Sk = 1024;
+      FeatureShape alibi = s, sinks = s;
+      alibi.alibi = true;
+      sinks.sinks = true;
+      const std::string dir = backward ? "_backward" : "_forward";
+      add_call("alibi" + dir, bu, alibi, true, backward);
+      add_call("alibi" + dir, bu, s, false, backward);
+      add_call("sinks" + dir, bu, sinks, true, backward);
+      add_call("sinks" + dir, bu, s, false, backward);
+    }
+    // a decode step: one query against a 4096-token GQA cache, paged in
+    // blocks of 16 keys or contiguous; 256 (quick) or 512 MiB of caches
+    FeatureShape step;
+    step.H = 32;
+    step.Hkv = 8;
+    step.Sq = 1;
+    step.Sk = 4096;
+    const auto caches = static_cast<std::size_t>(
+        std::max(2.0, (quick ? 256.0 : 512.0) * 1048576.0 / step.kv_bytes()));
+    FeatureShape paged = step;
+    paged.block_size = 16;
+    add_decode_step("paged_decode", bu, paged, caches);
+    add_decode_step("paged_decode", bu, step, caches);
+  }
+}
+
+}  // namespace tandem::bench

@@ -34,20 +34,35 @@ struct Job {
   std::function<std::vector<float>()> run;
 };
 
-/// Inputs of one attention call, owned.
+/// Inputs of one attention call, owned: the dense ones, and those of the
+/// features its plan takes (sinks, ALiBi slopes, packed sequences' offsets,
+/// a paged cache's block table and lengths).
 struct AttentionCase {
   AttentionPlan plan;
-  std::vector<float> q, k, v, mask, dout;
-  tandem::AttentionInputs<float> inputs() const { return {q, k, v, mask}; }
+  std::vector<float> q, k, v, mask, dout, sinks, slopes;
+  std::vector<std::int64_t> cu_q, cu_k, table, lens;
+  tandem::AttentionInputs<float> inputs() const {
+    return {q, k, v, mask, sinks, slopes, cu_q, cu_k, {}, table, lens};
+  }
 };
 
-AttentionCase attention_case(const tandem::AttentionParams& p, unsigned seed) {
-  AttentionCase a{AttentionPlan::make(p), {}, {}, {}, {}, {}};
+/// An attention case with random data; `fill` sets the feature inputs.
+AttentionCase attention_case(const tandem::AttentionParams& p, unsigned seed,
+                             const std::function<void(AttentionCase&)>& fill = {}) {
+  AttentionCase a;
+  a.plan = AttentionPlan::make(p);
+  if (fill) fill(a);
   const auto n = [](std::int64_t x) { return static_cast<std::size_t>(x); };
+  if (p.sinks) a.sinks = random_values(n(p.heads), seed + 5, -2.0f, 2.0f);
   a.q = random_values(n(a.plan.q.extent), seed);
   a.k = random_values(n(a.plan.k.extent), seed + 1);
   a.v = random_values(n(a.plan.v.extent), seed + 2);
   a.mask = random_values(n(a.plan.mask_size()), seed + 3, -2.0f, 2.0f);
+  if (p.alibi != tandem::AlibiKind::none) {
+    a.slopes = random_values(
+        n(p.alibi == tandem::AlibiKind::per_head ? p.heads : a.plan.sequences() * p.heads),
+        seed + 6, 0.0f, 1.0f);
+  }
   if (p.mask == MaskKind::key_padding) {
     for (std::size_t j = 0; j < a.mask.size(); ++j) a.mask[j] = j % 3 == 1 ? 0.0f : 1.0f;
   }
@@ -59,7 +74,8 @@ std::vector<float> zeros(std::int64_t n) {
   return std::vector<float>(static_cast<std::size_t>(n), 0.0f);
 }
 
-/// out ++ lse ++ dq ++ dk ++ dv of every attention entry point of `b`.
+/// out ++ lse ++ dq ++ dk ++ dv (++ dsinks) of every attention entry point of
+/// `b`: the forward ones alone for a paged cache (which has no backward).
 void add_attention_jobs(const Backend& b, const std::string& tag, const AttentionCase& a,
                         std::vector<Job>& jobs) {
   const AttentionPlan& p = a.plan;
@@ -68,6 +84,15 @@ void add_attention_jobs(const Backend& b, const std::string& tag, const Attentio
                     b.attention_forward(p, a.inputs(), out);
                     return out;
                   }});
+  if (p.paged()) {
+    jobs.push_back({tag + " attention_forward_lse", [b, &a, p] {
+                      std::vector<float> out = zeros(p.o.extent), lse = zeros(p.lse_size());
+                      b.attention_forward_lse(p, a.inputs(), out, lse);
+                      out.insert(out.end(), lse.begin(), lse.end());
+                      return out;
+                    }});
+    return;
+  }
   jobs.push_back({tag + " attention_forward_lse + backward_saved", [b, &a, p] {
                     std::vector<float> out = zeros(p.o.extent), lse = zeros(p.lse_size());
                     b.attention_forward_lse(p, a.inputs(), out, lse);
@@ -80,10 +105,10 @@ void add_attention_jobs(const Backend& b, const std::string& tag, const Attentio
                   }});
   jobs.push_back({tag + " attention_backward", [b, &a, p] {
                     std::vector<float> dq = zeros(p.dq.extent), dk = zeros(p.dk.extent),
-                                       dv = zeros(p.dv.extent);
-                    b.attention_backward(p, a.inputs(), a.dout, {dq, dk, dv});
-                    dq.insert(dq.end(), dk.begin(), dk.end());
-                    dq.insert(dq.end(), dv.begin(), dv.end());
+                                       dv = zeros(p.dv.extent), dsinks = zeros(p.sinks ? p.H : 0);
+                    b.attention_backward(p, a.inputs(), a.dout, {dq, dk, dv, dsinks});
+                    for (const auto* x : {&dk, &dv, &dsinks})
+                      dq.insert(dq.end(), x->begin(), x->end());
                     return dq;
                   }});
   jobs.push_back({tag + " attention_backward_dq/dk/dv", [b, &a, p] {
@@ -242,6 +267,28 @@ std::vector<AttentionCase> attention_cases() {
   auto biased = attention_params(1, 13, 29, 2, 1, 9, 9, Layout::bshd, MaskKind::bias);
   biased.bias_heads = 2;
   out.push_back(attention_case(biased, 500));
+  // sinks and ALiBi per head, causal, GQA
+  auto sinks = attention_params(2, 33, 40, 4, 2, 8, 8, Layout::bshd, MaskKind::causal);
+  sinks.sinks = true;
+  sinks.alibi = tandem::AlibiKind::per_head;
+  out.push_back(attention_case(sinks, 600));
+  // three packed sequences (one without queries), ALiBi per sequence
+  auto packed = attention_params(1, 30, 75, 2, 1, 8, 8, Layout::bshd, MaskKind::causal);
+  packed.num_seqs = 3;
+  packed.alibi = tandem::AlibiKind::per_batch_head;
+  out.push_back(attention_case(packed, 700, [](AttentionCase& a) {
+    a.cu_q = {0, 20, 20, 30};
+    a.cu_k = {0, 25, 60, 75};
+  }));
+  // decode steps from a paged cache: blocks of 16, shuffled
+  auto paged = attention_params(2, 1, 0, 4, 2, 16, 16);
+  paged.num_blocks = 12;
+  paged.block_size = 16;
+  paged.max_blocks = 5;
+  out.push_back(attention_case(paged, 800, [](AttentionCase& a) {
+    a.table = {7, 2, 9, 0, -1, 4, 11, 1, 3, 10};  // [2, 5]; entry 0 needs 4 blocks
+    a.lens = {60, 70};
+  }));
   return out;
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ThreadSanitizer: the reentrancy test (many std::threads calling every entry
-# point at once) and the property suite (a quarter of the Release cases), built
+# point at once) and the property suite (all its cases), built
 # with clang and LLVM's OpenMP runtime. GCC's libgomp is not instrumented for
 # TSan, so its barriers would be reported as races; libomp with the Archer
 # tool (OMP_TOOL_LIBRARIES, from libomp-14-dev) tells TSan about every OpenMP
@@ -31,6 +31,6 @@ export LD_LIBRARY_PATH=$LLVM/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # ignore_noninstrumented_modules TSan reports libomp's own allocator.
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1}
 export ARCHER_OPTIONS=${ARCHER_OPTIONS:-verbose=1}
-export TANDEM_PROPS_SCALE=${TANDEM_PROPS_SCALE:-0.25}
+export TANDEM_PROPS_SCALE=${TANDEM_PROPS_SCALE:-1}
 ctest --test-dir "$BUILD" -R '^Reentrancy\.' --output-on-failure
 ctest --test-dir "$BUILD" -L props --output-on-failure -j"$JOBS"

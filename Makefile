@@ -31,6 +31,7 @@ coverage: deps
 
 ## Testing the tests: each bug of props/mutate.py planted in the optimized
 ## kernels in turn must be rejected by the property suite (build-mutate/).
+## Options: MUTATE_FLAGS='--only name,name --fail-fast --all-targets' (props/mutate.py -h)
 mutate: deps
 	/usr/bin/python3 props/mutate.py --jobs $(JOBS) $(MUTATE_FLAGS)
 

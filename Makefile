@@ -6,7 +6,7 @@ CMAKE_FLAGS ?=
 ## The virtual environment in which CTest installs the Python package and runs its tests.
 PYTHON_VENV ?= $(CURDIR)/.venv
 
-.PHONY: all deps configure build test report report-quick peers docs clean
+.PHONY: all deps configure build test coverage mutate tsan report report-quick peers docs clean
 
 all: build
 
@@ -23,6 +23,21 @@ build: configure
 ## python_install creates $(PYTHON_VENV) from PyPI the first time, label python).
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
+
+## Line and branch coverage of optimized/src and reference/ by the property
+## suite alone (gcov build in build-coverage/, gcovr; HTML in build-coverage/html/).
+coverage: deps
+	BUILD=build-coverage JOBS=$(JOBS) .ci/coverage.sh
+
+## Testing the tests: each bug of props/mutate.py planted in the optimized
+## kernels in turn must be rejected by the property suite (build-mutate/).
+## Options: MUTATE_FLAGS='--only name,name --fail-fast --all-targets' (props/mutate.py -h)
+mutate: deps
+	/usr/bin/python3 props/mutate.py --jobs $(JOBS) $(MUTATE_FLAGS)
+
+## ThreadSanitizer (clang, libomp): the reentrancy test and the property suite.
+tsan: deps
+	BUILD=build-tsan JOBS=$(JOBS) .ci/tsan.sh
 
 ## The performance comparison report: report/report.md (+ report.html, plots).
 ## Options: OPS=a,b SEQS=1024,2048 DIMS=64,128 THREADS=N SCALING_THREADS=1,2

@@ -54,6 +54,15 @@ std::ostream& operator<<(std::ostream& os, const AttentionCase& c) {
     os << "]";
   };
   if (c.params.sinks) os << " |sinks|<=" << c.sink_mag;
+  if (c.extreme != Extreme::none) {
+    os << " extreme=" << to_string(c.extreme);
+    if (c.extreme == Extreme::huge_logits || c.extreme == Extreme::equal_logits)
+      os << " max|s|=" << c.logit_target;
+    if (c.extreme == Extreme::subnormal) {
+      os << " x" << c.tiny_scale << " on" << (c.tiny_q ? " q" : "") << (c.tiny_k ? " k" : "")
+         << (c.tiny_v ? " v" : "") << (c.tiny_dout ? " dO" : "");
+    }
+  }
   if (c.params.alibi != AlibiKind::none)
     os << (c.standard_slopes ? " standard" : " random") << " slopes";
   list("q_lens", c.q_lens);
@@ -126,7 +135,73 @@ void gen_paged(AttentionCase& c) {
   p.seq_k = 0;
 }
 
+/// Whether a rare draw (one case in `one_in`, at any size) happens; a
+/// shrink moves away from it.
+bool draws_rarely(Draw d, int one_in) {
+  return d == Draw::always ||
+         (d == Draw::sometimes && *rc::gen::weightedElement<bool>({{one_in - 1, false}, {1, true}}));
+}
+
+/// A dense shape at the edges of the optimized backend's default geometry,
+/// which a case of at most 17 keys and queries never reaches: keys around
+/// one and two key blocks of 64, and from the 2048 keys at which a decode
+/// step splits its keys (2 chunks of 1024, for heads of up to 2048 floats of
+/// K and V rows per key); or queries around one and two tiles of 384 query
+/// rows (192 under causal and sliding-window masks) of the G heads of a
+/// group. One batch entry and D, Dv <= 16 keep the reference quick.
+void gen_long_shape(AttentionParams& p) {
+  p.batch = 1;
+  p.head_dim = std::min<i64>(p.head_dim, 16);
+  p.v_head_dim = std::min<i64>(p.v_head_dim, 16);
+  if (*rc::gen::arbitrary<bool>()) {  // long keys
+    p.seq_k = *rc::gen::element<i64>(63, 64, 65, 127, 128, 129, 2047, 2048, 2049);
+    p.seq_q = *rc::gen::weightedOneOf<i64>({{3, rc::gen::just<i64>(1)}, {1, gen_dim(17)}});
+  } else {  // long queries
+    const bool banded = p.mask == MaskKind::causal || p.mask == MaskKind::sliding_window;
+    const i64 tile = (banded ? 192 : 384) / (p.heads / p.kv_heads);
+    p.seq_q = tile + *rc::gen::element<i64>(-1, 0, 1, tile + 1);
+    p.seq_k = *rc::gen::weightedOneOf<i64>(
+        {{3, gen_dim(17)}, {1, rc::gen::element<i64>(63, 64, 65)}});
+  }
+}
+
+/// The numerical extreme of a dense case (Extreme).
+void gen_extreme(AttentionCase& c) {
+  std::vector<Extreme> kinds{Extreme::huge_logits, Extreme::subnormal, Extreme::equal_scores,
+                             Extreme::equal_logits};
+  if (c.params.mask == MaskKind::bias) kinds.push_back(Extreme::far_bias);
+  c.extreme = *rc::gen::elementOf(kinds);
+  c.logit_target = *rc::gen::element(1e4, 3e3, 300.0);
+  if (c.extreme == Extreme::subnormal) {
+    c.tiny_scale = *rc::gen::element(0x1p-130, 0x1p-140);
+    const int which =  // a non-empty subset of q, k, v, dO
+        *rc::gen::element(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    c.tiny_q = (which & 1) != 0;
+    c.tiny_k = (which & 2) != 0;
+    c.tiny_v = (which & 4) != 0;
+    c.tiny_dout = (which & 8) != 0;
+  }
+}
+
 }  // namespace
+
+const char* to_string(Extreme e) {
+  switch (e) {
+    case Extreme::none:
+      return "none";
+    case Extreme::huge_logits:
+      return "huge_logits";
+    case Extreme::far_bias:
+      return "far_bias";
+    case Extreme::subnormal:
+      return "subnormal";
+    case Extreme::equal_scores:
+      return "equal_scores";
+    case Extreme::equal_logits:
+      return "equal_logits";
+  }
+  return "?";
+}
 
 rc::Gen<AttentionCase> gen_attention(AttentionGen g) {
   return rc::gen::exec([g] {
@@ -171,6 +246,8 @@ rc::Gen<AttentionCase> gen_attention(AttentionGen g) {
       p.mask = *rc::gen::element(MaskKind::none, MaskKind::causal, MaskKind::sliding_window,
                                  MaskKind::key_padding, MaskKind::bias);
     }
+    const bool dense = !varlen && !paged;
+    if (dense && draws_rarely(g.long_shapes, 10)) gen_long_shape(p);
     if (p.mask == MaskKind::sliding_window) {
       const i64 sk = paged ? p.max_blocks * p.block_size : p.seq_k;
       p.window = *rc::gen::weightedOneOf<i64>({{2, rc::gen::just<i64>(0)},
@@ -211,6 +288,9 @@ rc::Gen<AttentionCase> gen_attention(AttentionGen g) {
       p.alibi = *rc::gen::element(AlibiKind::per_head, AlibiKind::per_batch_head);
       c.standard_slopes = *rc::gen::arbitrary<bool>();
     }
+    if (dense && !p.sinks && p.alibi == AlibiKind::none && draws_rarely(g.extremes, 8)) {
+      gen_extreme(c);
+    }
     c.seed = gen_seed();
     return c;
   });
@@ -245,6 +325,61 @@ std::vector<i64> block_table(const AttentionPlan& p, const std::vector<i64>& len
   return table;
 }
 
+/// Pushes the data of a dense case to its extreme (Extreme).
+void apply_extreme(const AttentionCase& c, AttentionData& d, Rng& r) {
+  const AttentionPlan& p = d.plan;
+  const i64 G = p.group();
+  const auto scale_all = [](std::vector<float>& t, double f) {
+    for (float& x : t) x = static_cast<float>(double(x) * f);
+  };
+  if (c.extreme == Extreme::equal_scores || c.extreme == Extreme::equal_logits) {
+    for (i64 b = 0; b < p.B; ++b)  // k[b, j, g] = k[b, 0, g]
+      for (i64 j = 1; j < p.Sk; ++j)
+        std::copy_n(d.k.begin() + b * p.Sk * p.Hkv * p.D, p.Hkv * p.D,
+                    d.k.begin() + (b * p.Sk + j) * p.Hkv * p.D);
+  }
+  if (c.extreme == Extreme::huge_logits || c.extreme == Extreme::equal_logits) {
+    double smax = 0;  // max |scale·<q_i, k_j>| over every pair of a kv head
+    for (i64 b = 0; b < p.B; ++b)
+      for (i64 i = 0; i < p.Sq; ++i)
+        for (i64 h = 0; h < p.H; ++h)
+          for (i64 j = 0; j < p.Sk; ++j) {
+            double dot = 0;
+            for (i64 x = 0; x < p.D; ++x)
+              dot += double(d.q[((b * p.Sq + i) * p.H + h) * p.D + x]) *
+                     d.k[((b * p.Sk + j) * p.Hkv + h / G) * p.D + x];
+            smax = std::max(smax, std::abs(p.scale * dot));
+          }
+    if (smax > 0) {
+      const double f = std::sqrt(c.logit_target / smax);
+      scale_all(d.q, f);
+      scale_all(d.k, f);
+    }
+  }
+  if (c.extreme == Extreme::subnormal) {
+    if (c.tiny_q) scale_all(d.q, c.tiny_scale);
+    if (c.tiny_k) scale_all(d.k, c.tiny_scale);
+    if (c.tiny_v) scale_all(d.v, c.tiny_scale);
+    if (c.tiny_dout) scale_all(d.dout, c.tiny_scale);
+  }
+  if (c.extreme == Extreme::far_bias) {
+    // finite, but far below the other scores of a row: their p is 0 in float
+    const float far[] = {-1e30f, -std::numeric_limits<float>::max(), -1e4f, -200.0f, -90.0f};
+    // Every row keeps one of its finite entries (a row of far entries alone
+    // would be a uniform softmax of rounded scores: see logit_bound).
+    for (std::size_t row = 0; row < d.mask.size() / static_cast<std::size_t>(p.Sk); ++row) {
+      float* x = d.mask.data() + row * p.Sk;
+      std::vector<i64> finite;
+      for (i64 j = 0; j < p.Sk; ++j)
+        if (x[j] != -kInf) finite.push_back(j);
+      if (finite.empty()) continue;
+      const i64 keep = finite[static_cast<std::size_t>(r.index(static_cast<i64>(finite.size())))];
+      for (i64 j : finite)
+        if (j != keep && r.coin(0.4)) x[j] = far[r.index(5)];
+    }
+  }
+}
+
 }  // namespace
 
 AttentionData make_data(const AttentionCase& c) {
@@ -271,6 +406,7 @@ AttentionData make_data(const AttentionCase& c) {
       std::fill(d.mask.begin() + row * p.Sk, d.mask.begin() + (row + 1) * p.Sk, -kInf);
     }
   }
+  if (c.extreme != Extreme::none) apply_extreme(c, d, r);
   if (p.sinks) d.sinks = r.values(static_cast<std::size_t>(p.H), c.sink_mag);
   if (p.alibi != AlibiKind::none) {
     const std::vector<float> standard = alibi_standard_slopes(p.H);
@@ -326,9 +462,17 @@ double logit_bound(const AttentionData& d) {
   double L = std::abs(p.scale) * max_norm(d.q, p.D) * max_norm(d.k, p.D);
   if (p.softcap > 0) L = std::min(L, p.softcap);
   if (p.mask == MaskKind::bias) {
+    // A score's rounding error, about ε·|s_ij|, moves the result by about
+    // p_ij·ε·|s_ij|. With s_ij = m_i − Δ_ij (m_i the row's largest score,
+    // |m_i| <= L + the row's largest finite bias), Σ_j p_ij·|s_ij| <= |m_i| +
+    // Σ_j p_ij·Δ_ij <= |m_i| + log Sk: a key far below its row's largest
+    // weighs nothing however negative its bias, and each row's bound takes
+    // its largest finite bias, not its most negative one.
     double bmax = 0;
-    for (float x : d.mask) {
-      if (std::isfinite(x)) bmax = std::max(bmax, double(std::abs(x)));
+    for (std::size_t row = 0; row < d.mask.size() / static_cast<std::size_t>(p.Sk); ++row) {
+      double top = -kInf;
+      for (i64 j = 0; j < p.Sk; ++j) top = std::max(top, double(d.mask[row * p.Sk + j]));
+      if (std::isfinite(top)) bmax = std::max(bmax, std::abs(top));
     }
     L += bmax;
   }

@@ -18,6 +18,18 @@ namespace tandem::props {
 
 // ================================================================ attention
 
+/// Numerical extremes an attention case's data may be pushed to (dense
+/// cases; the properties that draw them state what still holds).
+enum class Extreme {
+  none,
+  huge_logits,    ///< q and k scaled so that max |s| (before softcap) = logit_target
+  far_bias,       ///< bias: −inf and far negative finite entries (−1e30, −FLT_MAX, ...) beside finite ones
+  subnormal,      ///< some of q, k, v, dO scaled into the subnormal range
+  equal_scores,   ///< every key row of a (batch, kv head) the same: all scores of a row equal
+  equal_logits,   ///< as equal_scores, at |s| = logit_target
+};
+const char* to_string(Extreme e);
+
 /// An attention case: the plan's parameters and how its data is drawn.
 struct AttentionCase {
   AttentionParams params;
@@ -34,6 +46,13 @@ struct AttentionCase {
   ///@}
   std::vector<i64> cache_lens;  ///< paged (SPEC §2.10): keys of each batch entry
   bool index64 = false;         ///< index inputs held as int64 (else int32)
+  Extreme extreme = Extreme::none;
+  double logit_target = 1e4;  ///< huge_logits, equal_logits: max |s| before softcap
+  ///@{
+  /// subnormal: which of q, k, v, dO are scaled, and by how much.
+  bool tiny_q = false, tiny_k = false, tiny_v = false, tiny_dout = false;
+  double tiny_scale = 0x1p-130;
+  ///@}
 };
 std::ostream& operator<<(std::ostream& os, const AttentionCase& c);
 
@@ -53,6 +72,13 @@ struct AttentionGen {
   Draw sinks = Draw::never, alibi = Draw::never, varlen = Draw::never, paged = Draw::never;
   ///@}
   bool seqused_gaps = false;  ///< varlen: some sequence uses fewer keys than its slot
+  /// Shapes at the edges of the optimized backend's default geometry (key
+  /// blocks of 64, query tiles of 384 or 192 rows, split-key decode from
+  /// 2048 keys): `sometimes` is one dense case in ten.
+  Draw long_shapes = Draw::sometimes;
+  /// Numerical extremes (Extreme), dense cases only: `sometimes` is one
+  /// case in eight.
+  Draw extremes = Draw::sometimes;
 
   AttentionGen with_mask(MaskKind m) const {
     AttentionGen g = *this;

@@ -36,25 +36,28 @@ AttentionScales scales(const AttentionData& d) {
   s.dk = std::abs(p.scale) * ndo * nv * nq * colsum;
   s.dv = ndo * colsum;
   s.dsinks = ndo * nv * double(p.B * p.Sq);
+  // the longest chains: Σ over keys (out, dq), over the G·Sq rows of a kv
+  // head (dk, dv), over d (scores, dP); a few products per term
+  s.underflow = 4 * double(p.group() * p.Sq + p.Sk + p.D + p.Dv) * 0x1p-150;
   return s;
 }
 
 std::string attention_close(const std::string& what, std::span<const double> got,
-                            std::span<const double> exp, double nat, double L) {
+                            std::span<const double> exp, double nat, const AttentionScales& sc) {
   const double M = std::max(max_abs(exp), nat);
-  const double r = 64 * kEps * (1 + L);
-  return mismatch(what, got, exp, r * M, r);
+  const double r = 64 * kEps * (1 + sc.L);
+  return mismatch(what, got, exp, r * M + sc.underflow, r);
 }
 
 std::string attention_close(const std::string& what, const std::vector<float>& got,
-                            const std::vector<double>& exp, double nat, double L) {
+                            const std::vector<double>& exp, double nat, const AttentionScales& sc) {
   const auto g = to_double(got);
-  return attention_close(what, std::span<const double>(g), std::span<const double>(exp), nat, L);
+  return attention_close(what, std::span<const double>(g), std::span<const double>(exp), nat, sc);
 }
 
 std::string attention_same(const std::string& what, const std::vector<float>& a,
-                           const std::vector<float>& b, double nat, double L) {
-  return attention_close(what, a, to_double(b), nat, L);
+                           const std::vector<float>& b, double nat, const AttentionScales& sc) {
+  return attention_close(what, a, to_double(b), nat, sc);
 }
 
 GradsD to_double(const Grads& g) {
@@ -67,7 +70,7 @@ std::string grads_close(const std::string& tag, const Grads& got, const GradsD& 
   std::string m;
   const auto one = [&](const char* name, const std::vector<float>& g, const std::vector<double>& e,
                        double nat) {
-    if (m.empty() && !g.empty()) m = attention_close(tag + " " + name, g, e, nat, sc.L);
+    if (m.empty() && !g.empty()) m = attention_close(tag + " " + name, g, e, nat, sc);
   };
   one("dq", got.dq, exp.dq, sc.dq);
   one("dk", got.dk, exp.dk, sc.dk);

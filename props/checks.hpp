@@ -7,7 +7,7 @@
 ///
 /// | op | atol | rtol |
 /// |---|---|---|
-/// | attention (fwd, bwd) | 64·ε·(1+L)·max(M, N) | 64·ε·(1+L) |
+/// | attention (fwd, bwd) | 64·ε·(1+L)·max(M, N) + U | 64·ε·(1+L) |
 /// | rope, axial rope     | 32·ε·max|x|          | 32·ε |
 /// | swiglu (fwd, bwd)    | 32·ε·M               | 64·ε |
 /// | attention block      | 512·ε·max(M, 1)      | 512·ε |
@@ -16,7 +16,8 @@
 /// bound on |score|: exp's relative error grows with it), N the tensor's
 /// natural scale from the inputs (out: max|v|; dq: |scale|·‖dO‖·‖V‖·‖K‖;
 /// dk: |scale|·‖dO‖·‖V‖·‖Q‖; dv: ‖dO‖, row norms), so that an exact zero
-/// reached by cancellation still has a float-sized tolerance.
+/// reached by cancellation still has a float-sized tolerance, and U the
+/// rounding of subnormal results (AttentionScales::underflow).
 #pragma once
 
 #include <string>
@@ -31,17 +32,24 @@ namespace tandem::props {
 struct AttentionScales {
   double L = 0, out = 0, dq = 0, dk = 0, dv = 0;
   double dsinks = 0;  ///< ‖dO‖·‖V‖ times the query rows a sink's gradient sums over
+  /// The absolute error float has below its normal range: a result summed
+  /// from n terms of a few products each, n = G·Sq + Sk + D + Dv (the longest
+  /// chains: over the rows of a kv head for dk and dv, over keys for out and
+  /// dq, over d for the dot products), is off by up to 4n half-steps of
+  /// 2^−149 (Higham's model with underflow: fl(x·y) = x·y·(1 + δ) + η with
+  /// |η| <= 2^−150; sums of subnormals are exact), however small M and N.
+  double underflow = 0;
 };
 AttentionScales scales(const AttentionData& d);
 
-/// The attention tolerance of the table above; `nat` is N.
+/// The attention tolerance of the table above; `nat` is N, plus sc.underflow.
 std::string attention_close(const std::string& what, std::span<const double> got,
-                            std::span<const double> exp, double nat, double L);
+                            std::span<const double> exp, double nat, const AttentionScales& sc);
 std::string attention_close(const std::string& what, const std::vector<float>& got,
-                            const std::vector<double>& exp, double nat, double L);
+                            const std::vector<double>& exp, double nat, const AttentionScales& sc);
 /// Two float results of one backend that must agree (same tolerance, exp = b).
 std::string attention_same(const std::string& what, const std::vector<float>& a,
-                           const std::vector<float>& b, double nat, double L);
+                           const std::vector<float>& b, double nat, const AttentionScales& sc);
 
 /// The gradients of one backend against ground truth / another run, with
 /// names prefixed by `tag`: dq, dk, dv, and dsinks, each where `got` has it.

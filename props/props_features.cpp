@@ -73,16 +73,16 @@ void agree_features_forward(const Backend& be) {
   const AttentionScales sc = scales(d);
   const AttentionPlan& p = d.plan;
   TANDEM_REQUIRE_EMPTY(
-      attention_close("out", run_forward(be, d), reference_forward(d), sc.out, sc.L));
+      attention_close("out", run_forward(be, d), reference_forward(d), sc.out, sc));
   if (!be.attention_forward_lse) return;
   const Saved saved = run_forward_lse(be, d);
   TANDEM_REQUIRE_EMPTY(
       attention_close("forward_lse out",
                       gather<float>(p.o, p.B, p.Sq, p.H, p.Dv, std::span<const float>(saved.out)),
-                      reference_forward(d), sc.out, sc.L));
+                      reference_forward(d), sc.out, sc));
   const double lse_scale = 1 + sc.L + std::log(double(p.Sk + 1));
   TANDEM_REQUIRE_EMPTY(
-      attention_close("lse", to_double(saved.lse), reference_lse(d), lse_scale, sc.L));
+      attention_close("lse", to_double(saved.lse), reference_lse(d), lse_scale, sc));
 }
 
 /// The backward (any non-empty subset of dq, dk, dv, dsinks; the separate
@@ -162,7 +162,7 @@ void sink_equals_extra_key(const Backend& be) {
   }
   const AttentionScales sc = scales(d);
   TANDEM_REQUIRE_EMPTY(attention_same("out: sinks vs an extra key of value 0", run_forward(be, d),
-                                      run_forward(be, e), sc.out, sc.L));
+                                      run_forward(be, e), sc.out, sc));
   const Want no_dsinks{true, true, true, false};
   const Grads gd = run_backward(be, d, no_dsinks), ge = run_backward(be, e, no_dsinks);
   const auto drop_extra = [&](const std::vector<float>& t, i64 width) {
@@ -170,11 +170,11 @@ void sink_equals_extra_key(const Backend& be) {
     for (i64 b = 0; b < p.B; ++b) append_rows(out, t, b * (p.Sk + 1), p.Sk, p.Hkv * width);
     return out;
   };
-  TANDEM_REQUIRE_EMPTY(attention_same("dq: sinks vs extra key", gd.dq, ge.dq, sc.dq, sc.L));
+  TANDEM_REQUIRE_EMPTY(attention_same("dq: sinks vs extra key", gd.dq, ge.dq, sc.dq, sc));
   TANDEM_REQUIRE_EMPTY(
-      attention_same("dk: sinks vs extra key", gd.dk, drop_extra(ge.dk, p.D), sc.dk, sc.L));
+      attention_same("dk: sinks vs extra key", gd.dk, drop_extra(ge.dk, p.D), sc.dk, sc));
   TANDEM_REQUIRE_EMPTY(
-      attention_same("dv: sinks vs extra key", gd.dv, drop_extra(ge.dv, p.Dv), sc.dv, sc.L));
+      attention_same("dv: sinks vs extra key", gd.dv, drop_extra(ge.dv, p.Dv), sc.dv, sc));
 }
 
 /// ALiBi ≡ the bias −m·abs(i + Sk − Sq − j) (plus the mask as 0 / −inf, plus
@@ -192,7 +192,7 @@ void alibi_equals_bias(const Backend& be) {
   e.slopes.clear();
   const AttentionScales sc = scales(d);
   TANDEM_REQUIRE_EMPTY(attention_same("out: ALiBi vs its bias", run_forward(be, d),
-                                      run_forward(be, e), sc.out, sc.L));
+                                      run_forward(be, e), sc.out, sc));
   TANDEM_REQUIRE_EMPTY(
       grads_same("ALiBi vs its bias:", run_backward(be, d), run_backward(be, e), sc));
 }
@@ -234,13 +234,13 @@ void varlen_equals_per_sequence(const Backend& be) {
     for (std::size_t h = 0; h < dsinks.size(); ++h) dsinks[h] += g.dsinks[h];
   }
   TANDEM_REQUIRE_EMPTY(
-      attention_same("out: packed vs per sequence", run_forward(be, d), out, sc.out, sc.L));
+      attention_same("out: packed vs per sequence", run_forward(be, d), out, sc.out, sc));
   const Grads g = run_backward(be, d);
-  TANDEM_REQUIRE_EMPTY(attention_same("dq: packed vs per sequence", g.dq, dq, sc.dq, sc.L));
-  TANDEM_REQUIRE_EMPTY(attention_same("dk: packed vs per sequence", g.dk, dk, sc.dk, sc.L));
-  TANDEM_REQUIRE_EMPTY(attention_same("dv: packed vs per sequence", g.dv, dv, sc.dv, sc.L));
+  TANDEM_REQUIRE_EMPTY(attention_same("dq: packed vs per sequence", g.dq, dq, sc.dq, sc));
+  TANDEM_REQUIRE_EMPTY(attention_same("dk: packed vs per sequence", g.dk, dk, sc.dk, sc));
+  TANDEM_REQUIRE_EMPTY(attention_same("dv: packed vs per sequence", g.dv, dv, sc.dv, sc));
   TANDEM_REQUIRE_EMPTY(attention_close("dsinks: packed vs the sum over sequences", g.dsinks, dsinks,
-                                       sc.dsinks, sc.L));
+                                       sc.dsinks, sc));
 }
 
 /// NaN in the padding keys of every slot (past seqused_k) changes no bit of
@@ -319,11 +319,11 @@ void paged_equals_gathered_cache(const Backend& be) {
     }
   }
   TANDEM_REQUIRE_EMPTY(
-      attention_same("out: paged vs gathered cache", run_forward(be, d), out, sc.out, sc.L));
+      attention_same("out: paged vs gathered cache", run_forward(be, d), out, sc.out, sc));
   if (!be.attention_forward_lse) return;
   const double lse_scale = 1 + sc.L + std::log(double(p.Sk + 1));
   TANDEM_REQUIRE_EMPTY(attention_same("lse: paged vs gathered cache", run_forward_lse(be, d).lse,
-                                      lse, lse_scale, sc.L));
+                                      lse, lse_scale, sc));
 }
 
 /// NaN in every block no used table entry names, and in the slots past each

@@ -410,6 +410,7 @@ std::function<void(const Subject&)> on_backend() {
 }  // namespace
 
 void register_rope_properties(std::vector<Property>& v) {
+  const std::size_t first = v.size();
   v.push_back({"agree_rope", "agreement", 300, on_backend<agree_rope>()});
   v.push_back({"agree_rope_qk", "agreement", 200, on_backend<agree_rope_qk>()});
   v.push_back({"agree_axial_rope", "agreement", 200, on_backend<agree_axial>()});
@@ -428,6 +429,7 @@ void register_rope_properties(std::vector<Property>& v) {
   v.push_back(
       {"rope_relative_position_and_norm", "semantic", 200, on_backend<relative_position>()});
   v.push_back({"rope_neox_equals_permuted_gptj", "semantic", 200, on_backend<neox_equals_gptj>()});
+  for (std::size_t i = first; i < v.size(); ++i) v[i].calls_attention = false;
 }
 
 }  // namespace tandem::props

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 #include "broken/broken.hpp"
 #include "tandem/reference/backend.hpp"
@@ -66,6 +67,62 @@ Subject fixture_subject(broken::Bug bug) {
   return s;
 }
 
+#ifdef TANDEM_HAVE_OPTIMIZED
+namespace {
+
+/// The optimized backend at `geo`, at `target`: default threads, with the
+/// variants at 1, 2 and 3 threads.
+Subject optimized_subject(std::int64_t target, const std::string& name,
+                          const optimized::Geometry& geo) {
+  Subject s;
+  s.name = name;
+  s.backend = optimized::backend(optimized::Options{0, geo});
+  for (int t = 1; t <= 3; ++t)
+    s.thread_variants.push_back(optimized::backend(optimized::Options{t, geo}));
+  s.enter = [target] { optimized::force_target(target); };
+  s.leave = [] { optimized::force_target(0); };
+  return s;
+}
+
+/// Small geometries of the optimized attention (optimized::Geometry): cases
+/// of a dozen keys and queries cross every key block, edge block, query
+/// tile, split-key chunk and backward query part, and shrink to
+/// counterexamples of that size. A call takes the wide tile or the decode
+/// tile, hence two:
+///  - small: blocks of 3 keys (2 at a causal or window edge), tiles of 5
+///    query rows (3 under a band), every tile wide even for one query row,
+///    the backward in 3 query parts;
+///  - small_decode: blocks of 2 keys (1 at an edge), tiles of 4 rows (2),
+///    every tile by the decode algorithm, split-key decode from 2 chunks of
+///    3 keys stepped 2 at a time whatever the layout, the backward in as
+///    many parts as 6 tasks need.
+/// Both keep key blocks shorter than the micro-kernel's rows, and tiles
+/// narrower than a vector at every target but the scalar one.
+std::vector<std::pair<std::string, optimized::Geometry>> small_geometries() {
+  optimized::Geometry wide;
+  wide.key_block = 3;
+  wide.edge_block = 2;
+  wide.rows_per_tile = 5;
+  wide.rows_per_tile_banded = 3;
+  wide.decode_tiles = optimized::DecodeTiles::never;
+  wide.backward_query_parts = 3;
+  optimized::Geometry decode;
+  decode.key_block = 2;
+  decode.edge_block = 1;
+  decode.rows_per_tile = 4;
+  decode.rows_per_tile_banded = 2;
+  decode.decode_tiles = optimized::DecodeTiles::always;
+  decode.split_keys_chunk = 3;
+  decode.split_keys_min_chunks = 2;
+  decode.split_keys_step = 2;
+  decode.split_keys_contiguous_heads = std::int64_t{1} << 20;
+  decode.backward_min_tasks = 6;
+  return {{"small", wide}, {"small_decode", decode}};
+}
+
+}  // namespace
+#endif
+
 std::vector<Subject> correct_subjects() {
   std::vector<Subject> out;
   {
@@ -77,15 +134,20 @@ std::vector<Subject> correct_subjects() {
   }
   out.push_back(fixture_subject(broken::Bug::none));
 #ifdef TANDEM_HAVE_OPTIMIZED
-  for (std::int64_t target : optimized::supported_targets()) {
-    Subject s;
-    s.name = "optimized_" + optimized::target_name(target);
-    s.backend = optimized::backend();
-    for (int t = 1; t <= 3; ++t)
-      s.thread_variants.push_back(optimized::backend(optimized::Options{t}));
-    s.enter = [target] { optimized::force_target(target); };
-    s.leave = [] { optimized::force_target(0); };
-    out.push_back(s);
+  const std::vector<std::int64_t> targets = optimized::supported_targets();
+  for (std::int64_t target : targets) {
+    out.push_back(optimized_subject(target, "optimized_" + optimized::target_name(target), {}));
+  }
+  // The small geometries at every target too: the geometry's logic is the
+  // same at every target but for the lane count, which sets the padding of a
+  // tile's rows and which tiles fit one vector, and the micro-kernel's rows.
+  for (std::int64_t target : targets) {
+    for (const auto& [name, geo] : small_geometries()) {
+      Subject s = optimized_subject(
+          target, "optimized_" + optimized::target_name(target) + "_" + name, geo);
+      s.attention_only = true;
+      out.push_back(s);
+    }
   }
 #endif
   return out;

@@ -134,6 +134,11 @@ struct Subject {
   /// Whether the backend implements sinks, ALiBi, packed sequences and paged
   /// caches (SPEC §2.7–2.10): the properties of those features run only then.
   bool attention_features = true;
+  /// Whether the subject differs from another one only in its attention
+  /// kernels (the optimized backend at a small Geometry): only properties
+  /// that call attention run on it, and those that span every op draw the
+  /// attention ops alone (attention_ops()).
+  bool attention_only = false;
 };
 
 /// reference, broken_none, and optimized at every supported target (when built).
@@ -157,13 +162,16 @@ struct Property {
   int cases;
   std::function<void(const Subject&)> body;
   bool attention_features = false;  ///< exercises SPEC §2.7–2.10: only for subjects that have them
+  bool calls_attention = true;      ///< false: RoPE, axial RoPE or SwiGLU alone
 };
 
 /// Every property of the suite.
 const std::vector<Property>& properties();
-/// Whether `p` runs on `s` (a feature property needs a subject with the features).
+/// Whether `p` runs on `s` (a feature property needs a subject with the
+/// features, an attention-only subject a property that calls attention).
 inline bool runs_on(const Property& p, const Subject& s) {
-  return !p.attention_features || s.attention_features;
+  return (!p.attention_features || s.attention_features) &&
+         (!s.attention_only || p.calls_attention);
 }
 const Property& property(const std::string& name);
 

@@ -8,7 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev
   libhwy-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev libomp-14-dev gcovr
   doxygen graphviz
   python3-numpy python3-matplotlib python3-venv python3-dev
 )

@@ -1,0 +1,319 @@
+#!/usr/bin/env python3
+"""Testing the tests: plants one bug at a time in the optimized kernels and
+checks that the property suite alone rejects each one.
+
+Every mutation is a file of optimized/src, one or more (exact fragment,
+replacement) edits and what the bug means. The script copies the checkout
+once into WORK/src (WORK defaults to build-mutate/), configures one Release
+build of it in WORK/build, and for each mutation applies its edits to the
+copy, rebuilds props_suite alone, runs the optimized subjects' properties
+(fixed seed, no shrinking; every property, or up to the first failure with
+--fail-fast), then restores the file. A fragment found other than exactly once stops the script: the list
+cannot rot silently when the kernels change.
+
+By default the copy compiles the kernels for the one Highway target AVX2
+(HWY_COMPILE_ONLY_STATIC, -march=haswell -maes: Highway's AVX2 baseline also
+asks for AES, which GCC's haswell leaves out) instead of every target, a
+quarter of the compile time; the suite runs the same properties at every target, so
+a bug killed here is killed by `ctest -L props` too. --all-targets builds
+as shipped.
+
+  props/mutate.py                       # every mutation; a Markdown table at the end
+  props/mutate.py --only gqa_mod,tail   # some of them
+  props/mutate.py --list                # names and descriptions
+Exit status 1 when a mutation survives, 2 when the list does not apply.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Mutation:
+    name: str
+    file: str  # relative to optimized/src
+    edits: list  # [(fragment, replacement)], each fragment exactly once in the file
+    description: str
+
+
+MUTATIONS = [
+    Mutation("rescale_output_dropped", "attention_forward_tile-inl.h",
+             [("const VF a = hn::LoadU(d, softmax_.alpha() + r0);",
+               "const VF a = hn::Set(d, 1.0f);")],
+             "wide tile: the running output is not rescaled by 2^(m_old - m_new) when m moves"),
+    Mutation("decode_rescale_dropped", "attention_forward_tile-inl.h",
+             [("if (softmax_.alpha()[r] == 1.0f) continue;", "continue;")],
+             "decode tile: the running output is never rescaled"),
+    Mutation("row_sum_not_rescaled", "attention_forward_tile-inl.h",
+             [("hn::StoreU(hn::MulAdd(hn::LoadU(d, l_ + r0), a, sum), d, l_ + r0);",
+               "hn::StoreU(hn::Add(hn::LoadU(d, l_ + r0), sum), d, l_ + r0);")],
+             "online softmax: l <- l + rowsum(P), without the factor 2^(m_old - m_new)"),
+    Mutation("rescale_threshold_too_high", "attention_forward_tile-inl.h",
+             [("static constexpr float kRescaleAbove = 8.0f;",
+               "static constexpr float kRescaleAbove = 160.0f;")],
+             "the running max moves only past 2^160: 2^(x - m) overflows float for large scores"),
+    Mutation("careful_pv_never", "attention_forward_tile-inl.h",
+             [("  if (!score.hides_per_row()) return false;\n  bool finite = true;",
+               "  return false;\n  bool finite = true;")],
+             "forward: never the careful P.V, so 0 * (NaN in v of a hidden key) reaches out"),
+    Mutation("causal_last_key_skipped", "attention_tile-inl.h",
+             [("if (c.banded()) j_end = std::min(Sk, a_last + 1);",
+               "if (c.banded()) j_end = std::min(Sk, a_last);")],
+             "causal/window: a tile's key range ends one key early (its last row loses its diagonal key)"),
+    Mutation("causal_band_one_past", "attention_tile-inl.h",
+             [("hi = std::clamp<std::int64_t>(a - j0, -1, nk);",
+               "hi = std::clamp<std::int64_t>(a - j0 + 1, -1, nk);")],
+             "causal offset off by one: row i also sees key q_offset + i + 1 within a block"),
+    Mutation("causal_active_rows_late", "attention_tile-inl.h",
+             [("qi_lo = std::clamp<std::int64_t>(j0 - q_offset - i0, 0, nq);",
+               "qi_lo = std::clamp<std::int64_t>(j0 - q_offset - i0 + 1, 0, nq);")],
+             "causal: the row whose diagonal key starts a block is left out of the block's columns"),
+    Mutation("window_first_key_skipped", "attention_tile-inl.h",
+             [("j_begin = std::max<std::int64_t>(0, a_first - c.window);",
+               "j_begin = std::max<std::int64_t>(0, a_first - c.window + 1);")],
+             "sliding window: the tile's key range starts one key late"),
+    Mutation("window_lower_bound", "attention_tile-inl.h",
+             [("lo = std::clamp<std::int64_t>(a - c_.window - j0, -1, nk);",
+               "lo = std::clamp<std::int64_t>(a - c_.window - j0 + 1, -1, nk);")],
+             "sliding window lower bound off by one: row sees w keys back, not w + 1"),
+    Mutation("window_active_rows_short", "attention_tile-inl.h",
+             [("qi_hi = std::clamp<std::int64_t>(j0 + nk - 1 + c.window - q_offset - i0 + 1, 0, nq);",
+               "qi_hi = std::clamp<std::int64_t>(j0 + nk - 1 + c.window - q_offset - i0, 0, nq);")],
+             "sliding window: the last row that still sees a block is left out of its columns"),
+    Mutation("gqa_head_mod", "attention_tile-inl.h",
+             [("std::int64_t n = 0, b = 0, g = 0, G = 1, i0 = 0,",
+               "std::int64_t n = 0, b = 0, g = 0, G = 1, Hkv = 1, i0 = 0,"),
+              (": n(n_), b(c.seqs[n_].b), g(g_), G(c.G) {",
+               ": n(n_), b(c.seqs[n_].b), g(g_), G(c.G), Hkv(c.plan->Hkv) {"),
+              ("std::int64_t head(std::int64_t r) const { return g * G + r % G; }",
+               "std::int64_t head(std::int64_t r) const { return g + r % G * Hkv; }")],
+             "GQA: kv head g serves query heads h with h % Hkv = g instead of h / G = g"),
+    Mutation("packed_rows_head_ignored", "attention_tile-inl.h",
+             [("if (head != head_ || j0 < lo_ || j0 > hi_) {", "if (j0 < lo_ || j0 > hi_) {")],
+             "packed K/V kept across tiles: a tile of another (batch, kv head) reuses the rows packed for the last one"),
+    Mutation("split_chunk_end", "attention_forward.cpp",
+             [("const std::int64_t k0 = ch * chunk, k1 = std::min(c.seqs[n].Sk, k0 + chunk);",
+               "const std::int64_t k0 = ch * chunk, k1 = std::min(c.seqs[n].Sk, k0 + chunk - 1);")],
+             "split-key decode: each chunk ends one key early"),
+    Mutation("split_merge_unscaled", "attention_forward.cpp",
+             [("l += lc * hn::GetLane(w);", "l += lc;")],
+             "split-key merge: the chunks' sums l_c added without 2^(m_c - m)"),
+    Mutation("split_acc_not_cleared", "attention_forward.cpp",
+             [("std::fill(acc, acc + Dvp, 0.0f);", "")],
+             "split-key merge: the accumulator of a row keeps the previous row's output"),
+    Mutation("backward_dk_not_cleared", "attention_backward.cpp",
+             [("if (bw.want_dk) std::fill(dK, dK + Sk * s.Dp, 0.0f);", "")],
+             "backward: a thread's dK sum is not cleared between (batch, kv head) tasks"),
+    Mutation("backward_dv_not_cleared", "attention_backward.cpp",
+             [("if (bw.want_dv) std::fill(dV, dV + Sk * s.Dvp, 0.0f);", "")],
+             "backward: a thread's dV sum is not cleared between (batch, kv head) tasks"),
+    Mutation("backward_last_part_dropped", "attention_backward.cpp",
+             [("for (std::int64_t k = 1; k < parts_; ++k) sum +=", "for (std::int64_t k = 1; k + 1 < parts_; ++k) sum +=")],
+             "backward query parts: the last part's dK/dV partial is not added"),
+    Mutation("backward_last_qblock_of_part", "attention_backward.cpp",
+             [("for (std::int64_t qb = part; qb < c.qblocks(n); qb += parts) {",
+               "for (std::int64_t qb = part; qb + parts < c.qblocks(n); qb += parts) {")],
+             "backward query parts: the last query block of each part is left out"),
+    Mutation("softcap_derivative", "attention_backward.cpp",
+             [("ds = hn::Mul(ds, hn::NegMulAdd(th, th, hn::Set(d, 1.0f)));",
+               "ds = hn::Mul(ds, hn::Sub(hn::Set(d, 1.0f), th));")],
+             "softcap backward: 1 - tanh instead of 1 - tanh^2"),
+    Mutation("backward_careful_padding", "attention_backward.cpp",
+             [("if (!score_.hides_per_row() && !score_.any_hidden()) return false;",
+               "if (!score_.hides_per_row()) return false;")],
+             "backward: blocks with a padding key never take the careful path"),
+    Mutation("sink_output_not_rescaled", "attention_forward_tile-inl.h",
+             [("a = hn::IfThenElse(real, a_new, a);", "a = hn::IfThenElse(real, a, a);")],
+             "sinks: merging the sink moves m but the running output is not rescaled by 2^(m_old - m)"),
+    Mutation("split_merge_sink_dropped", "attention_forward.cpp",
+             [("if (c.sinks != nullptr) l += ", "if (c.sinks == nullptr) l += ")],
+             "split-key merge: the sink's share of the row sum is left out"),
+    Mutation("dsink_sign", "attention_backward.cpp",
+             [("dsink[r % t_.G] -= std::exp(sink - lse)", "dsink[r % t_.G] += std::exp(sink - lse)")],
+             "dsinks: +p_sink * rowsum(dO o O) instead of minus"),
+    Mutation("alibi_distance_signed", "attention_tile-inl.h",
+             [("const VF distance = hn::Abs(hn::Sub(hn::LoadU(d, position_ + r0), j));",
+               "const VF distance = hn::Sub(hn::LoadU(d, position_ + r0), j);")],
+             "ALiBi: the penalty m*(i + Sk - Sq - j) without the absolute value"),
+    Mutation("paged_run_past_block", "attention_tile-inl.h",
+             [(": seq->block_size - j % seq->block_size;", ": seq->block_size - j % seq->block_size + 1;")],
+             "paged cache: a block of keys is read in place one row past the end of its cache block"),
+    Mutation("finite_check_tail", "gemm-inl.h",
+             [("for (; x < width; ++x) finite = finite && std::isfinite(row[x]);", "")],
+             "RowsFinite ignores the last partial vector of a row (the careful path's test)"),
+    Mutation("rope_tail_pairs", "simd-inl.h",
+             [("x1 = LoadN(d, x + m + i, n);", "x1 = LoadN(d, x + m + i, n - 1);")],
+             "RoPE (NeoX): the last partial vector loses its last pair's second element"),
+]
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def sync_copy(src_root: Path, dst_root: Path):
+    """Copies the checkout's files (tracked and untracked, not ignored) into
+    dst_root, writing only those that differ so the build stays incremental."""
+    files = subprocess.run(["git", "-C", str(src_root), "ls-files", "-co", "--exclude-standard", "-z"],
+                           check=True, capture_output=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        src, dst = src_root / rel, dst_root / rel
+        if not src.is_file():
+            continue
+        data = src.read_bytes()
+        if dst.is_file() and dst.read_bytes() == data:
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(data)
+        shutil.copymode(src, dst)
+
+
+def apply(m: Mutation, text: str) -> str:
+    for fragment, replacement in m.edits:
+        count = text.count(fragment)
+        if count != 1:
+            print(f"mutate.py: {m.name}: the fragment {fragment!r} occurs {count} times in "
+                  f"optimized/src/{m.file} (must be exactly once): update the mutation list",
+                  file=sys.stderr)
+            sys.exit(2)
+        text = text.replace(fragment, replacement)
+    return text
+
+
+def build(build_dir: Path, jobs: int):
+    return subprocess.run(["cmake", "--build", str(build_dir), "--target", "props_suite", f"-j{jobs}"],
+                          capture_output=True, text=True)
+
+
+def run_props(build_dir: Path, args):
+    env = dict(os.environ, OMP_WAIT_POLICY="passive", RC_PARAMS="noshrink=1",
+               TANDEM_PROPS_SCALE=str(args.scale))
+    cmd = [str(build_dir / "props" / "props_suite"), f"--gtest_filter={args.filter}", "--gtest_brief=1"]
+    if args.fail_fast:
+        cmd.append("--gtest_fail_fast")
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        out, code = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        out, code = (e.stdout or b"").decode(errors="replace"), None
+    return out, code, time.monotonic() - t0
+
+
+def verdict(out: str, code):
+    """(status, the failed tests <subject>.<property> in order, or why)."""
+    if code is None:
+        return "killed", ["timeout"]
+    if code == 0:
+        return "survived", []
+    failed = []
+    for test in re.findall(r"\[  FAILED  \] (\S+)", out):
+        test = test.rstrip(",")
+        if "." in test and test not in failed:
+            failed.append(test)
+    return "killed", failed or [f"crash (exit {code})"]
+
+
+def properties_of(failed):
+    """The properties among the failed tests, in order, and the subjects' geometries."""
+    props, geos = [], []
+    for test in failed:
+        subject, _, prop = test.partition(".")
+        if prop and prop not in props:
+            props.append(prop)
+        geo = "small_decode" if subject.endswith("_small_decode") else \
+            "small" if subject.endswith("_small") else "default"
+        if prop and geo not in geos:
+            geos.append(geo)
+    return props or failed, geos
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", default=str(ROOT / "build-mutate"), help="copy and build dir (default build-mutate)")
+    ap.add_argument("--only", default="", help="comma-separated mutation names")
+    ap.add_argument("--list", action="store_true", help="list the mutations and exit")
+    ap.add_argument("--all-targets", action="store_true", help="compile every Highway target, as shipped")
+    ap.add_argument("--filter", default="optimized_*", help="gtest filter of the props run")
+    ap.add_argument("--scale", type=float, default=1.0, help="TANDEM_PROPS_SCALE of the props run")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per props run")
+    ap.add_argument("--fail-fast", action="store_true", help="stop each props run at its first failure")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    args = ap.parse_args()
+
+    names = [m.name for m in MUTATIONS]
+    assert len(set(names)) == len(names), "mutation names must be unique"
+    if args.list:
+        for m in MUTATIONS:
+            print(f"{m.name:32} {m.file:30} {m.description}")
+        return 0
+    chosen = [m for m in MUTATIONS if not args.only or m.name in args.only.split(",")]
+    unknown = set(filter(None, args.only.split(","))) - set(names)
+    if unknown:
+        sys.exit(f"mutate.py: no mutation named {', '.join(sorted(unknown))}")
+
+    # Every edit applies to the checkout as it is, before anything is built.
+    for m in MUTATIONS:
+        apply(m, (ROOT / "optimized" / "src" / m.file).read_text())
+
+    work = Path(args.work).resolve()
+    src, bld = work / "src", work / "build"
+    sync_copy(ROOT, src)
+    flags = "" if args.all_targets else "-UHWY_COMPILE_ALL_ATTAINABLE -DHWY_COMPILE_ONLY_STATIC -march=haswell -maes"
+    run(["cmake", "-S", str(src), "-B", str(bld), "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_CXX_FLAGS={flags}",
+         "-DTANDEM_BUILD_BENCH=OFF", "-DTANDEM_BUILD_TOOLS=OFF", "-DTANDEM_BUILD_DOCS=OFF",
+         "-DTANDEM_PYTHON_VENV="], stdout=subprocess.DEVNULL)
+    b = build(bld, args.jobs)
+    if b.returncode != 0:
+        sys.exit("mutate.py: the unmutated copy does not build:\n" + b.stdout[-4000:] + b.stderr[-4000:])
+    out, code, secs = run_props(bld, args)
+    if code != 0:
+        sys.exit(f"mutate.py: the unmutated suite fails ({verdict(out, code)[1]}):\n{out[-4000:]}")
+    print(f"baseline: the optimized subjects' properties pass ({secs:.0f} s)", flush=True)
+
+    rows, survivors = [], []
+    for m in chosen:
+        path = src / "optimized" / "src" / m.file
+        original = path.read_text()
+        path.write_text(apply(m, original))
+        t0 = time.monotonic()
+        try:
+            b = build(bld, args.jobs)
+            build_s = time.monotonic() - t0
+            if b.returncode != 0:
+                sys.exit(f"mutate.py: {m.name} does not compile:\n{b.stdout[-3000:]}{b.stderr[-3000:]}")
+            out, code, secs = run_props(bld, args)
+        finally:
+            path.write_text(original)
+        status, failed = verdict(out, code)
+        if status == "survived":
+            survivors.append(m.name)
+        props, geos = properties_of(failed)
+        rows.append((m, status, failed, props, geos, secs))
+        print(f"{m.name}: {status}, {len(failed)} tests failed, first {failed[:1]} "
+              f"(build {build_s:.0f} s, props {secs:.0f} s)", flush=True)
+
+    print("\n| mutation | file | planted bug | failed tests | properties that fail (in run order) | geometries | props time |")
+    print("|---|---|---|---|---|---|---|")
+    for m, status, failed, props, geos, secs in rows:
+        count = "survived" if status == "survived" else str(len(failed))
+        print(f"| `{m.name}` | {m.file} | {m.description} | {count} | "
+              f"{', '.join(f'`{p}`' for p in props)} | {', '.join(geos)} | {secs:.0f} s |")
+    if survivors:
+        print(f"\nsurvived: {', '.join(survivors)}")
+        return 1
+    print(f"\nall {len(rows)} mutations killed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

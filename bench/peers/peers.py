@@ -495,7 +495,10 @@ def ggml_impls(task, threads):
         caches = int(p.get("caches", 1)) if op == "decode" else 1
         for kv_type, name, np_type in ((F32, "ggml_fa_f32", np.float32), (F16, "ggml_fa_f16", np.float16)):
             kv_bytes = caches * B * Hkv * Sk * (D + Dv) * np.dtype(np_type).itemsize
-            g = GgmlGraph(4 * B * H * Sq * (D + Dv) + kv_bytes + 2 * Sk * (Sq + 64) + (8 << 20), threads)
+            # per cache: K, V, an output and a graph (its nodes' metadata lives in the context too)
+            per_cache = 4 * B * H * Sq * Dv + ggml.ggml_graph_overhead() + 4 * ggml.ggml_tensor_overhead()
+            g = GgmlGraph(4 * B * H * Sq * (D + Dv) + kv_bytes + caches * per_cache + 2 * Sk * (Sq + 64)
+                          + (8 << 20), threads)
             q, = rng_arrays(np, [(B, H, Sq, D)], 1)
             qt = g.tensor(F32, (D, Sq, H, B), q)
             mask = None

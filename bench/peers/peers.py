@@ -467,14 +467,20 @@ class GgmlGraph:
         return t
 
     def add_graph(self, out):
+        """A graph computing `out`, planned once with its own work buffer
+        (ggml_graph_compute_with_ctx would take a new work buffer from the
+        context at every call, until the context's pool runs out)."""
         gf = self.ggml.ggml_new_graph(self.ctx)
         self.ggml.ggml_build_forward_expand(gf, out)
-        self.graphs.append(gf)
+        plan = self.ggml.ggml_graph_plan(gf, self.threads)
+        work = ctypes.create_string_buffer(max(1, int(plan.work_size)))
+        plan.work_data = ctypes.cast(work, ctypes.POINTER(ctypes.c_ubyte))
+        self.graphs.append((gf, plan, work))
 
     def call(self):
-        gf = self.graphs[self.next]
+        gf, plan, _ = self.graphs[self.next]
         self.next = (self.next + 1) % len(self.graphs)
-        self.ggml.ggml_graph_compute_with_ctx(self.ctx, gf, self.threads)
+        self.ggml.ggml_graph_compute(gf, ctypes.byref(plan))
         return self
 
     def __del__(self):

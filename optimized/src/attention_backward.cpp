@@ -164,7 +164,7 @@ class TileBackward {
     const std::int64_t active = std::min(kb.hi, t_.rows) - kb.lo;
     float* Pt = s_.fwd.St.get();
     score_.SetBlock(kb.j0, kb.nk);
-    const std::int64_t head = t_.n * p.Hkv + t_.g;  // (sequence, kv head): PackedRows
+    const std::int64_t head = t_.kv_index(c_);
     float* Kp = s_.fwd.Kp->Get(keys_, head, kb.j0, kb.nk);
     score_.ZeroHiddenRows(Kp, ks, kb.nk);
     float* Vp = nullptr;
@@ -282,13 +282,7 @@ class TileBackward {
   /// the scores in log2 units, see ScoreTransform); a row with no visible
   /// key (lse = −inf) gets 2^(x − inf) = 0 for every key instead of
   /// 2^(−inf − (−inf)). tanh(s/c) is kept for dS. Careful: the hidden
-  /// entries marked −0.0. p below 2^kFloor is taken as 0: dS = p·(dP − dsum)
-  /// would be subnormal there, and every product it then feeds (dQ, dK)
-  /// would take the processor's slow path for subnormal operands (ALiBi's
-  /// steep heads make most of a long row's p that small); what is dropped is
-  /// below 2^−64 of |dP − dsum| per term, far below the float rounding of
-  /// any sum the row's larger p (at least 1/Sk) join.
-  static constexpr float kFloor = -64.0f;
+  /// entries marked −0.0.
   void Probabilities(const attn::KeyBlock& kb, bool careful) {
     const DF d;
     const std::int64_t R = t_.stride;
@@ -298,20 +292,15 @@ class TileBackward {
       const VF lse = hn::LoadU(d, s_.lse.get() + r0);
       const VF lse2 = hn::Mul(hn::IfThenElse(hn::Eq(lse, hn::Set(d, -kInf)), hn::Set(d, kInf), lse),
                               hn::Set(d, attn::kLog2e));
-      const VF floor = hn::Set(d, kFloor);
-      const auto p_of = [&](VF x) {
-        const VF e = hn::Sub(x, lse2);
-        return hn::IfThenZeroElse(hn::Lt(e, floor), attn::SoftmaxExp2(d, e));
-      };
       if (score_.plain_at(r0)) {  // the raw products are the scores
         for (std::int64_t jj = 0; jj < kb.nk; ++jj) {
           const VF x = hn::LoadU(d, Pt + jj * R + r0);
-          hn::StoreU(p_of(x), d, Pt + jj * R + r0);
+          hn::StoreU(attn::SoftmaxExp2(d, hn::Sub(x, lse2)), d, Pt + jj * R + r0);
         }
       } else {
         for (std::int64_t jj = 0; jj < kb.nk; ++jj) {
           const VF x = score_(hn::LoadU(d, Pt + jj * R + r0), jj, r0, tanh_s);
-          hn::StoreU(p_of(x), d, Pt + jj * R + r0);
+          hn::StoreU(attn::SoftmaxExp2(d, hn::Sub(x, lse2)), d, Pt + jj * R + r0);
         }
         if (careful) score_.MarkHidden(Pt, kb.nk, r0);
       }

@@ -275,7 +275,7 @@ class WideTile {
         with_pv_(with_pv),
         keys_(c.keys(t.n, t.g)),
         values_(c.values(t.n, t.g)),
-        head_(t.n * c.plan->Hkv + t.g),
+        head_(t.kv_index(c)),
         score_(c, t_, s.score),
         softmax_(s, t.rows_p, t.stride),
         prefetched_(t.j_begin + c.key_block) {
@@ -356,7 +356,7 @@ class WideTile {
   ForwardScratch& s_;
   bool with_pv_;
   KeyRows keys_, values_;
-  std::int64_t head_;  ///< n·Hkv + g (sequence n): which packed rows are the tile's
+  std::int64_t head_;  ///< Tile::kv_index: which packed rows are the tile's
   ScoreTransform score_;
   OnlineSoftmax softmax_;
   std::int64_t prefetched_;

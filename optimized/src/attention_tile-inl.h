@@ -78,9 +78,18 @@ inline constexpr float kLn2 = 0.69314718055994531f;
 /// division by l, so a row with one visible key reproduces v and its dS is 0
 /// exactly, as in the reference. n
 /// is rounded by adding 1.5·2^23 + 127, which leaves n + 127 in the low bits
-/// of the sum: shifted into the exponent field, they make 2^n. Below −126
-/// (a subnormal 2^n) the result is 0. About a third of the work of hn::Exp,
-/// which also handles large positive x (not needed here).
+/// of the sum: shifted into the exponent field, they make 2^n. Below
+/// kSoftmaxFloor the result is 0. About a third of the work of hn::Exp, which
+/// also handles large positive x (not needed here).
+/// Where SoftmaxExp2 gives 0. A weight below 2^−64 changes no sum it joins
+/// beyond float rounding: the row's largest weight is at least 1 (x − m with
+/// m never above the row's max, OnlineSoftmax) or 1/Sk (the backward's
+/// probabilities, x − lse). Products of such weights fall below
+/// float's normal range, where every product they then feed (P·V; dS and
+/// from it dQ, dK) takes the processor's slow path for subnormal operands:
+/// ALiBi's steep heads make most weights of a long row that small.
+inline constexpr float kSoftmaxFloor = -64.0f;
+
 HWY_INLINE VF SoftmaxExp2(DF d, VF x) {
   const hn::RebindToSigned<DF> di;
   const VF magic = hn::Set(d, 12582912.0f + 127.0f);
@@ -93,7 +102,7 @@ HWY_INLINE VF SoftmaxExp2(DF d, VF x) {
   p = hn::MulAdd(p, f, hn::Set(d, 6.93147004e-1f));
   p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
   const VF two_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, biased)));
-  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -126.0f)), hn::Mul(p, two_n));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, kSoftmaxFloor)), hn::Mul(p, two_n));
 }
 
 // ---------------------------------------------------------------------------
@@ -386,6 +395,9 @@ struct Tile {
   }
   std::int64_t query(std::int64_t r) const { return i0 + r / G; }
   std::int64_t head(std::int64_t r) const { return g * G + r % G; }
+  /// n·Hkv + g: which (sequence, kv head) the tile's K and V rows are, the
+  /// key of PackedRows.
+  std::int64_t kv_index(const Call& c) const { return n * c.plan->Hkv + g; }
   const float* q_row(const Call& c, std::int64_t r) const { return c.q_row(n, query(r), head(r)); }
   std::int64_t o_at(const Call& c, std::int64_t r) const { return c.o_at(n, query(r), head(r)); }
   std::int64_t dq_at(const Call& c, std::int64_t r) const { return c.dq_at(n, query(r), head(r)); }
@@ -435,8 +447,8 @@ inline void PackKeyRows(const KeyRows& rows, std::int64_t j0, std::int64_t nk, s
 }
 
 /// The packed K (or V) rows a thread's wide tiles read (PackKeyRows, row
-/// stride PackedStride(width)), kept for the whole key range of one (batch,
-/// kv head) when that fits kHeadBytes: the next tile of the same head then
+/// stride PackedStride(width)), kept for the whole key range of one
+/// (sequence, kv head) when that fits kHeadBytes: the next tile of the same head then
 /// reads them as they are, where packing per tile would fetch every K and V
 /// row again from memory (rows a caller keeps 4 KiB apart, which the
 /// hardware prefetchers do not follow) for every tile of query rows. Heads
@@ -455,7 +467,8 @@ class PackedRows {
         rows_((whole_head_ ? max_keys : key_block) * stride_, Buffer::Init::uninitialized) {}
 
   std::int64_t stride() const { return stride_; }
-  /// Rows j0 .. j0+nk−1 of `rows`, those of (batch, kv head) `head`, packed:
+  /// Rows j0 .. j0+nk−1 of `rows`, those of (sequence, kv head) `head`
+  /// (Tile::kv_index), packed:
   /// the first row's address (row stride stride()).
   float* Get(const KeyRows& rows, std::int64_t head, std::int64_t j0, std::int64_t nk) {
     if (!whole_head_) {

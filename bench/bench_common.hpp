@@ -191,7 +191,7 @@ struct AttnShape {
   std::int64_t B = 1, H = 8, Hkv = 8, Sq = 0, Sk = 0, D = 128, Dv = 128;
   bool causal = false;
 
-  [[nodiscard]] AttentionPlan plan() const {
+  [[nodiscard]] AttentionParams params() const {
     AttentionParams p;
     p.batch = B;
     p.seq_q = Sq;
@@ -202,8 +202,9 @@ struct AttnShape {
     p.v_head_dim = Dv;
     p.layout = Layout::bshd;
     p.mask = causal ? MaskKind::causal : MaskKind::none;
-    return AttentionPlan::make(p);
+    return p;
   }
+  [[nodiscard]] AttentionPlan plan() const { return AttentionPlan::make(params()); }
 
   /// Number of visible (i, j) pairs of one (b, h).
   [[nodiscard]] double visible_pairs() const {

@@ -32,16 +32,15 @@ struct FeatureShape : AttnShape {
   bool alibi = false;           ///< the standard ALiBi slopes
   std::int64_t block_size = 0;  ///< a paged cache of blocks of this many keys
 
+  /// The dense shape's parameters with the feature turned on.
   [[nodiscard]] AttentionParams params() const {
-    AttentionParams p;
-    p.batch = packed ? 1 : B;
-    p.num_seqs = packed ? B : 0;
-    p.seq_q = packed ? B * Sq : Sq;
-    p.seq_k = packed ? B * Sk : Sk;
-    p.heads = H;
-    p.kv_heads = Hkv;
-    p.head_dim = D;
-    p.mask = causal ? MaskKind::causal : MaskKind::none;
+    AttentionParams p = AttnShape::params();
+    if (packed) {
+      p.batch = 1;
+      p.num_seqs = B;
+      p.seq_q = B * Sq;
+      p.seq_k = B * Sk;
+    }
     p.sinks = sinks;
     p.alibi = alibi ? AlibiKind::per_head : AlibiKind::none;
     return p;

@@ -19,11 +19,6 @@ def randn(*shape, dtype=np.float32):
     return rng.standard_normal(shape).astype(dtype)
 
 
-def run(f, *args, backend, **kwargs):
-    """f(*args, backend=backend, **kwargs)."""
-    return f(*args, backend=backend, **kwargs)
-
-
 def plain(layout="bshd", mask="none", window=0, scale=None, softcap=0.0):
     return dict(layout=layout, mask=mask, window=window, scale=scale, softcap=softcap)
 
@@ -60,7 +55,7 @@ def test_sinks_and_alibi_match_the_numpy_formula(layout, case, backend):
         tandem.alibi_slopes(H) if kind == "per_head" else rng.uniform(0, 1, (B, H)).astype(
             np.float32)
     kw = dict(plain(layout, **c), sinks=sinks, alibi_slopes=slopes)
-    out = run(tandem.attention, q, k, v, backend=backend, **kw)
+    out = tandem.attention(q, k, v, backend=backend, **kw)
     ref = tandem.attention(*(x.astype(np.float64) for x in (q, k, v)), backend="reference",
                            **dict(kw, sinks=None if sinks is None else sinks.astype(np.float64)))
     np.testing.assert_allclose(out, ref, atol=3e-6, rtol=1e-5)
@@ -130,8 +125,8 @@ def test_dsinks_matches_finite_differences_and_the_saved_state_pair(mask):
 def test_sinks_and_alibi_backward_in_float32_agrees_with_double(backend):
     q, k, v = randn(2, 5, 4, 8), randn(2, 6, 2, 8), randn(2, 6, 2, 8)
     sinks, dout, slopes = randn(4), randn(2, 5, 4, 8), tandem.alibi_slopes(4)
-    g32 = run(tandem.attention_backward, q, k, v, dout, backend=backend, sinks=sinks,
-              alibi_slopes=slopes, mask="causal")
+    g32 = tandem.attention_backward(q, k, v, dout, backend=backend, sinks=sinks,
+                                    alibi_slopes=slopes, mask="causal")
     g64 = tandem.attention_backward(*(x.astype(np.float64) for x in (q, k, v, dout)),
                                     sinks=sinks.astype(np.float64), alibi_slopes=slopes,
                                     mask="causal")
@@ -166,8 +161,8 @@ def test_packed_sequences_are_attended_one_by_one(index_dtype, array, backend):
     if array == "torch":
         args = [torch.from_numpy(x) for x in args]
         kw["sinks"], kw["alibi_slopes"] = torch.from_numpy(kw["sinks"]), torch.from_numpy(slopes)
-    out = run(tandem.attention, *args[:3], backend=backend, cu_seqlens_q=args[3],
-              cu_seqlens_k=args[4], seqused_k=args[5], **kw)
+    out = tandem.attention(*args[:3], backend=backend, cu_seqlens_q=args[3],
+                           cu_seqlens_k=args[4], seqused_k=args[5], **kw)
     assert type(out) is type(args[0]) and tuple(out.shape) == (8, 4, 6)
     out = np.asarray(out)
     for s in range(3):
@@ -193,7 +188,7 @@ def test_packed_backward_equals_each_sequence_backward(backend):
     q, k, v, cu_q, cu_k = packed(lq, lk, D=4, Dv=3)
     dout = randn(5, 4, 3)
     kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, mask="causal", sinks=randn(4))
-    dq, dk, dv, dsinks = run(tandem.attention_backward, q, k, v, dout, backend=backend, **kw)
+    dq, dk, dv, dsinks = tandem.attention_backward(q, k, v, dout, backend=backend, **kw)
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
     total = np.zeros(4)
     for s in range(2):
@@ -239,8 +234,9 @@ def test_paged_cache_equals_attention_over_each_entry_s_keys(index_dtype, backen
     k_cache, v_cache, table = paged_cache(k, v, block_size=4, num_blocks=12, max_blocks=4)
     lengths = np.array([11, 5, 2], index_dtype)
     q, sinks = randn(B, Sq, H, D), randn(H)
-    out, lse = run(tandem.attention_with_kvcache, q, k_cache, v_cache, table.astype(index_dtype),
-                   lengths, backend=backend, mask="causal", sinks=sinks, return_lse=True)
+    out, lse = tandem.attention_with_kvcache(q, k_cache, v_cache, table.astype(index_dtype),
+                                             lengths, backend=backend, mask="causal", sinks=sinks,
+                                             return_lse=True)
     assert out.shape == (B, Sq, H, D) and lse.shape == (B, H, Sq)
     for b in range(B):
         n = lengths[b]
@@ -250,8 +246,8 @@ def test_paged_cache_equals_attention_over_each_entry_s_keys(index_dtype, backen
     # the cache is read in place: a key written into a used slot changes the output
     assert tandem._ext.address(k_cache) == k_cache.__array_interface__["data"][0]
     v_cache[table[2, 0], 1] += 1.0
-    again = run(tandem.attention_with_kvcache, q, k_cache, v_cache, table.astype(index_dtype),
-                lengths, backend=backend, mask="causal", sinks=sinks)
+    again = tandem.attention_with_kvcache(q, k_cache, v_cache, table.astype(index_dtype),
+                                          lengths, backend=backend, mask="causal", sinks=sinks)
     assert not np.array_equal(again[2], out[2]) and np.array_equal(again[:2], out[:2])
 
 

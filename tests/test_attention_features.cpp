@@ -38,33 +38,17 @@ AttentionParams one_head(i64 Sq, i64 Sk) {
   return tandem::test::attention_params(1, Sq, Sk, 1, 1, 1);
 }
 
-/// The tensors of one call in T, with the plan and the index inputs.
+/// The tensors of one call in T (dout = 1), with the reference's forward,
+/// lse and backward of it.
 template <class T>
-struct Call {
-  AttentionPlan plan;
-  std::vector<T> q, k, v, dout, sinks;
-  std::vector<float> slopes;
-  std::vector<std::int32_t> cu_q, cu_k, used, table, lens;
+struct Call : tandem::test::AttentionCase<T> {
+  using Base = tandem::test::AttentionCase<T>;
+  using Base::dout;
+  using Base::inputs;
+  using Base::plan;
+  using Base::sinks;
+  explicit Call(const AttentionParams& p) : Base(p, T(1)) {}
 
-  explicit Call(const AttentionParams& p)
-      : plan(AttentionPlan::make(p)),
-        q(plan.q.extent, T(0)),
-        k(plan.k.extent, T(0)),
-        v(plan.v.extent, T(0)),
-        dout(plan.o.extent, T(1)),
-        sinks(plan.sinks ? plan.H : 0, T(0)) {}
-
-  [[nodiscard]] AttentionInputs<T> inputs() const {
-    AttentionInputs<T> in{q, k, v};
-    in.sinks = sinks;
-    in.alibi_slopes = slopes;
-    in.cu_seqlens_q = cu_q;
-    in.cu_seqlens_k = cu_k;
-    in.seqused_k = used;
-    in.block_table = table;
-    in.cache_seqlens = lens;
-    return in;
-  }
   [[nodiscard]] std::vector<T> forward() const {
     std::vector<T> out(plan.o.extent, T(-7));
     tandem::reference::attention_forward<T>(plan, inputs(), std::span<T>(out));

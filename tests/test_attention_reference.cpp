@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "support/tandem_test_support.hpp"
 #include "tandem/attention.hpp"
 #include "tandem/reference/attention.hpp"
 #include "tandem/reference/backend.hpp"
@@ -34,21 +35,7 @@ const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // The inputs of one attention call, held in T, with the plan that shapes them.
 template <class T>
-struct Problem {
-  AttentionPlan plan;
-  std::vector<T> q, k, v, dout;
-  std::vector<float> mask;
-
-  explicit Problem(const AttentionParams& p)
-      : plan(AttentionPlan::make(p)),
-        q(plan.q.extent, T(0)),
-        k(plan.k.extent, T(0)),
-        v(plan.v.extent, T(0)),
-        dout(plan.o.extent, T(0)),
-        mask(plan.mask_size(), 1.0f) {}
-
-  [[nodiscard]] AttentionInputs<T> inputs() const { return {q, k, v, mask}; }
-};
+using Problem = tandem::test::AttentionCase<T>;
 
 // x[(b, s, h, d)] through the strides st.
 template <class T>

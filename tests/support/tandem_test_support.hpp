@@ -228,6 +228,39 @@ std::vector<T> random_values(std::size_t n, unsigned seed, T lo = T(-1), T hi = 
   return v;
 }
 
+/// The inputs of one attention call held in T, shaped by their plan: q, k,
+/// v and dout filled with `fill` (dout with `dout_fill`), the mask input all
+/// 1 (keep every key), and the feature inputs (sinks, ALiBi slopes, packed
+/// offsets, a paged cache's table and lengths) empty until a test sets them.
+template <class T>
+struct AttentionCase {
+  AttentionPlan plan;
+  std::vector<T> q, k, v, dout, sinks;
+  std::vector<float> mask, slopes;
+  std::vector<std::int32_t> cu_q, cu_k, used, table, lens;
+
+  explicit AttentionCase(const AttentionParams& p, T dout_fill = T(0))
+      : plan(AttentionPlan::make(p)),
+        q(plan.q.extent, T(0)),
+        k(plan.k.extent, T(0)),
+        v(plan.v.extent, T(0)),
+        dout(plan.o.extent, dout_fill),
+        sinks(plan.sinks ? plan.H : 0, T(0)),
+        mask(plan.mask_size(), 1.0f) {}
+
+  [[nodiscard]] AttentionInputs<T> inputs() const {
+    AttentionInputs<T> in{q, k, v, mask};
+    in.sinks = sinks;
+    in.alibi_slopes = slopes;
+    in.cu_seqlens_q = cu_q;
+    in.cu_seqlens_k = cu_k;
+    in.seqused_k = used;
+    in.block_table = table;
+    in.cache_seqlens = lens;
+    return in;
+  }
+};
+
 /// Attention parameters in one line (window for sliding_window only).
 inline AttentionParams attention_params(std::int64_t B, std::int64_t Sq, std::int64_t Sk,
                                         std::int64_t H, std::int64_t Hkv, std::int64_t D,

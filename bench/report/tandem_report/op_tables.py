@@ -15,7 +15,7 @@ OP_ORDER = ["attention_forward", "attention_backward", "attention_backward_saved
 # peers' backward (which also starts from what their forward kept)
 PEER_OP = {"attention_backward_saved": "attention_backward"}
 
-## The ops whose table has an "extra MiB" column.
+# The ops whose table has an "extra MiB" column.
 MEMORY_OPS = ("attention_forward", "attention_backward", "attention_backward_saved")
 
 INTRO = (

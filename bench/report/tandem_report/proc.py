@@ -3,7 +3,7 @@
 import os
 import subprocess
 
-## The repository's root (bench/report/tandem_report/ is three levels below it).
+# The repository's root (bench/report/tandem_report/ is three levels below it).
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 

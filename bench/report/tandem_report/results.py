@@ -9,7 +9,7 @@ from typing import NamedTuple, Optional
 
 TIME_UNIT = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
-## The ops whose shapes are tandem_bench's AttnShape (bench/bench_common.hpp).
+# The ops whose shapes are tandem_bench's AttnShape (bench/bench_common.hpp).
 ATTENTION_OPS = ("attention_forward", "attention_backward", "attention_backward_saved",
                  "attention_backward_dq", "attention_backward_dk", "attention_backward_dv")
 

@@ -13,7 +13,7 @@ from .fmt import fms, fmt_dur, fnum, fpct
 from .proc import log
 from .results import TIME_UNIT
 
-## Minimum seconds per benchmark of each preset (when --min-time is not given).
+# Minimum seconds per benchmark of each preset (when --min-time is not given).
 MIN_TIME = {"quick": 0.05, "standard": 0.3, "full": 0.5}
 
 

@@ -8,7 +8,7 @@ import subprocess
 from .proc import ROOT, log, run_text
 
 ALL_PEERS = "torch,openvino,onnxruntime,jax,ggml"
-## The one attention shape the quick preset measures the peers on.
+# The one attention shape the quick preset measures the peers on.
 QUICK_ATTENTION = {"B": 1, "H": 8, "Hkv": 8, "Sq": 2048, "Sk": 2048, "D": 128, "Dv": 128,
                    "causal": 0}
 

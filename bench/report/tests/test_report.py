@@ -4,8 +4,8 @@
 
 quick_run.json is raw/run.json of `report.py --preset quick --peers torch` (2-core Xeon),
 cut down to the benchmarks the tests name, with the peers' and tandem through Python's
-results on them (the build directory's path shortened). Expected figures are taken here from the recorded JSON by benchmark name, not through
-the code under test.
+results on them (the build directory's path shortened). Expected figures are taken here from
+the recorded JSON by benchmark name, not through the code under test.
 
 Usage: PYTHONPATH=bench/report test_report.py
 """

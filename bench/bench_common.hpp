@@ -73,7 +73,9 @@ struct Spec {
   std::string shape;    ///< shape tag, e.g. B1_H8_S2048_D128_causal
   int threads = 1;
   std::map<std::string, double> params;  ///< B, H, Hkv, Sq, Sk, D, Dv, causal, bytes, flops...
-  std::vector<std::string> tags;         ///< main, scaling, memory, small, peer
+  /// main, scaling, memory, small, peer; the attention features: features,
+  /// feature or plain, and the comparison's kind (varlen, alibi, sinks, paged_decode)
+  std::vector<std::string> tags;
 };
 
 /// Every benchmark registered so far, in registration order.

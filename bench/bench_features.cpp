@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The attention features against their plain equivalents, each pair measured
 // in the same run (op attention_features, tags `feature` and `plain`, the same
-// shape tag; the report's features table divides one by the other):
+// shape tag, and the comparison's kind as a tag: `varlen`, `alibi`, `sinks` or
+// `paged_decode`; the report's features table divides one by the other):
 //  - packed sequences: n equal sequences packed (cu_seqlens) against a dense
 //    batch B = n of the same length, forward and backward: the cost per
 //    token (same tokens, same FLOPs);
@@ -134,29 +135,27 @@ struct DecodeCaches {
   }
 };
 
-/// The spec of one side of comparison `what` (e.g. "varlen_forward").
-Spec feature_spec(const std::string& what, const BackendUnderTest& bu, const FeatureShape& s,
-                  bool feature) {
+/// The spec of one side of comparison `what` (e.g. "varlen_forward") of kind
+/// `kind` (e.g. "varlen", one of its tags), with the dense shape's parameters
+/// (B, H, Hkv, Sq, Sk, D, Dv, causal; a packed call packs those B sequences).
+Spec feature_spec(const std::string& kind, const std::string& what, const BackendUnderTest& bu,
+                  const FeatureShape& s, bool feature) {
   Spec spec;
   spec.op = "attention_features";
   spec.backend = bu.name;
   spec.shape = what + "_" + s.tag();
   spec.threads = bu.threads;
   spec.name = spec.op + "/" + spec.backend + "/" + spec.shape + (feature ? "/feature" : "/plain");
-  spec.tags = {"features", feature ? "feature" : "plain"};
-  spec.params["B"] = static_cast<double>(s.B);
-  spec.params["H"] = static_cast<double>(s.H);
-  spec.params["Sq"] = static_cast<double>(s.Sq);
-  spec.params["Sk"] = static_cast<double>(s.Sk);
-  spec.params["D"] = static_cast<double>(s.D);
+  spec.tags = {"features", kind, feature ? "feature" : "plain"};
+  s.describe(spec);
   return spec;
 }
 
 /// Registers the forward (or backward: dq, dk, dv, and dsinks with sinks) of
-/// `s` as one side of comparison `what`.
-void add_call(const std::string& what, const BackendUnderTest& bu, const FeatureShape& s,
+/// `s` as one side of comparison `kind`_forward (or `kind`_backward).
+void add_call(const std::string& kind, const BackendUnderTest& bu, const FeatureShape& s,
               bool feature, bool backward) {
-  Spec spec = feature_spec(what, bu, s, feature);
+  Spec spec = feature_spec(kind, kind + (backward ? "_backward" : "_forward"), bu, s, feature);
   const double flops = (backward ? 2.5 : 1.0) * s.forward_flops();
   spec.params["flop"] = flops;
   const std::string key = spec.name;
@@ -191,10 +190,10 @@ void add_call(const std::string& what, const BackendUnderTest& bu, const Feature
 }
 
 /// Registers a decode step over `caches` caches of `s` (paged when
-/// s.block_size > 0) as one side of comparison `what`.
-void add_decode_step(const std::string& what, const BackendUnderTest& bu, const FeatureShape& s,
+/// s.block_size > 0) as one side of comparison `kind`.
+void add_decode_step(const std::string& kind, const BackendUnderTest& bu, const FeatureShape& s,
                      std::size_t caches) {
-  Spec spec = feature_spec(what, bu, s, s.block_size > 0);
+  Spec spec = feature_spec(kind, kind, bu, s, s.block_size > 0);
   const double bytes = s.kv_bytes();
   spec.params["bytes"] = bytes;
   spec.params["block_size"] = static_cast<double>(s.block_size);
@@ -241,9 +240,8 @@ void register_features() {
     packed.packed = true;
     for (const bool backward : {false, true}) {
       if (quick && backward) continue;
-      const std::string what = backward ? "varlen_backward" : "varlen_forward";
-      add_call(what, bu, packed, true, backward);
-      add_call(what, bu, dense, false, backward);
+      add_call("varlen", bu, packed, true, backward);
+      add_call("varlen", bu, dense, false, backward);
     }
     // ALiBi and sinks against plain attention
     FeatureShape plain;
@@ -255,11 +253,10 @@ void register_features() {
       FeatureShape alibi = s, sinks = s;
       alibi.alibi = true;
       sinks.sinks = true;
-      const std::string dir = backward ? "_backward" : "_forward";
-      add_call("alibi" + dir, bu, alibi, true, backward);
-      add_call("alibi" + dir, bu, s, false, backward);
-      add_call("sinks" + dir, bu, sinks, true, backward);
-      add_call("sinks" + dir, bu, s, false, backward);
+      add_call("alibi", bu, alibi, true, backward);
+      add_call("alibi", bu, s, false, backward);
+      add_call("sinks", bu, sinks, true, backward);
+      add_call("sinks", bu, s, false, backward);
     }
     // a decode step: one query against a 4096-token GQA cache, paged in
     // blocks of 16 keys or contiguous; 256 (quick) or 512 MiB of caches

@@ -1,0 +1,42 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Figures the report derives from several measurements of one run."""
+from dataclasses import dataclass
+from typing import Optional
+
+from .results import Measurement, where
+
+
+@dataclass(frozen=True)
+class BlockSplit:
+    """The attention block's time split into its attention and the rest (the projections
+    and the bias adds): block − attention_forward on the block's own attention shape."""
+    block: Measurement
+    attn: Optional[Measurement]
+    proj_gflops: Optional[float] = None  # the projections' FLOPs ÷ (block − attention)
+    proj_frac: Optional[float] = None  # of the FMA peak
+
+
+def block_split(res):
+    """The BlockSplit of the (last) attention_block main benchmark, or None."""
+    blocks = [r for r in res.select("attention_block") if "main" in r.tags]
+    if not blocks:
+        return None
+    blk = blocks[-1]
+    s = blk.shape
+    attn = res.one("attention_forward",
+                   where(B=s.B, H=s.H, S=s.S, D=s.D, causal=False, plain_heads=True))
+    if not attn or blk.seconds <= attn.seconds:
+        return BlockSplit(blk, attn)
+    proj_gflops = s.num("proj_flop") / (blk.seconds - attn.seconds) / 1e9
+    peak = res.roofline.peak.get(res.main_threads)
+    return BlockSplit(blk, attn, proj_gflops, proj_gflops / peak if peak else None)
+
+
+def feature_pairs(res):
+    """{shape tag: (feature row, plain row)} of the attention_features benchmarks
+    (optimized backend, the report's thread count), in the order they ran."""
+    out = {}
+    for r in res.select("attention_features"):
+        side = 0 if "feature" in r.tags else 1
+        out.setdefault(r.shape.tag, [None, None])[side] = r
+    return {tag: tuple(v) for tag, v in out.items() if v[0] and v[1]}

@@ -1,0 +1,305 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Writes report.md and report.html: the run's header and warnings, the targets, the
+machine, the roofline, the features, tandem through Python, the results per op, the plots,
+the errors against the reference, what failed and how it was measured."""
+import os
+
+from .analysis import feature_pairs
+from .doc import Doc
+from .fmt import fms, fmt_dur, fnum, fratio
+from .op_tables import write_op_tables
+
+STATUS = {"met": "✓ met", "not met": "✗ **not met**", "not measured": "not measured"}
+
+
+def write(res, outcomes, made, out_dir, preset, run_seconds):
+    """Writes out_dir/report.md and report.html from Results `res`, the targets' Outcomes
+    and the plots `made` ({key: file name})."""
+    doc = Doc()
+    write_header(doc, res, preset, run_seconds)
+    write_summary(doc, outcomes, preset)
+    write_machine(doc, res)
+    write_roofline(doc, res)
+    write_peers_note(doc, res.peers_doc)
+    write_features(doc, res)
+    write_python(doc, res)
+    write_op_tables(doc, res)
+    write_plots(doc, made)
+    write_accuracy(doc, res.accuracy)
+    write_failures(doc, res)
+    write_method(doc)
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write(doc.markdown())
+    with open(os.path.join(out_dir, "report.html"), "w") as f:
+        f.write(doc.html())
+
+
+def write_header(doc, res, preset, run_seconds):
+    """The title, the run's date, commit and preset, and warnings on a busy machine and on a
+    roofline that moved."""
+    info = res.info
+    doc.h(1, "tandem performance report")
+    local = " (with local changes)" if info.get("git_dirty") else ""
+    doc.p(f"{info.get('date')} · commit `{info.get('git_commit')}`{local}"
+          f" · preset `{preset}` · {res.main_threads} thread(s) · run took {fmt_dur(run_seconds)}")
+    la0, la1 = info.get("load_before"), info.get("load_after")
+    cores = info.get("cores") or 1
+    if la0 and la1 and max(la0[0], la1[0]) > 0.5 * cores:
+        doc.p(f"**Warning: the machine was busy** (1-minute load average {la0[0]:.1f} before, "
+              f"{la1[0]:.1f} after, on {cores} cores): other work shared the cores, so figures "
+              "are low and noisy; ratios within the run are affected too. Re-run on a quiet "
+              "machine for numbers to quote.")
+    moved = [d for d in res.roofline.drift() or [] if abs(d.change) > 0.10]
+    if moved:
+        doc.p("**Warning: the roofline moved during the run** ("
+              + "; ".join(f"{d.kind} with {d.threads} thread(s): {fnum(d.start)} at the start, "
+                          f"{fnum(d.end)} at the end ({d.change:+.0%})" for d in moved)
+              + "): the machine's capacity changed under the measurements, so fractions of it "
+                "are uncertain by as much. Re-run on a quiet machine for numbers to quote.")
+
+
+def write_summary(doc, outcomes, preset):
+    doc.h(2, "Summary: targets on this machine")
+    count = {s: sum(1 for o in outcomes if o.status == s) for s in STATUS}
+    quick = count["not measured"] and preset == "quick"
+    doc.p(f"**{count['met']} met, {count['not met']} not met, {count['not measured']} not "
+          "measured** in this run"
+          + (" (the quick preset leaves out the large shapes; `make report` measures them)"
+             if quick else "")
+          + ". Fractions are of the FMA peak and copy bandwidth measured at the start of this run.")
+    doc.table(["target", "measured", "status"],
+              [(o.target, o.measured, STATUS[o.status]) for o in outcomes])
+
+
+def cpu_line(info):
+    mhz = f", max {info['CPU max MHz']} MHz" if info.get("CPU max MHz") else ""
+    guest = f", {info['Hypervisor vendor']} guest" if info.get("Hypervisor vendor") else ""
+    return (f"{info.get('cpu_model')} (family {info.get('CPU family', '?')}, model "
+            f"{info.get('Model', '?')}; {info.get('cores')} cores available{mhz}{guest})")
+
+
+def write_machine(doc, res):
+    info = res.info
+    la0, la1 = info.get("load_before"), info.get("load_after")
+    peers = (res.peers_doc.get("versions") or {}).items()
+    doc.h(2, "Machine")
+    doc.table(["", ""], [
+        ("CPU", cpu_line(info)),
+        ("caches", f"L2 {info.get('L2 cache', '?')}, L3 {info.get('L3 cache', '?')}"),
+        ("memory", f"{info.get('memory_gib', '?')} GiB"),
+        ("SIMD", info.get("simd_flags") or "?"),
+        ("Highway target chosen", f"optimized backend: **{info.get('optimized_target')}**; "
+                                  f"roofline probe: {info.get('roofline_target')}"),
+        ("compiler", info.get("compiler")),
+        ("libraries", f"Highway {info.get('highway')}, Google Benchmark "
+                      f"{info.get('google_benchmark')}, libgomp {info.get('openmp')}, Python "
+                      f"{info.get('python')}, numpy {info.get('numpy')}, matplotlib "
+                      f"{info.get('matplotlib')}"),
+        ("peers", ", ".join(f"{k} {v}" for k, v in peers if v) or "none"),
+        ("kernel", info.get("kernel")),
+        ("load average", f"{la0[0]:.2f} before, {la1[0]:.2f} after" if la0 and la1 else "?"),
+    ])
+
+
+def write_roofline(doc, res):
+    roof = res.roofline
+    doc.h(2, "Roofline measured in this run")
+    doc.p("FMA peak: 12 independent fp32 FMA chains per thread with the Highway target dynamic "
+          "dispatch picks, best of three trials; each thread's FLOPs are divided by its own CPU "
+          "time, so the peak is what the cores can do even if other processes share them (the "
+          "wall-clock figure beside it drops when they do). Copy: two arrays of 256 MiB or "
+          "twice the last-level cache, whichever is larger, bytes read + written, best of eight "
+          "passes (wall clock). Read: one such array summed. All three again at the end of the "
+          "run (last column).")
+    doc.table(["threads", "FMA peak (GFLOP/s)", "FMA, wall clock", "copy (GB/s)", "read (GB/s)",
+               "at the end: FMA, copy, read"],
+              [(t, fnum(roof.peak.get(t)), fnum(roof.peak_wall.get(t)), fnum(roof.copy.get(t)),
+                fnum(roof.read.get(t)),
+                ", ".join(fnum(roof.end[k].get(t)) for k in ("peak", "copy", "read")))
+               for t in sorted(set(roof.peak) | set(roof.copy))])
+
+
+def write_peers_note(doc, pd):
+    """Where the peers came from, or which were not measured and why."""
+    missing = pd.get("missing") or []
+    if pd.get("note"):
+        doc.p(f"Peers: {pd['note']}.")
+    if pd.get("disabled"):
+        doc.p("Peers were not measured (`--peers none`).")
+    elif missing:
+        doc.p(f"**Peers not measured: {', '.join(missing)}** — "
+              + ("no peer environment exists; " if pd.get("no_venv")
+                 else "not installed in `.venv-peers/`; ")
+              + "create it with `make peers` (a `python3 -m venv` + pip install from PyPI; "
+                "torch's Linux wheel brings several GiB of CUDA libraries) and run the report "
+                "again.")
+
+
+def feature_rate(r, by_bytes):
+    return f"{fnum(r.gbs)} GB/s" if by_bytes else f"{fnum(r.gflops)} GFLOP/s"
+
+
+def write_features(doc, res):
+    """Each attention feature's time beside the same call without it."""
+    pairs = feature_pairs(res)
+    doc.h(2, "Attention features against plain attention")
+    if not pairs:
+        doc.p("Not measured (no `attention_features` results in this run).")
+        return
+    doc.p("Each pair measured in this run by the optimized backend: packed sequences "
+          "(`cu_seqlens`) against a dense batch of the same sequences (the same tokens and "
+          "FLOPs); a paged decode step (16-key blocks scattered over a pool by a block table) "
+          "against the same step over contiguous caches (bytes of K and V per second, caches "
+          "cycled so that K and V come from memory); ALiBi (the standard slopes) and sinks "
+          "against the same shape without them. Ratio: the feature's time ÷ the plain call's.")
+    rows = []
+    for tag, (f, p) in sorted(pairs.items()):
+        by_bytes = bool(f.gbs)
+        rows.append((tag, fms(f.seconds), fms(p.seconds), f"{f.seconds / p.seconds:.2f}×",
+                     feature_rate(f, by_bytes), feature_rate(p, by_bytes)))
+    doc.table(["comparison", "with the feature", "plain", "ratio", "rate (feature)",
+               "rate (plain)"], rows)
+
+
+def write_python(doc, res):
+    """tandem called from Python (tandem.torch.scaled_dot_product_attention)
+    beside PyTorch's SDPA, and beside the same kernel measured in C++."""
+    py = res.python
+    doc.h(2, "tandem through Python")
+    if py.get("disabled"):
+        doc.p("Not measured (`--no-python`).")
+        return
+    if py.get("missing") or py.get("error"):
+        doc.p("Not measured: " + (py.get("error") or "no `.venv/` with the tandem package; "
+                                                     "`make test` creates it."))
+        return
+    write_python_overhead(doc, py)
+    write_python_attention(doc, res, py)
+
+
+def micro(seconds):
+    return f"{seconds * 1e6:.1f} µs"
+
+
+def write_python_overhead(doc, py):
+    ov = py["overhead"]
+    doc.p(f"In `.venv/` (tandem {py['versions']['tandem']}, torch {py['versions']['torch']}), "
+          f"{py.get('threads')} thread(s). Per-call costs on a [1, 1, 1, 8] problem with one "
+          "thread, where the kernel's work is negligible.")
+    kernel = ov.get("kernel_call_s")
+    if kernel is not None:
+        doc.p(f"**Binding overhead: {(ov['torch_sdpa_tandem_s'] - kernel) * 1e6:.1f} µs per "
+              "call** (`tandem.torch.scaled_dot_product_attention` minus the kernel call alone, "
+              "which still pays the optimized backend's own fixed cost per call).")
+    doc.table(["call", "time per call"], [
+        ("`tandem.torch.scaled_dot_product_attention` (torch tensors)",
+         micro(ov["torch_sdpa_tandem_s"])),
+        ("the kernel call alone (plan made and addresses taken beforehand)",
+         micro(kernel) if kernel is not None else "–"),
+        ("`tandem.attention` (NumPy arrays)", micro(ov["numpy_attention_s"])),
+        ("`tandem._ext.attention_forward` (the extension's DLPack entry, Params prepared)",
+         micro(ov["extension_call_s"])),
+        ("`torch.nn.functional.scaled_dot_product_attention`, for scale",
+         micro(ov["torch_sdpa_torch_s"])),
+    ])
+
+
+def write_python_attention(doc, res, py):
+    rows = []
+    for r in py.get("results", []):
+        cpp = res.with_tag("attention_forward", r["shape"])
+        t_py, t_torch = r["tandem_python_s"], r["torch_sdpa_s"]
+        rows.append((r["shape"], fms(t_py), fms(cpp.seconds) if cpp else "–",
+                     f"{(t_py / cpp.seconds - 1) * 100:+.1f} %" if cpp else "–", fms(t_torch),
+                     fratio(t_torch / t_py), fratio(t_torch / cpp.seconds) if cpp else "–"))
+    doc.p("Forward attention, float32 [B, H, S, D] tensors: tandem called through "
+          "`tandem.torch.scaled_dot_product_attention`, the same kernel measured in C++ "
+          "(`tandem_bench`, this run), and PyTorch's `F.scaled_dot_product_attention` in the "
+          "same Python process. ×torch: torch's time ÷ tandem's, through Python and in C++ (the "
+          "C++ ratio uses the same torch time).")
+    doc.table(["shape", "tandem via Python", "tandem in C++", "Python vs C++", "torch SDPA",
+               "×torch (Python)", "×torch (C++)"], rows)
+
+
+PLOT_CAPTIONS = {
+    "attention_forward": "Attention forward, GFLOP/s against sequence length, tandem and each "
+                         "peer.",
+    "attention_backward": "Attention backward (dQ, dK, dV), GFLOP/s against sequence length.",
+    "roofline": "Fraction of this machine's limits per op (attention at S=2048).",
+    "scaling": "Speed-up from 1 thread to all.",
+    "memory": "Extra memory of one call against sequence length, against a materialized score "
+              "matrix.",
+    "accuracy": "Error against the reference run in double, per op and backend.",
+}
+
+
+def write_plots(doc, made):
+    doc.h(2, "Plots")
+    for key, caption in PLOT_CAPTIONS.items():
+        if key in made:
+            doc.h(3, caption)
+            doc.img(made[key], caption)
+
+
+def accuracy_row(r):
+    """(op, shape, backend, rel, max abs) of the worst output of one accuracy case."""
+    if "outputs" not in r:
+        return (r["op"], r["shape"], r["backend"], "failed: " + r.get("error", "")[:80], "–")
+    name, o = max(r["outputs"].items(), key=lambda kv: kv[1].get("rel_max") or 0)
+    return (r["op"], r["shape"], r["backend"],
+            f"{o['rel_max']:.2e} ({name})" if o.get("rel_max") is not None else "non-finite",
+            f"{o['max_abs']:.2e}" if o.get("max_abs") is not None else "–")
+
+
+def write_accuracy(doc, accuracy):
+    acc = accuracy.get("results", [])
+    if acc:
+        doc.h(2, "Error against the reference in double")
+        doc.p("Same float32 inputs; exact = the reference templated at double (the attention "
+              "block: the float reference, which keeps every intermediate in double). rel = max "
+              "|got − exact| / max |exact| (worst output of the op).")
+        doc.table(["op", "shape", "backend", "rel", "max abs"], [accuracy_row(r) for r in acc])
+    elif accuracy.get("error"):
+        doc.p(f"Accuracy not measured: {accuracy['error']}")
+
+
+def write_failures(doc, res):
+    if not res.errors and not res.peer_errors:
+        return
+    doc.h(2, "What failed or was skipped")
+    doc.ul([f"`{n}`: {m[:300]}" for n, m in res.errors]
+           + [f"peer {p.peer} {p.op} {p.shape} t={p.threads}: {p.error[:300]}"
+              for p in res.peer_errors])
+
+
+METHOD = [
+    "tandem_bench (Google Benchmark) runs each benchmark in its own process, wall-clock time, "
+    "buffers allocated, filled and first-touched once before timing and reused across "
+    "iterations; a warm-up call precedes the timed ones.",
+    "Extra memory: the growth of the peak RSS (reset through /proc/self/clear_refs) during the "
+    "first call of a fresh process, after the inputs and outputs are resident.",
+    "Decode reads K and V from memory: the benchmark cycles through enough caches (512 MiB "
+    "together) that none stays in the last-level cache between its calls.",
+    "Peers run in `.venv-peers/` with their CPU affinity and thread settings restricted to the "
+    "same thread count, each library in its own process, on the same shapes (in each library's "
+    "natural layout). Torch's backward is autograd's backward alone (the forward graph is built "
+    "once and kept), so torch is not charged for the forward that tandem's backward recomputes; "
+    "JAX's jitted vjp includes its forward.",
+    "ggml (ggml-python's bindings to ggml's CPU backend) is measured beside the other peers: "
+    "ggml_flash_attn_ext with f32 and with f16 K and V (prefill and decode), ggml_rope_ext and "
+    "ggml_swiglu.",
+    "The roofline is measured at the start of the run (every fraction divides by it) and again "
+    "at its end.",
+]
+
+REPRODUCE = ("make peers          # once: the peer environment (.venv-peers/)\n"
+             "make report         # the default set, report/report.md\n"
+             "make report-quick   # the quick preset (CI)\n"
+             "make report OPS=attention_forward,decode SEQS=1024,4096 THREADS=1 PEERS=torch")
+
+
+def write_method(doc):
+    doc.h(2, "How this was measured")
+    doc.ul(METHOD)
+    doc.p("Reproduce:")
+    doc.code(REPRODUCE)

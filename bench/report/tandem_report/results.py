@@ -1,0 +1,304 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The report's data, typed: tandem_bench's measurements, the peers' and the roofline, read
+from raw/run.json. Every measurement's shape is the parameters that tandem_bench's plan gives
+its benchmark (B, H, Hkv, Sq, Sk, D, Dv, causal, S, E, flop, ...), never parsed from its name;
+look-ups select shapes by those parameters (`where`, `attn`)."""
+import math
+from dataclasses import dataclass, field
+from typing import NamedTuple, Optional
+
+TIME_UNIT = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+# The ops whose shapes are tandem_bench's AttnShape (bench/bench_common.hpp).
+ATTENTION_OPS = ("attention_forward", "attention_backward", "attention_backward_saved",
+                 "attention_backward_dq", "attention_backward_dk", "attention_backward_dv")
+
+ROOFLINE_KIND = {"roofline_fma": "peak", "roofline_copy": "copy", "roofline_read": "read"}
+
+
+# ---- shapes ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Shape:
+    """One benchmark's shape: its tag (the name's shape part, e.g. B1_H8_S2048_D128_causal,
+    shown in tables and joining other programs' results) and tandem_bench's parameters."""
+    tag: str
+    params: dict = field(default_factory=dict)
+
+    def num(self, name, default=None):
+        """Parameter `name` as tandem_bench wrote it (a float), or `default`."""
+        return self.params.get(name, default)
+
+    def _int(self, name):
+        v = self.params.get(name)
+        return None if v is None else int(v)
+
+    B = property(lambda self: self._int("B"))
+    H = property(lambda self: self._int("H"))
+    Hkv = property(lambda self: self._int("Hkv"))
+    Sq = property(lambda self: self._int("Sq"))
+    Sk = property(lambda self: self._int("Sk"))
+    D = property(lambda self: self._int("D"))
+    Dv = property(lambda self: self._int("Dv"))
+    E = property(lambda self: self._int("E"))
+
+    @property
+    def S(self):
+        """The sequence length: the parameter S, or Sq where Sq = Sk (else None)."""
+        if "S" in self.params:
+            return self._int("S")
+        return self.Sq if self.Sq is not None and self.Sq == self.Sk else None
+
+    @property
+    def causal(self):
+        return bool(self.params.get("causal", 0))
+
+    @property
+    def plain_heads(self):
+        """Every query head has K and V heads of its own, V as wide as K (Hkv = H, Dv = D)."""
+        return self.Hkv is not None and self.Hkv == self.H and self.Dv == self.D
+
+
+@dataclass(frozen=True)
+class Range:
+    """Values from lo to hi, both included (a shape selector's field)."""
+    lo: float = -math.inf
+    hi: float = math.inf
+
+    def __contains__(self, value):
+        return value is not None and self.lo <= value <= self.hi
+
+
+ANY = Range()
+
+
+@dataclass(frozen=True)
+class Where:
+    """A shape selector: (Shape attribute, wanted) pairs; wanted is a value, a tuple of
+    values or a Range."""
+    fields: tuple
+
+    def __call__(self, shape):
+        return all(accepts(want, getattr(shape, name)) for name, want in self.fields)
+
+
+def accepts(want, got):
+    return got in want if isinstance(want, (Range, tuple)) else got == want
+
+
+def where(**fields):
+    return Where(tuple(fields.items()))
+
+
+def attn(S=ANY, D=(64, 128), causal=False, B=1, H=8):
+    """The report's attention family: B = 1, H = 8 heads with K and V heads of their own
+    (Hkv = H), Sq = Sk = S, Dv = D."""
+    return where(B=B, H=H, S=S, D=D, causal=causal, plain_heads=True)
+
+
+# ---- measurements --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Measurement:
+    """One tandem_bench result (Google Benchmark's JSON) and its plan entry."""
+    name: str
+    op: str
+    backend: str
+    shape: Shape
+    threads: int
+    tags: tuple
+    seconds: float  # mean wall time of one call
+    gflops: Optional[float] = None
+    gbs: Optional[float] = None
+    frac_peak: Optional[float] = None  # of the FMA peak at the same thread count
+    frac_copy: Optional[float] = None  # of the copy bandwidth
+    frac_read: Optional[float] = None  # of the read bandwidth (ops that only read)
+    extra_mib: Optional[float] = None  # peak-RSS growth of the first call; < 0: unknown
+    iterations: Optional[int] = None
+    gflops_wall: Optional[float] = None  # the FMA probe by the wall clock
+    when: Optional[str] = None  # roofline probes: "start" or "end" of the run
+
+    @staticmethod
+    def parse(r):
+        """The Measurement of result `r` (its plan entry under "_spec")."""
+        s = r.get("_spec", {})
+        return Measurement(
+            name=r["name"], op=s.get("op"), backend=s.get("backend"),
+            shape=Shape(s.get("shape"), s.get("params", {})),
+            threads=s.get("threads", int(r.get("threads", 1))), tags=tuple(s.get("tags", [])),
+            seconds=r["real_time"] * TIME_UNIT[r.get("time_unit", "ns")],
+            gflops=r.get("GFLOP/s"), gbs=r.get("GB/s"), frac_peak=r.get("frac_peak"),
+            frac_copy=r.get("frac_copy"), frac_read=r.get("frac_read"),
+            extra_mib=r.get("extra_MiB"), iterations=r.get("iterations"),
+            gflops_wall=r.get("GFLOP/s_wall"), when=r.get("_when"))
+
+
+@dataclass(frozen=True, eq=False)
+class PeerMeasurement:
+    """One peer's time on a planned benchmark (bench/peers/peers.py's results)."""
+    peer: str
+    op: str
+    shape: Shape
+    threads: int
+    seconds: float
+    gflops: Optional[float] = None
+    gbs: Optional[float] = None
+    extra_mib: Optional[float] = None
+    note: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class PeerFailure:
+    peer: Optional[str]
+    op: str
+    shape: str
+    threads: Optional[int]
+    error: str
+
+
+class Drift(NamedTuple):
+    kind: str  # FMA peak, copy or read
+    threads: int
+    start: float
+    end: float
+    change: float  # end / start − 1
+
+
+@dataclass
+class Roofline:
+    """The machine's limits measured in the run: {threads: figure} at its start (every
+    fraction divides by them) and, in `end`, the same at its end."""
+    peak: dict = field(default_factory=dict)  # FMA GFLOP/s by each thread's CPU time
+    peak_wall: dict = field(default_factory=dict)  # the same by the wall clock
+    copy: dict = field(default_factory=dict)  # GB/s read + written
+    read: dict = field(default_factory=dict)  # GB/s read
+    end: dict = field(default_factory=lambda: {"peak": {}, "copy": {}, "read": {}})
+
+    def add(self, m):
+        kind = ROOFLINE_KIND[m.op]
+        value = m.gflops if kind == "peak" else m.gbs
+        if m.when == "end":
+            self.end[kind][m.threads] = value
+            return
+        getattr(self, kind)[m.threads] = value
+        if kind == "peak":
+            self.peak_wall[m.threads] = m.gflops_wall
+
+    def drift(self):
+        """[Drift] of every figure measured at both ends of the run, or None when the end was
+        not measured."""
+        out = []
+        for kind, key in (("FMA peak", "peak"), ("copy", "copy"), ("read", "read")):
+            start, end = getattr(self, key), self.end[key]
+            for t in sorted(set(start) & set(end)):
+                if start[t] and end[t]:
+                    out.append(Drift(kind, t, start[t], end[t], end[t] / start[t] - 1))
+        return out or None
+
+
+# ---- the run -------------------------------------------------------------------------------
+
+
+def parse_peer(p, spec):
+    """The PeerMeasurement of peers.py's record `p` on planned benchmark `spec` (or None)."""
+    return PeerMeasurement(
+        peer=p["peer"], op=p["op"], shape=Shape(p.get("shape"), spec["params"] if spec else {}),
+        threads=p["threads"], seconds=p["seconds"], gflops=p.get("GFLOP/s"),
+        gbs=p.get("GB/s"), extra_mib=p.get("extra_MiB"), note=p.get("note"))
+
+
+def parse_peer_failure(p):
+    return PeerFailure(peer=p.get("peer"), op=p.get("op", ""), shape=p.get("shape", ""),
+                       threads=p.get("threads"), error=p["error"])
+
+
+@dataclass
+class Results:
+    """Everything one run measured (raw/run.json), and look-ups by op, shape and threads.
+    Look-ups default to the optimized backend at the run's main thread count."""
+    rows: list  # Measurement of every tandem op (not the roofline), in the run's order
+    errors: list  # (benchmark name, message) of every benchmark that failed
+    roofline: Roofline
+    peer_rows: list  # PeerMeasurement
+    peer_errors: list  # PeerFailure
+    peers_doc: dict  # peers.py's document: versions, missing, note, disabled, no_venv
+    accuracy: dict  # tandem_accuracy's document
+    info: dict  # the machine (machine.py)
+    plan: dict  # tandem_bench --plan
+    python: dict  # bench/python/python_bench.py's document
+
+    @staticmethod
+    def parse(bench, peers, accuracy, info, plan, python=None):
+        rows, errors, roofline = [], [], Roofline()
+        for r in bench:
+            if r.get("error_occurred"):
+                errors.append((r.get("name"), r.get("error_message", "")))
+            elif r.get("run_type", "iteration") == "iteration":
+                m = Measurement.parse(r)
+                if m.op in ROOFLINE_KIND:
+                    roofline.add(m)
+                else:
+                    rows.append(m)
+        by_name = {s["name"]: s for s in plan.get("benchmarks", [])}
+        by_shape = {(s["op"], s["shape"]): s for s in reversed(plan.get("benchmarks", []))}
+        records = peers.get("results", [])
+        peer_rows = [parse_peer(p, by_name.get(p.get("tandem_name"))
+                                or by_shape.get((p.get("op"), p.get("shape"))))
+                     for p in records if "seconds" in p]
+        peer_errors = [parse_peer_failure(p) for p in records if "error" in p]
+        return Results(rows, errors, roofline, peer_rows, peer_errors, peers, accuracy, info,
+                       plan, python or {})
+
+    @staticmethod
+    def from_run(run):
+        """The Results of raw/run.json's document."""
+        return Results.parse(run["bench"], run["peers"], run["accuracy"], run["info"],
+                             run["plan"], run.get("python"))
+
+    @property
+    def main_threads(self):
+        return self.plan.get("threads")
+
+    def _threads(self, threads):
+        return self.main_threads if threads is None else threads
+
+    def select(self, op, sel=None, backend="optimized", threads=None):
+        """The rows of op `op` (a name, a tuple, None: any) whose shape `sel` accepts (None:
+        any), of `backend` at `threads` (None: the main thread count; a Range: any of those)."""
+        threads = self._threads(threads)
+        ops = op if isinstance(op, tuple) or op is None else (op,)
+        return [r for r in self.rows if (ops is None or r.op in ops)
+                and r.backend == backend and accepts(threads, r.threads)
+                and (sel is None or sel(r.shape))]
+
+    def one(self, op, sel, backend="optimized", threads=None):
+        """The first row `select` gives, or None."""
+        found = self.select(op, sel, backend, threads)
+        return found[0] if found else None
+
+    def with_tag(self, op, tag, backend="optimized", threads=None):
+        """The row of op `op` on the shape tagged `tag` (a name other programs give it)."""
+        return self.one(op, lambda shape: shape.tag == tag, backend, threads)
+
+    def peer(self, op, tag, peer, threads=None):
+        """Peer `peer`'s measurement of op `op` on the shape tagged `tag`, or None."""
+        threads = self._threads(threads)
+        for p in self.peer_rows:
+            if p.op == op and p.shape.tag == tag and p.peer == peer and p.threads == threads:
+                return p
+        return None
+
+    def peer_select(self, op, peer, sel, threads=None):
+        threads = self._threads(threads)
+        return [p for p in self.peer_rows if p.op == op and p.peer == peer
+                and accepts(threads, p.threads) and sel(p.shape)]
+
+    def peer_names(self, op=None):
+        """The peers measured (on op `op`), in the order they first appear."""
+        names = []
+        for p in self.peer_rows:
+            if (op is None or p.op == op) and p.peer not in names:
+                names.append(p.peer)
+        return names

@@ -1,0 +1,360 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The performance targets: each a small declarative record (what to select, the bound)
+whose kind evaluates it against one run's Results. TARGETS lists them in the report's order;
+`evaluate` gives an Outcome per target (some kinds give one per shape measured)."""
+from dataclasses import dataclass
+from typing import Optional
+
+from .analysis import block_split, feature_pairs
+from .fmt import fms, fnum, fpct
+from .results import Range, Where, attn, where
+
+
+@dataclass(frozen=True)
+class Outcome:
+    target: str
+    measured: str  # the figures behind the status, '–' when not measured
+    status: str  # met, not met or not measured
+
+
+def outcome(target, ok, measured):
+    """ok: True, False, or None when not measured."""
+    return Outcome(target, measured, "not measured" if ok is None else ("met" if ok else "not met"))
+
+
+def listing(pairs, fmt):
+    """'shape figure, ...' of (value, shape tag) pairs, by shape tag."""
+    return ", ".join(f"{tag} {fmt(x)}" for x, tag in sorted(pairs, key=lambda t: t[1]))
+
+
+@dataclass(frozen=True)
+class Fraction:
+    """The lowest fraction of the machine's limit (field `key`) of the rows of `ops` that
+    `sel` selects is at least `need`. `what` may name {read}, the read bandwidth."""
+    name: str
+    ops: tuple
+    sel: Where
+    need: float
+    key: str = "frac_peak"
+    what: str = "of FMA peak"
+
+    def fraction(self, r):
+        return getattr(r, self.key)
+
+    def evaluate(self, res):
+        found = [r for op in self.ops for r in res.select(op, self.sel)]
+        if not found:
+            return [outcome(self.name, None, "–")]
+        frac = self.fraction
+        worst = min(found, key=lambda r: frac(r) or 0)
+        what = self.what.format(read=fnum(res.roofline.read.get(res.main_threads)))
+        text = (f"lowest {fpct(frac(worst))} ({worst.shape.tag}); "
+                + ", ".join(f"{r.shape.tag} {fpct(frac(r))}" for r in found) + f" {what}")
+        return [outcome(self.name, all((frac(r) or 0) >= self.need for r in found), text)]
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """One benchmark's fraction of the FMA peak is at least `need`."""
+    name: str
+    op: str
+    sel: Where
+    need: float
+
+    def evaluate(self, res):
+        r = res.one(self.op, self.sel)
+        if not r:
+            return [outcome(self.name, None, "–")]
+        return [outcome(self.name, r.frac_peak >= self.need,
+                        f"{fpct(r.frac_peak)} ({fnum(r.gflops)} GFLOP/s)")]
+
+
+@dataclass(frozen=True)
+class PeerSpeedup:
+    """On every shape `sel` selects, tandem is at least `need` times faster than the
+    fastest of `peers`; with `every_shape`, a shape without the peer fails the target."""
+    name: str
+    op: str
+    sel: Where
+    peers: tuple
+    need: float
+    every_shape: bool = False
+
+    def evaluate(self, res):
+        found = res.select(self.op, self.sel)
+        ratios = []
+        for r in found:
+            times = [p.seconds for p in (res.peer(self.op, r.shape.tag, x) for x in self.peers)
+                     if p]
+            if times:
+                ratios.append((min(times) / r.seconds, r.shape.tag))
+        if not ratios:
+            return [outcome(self.name, None, "–")]
+        lo = min(ratios)
+        text = f"lowest {lo[0]:.2f}× ({lo[1]}); " + listing(ratios, lambda x: f"{x:.2f}×")
+        complete = len(ratios) == len(found)
+        if self.every_shape and not complete:
+            text += f" ({len(found) - len(ratios)} shape(s) without the peer)"
+        return [outcome(self.name, lo[0] >= self.need and (complete or not self.every_shape),
+                        text)]
+
+
+@dataclass(frozen=True)
+class PeerAt:
+    """tandem's `op` is at least `need` times faster than `peer`'s `peer_op` at one shape."""
+    name: str
+    op: str
+    peer_op: str
+    sel: Where
+    peer: str
+    need: float
+
+    def evaluate(self, res):
+        r = res.one(self.op, self.sel)
+        p = res.peer(self.peer_op, r.shape.tag, self.peer) if r else None
+        if not p:
+            return [outcome(self.name, None, "–")]
+        sp = p.seconds / r.seconds
+        return [outcome(self.name, sp >= self.need,
+                        f"{sp:.2f}× ({fms(r.seconds)} vs {fms(p.seconds)})")]
+
+
+@dataclass(frozen=True)
+class VersusPeers:
+    """Measured beside `peers` without a target ratio: an outcome per shape and peer
+    measured, met where tandem is faster; none where no peer was measured."""
+    op: str
+    sel: Optional[Where]
+    peers: tuple
+    label: str
+
+    def evaluate(self, res):
+        out = []
+        for r in res.select(self.op, self.sel):
+            for peer in self.peers:
+                p = res.peer(self.op, r.shape.tag, peer)
+                if p:
+                    out.append(outcome(f"{self.op} {r.shape.tag} vs {self.label} ({peer}): faster",
+                                       p.seconds >= r.seconds,
+                                       f"{p.seconds / r.seconds:.2f}× "
+                                       f"({fms(r.seconds)} vs {fms(p.seconds)})"))
+        return out
+
+
+@dataclass(frozen=True)
+class Pick:
+    """One benchmark: op, shape, threads (None: the run's main thread count)."""
+    op: str
+    sel: Where
+    threads: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class TimeRatio:
+    """The time of `num` ÷ the time of `den` is at most `at_most` (or at least `at_least`)."""
+    name: str
+    num: Pick
+    den: Pick
+    at_most: Optional[float] = None
+    at_least: Optional[float] = None
+
+    def evaluate(self, res):
+        a = res.one(self.num.op, self.num.sel, threads=self.num.threads)
+        b = res.one(self.den.op, self.den.sel, threads=self.den.threads)
+        if not a or not b:
+            return [outcome(self.name, None, "–")]
+        ratio = a.seconds / b.seconds
+        ok = ratio <= self.at_most if self.at_most is not None else ratio >= self.at_least
+        return [outcome(self.name, ok, f"{ratio:.2f}×")]
+
+
+@dataclass(frozen=True)
+class ExtraMemory:
+    """One call's extra memory (peak-RSS growth) is at most `limit_mib`."""
+    name: str
+    op: str
+    sel: Where
+    limit_mib: float
+
+    def evaluate(self, res):
+        r = res.one(self.op, self.sel)
+        if not r:
+            return [outcome(self.name, None, "–")]
+        known = r.extra_mib is not None and r.extra_mib >= 0
+        scores = r.shape.num("scores_bytes", 0) / 2**20
+        return [outcome(self.name, r.extra_mib <= self.limit_mib if known else None,
+                        f"{fnum(r.extra_mib)} MiB (a materialized score matrix: "
+                        f"{fnum(scores)} MiB)")]
+
+
+@dataclass(frozen=True)
+class BlockProjections:
+    """The attention block's projections (block − its attention) reach `need` of the peak."""
+    name: str
+    need: float
+
+    def evaluate(self, res):
+        blk = block_split(res)
+        if not blk:
+            return [outcome(self.name, None, "–")]
+        return [outcome(self.name, None if blk.proj_frac is None else blk.proj_frac >= self.need,
+                        f"projections ≈ {fpct(blk.proj_frac)} (block − its attention), "
+                        f"whole block {fpct(blk.block.frac_peak)}")]
+
+
+def short_op(op):
+    return op.replace("_forward", " fwd").replace("_backward", " bwd")
+
+
+@dataclass(frozen=True)
+class Streaming:
+    """Every main benchmark of `ops` reaches `need` of the copy bandwidth; met once each of
+    `required` was measured."""
+    name: str
+    ops: tuple
+    required: tuple
+    need: float
+
+    def evaluate(self, res):
+        rows = [r for r in res.select(self.ops) if "main" in r.tags]
+        if not rows:
+            return [outcome(self.name, None, "–")]
+        worst = min(rows, key=lambda r: r.frac_copy)
+        ok = all(r.frac_copy >= self.need for r in rows)
+        measured_all = set(self.required) <= {r.op for r in rows}
+        return [outcome(self.name, False if not ok else (True if measured_all else None),
+                        f"lowest {worst.op} {fpct(worst.frac_copy)}; "
+                        + ", ".join(f"{short_op(r.op)} {fpct(r.frac_copy)}" for r in rows))]
+
+
+@dataclass(frozen=True)
+class FeaturePair:
+    """An attention feature's time ÷ the same call without it (pairs tagged `kind`) is at
+    most `max_ratio` everywhere; `as_bandwidth` shows the plain ÷ feature ratio as a %."""
+    name: str
+    kind: str
+    max_ratio: float
+    as_bandwidth: bool = False
+
+    def shown(self, x):
+        return f"{1 / x:.0%} of contiguous" if self.as_bandwidth else f"{x:.2f}×"
+
+    def evaluate(self, res):
+        ratios = [(f.seconds / p.seconds, tag) for tag, (f, p) in feature_pairs(res).items()
+                  if self.kind in f.tags]
+        if not ratios:
+            return [outcome(self.name, None, "–")]
+        worst = max(ratios)
+        return [outcome(self.name, worst[0] <= self.max_ratio,
+                        f"worst {self.shown(worst[0])} ({worst[1]}); "
+                        + listing(ratios, self.shown))]
+
+
+@dataclass(frozen=True)
+class RooflineSteady:
+    """Every roofline figure at the end of the run is within `tolerance` of its start."""
+    name: str
+    tolerance: float
+
+    def evaluate(self, res):
+        drift = res.roofline.drift()
+        if drift is None:
+            return [outcome(self.name, None, "–")]
+        return [outcome(self.name, not any(abs(d.change) > self.tolerance for d in drift),
+                        "; ".join(f"{d.kind} t={d.threads}: {fnum(d.start)} → {fnum(d.end)} "
+                                  f"({d.change:+.0%})" for d in drift))]
+
+
+# ---- the targets -----------------------------------------------------------------------------
+
+S2048_D128 = attn(S=2048, D=128)
+S4096_D128_CAUSAL = attn(S=4096, D=128, causal=True)
+DECODE = where(H=32, Hkv=8, Sq=1, D=128, Dv=128, causal=False)
+GGML = ("ggml", "ggml_fa_f32", "ggml_fa_f16")
+STREAMING_OPS = ("rope_forward", "rope_backward", "rope_forward_qk", "rope_backward_qk",
+                 "axial_rope_forward", "axial_rope_backward", "swiglu_forward", "swiglu_backward")
+
+
+def forward_vs(peers, need):
+    label = " / ".join(peers) + (" (the faster of the two)" if len(peers) > 1 else "")
+    return PeerSpeedup(f"attention forward, no mask, D=64/128, S=1024–4096: ≥ {need:g}× faster "
+                       f"than {label}", "attention_forward", attn(S=Range(1024, 4096)), peers,
+                       need, every_shape=True)
+
+
+def causal_vs_plain(D):
+    return TimeRatio(f"causal forward (S=2048, D={D}) ≤ 0.55× the unmasked time",
+                     Pick("attention_forward", attn(S=2048, D=D, causal=True)),
+                     Pick("attention_forward", attn(S=2048, D=D)), at_most=0.55)
+
+
+def scaling(op, causal):
+    tag = "B1_H8_S2048_D128" + ("_causal" if causal else "")
+    sel = attn(S=2048, D=128, causal=causal)
+    return TimeRatio(f"{op.replace('attention_', '')} {tag}: 2 threads ≥ 1.8× 1 thread",
+                     Pick(op, sel, threads=1), Pick(op, sel, threads=2), at_least=1.8)
+
+
+TARGETS = (
+    Fraction("attention forward, no mask, D=128, S ≥ 2048: ≥ 85 % of FMA peak",
+             ("attention_forward",), attn(S=Range(2048), D=128), 0.85),
+    Fraction("attention forward, no mask, D=64, S ≥ 2048: ≥ 80 % of FMA peak",
+             ("attention_forward",), attn(S=Range(2048), D=64), 0.80),
+    forward_vs(("openvino_sdpa",), 1.10),
+    forward_vs(("onnxruntime_attention",), 1.25),
+    forward_vs(("torch_sdpa",), 2.0),
+    forward_vs(("ggml_fa_f32", "ggml_fa_f16"), 2.5),
+    Fraction("attention forward, no mask, S=512 (D=64 and 128): ≥ 65 % of FMA peak",
+             ("attention_forward",), attn(S=512), 0.65),
+    Fraction("attention forward, no mask, S=256 (D=64 and 128): ≥ 50 % of FMA peak",
+             ("attention_forward",), attn(S=256), 0.50),
+    Fraction("decode (Sq=1, H=32, Hkv=8, D=128, B=1–8, Sk=1k–32k): ≥ 80 % of the read bandwidth",
+             ("decode",), DECODE, 0.80, key="frac_read", what="of read ({read} GB/s)"),
+    PeerSpeedup("decode: ≥ 2× faster than PyTorch eager", "decode", DECODE, ("torch_eager",), 2.0),
+    PeerSpeedup("decode: ≥ 4× faster than PyTorch sdpa", "decode", DECODE, ("torch_sdpa",), 4.0),
+    Efficiency("attention backward rerunning the forward (S=2048, D=128; FLOPs = 2.5× forward): "
+               "≥ 65 % of FMA peak", "attention_backward", S2048_D128, 0.65),
+    Efficiency("attention backward from the saved state (S=2048, D=128; FLOPs = 2.5× forward): "
+               "≥ 80 % of FMA peak", "attention_backward_saved", S2048_D128, 0.80),
+    Fraction("attention backward, dQ / dK / dV alone (S=2048, D=128): ≥ 55 % of FMA peak",
+             ("attention_backward_dq", "attention_backward_dk", "attention_backward_dv"),
+             S2048_D128, 0.55),
+    BlockProjections("attention block projections (B=8, S=512, E=768, H=12): ≥ 75 % of FMA peak",
+                     0.75),
+    Streaming("streaming ops (RoPE, axial RoPE, SwiGLU, forward and backward): "
+              "≥ 85 % of copy bandwidth", STREAMING_OPS,
+              tuple(op for op in STREAMING_OPS if not op.endswith("_qk")), 0.85),
+    causal_vs_plain(128),
+    causal_vs_plain(64),
+    # ggml beside tandem on RoPE, SwiGLU and decode (measured, no target ratio)
+    VersusPeers("rope_forward", None, GGML, "ggml"),
+    VersusPeers("swiglu_forward", None, GGML, "ggml"),
+    VersusPeers("decode", DECODE, GGML, "ggml"),
+    # earlier targets, kept
+    PeerAt("forward vs PyTorch SDPA at B=1 H=8 S=4096 D=128 causal: ≥ 4× faster",
+           "attention_forward", "attention_forward", S4096_D128_CAUSAL, "torch_sdpa", 4.0),
+    PeerAt("backward (from the saved state) vs PyTorch SDPA at B=1 H=8 S=4096 D=128 causal: "
+           "≥ 2× faster", "attention_backward_saved", "attention_backward", S4096_D128_CAUSAL,
+           "torch_sdpa", 2.0),
+    ExtraMemory("forward extra memory at S=16384, D=128 ≤ 64 MiB beyond inputs/outputs",
+                "attention_forward", attn(S=16384, D=128), 64),
+    ExtraMemory("backward extra memory at S=16384, D=128 ≤ 64 MiB beyond inputs/outputs",
+                "attention_backward", attn(S=16384, D=128), 64),
+    scaling("attention_forward", False),
+    scaling("attention_forward", True),
+    scaling("attention_backward", False),
+    scaling("attention_backward", True),
+    # the attention features against their plain equivalents (same run)
+    FeaturePair("packed sequences: time per token ≤ 1.10× a dense batch of equal lengths",
+                "varlen", 1.10),
+    FeaturePair("paged decode: ≥ 90 % of the contiguous decode's bandwidth", "paged_decode",
+                1 / 0.90, as_bandwidth=True),
+    # the roofline itself: the figures above are trustworthy only if it held still
+    RooflineSteady("roofline measured at the start and at the end of the run: within 10 % of "
+                   "each other", 0.10),
+)
+
+
+def evaluate(res, targets=TARGETS):
+    """[Outcome] of every target on Results `res`, in the order of `targets`."""
+    return [o for t in targets for o in t.evaluate(res)]

@@ -17,11 +17,18 @@ import atexit
 import math
 from typing import Optional
 
-import torch
-from torch import Tensor
+from ._errors import Error, MissingExtra
+
+try:
+    import torch
+    from torch import Tensor
+except ImportError as e:
+    raise MissingExtra("tandem.torch", "PyTorch >= 2.4", "torch", "torch", e) from e
+if not hasattr(torch.library, "custom_op"):  # added in torch 2.4
+    raise MissingExtra("tandem.torch", "PyTorch >= 2.4", "torch", "torch",
+                      f"found {torch.__version__}")
 
 from . import _api, _ext
-from ._errors import Error
 
 __all__ = ["attention", "attention_with_kvcache", "rope", "axial_rope", "swiglu",
            "attention_block", "scaled_dot_product_attention"]

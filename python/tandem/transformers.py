@@ -16,12 +16,17 @@ their gradient, grouped kv heads without being repeated. Dropout is not
 supported (train with attention_dropout=0).
 """
 
-import torch as _torch
-import transformers
-from transformers import AttentionInterface
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from . import torch as _tt  # first: without PyTorch, the message names the torch extra
+from ._errors import MissingExtra
 
-from . import torch as _tt
+try:
+    import torch as _torch
+    import transformers
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask  # >= 4.53
+except ImportError as e:
+    raise MissingExtra("tandem.transformers", "transformers >= 4.53", "transformers",
+                       "transformers", e) from e
 
 __all__ = ["attention_forward", "register", "NAME", "REFERENCE_NAME"]
 

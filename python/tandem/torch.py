@@ -184,6 +184,17 @@ def _(q, k_cache, v_cache, block_table, cache_seqlens, sinks, alibi_slopes, mask
     return q.new_empty((*q.shape[:-1], v_cache.shape[-1]))
 
 
+def _attention_with_kvcache_grad(ctx, dout):
+    """The paged cache has no backward (SPEC §2.10): said in tandem's words
+    rather than torch's note to op authors."""
+    raise Error("attention_with_kvcache: the paged KV cache is forward only (inference); to "
+                "train, use tandem.torch.attention on dense q, k, v or on packed sequences "
+                "(cu_seqlens_q, cu_seqlens_k), which differentiate q, k, v and sinks")
+
+
+_attention_with_kvcache_op.register_autograd(_attention_with_kvcache_grad)
+
+
 def attention_with_kvcache(q, k_cache, v_cache, block_table, cache_seqlens, *, mask=None,
                            window=None, scale=None, softcap=0.0, sinks=None, alibi_slopes=None,
                            backend="optimized"):

@@ -59,12 +59,21 @@ def _reference_attention_forward(*args, **kwargs):
     return attention_forward(*args, backend="reference", **kwargs)
 
 
+def _mask(*args, **kwargs):
+    """SDPA's boolean mask, without the fix transformers applies for the SDPA
+    of torch < 2.5 (a query that sees no key made to see every key, in place
+    on a broadcast view, which fails): tandem gives such a query 0 itself, on
+    every torch release."""
+    kwargs.setdefault("allow_torch_fix", False)
+    return sdpa_mask(*args, **kwargs)
+
+
 def register():
     """Registers "tandem" and "tandem_reference" (done on import)."""
     AttentionInterface.register(NAME, attention_forward)
     AttentionInterface.register(REFERENCE_NAME, _reference_attention_forward)
     for name in (NAME, REFERENCE_NAME):
-        ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(name, _mask)
 
 
 register()

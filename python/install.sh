@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Installs tandem into a virtual environment for its Python tests.
 #
-#   usage: python/install.sh VENV BUILD_DIR
+#   usage: python/install.sh VENV BUILD_DIR [REQUIREMENTS]
 #
 # Creates VENV with `${PYTHON:-python3} -m venv` when it has no interpreter,
-# installs python/requirements-test.txt from PyPI when that file changed since
-# the last install (torch's Linux wheel and its CUDA libraries: about 2.9 GB
-# to download, 5.6 GB installed; pip's cache keeps the downloads), then builds
+# installs REQUIREMENTS (python/requirements-test.txt by default; CI's
+# minimum-versions step gives python/requirements-min.txt) from PyPI when that
+# file changed since the last install into VENV (a copy of it in VENV is the
+# stamp; torch's Linux wheel and its CUDA libraries: about 2.9 GB to
+# download, 5.6 GB installed; pip's cache keeps the downloads), then builds
 # and installs the package with scikit-build-core, reusing BUILD_DIR so a
 # rebuild compiles only what changed. Fails loudly without Python or network.
 set -euo pipefail
 venv=$1
 build_dir=$2
 src=$(cd "$(dirname "$0")/.." && pwd)
-requirements=$src/python/requirements-test.txt
+requirements=${3:-$src/python/requirements-test.txt}
 python=${PYTHON:-python3}
 
 if [ ! -x "$venv/bin/python" ]; then
@@ -21,7 +23,7 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
-stamp=$venv/.tandem-requirements-test.txt
+stamp=$venv/.tandem-$(basename "$requirements")
 if ! cmp -s "$requirements" "$stamp"; then
   echo "tandem: installing the test requirements into $venv (first time: several GB from PyPI)"
   t0=$SECONDS

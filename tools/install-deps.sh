@@ -9,7 +9,7 @@ packages=(
   libhwy-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev
   clang libclang-rt-14-dev libomp-14-dev gcovr
-  doxygen graphviz
+  doxygen graphviz libjs-mathjax
   python3-numpy python3-matplotlib python3-venv python3-dev
 )
 

@@ -10,7 +10,9 @@ offers `scaled_dot_product_attention` with PyTorch's signature;
 `tandem.transformers` registers the attention implementation "tandem" with
 Hugging Face transformers; `tandem.testing` checks your own kernels against
 the reference with Hypothesis. Every invalid call raises tandem.Error (a
-ValueError) naming the parameter.
+ValueError) naming the parameter. The three modules need the package's extras
+(pip install 'tandem[torch,testing,transformers]'); imported without one,
+they raise tandem.MissingExtra (a ModuleNotFoundError) naming it.
 """
 
 from . import _ext
@@ -18,12 +20,12 @@ from ._api import (alibi_slopes, attention, attention_backward, attention_backwa
                    attention_block, attention_forward_lse, attention_with_kvcache, axial_rope,
                    axial_rope_backward, rope, rope_backward, rope_qk, rope_qk_backward, swiglu,
                    swiglu_backward)
-from ._errors import Error
+from ._errors import Error, MissingExtra
 
 __version__ = _ext.version()
 
 __all__ = [
-    "Error", "attention", "attention_backward", "attention_forward_lse",
+    "Error", "MissingExtra", "attention", "attention_backward", "attention_forward_lse",
     "attention_backward_saved", "attention_with_kvcache", "alibi_slopes", "rope",
     "rope_backward", "rope_qk", "rope_qk_backward", "axial_rope", "axial_rope_backward",
     "swiglu", "swiglu_backward", "attention_block", "set_threads", "threads", "simd_target",

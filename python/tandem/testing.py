@@ -32,9 +32,15 @@ import time
 from typing import Optional
 
 import numpy as np
-from hypothesis import HealthCheck, Verbosity, given, settings
-from hypothesis import seed as _hseed
-from hypothesis import strategies as st
+
+from ._errors import MissingExtra
+
+try:
+    from hypothesis import HealthCheck, Verbosity, given, settings
+    from hypothesis import seed as _hseed
+    from hypothesis import strategies as st
+except ImportError as e:
+    raise MissingExtra("tandem.testing", "Hypothesis", "testing", "hypothesis", e) from e
 
 from . import _api
 

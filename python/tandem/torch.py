@@ -17,11 +17,18 @@ import atexit
 import math
 from typing import Optional
 
-import torch
-from torch import Tensor
+from ._errors import Error, MissingExtra
+
+try:
+    import torch
+    from torch import Tensor
+except ImportError as e:
+    raise MissingExtra("tandem.torch", "PyTorch >= 2.4", "torch", "torch", e) from e
+if not hasattr(torch.library, "custom_op"):  # added in torch 2.4
+    raise MissingExtra("tandem.torch", "PyTorch >= 2.4", "torch", "torch",
+                      f"found {torch.__version__}")
 
 from . import _api, _ext
-from ._errors import Error
 
 __all__ = ["attention", "attention_with_kvcache", "rope", "axial_rope", "swiglu",
            "attention_block", "scaled_dot_product_attention"]
@@ -175,6 +182,17 @@ def _attention_with_kvcache_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, bloc
 def _(q, k_cache, v_cache, block_table, cache_seqlens, sinks, alibi_slopes, mask_kind, window,
       scale, softcap, backend):
     return q.new_empty((*q.shape[:-1], v_cache.shape[-1]))
+
+
+def _attention_with_kvcache_grad(ctx, dout):
+    """The paged cache has no backward (SPEC §2.10): said in tandem's words
+    rather than torch's note to op authors."""
+    raise Error("attention_with_kvcache: the paged KV cache is forward only (inference); to "
+                "train, use tandem.torch.attention on dense q, k, v or on packed sequences "
+                "(cu_seqlens_q, cu_seqlens_k), which differentiate q, k, v and sinks")
+
+
+_attention_with_kvcache_op.register_autograd(_attention_with_kvcache_grad)
 
 
 def attention_with_kvcache(q, k_cache, v_cache, block_table, cache_seqlens, *, mask=None,

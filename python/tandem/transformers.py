@@ -16,12 +16,17 @@ their gradient, grouped kv heads without being repeated. Dropout is not
 supported (train with attention_dropout=0).
 """
 
-import torch as _torch
-import transformers
-from transformers import AttentionInterface
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from . import torch as _tt  # first: without PyTorch, the message names the torch extra
+from ._errors import MissingExtra
 
-from . import torch as _tt
+try:
+    import torch as _torch
+    import transformers
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask  # >= 4.53
+except ImportError as e:
+    raise MissingExtra("tandem.transformers", "transformers >= 4.53", "transformers",
+                       "transformers", e) from e
 
 __all__ = ["attention_forward", "register", "NAME", "REFERENCE_NAME"]
 
@@ -54,12 +59,21 @@ def _reference_attention_forward(*args, **kwargs):
     return attention_forward(*args, backend="reference", **kwargs)
 
 
+def _mask(*args, **kwargs):
+    """SDPA's boolean mask, without the fix transformers applies for the SDPA
+    of torch < 2.5 (a query that sees no key made to see every key, in place
+    on a broadcast view, which fails): tandem gives such a query 0 itself, on
+    every torch release."""
+    kwargs.setdefault("allow_torch_fix", False)
+    return sdpa_mask(*args, **kwargs)
+
+
 def register():
     """Registers "tandem" and "tandem_reference" (done on import)."""
     AttentionInterface.register(NAME, attention_forward)
     AttentionInterface.register(REFERENCE_NAME, _reference_attention_forward)
     for name in (NAME, REFERENCE_NAME):
-        ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(name, _mask)
 
 
 register()

@@ -20,6 +20,18 @@ def _visible(Sq, Sk, mask, window, offset):
     return np.ones((Sq, Sk), bool)
 
 
+# torch 2.5 gave SDPA enable_gqa and a 0 (not NaN) for a query that sees no key.
+TORCH_2_5 = tuple(int(n) for n in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+def torch_sdpa(q, k, v, *, enable_gqa=False, **kwargs):
+    """F.scaled_dot_product_attention with enable_gqa on any torch: each kv
+    head repeated over its group of query heads (what enable_gqa computes)."""
+    if enable_gqa and k.shape[-3] != q.shape[-3]:
+        k, v = (x.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for x in (k, v))
+    return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
 def sdpa_attention(q, k, v, *, layout, mask, window, scale, softcap, bias=None,
                    key_padding=None):
     """tandem.attention's contract on torch tensors through F.sdpa (no softcap)."""
@@ -34,8 +46,7 @@ def sdpa_attention(q, k, v, *, layout, mask, window, scale, softcap, bias=None,
         attn_mask = (key_padding != 0)[:, None, None, :]
     elif bias is not None:
         attn_mask = bias
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale,
-                                         enable_gqa=True)
+    out = torch_sdpa(q, k, v, attn_mask=attn_mask, scale=scale, enable_gqa=True)
     return out.transpose(1, 2) if layout == "bshd" else out
 
 

@@ -9,10 +9,14 @@ import pytest
 
 import tandem
 from tandem import testing as T
-from kernels import (numpy_attention, numpy_rope, sdpa_attention, sdpa_attention_backward,
-                     torch_swiglu)
+from kernels import (TORCH_2_5, numpy_attention, numpy_rope, sdpa_attention,
+                     sdpa_attention_backward, torch_swiglu)
 
 BUDGET = dict(seed=12, time_budget=20.0)
+# torch < 2.5's SDPA gives NaN, not 0, for a query that sees no key
+# (pytorch/pytorch#110213), which the policy rejects, as it should.
+SDPA_ZERO_ROWS = pytest.mark.skipif(
+    not TORCH_2_5, reason="torch < 2.5's SDPA gives NaN for a query that sees no key")
 
 
 def gqa_bug_attention(q, k, v, **kw):
@@ -46,6 +50,7 @@ def failure(check, fn, **kw):
 
 # -- correct kernels pass ----------------------------------------------------
 
+@SDPA_ZERO_ROWS
 def test_torch_sdpa_through_an_adapter_passes():
     T.check_attention(sdpa_attention, array="torch", softcap=False, **BUDGET)
 
@@ -59,6 +64,7 @@ def test_tandem_itself_passes_forward_and_backward():
     T.check_attention_backward(tandem.attention_backward, max_examples=60, **BUDGET)
 
 
+@SDPA_ZERO_ROWS
 def test_torch_autograd_backward_through_an_adapter_passes():
     T.check_attention_backward(sdpa_attention_backward, array="torch", softcap=False,
                                max_examples=100, **BUDGET)
@@ -96,6 +102,7 @@ def test_rope_pairs_swapped_is_caught_with_four_rotated_dims():
     assert config.style == "neox" and config.n_rot == 4 and config.B == 1 and config.S == 1
 
 
+@SDPA_ZERO_ROWS
 def test_gqa_gradients_not_summed_over_the_group_are_caught():
     config, report = failure(T.check_attention_backward, gqa_sum_bug_backward, array="torch",
                              softcap=False)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import tandem
 import tandem.torch as tt
+from kernels import TORCH_2_5, torch_sdpa
 
 torch.manual_seed(3)
 f64 = dict(dtype=torch.float64)
@@ -127,7 +128,7 @@ def test_sdpa_matches_torch(case, dtype):
         m[..., 0] = True
         kw["attn_mask"] = m if kind == "bool" else torch.randn(shape).to(dtype)
     out = tt.scaled_dot_product_attention(q, k, v, **kw)
-    ref = F.scaled_dot_product_attention(q, k, v, **kw)
+    ref = torch_sdpa(q, k, v, **kw)
     tol = dict(atol=1e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-12, rtol=1e-10)
     torch.testing.assert_close(out, ref, **tol)
     dout = torch.randn_like(out)
@@ -141,10 +142,14 @@ def test_sdpa_fully_masked_rows_give_zero_as_torch():
     m = torch.ones(3, 5, dtype=torch.bool)
     m[1] = False
     out = tt.scaled_dot_product_attention(q, k, v, attn_mask=m)
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=m))
     assert torch.all(out[:, :, 1] == 0)
+    if not TORCH_2_5:
+        pytest.skip(f"torch {torch.__version__}'s SDPA gives NaN there (0 from torch 2.5)")
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=m))
 
 
+@pytest.mark.skipif(not TORCH_2_5, reason=f"torch {torch.__version__}'s SDPA has no "
+                    "enable_gqa; tandem's has torch 2.5's signature")
 def test_sdpa_signature_is_torchs():
     import inspect
     # torch's is a builtin: its signature is the first line of its docstring
@@ -189,5 +194,5 @@ def test_sdpa_inference_fast_path_matches_torch(case):
     kw = {n: case[n] for n in ("is_causal", "scale", "enable_gqa") if n in case}
     with torch.no_grad():
         out = tt.scaled_dot_product_attention(q, k, v, **kw)
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, **kw),
+    torch.testing.assert_close(out, torch_sdpa(q, k, v, **kw),
                                atol=1e-5 if dtype == torch.float32 else 1e-12, rtol=1e-5)

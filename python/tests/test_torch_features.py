@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """tandem.torch with the attention features: the ops with sinks, ALiBi and
 packed sequences pass torch.library.opcheck and torch.autograd.gradcheck in
-float64 (dsinks included); the paged op passes opcheck and agrees with
-attention over each entry's keys; float32 on the optimized backend agrees
-with the reference."""
+float64 (dsinks included); the paged op passes opcheck, agrees with
+attention over each entry's keys and says in tandem's words that it has no
+backward; float32 on the optimized backend agrees with the reference."""
 
 import math
 
@@ -135,6 +135,18 @@ def test_paged_op_passes_opcheck_and_agrees_with_attention(backend):
         one = tt.attention(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], mask="causal",
                            sinks=sinks, backend="reference")
         torch.testing.assert_close(out[b:b + 1], one, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("grad", ["q", "k_cache", "sinks"])
+def test_paged_op_backward_says_it_is_forward_only(grad):
+    k, v, k_cache, v_cache, table = paged()
+    q, sinks = randn(2, 2, 4, 4), randn(4)
+    {"q": q, "k_cache": k_cache, "sinks": sinks}[grad].requires_grad_()
+    out = tt.attention_with_kvcache(q, k_cache, v_cache, table, torch.tensor([7, 4]),
+                                    sinks=sinks, backend="reference")
+    with pytest.raises(tandem.Error, match=r"paged KV cache is forward only .*"
+                                           r"tandem\.torch\.attention .*cu_seqlens_q"):
+        out.sum().backward()
 
 
 @pytest.mark.parametrize("feature", ["sinks", "alibi", "packed"])

@@ -1,0 +1,25 @@
+# Fails when a page of the site loads a script or a stylesheet from the
+# network (a <script src=...> or <link href=...> with an http(s) URL): the
+# site must read offline, MathJax included. Links a reader follows (<a href>)
+# are not loads and may point anywhere.
+#   cmake -DHTML_DIR=<build>/docs/html -P check_offline.cmake
+file(GLOB_RECURSE pages "${HTML_DIR}/*.html")
+if(NOT pages)
+  message(FATAL_ERROR "tandem docs: no HTML pages in ${HTML_DIR}")
+endif()
+set(remote)
+foreach(page ${pages})
+  file(STRINGS "${page}" tags REGEX "<(script|link)[^>]*(src|href)=[\"']?(https?:)?//")
+  foreach(tag ${tags})
+    file(RELATIVE_PATH name "${HTML_DIR}" "${page}")
+    string(REGEX MATCH "<(script|link)[^>]*(src|href)=[\"']?(https?:)?//[^\"' >]*" load "${tag}")
+    list(APPEND remote "${name}: ${load}")
+  endforeach()
+endforeach()
+if(remote)
+  list(LENGTH remote n)
+  list(JOIN remote "\n  " text)
+  message(FATAL_ERROR "tandem docs: ${n} load(s) from the network:\n  ${text}")
+endif()
+list(LENGTH pages n)
+message(STATUS "tandem docs: none of the ${n} pages loads a script or stylesheet from the network")

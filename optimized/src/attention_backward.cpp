@@ -105,20 +105,6 @@ struct BackwardScratch {
   }
 };
 
-/// Dst[r][x] = src_r[x] (x < width, zero up to wp) and/or Dt[x][r] =
-/// src_r[x]·t_factor for the rows of a tile; padding rows are zero.
-template <class RowPtr>
-void PackRows(const Tile& t, std::int64_t width, std::int64_t wp, RowPtr row, float* Dst, float* Dt,
-              float t_factor = 1.0f) {
-  if (Dt != nullptr) attn::PackTransposed(t, width, row, t_factor, Dt);
-  for (std::int64_t r = 0; Dst != nullptr && r < t.rows_p; ++r) {
-    float* dst = Dst + r * wp;
-    const std::int64_t n = r < t.rows ? width : 0;
-    if (n > 0) std::copy_n(row(r), n, dst);
-    std::fill(dst + n, dst + wp, 0.0f);
-  }
-}
-
 /// The backward of one tile of query rows against the key blocks it may
 /// see: LoadRowStatistics, then KeyBlock for each block in key order, then
 /// WriteDq. dK and dV (rows of s.Dp / s.Dvp floats) accumulate over the
@@ -142,10 +128,10 @@ class TileBackward {
     const auto q_row = [&](std::int64_t r) { return t_.q_row(c_, r); };
     const auto do_row = [&](std::int64_t r) { return bw_.dout + t_.o_at(c_, r); };
     // Qt carries the factor of the forward's packed queries (Call::q_scale)
-    PackRows(t_, p.D, s_.Dp, q_row, bw_.want_dk ? s_.Qp.get() : nullptr, s_.fwd.Qt.get(),
-             c_.q_scale);
-    PackRows(t_, p.Dv, s_.Dvp, do_row, bw_.want_dv ? s_.dOp.get() : nullptr,
-             bw_.need_dsum ? s_.dOt.get() : nullptr);
+    attn::PackRows(t_, p.D, s_.Dp, q_row, bw_.want_dk ? s_.Qp.get() : nullptr, s_.fwd.Qt.get(),
+                   c_.q_scale);
+    attn::PackRows(t_, p.Dv, s_.Dvp, do_row, bw_.want_dv ? s_.dOp.get() : nullptr,
+                   bw_.need_dsum ? s_.dOt.get() : nullptr);
     if (bw_.saved != nullptr) {
       SavedRowStatistics();
     } else {
@@ -239,7 +225,7 @@ class TileBackward {
   /// it, then dsum <- rowsum(dO * O).
   void ForwardRowStatistics() {
     attn::ForwardTileTransposed(c_, t_, s_.fwd, bw_.need_dsum);
-    attn::FinishRows(c_, t_, s_.fwd, s_.inv.get(), s_.lse.get());
+    attn::FinishRows(c_, t_, s_.fwd.m.get(), s_.fwd.l.get(), s_.inv.get(), s_.lse.get());
     if (!bw_.need_dsum) return;
     const DF d;
     const std::int64_t R = t_.stride;

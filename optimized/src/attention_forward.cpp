@@ -92,7 +92,7 @@ void ForwardTile(const Call& c, const Tile& t, TileScratch& scratch, float* out,
     o = tile.output();
   }
   float* lse_rows = lse_out != nullptr ? scratch.lse_rows.get() : nullptr;
-  attn::FinishRows(c, t, s, scratch.inv.get(), lse_rows);
+  attn::FinishRows(c, t, s.m.get(), s.l.get(), scratch.inv.get(), lse_rows);
   WriteRows(c, t, o, scratch.inv.get(), lse_rows, out, lse_out);
 }
 

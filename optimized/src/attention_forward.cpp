@@ -22,8 +22,8 @@
 //  - decode steps with long caches split the keys into chunks (flash-decoding,
 //    ForwardSplitKeys) and merge the chunks' partial softmax sums;
 //  - a sink joins a row's softmax at the finish, as one more partial sum
-//    (attn::MergeSinks, MergeRow), where the reference starts its max and
-//    sum from it.
+//    (attn::MergeSink, from attn::FinishRows and MergeRow), where the
+//    reference starts its max and sum from it.
 // Sequences (batch entries, packed sequences, paged cache rows) are found
 // by AttentionPlan::sequence, as in the reference, and each has its own
 // tiles (attn::Call).
@@ -238,10 +238,11 @@ void SplitKeysTask(const Call& c, std::int64_t n, std::int64_t ch, std::int64_t 
 }
 
 /// Merges the chunks' partials of query i of sequence n, head h, in chunk
-/// order, and the sink last (one more partial: m = sink_h, l = 1, no value;
-/// see MergeSinks): m = max m_c, l = Σ l_c·2^(m_c − m), o = Σ o_c·2^(m_c − m),
-/// out = o / l (acc: Dvp floats of scratch; m in log2 units, as
-/// OnlineSoftmax).
+/// order (m in log2 units, as OnlineSoftmax): m = max(sink_h, max_c m_c),
+/// l = Σ l_c·2^(m_c − m), o = Σ o_c·2^(m_c − m); then the row's finish as a
+/// tile's (the sink's share of l, MergeSink, whose factor is 1 here since m
+/// already takes the sink in; FinishFactor, FinishLse): out = o / l (acc:
+/// Dvp floats of scratch).
 void MergeRow(const Call& c, const SplitPartials& part, std::int64_t n, std::int64_t h,
               std::int64_t i, float* acc, float* out, float* lse_out) {
   const AttentionPlan& plan = *c.plan;
@@ -266,16 +267,12 @@ void MergeRow(const Call& c, const SplitPartials& part, std::int64_t n, std::int
       hn::Store(hn::MulAdd(hn::LoadU(d, src + x), w, hn::Load(d, acc + x)), d, acc + x);
     }
   }
-  if (c.sinks != nullptr) l += hn::GetLane(attn::SoftmaxExp2(d, hn::Set(d, sink - m_use)));
-  // l = 0: no visible key, output 0; l = NaN counts as seen (NaN).
-  const float inv = l != 0.0f ? 1.0f / l : 0.0f;
+  float a = 1.0f;
+  if (c.sinks != nullptr) attn::MergeSink(sink, m, l, a);
+  const float inv = attn::FinishFactor(l, a);
   float* dst = out + c.o_at(n, i, h);
   for (std::int64_t dv = 0; dv < plan.Dv; ++dv) dst[dv] = acc[dv] * inv;
-  if (lse_out != nullptr) {
-    float lse = l == 0.0f ? neg_inf : l;  // NaN stays NaN
-    if (l > 0.0f) lse = (m + hn::GetLane(hn::Log2(d, hn::Set(d, l)))) * attn::kLn2;
-    lse_out[c.lse_at(n, h, i)] = lse;
-  }
+  if (lse_out != nullptr) lse_out[c.lse_at(n, h, i)] = attn::FinishLse(m, l);
 }
 
 /// The split-key forward: every (sequence, key chunk) task computes, for

@@ -3,8 +3,10 @@
 // x = s·log2 e, p = 2^x, attention_exp2-inl.h): the online softmax of a
 // tile's rows over its key blocks (OnlineSoftmax), and the finish of a row
 // — the sink merged as one more partial sum, the output's factor 1/l and
-// the log-sum-exp (MergeSinks, FinishRows). Included once per Highway
-// target (the toggle guard below), after <hwy/highway.h>.
+// the log-sum-exp — written once for a vector of rows (the tiles,
+// FinishRows) and for one row (the split-key merge, MergeRow in
+// attention_forward.cpp). Included once per Highway target (the toggle
+// guard below), after <hwy/highway.h>.
 #if defined(TANDEM_OPTIMIZED_ATTENTION_SOFTMAX_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef TANDEM_OPTIMIZED_ATTENTION_SOFTMAX_INL_H_
 #undef TANDEM_OPTIMIZED_ATTENTION_SOFTMAX_INL_H_
@@ -157,56 +159,124 @@ class OnlineSoftmax {
   std::vector<char> rescaled_;  ///< per vector of rows, for the last block
 };
 
-/// The sinks of the rows r0 .. r0+N−1 (spec §2.7) merged into their softmax
-/// as one more partial sum with m = sink_h (in log2 units, sink_h·log2 e),
-/// l = 1 and no value (the key the sink is, property sink_equals_extra_key):
-/// m <- max(m, sink_h), a = 2^(m_old − m), l <- l·a + 2^(sink_h − m); the
-/// running output must be scaled by a. A row with no visible key gets
-/// m = sink_h, l = 1, a = 0. Padding rows keep their m and l (a = 1).
-HWY_INLINE void MergeSinks(const Call& c, const Tile& t, std::int64_t r0, VF& m, VF& l, VF& a) {
-  const DF d;
-  const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-  HWY_ALIGN float rows[kMaxFloatLanes];
-  for (std::int64_t n = 0; n < Lanes(); ++n) {
-    const std::int64_t r = r0 + n;
-    rows[n] = r < t.rows ? c.sinks[t.head(r)] * kLog2e : -std::numeric_limits<float>::infinity();
-  }
-  const VF sink = hn::Load(d, rows);
-  const auto real = hn::Ne(sink, neg_inf);
-  const VF m_new = hn::Max(m, sink);
-  const VF a_new = SoftmaxExp2(d, hn::Sub(m, m_new));  // m = −inf: 0
-  l = hn::IfThenElse(real, hn::MulAdd(l, a_new, SoftmaxExp2(d, hn::Sub(sink, m_new))), l);
-  a = hn::IfThenElse(real, a_new, a);
-  m = hn::IfThenElse(real, m_new, m);
+// ---------------------------------------------------------------------------
+// The finish of a row, written once for a vector of rows (VF: FinishRows)
+// and for one row (float: the split-key merge, MergeRow): the lane
+// operations below take either, and the bodies use +, −, ·, / and the
+// comparisons, which Highway defines for vectors as for floats. (One row
+// stays a float rather than a one-lane vector: the compiler may fuse a
+// vector's m + log2 l, log2 being a product, into one multiply-add, and the
+// split-key merge has always rounded the two apart.)
+
+/// Lane operations of the finish, for a vector of rows and for one row.
+namespace lane {
+template <class V>
+V Splat(float x);
+template <>
+HWY_INLINE float Splat<float>(float x) {
+  return x;
+}
+template <>
+HWY_INLINE VF Splat<VF>(float x) {
+  return hn::Set(DF(), x);
+}
+HWY_INLINE float IfThenElse(bool m, float yes, float no) {
+  return m ? yes : no;
+}
+HWY_INLINE VF IfThenElse(hn::Mask<DF> m, VF yes, VF no) {
+  return hn::IfThenElse(m, yes, no);
+}
+HWY_INLINE float Max(float a, float b) {
+  return std::max(a, b);
+}
+HWY_INLINE VF Max(VF a, VF b) {
+  return hn::Max(a, b);
+}
+HWY_INLINE float MulAdd(float a, float b, float c) {
+  return a * b + c;
+}
+HWY_INLINE VF MulAdd(VF a, VF b, VF c) {
+  return hn::MulAdd(a, b, c);
+}
+HWY_INLINE float Exp2(float x) {
+  return hn::GetLane(SoftmaxExp2(DF(), hn::Set(DF(), x)));
+}
+HWY_INLINE VF Exp2(VF x) {
+  return SoftmaxExp2(DF(), x);
+}
+HWY_INLINE float Log2(float x) {
+  return hn::GetLane(hn::Log2(DF(), hn::Set(DF(), x)));
+}
+HWY_INLINE VF Log2(VF x) {
+  return hn::Log2(DF(), x);
+}
+}  // namespace lane
+
+/// The sink s (in log2 units, s = sink_h·log2 e) merged into a softmax row's
+/// max m and sum l as one more partial sum with max s, sum 1 and no value
+/// (the key the sink is, SPEC §2.7, property sink_equals_extra_key):
+/// m <- max(m, s), a = 2^(m_old − m), l <- l·a + 2^(s − m); the row's
+/// unnormalized output must be scaled by a. A row with no visible key gets
+/// m = s, l = 1, a = 0; where m >= s already (the split-key merge takes the
+/// sink into its max) a = 2^0 = 1 exactly. Lanes with s = −inf (padding
+/// rows) keep their m, l and a. V: VF or float.
+template <class V>
+HWY_INLINE void MergeSink(V s, V& m, V& l, V& a) {
+  const auto real = s != lane::Splat<V>(-std::numeric_limits<float>::infinity());
+  const V m_new = lane::Max(m, s);
+  const V a_new = lane::Exp2(m - m_new);  // m = −inf: 0
+  l = lane::IfThenElse(real, lane::MulAdd(l, a_new, lane::Exp2(s - m_new)), l);
+  a = lane::IfThenElse(real, a_new, a);
+  m = lane::IfThenElse(real, m_new, m);
 }
 
-/// inv[r] = a/l[r] (0 for a row with no visible key and no sink; a = 1, or
-/// the factor of MergeSinks with sinks) and, when lse is given,
-/// lse[r] = (m[r] + log2(l[r]))·ln 2 (−inf for such a row; the sink
-/// included). A row that sees a key with a NaN score has l = NaN: it counts
-/// as seen (NaN, as in the reference), not as a row with no visible key (0,
-/// no gradient).
+/// The factor a/l a finished row's unnormalized output is multiplied by
+/// (a = 1, or MergeSink's factor): l = 0 (no visible key, no sink) gives 0,
+/// the row's output 0 (SPEC §2.3); l = NaN (the row saw a key with a NaN
+/// score) counts as seen and gives NaN, as in the reference. V: VF or float.
+template <class V>
+HWY_INLINE V FinishFactor(V l, V a) {
+  const V zero = lane::Splat<V>(0.0f);
+  return lane::IfThenElse(l == zero, zero, a / l);
+}
+
+/// A finished row's log-sum-exp (SPEC §2.5) from its max m and sum l of
+/// 2^(x − m) in log2 units: lse = (m + log2 l)·ln 2; l = 0 (no visible key,
+/// no sink) gives −inf, l = NaN stays NaN. V: VF or float.
+template <class V>
+HWY_INLINE V FinishLse(V m, V l) {
+  const V zero = lane::Splat<V>(0.0f);
+  // Log of the other lanes is never used; feed it 1 to keep it quiet.
+  const auto positive = l > zero;
+  const V lg = lane::Log2(lane::IfThenElse(positive, l, lane::Splat<V>(1.0f)));
+  const V other =
+      lane::IfThenElse(l == zero, lane::Splat<V>(-std::numeric_limits<float>::infinity()), l);
+  return lane::IfThenElse(positive, (m + lg) * lane::Splat<V>(kLn2), other);
+}
+
+/// The finish of a tile's rows from the online softmax's m and l (rows_p
+/// floats each): with sinks, each row's sink merged (MergeSink, sink_h of
+/// the row's head); inv[r] = FinishFactor and, when lse is given, lse[r] =
+/// FinishLse (the sink included), for whole vectors of rows.
 inline void FinishRows(const Call& c, const Tile& t, const float* m_rows, const float* l_rows,
                        float* inv, float* lse) {
   const DF d;
   const std::int64_t N = Lanes();
-  const VF zero = hn::Zero(d);
+  HWY_ALIGN float sinks[kMaxFloatLanes];
   for (std::int64_t r0 = 0; r0 < t.rows_p; r0 += N) {
     VF l = hn::LoadU(d, l_rows + r0);
     VF m = hn::LoadU(d, m_rows + r0);
     VF a = hn::Set(d, 1.0f);
-    if (c.sinks != nullptr) MergeSinks(c, t, r0, m, l, a);
-    const auto seen = hn::Not(hn::Eq(l, zero));
-    hn::StoreU(hn::IfThenElseZero(seen, hn::Div(a, l)), d, inv + r0);
-    if (lse != nullptr) {
-      // Log of the other lanes is never used; feed it 1 to keep it quiet.
-      const auto positive = hn::Gt(l, zero);
-      const VF lg = hn::Log2(d, hn::IfThenElse(positive, l, hn::Set(d, 1.0f)));
-      // l = 0 (no visible key): −inf; l = NaN: NaN
-      const VF other = hn::IfThenElse(seen, l, hn::Set(d, -std::numeric_limits<float>::infinity()));
-      hn::StoreU(hn::IfThenElse(positive, hn::Mul(hn::Add(m, lg), hn::Set(d, kLn2)), other), d,
-                 lse + r0);
+    if (c.sinks != nullptr) {
+      for (std::int64_t n = 0; n < N; ++n) {
+        const std::int64_t r = r0 + n;
+        sinks[n] =
+            r < t.rows ? c.sinks[t.head(r)] * kLog2e : -std::numeric_limits<float>::infinity();
+      }
+      MergeSink(hn::Load(d, sinks), m, l, a);
     }
+    hn::StoreU(FinishFactor(l, a), d, inv + r0);
+    if (lse != nullptr) hn::StoreU(FinishLse(m, l), d, lse + r0);
   }
 }
 

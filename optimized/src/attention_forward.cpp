@@ -320,6 +320,16 @@ void ForwardSplitKeys(const Call& c, std::int64_t chunk, float* out, float* lse_
 /// out (and lse when non-empty) for every (b, h, i): one OpenMP task per
 /// (sequence, kv head, query block) tile, or per (sequence, key chunk) for
 /// decode steps with long caches (ForwardSplitKeys).
+///
+/// A tile is the G query heads of one kv head times block_q queries of one
+/// sequence (attn::Tile), run over its visible key blocks by the wide or the
+/// decode algorithm (attention_forward_tile-inl.h). Agrees with
+/// reference::attention_forward (and _lse) to float rounding; the order
+/// differs because the softmax is online (a running max and sum per key
+/// block, rescaling the output only where the max moves), the products are
+/// float multiply-add chains in the micro-kernel's order, sinks join at the
+/// finish and split-key chunks are merged in chunk order (see the top of
+/// this file).
 void AttentionForwardTarget(const AttentionPlan& plan, const AttentionInputs<float>& in,
                             std::span<float> out, std::span<float> lse, const Geometry& geometry,
                             int threads) {

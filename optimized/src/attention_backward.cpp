@@ -105,20 +105,6 @@ struct BackwardScratch {
   }
 };
 
-/// Dst[r][x] = src_r[x] (x < width, zero up to wp) and/or Dt[x][r] =
-/// src_r[x]·t_factor for the rows of a tile; padding rows are zero.
-template <class RowPtr>
-void PackRows(const Tile& t, std::int64_t width, std::int64_t wp, RowPtr row, float* Dst, float* Dt,
-              float t_factor = 1.0f) {
-  if (Dt != nullptr) attn::PackTransposed(t, width, row, t_factor, Dt);
-  for (std::int64_t r = 0; Dst != nullptr && r < t.rows_p; ++r) {
-    float* dst = Dst + r * wp;
-    const std::int64_t n = r < t.rows ? width : 0;
-    if (n > 0) std::copy_n(row(r), n, dst);
-    std::fill(dst + n, dst + wp, 0.0f);
-  }
-}
-
 /// The backward of one tile of query rows against the key blocks it may
 /// see: LoadRowStatistics, then KeyBlock for each block in key order, then
 /// WriteDq. dK and dV (rows of s.Dp / s.Dvp floats) accumulate over the
@@ -142,10 +128,10 @@ class TileBackward {
     const auto q_row = [&](std::int64_t r) { return t_.q_row(c_, r); };
     const auto do_row = [&](std::int64_t r) { return bw_.dout + t_.o_at(c_, r); };
     // Qt carries the factor of the forward's packed queries (Call::q_scale)
-    PackRows(t_, p.D, s_.Dp, q_row, bw_.want_dk ? s_.Qp.get() : nullptr, s_.fwd.Qt.get(),
-             c_.q_scale);
-    PackRows(t_, p.Dv, s_.Dvp, do_row, bw_.want_dv ? s_.dOp.get() : nullptr,
-             bw_.need_dsum ? s_.dOt.get() : nullptr);
+    attn::PackRows(t_, p.D, s_.Dp, q_row, bw_.want_dk ? s_.Qp.get() : nullptr, s_.fwd.Qt.get(),
+                   c_.q_scale);
+    attn::PackRows(t_, p.Dv, s_.Dvp, do_row, bw_.want_dv ? s_.dOp.get() : nullptr,
+                   bw_.need_dsum ? s_.dOt.get() : nullptr);
     if (bw_.saved != nullptr) {
       SavedRowStatistics();
     } else {
@@ -163,16 +149,9 @@ class TileBackward {
     // only the rows lo .. active_end−1 may see a key of this block
     const std::int64_t active = std::min(kb.hi, t_.rows) - kb.lo;
     float* Pt = s_.fwd.St.get();
-    score_.SetBlock(kb.j0, kb.nk);
-    const std::int64_t head = t_.kv_index(c_);
-    float* Kp = s_.fwd.Kp->Get(keys_, head, kb.j0, kb.nk);
-    score_.ZeroHiddenRows(Kp, ks, kb.nk);
-    float* Vp = nullptr;
-    if (bw_.need_ds) {
-      Vp = s_.fwd.Vp->Get(values_, head, kb.j0, kb.nk);
-      score_.ZeroHiddenRows(Vp, vs, kb.nk);
-    }
-    const bool careful = Careful(Kp, Vp, kb.nk);
+    const PackedBlock packed = Pack(kb);
+    const float *Kp = packed.Kp, *Vp = packed.Vp;
+    const bool careful = packed.careful;
     // S <- Q K^T (transposed: St[jj][r])
     Gemm(kb.nk, kb.hi - kb.lo, p.D, Kp, ks, 1, s_.fwd.Qt.get() + kb.lo, R, Pt + kb.lo, R, false);
     Probabilities(kb, careful);
@@ -219,6 +198,27 @@ class TileBackward {
   }
 
  private:
+  /// The packed rows of one key block: K always, V for dS (else null), and
+  /// whether the block takes the careful path.
+  struct PackedBlock {
+    const float* Kp;
+    const float* Vp;
+    bool careful;
+  };
+  /// Prepares the score transform for block kb and packs its K (and V)
+  /// rows, zero for a padding key (PackedRows, kept across the task's tiles).
+  PackedBlock Pack(const attn::KeyBlock& kb) {
+    score_.SetBlock(kb.j0, kb.nk);
+    const std::int64_t head = t_.kv_index(c_);
+    float* Kp = s_.fwd.Kp->Get(keys_, head, kb.j0, kb.nk);
+    score_.ZeroHiddenRows(Kp, s_.fwd.Kp->stride(), kb.nk);
+    float* Vp = nullptr;
+    if (bw_.need_ds) {
+      Vp = s_.fwd.Vp->Get(values_, head, kb.j0, kb.nk);
+      score_.ZeroHiddenRows(Vp, s_.fwd.Vp->stride(), kb.nk);
+    }
+    return {Kp, Vp, Careful(Kp, Vp, kb.nk)};
+  }
   /// lse <- the saved log-sum-exp; dsum <- rowsum(dO * O) from the saved O
   /// (padding rows: lse = −inf, so their P is 0).
   void SavedRowStatistics() {
@@ -239,7 +239,7 @@ class TileBackward {
   /// it, then dsum <- rowsum(dO * O).
   void ForwardRowStatistics() {
     attn::ForwardTileTransposed(c_, t_, s_.fwd, bw_.need_dsum);
-    attn::FinishRows(c_, t_, s_.fwd, s_.inv.get(), s_.lse.get());
+    attn::FinishRows(c_, t_, s_.fwd.m.get(), s_.fwd.l.get(), s_.inv.get(), s_.lse.get());
     if (!bw_.need_dsum) return;
     const DF d;
     const std::int64_t R = t_.stride;
@@ -437,6 +437,49 @@ void BackwardTask(const Backward& bw, std::int64_t n, std::int64_t g, std::int64
   }
 }
 
+/// What the tasks of a call write besides the gradients, allocated before
+/// any output is written (an allocation failure is an exception here, not
+/// inside the parallel region): each thread's scratch, the query parts'
+/// dK/dV partials (with several parts) and each task's G dsinks partials.
+struct TaskBuffers {
+  std::vector<std::unique_ptr<BackwardScratch>> scratch;
+  PartialSums part_dk, part_dv;
+  std::vector<double> dsink_parts;
+  TaskBuffers(const Backward& bw, std::int64_t parts, std::int64_t n_tasks, int threads)
+      : scratch(ThreadScratch(bw, parts, threads)),
+        part_dk(bw.c, parts, scratch[0]->Dp, parts > 1 && bw.want_dk),
+        part_dv(bw.c, parts, scratch[0]->Dvp, parts > 1 && bw.want_dv),
+        dsink_parts(bw.want_dsinks ? static_cast<std::size_t>(n_tasks * bw.c.plan->group()) : 0,
+                    0.0) {}
+
+ private:
+  static std::vector<std::unique_ptr<BackwardScratch>> ThreadScratch(const Backward& bw,
+                                                                     std::int64_t parts,
+                                                                     int threads) {
+    std::vector<std::unique_ptr<BackwardScratch>> scratch;
+    scratch.reserve(static_cast<std::size_t>(threads));
+    for (int i = 0; i < threads; ++i) {
+      scratch.push_back(std::make_unique<BackwardScratch>(bw, parts == 1));
+    }
+    return scratch;
+  }
+};
+
+/// Task `task` of a call of `parts` query parts: (sequence n, kv head g) =
+/// divmod(task / parts, Hkv), part task % parts, summing dK and dV in the
+/// thread's scratch s (one part) or in the part's partials.
+void RunTask(const Backward& bw, std::int64_t task, std::int64_t parts, BackwardScratch& s,
+             TaskBuffers& buf) {
+  const AttentionPlan& plan = *bw.c.plan;
+  const std::int64_t head = task / parts, part = task % parts;
+  const std::int64_t n = head / plan.Hkv, g = head % plan.Hkv;
+  float* dK = parts == 1 ? s.dK.get() : buf.part_dk.at(n, g, part);
+  float* dV = parts == 1 ? s.dV.get() : buf.part_dv.at(n, g, part);
+  double* dsink =
+      bw.want_dsinks ? &buf.dsink_parts[static_cast<std::size_t>(task * plan.group())] : nullptr;
+  BackwardTask(bw, n, g, part, parts, s, dK, dV, dsink);
+}
+
 /// dk and dv row j of sequence n, kv head g, = Σ_part partial in part order
 /// (0 for a padding key of the slot).
 void AddParts(const Backward& bw, std::int64_t n, std::int64_t g, std::int64_t j,
@@ -478,6 +521,15 @@ void WriteSinkGradient(const Backward& bw, std::int64_t parts, const std::vector
 /// kv head, query part) (see QueryParts), then, with several parts, the
 /// parts' dK/dV partials added in part order, and the tasks' dsinks partials
 /// in task order.
+///
+/// A task runs its query-block tiles (attn::Tile, as the forward's) in
+/// order, each against its visible key blocks (TileBackward). Agrees with
+/// reference::attention_backward (and its _dq, _dk, _dv and saved forms) to
+/// float rounding; the order differs because P is recomputed tile by tile
+/// from the log-sum-exp (the forward's, or the saved one), dK and dV are
+/// summed over query blocks and dQ over key blocks in float multiply-add
+/// chains, and with several parts their partials are added afterwards (see
+/// the top of this file).
 void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<float>& in,
                              std::span<const float> dout, const AttentionGrads<float>& grads,
                              const AttentionSaved<float>* saved, const Geometry& geometry,
@@ -488,42 +540,24 @@ void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<fl
   const std::int64_t n_tasks = heads * parts;
   const int nt =
       static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, n_tasks)));
-  // Scratch for every thread and the partial sums, allocated before any
-  // output is written (an allocation failure is an exception here, not
-  // inside the parallel region).
-  std::vector<std::unique_ptr<BackwardScratch>> scratch;
-  scratch.reserve(static_cast<std::size_t>(nt));
-  for (int i = 0; i < nt; ++i) scratch.push_back(std::make_unique<BackwardScratch>(bw, parts == 1));
-  const std::int64_t Dp = scratch[0]->Dp, Dvp = scratch[0]->Dvp;
-  const PartialSums part_dk(c, parts, Dp, parts > 1 && bw.want_dk);
-  const PartialSums part_dv(c, parts, Dvp, parts > 1 && bw.want_dv);
-  std::vector<double> dsink_parts(
-      bw.want_dsinks ? static_cast<std::size_t>(n_tasks * plan.group()) : 0, 0.0);
+  TaskBuffers buf(bw, parts, n_tasks, nt);
   // dk and dv rows (key row x of the B·Sk, kv head g) enumerated x·Hkv + g
   const std::int64_t n_rows = c.first_key.back() * plan.Hkv;
 #pragma omp parallel num_threads(nt)
   {
-    BackwardScratch& s = *scratch[static_cast<std::size_t>(omp_get_thread_num())];
+    BackwardScratch& s = *buf.scratch[static_cast<std::size_t>(omp_get_thread_num())];
 #pragma omp for schedule(dynamic, 1)
-    for (std::int64_t task = 0; task < n_tasks; ++task) {
-      const std::int64_t head = task / parts, part = task % parts;
-      const std::int64_t n = head / plan.Hkv, g = head % plan.Hkv;
-      float* dK = parts == 1 ? s.dK.get() : part_dk.at(n, g, part);
-      float* dV = parts == 1 ? s.dV.get() : part_dv.at(n, g, part);
-      double* dsink =
-          bw.want_dsinks ? &dsink_parts[static_cast<std::size_t>(task * plan.group())] : nullptr;
-      BackwardTask(bw, n, g, part, parts, s, dK, dV, dsink);
-    }
+    for (std::int64_t task = 0; task < n_tasks; ++task) RunTask(bw, task, parts, s, buf);
     // dK, dV <- Σ_part partial, in part order (the barrier above: all written)
     if (parts > 1 && (bw.want_dk || bw.want_dv)) {
 #pragma omp for schedule(static)
       for (std::int64_t row = 0; row < n_rows; ++row) {
         const std::int64_t x = row / plan.Hkv, n = attn::SequenceOf(c.first_key, x);
-        AddParts(bw, n, row % plan.Hkv, x - c.first_key[n], part_dk, part_dv);
+        AddParts(bw, n, row % plan.Hkv, x - c.first_key[n], buf.part_dk, buf.part_dv);
       }
     }
   }
-  if (bw.want_dsinks) WriteSinkGradient(bw, parts, dsink_parts);
+  if (bw.want_dsinks) WriteSinkGradient(bw, parts, buf.dsink_parts);
 }
 
 }  // namespace tandem::optimized::HWY_NAMESPACE

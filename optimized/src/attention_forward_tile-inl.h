@@ -4,7 +4,7 @@
 // per call):
 //
 //  - WideTile: vectors across query rows (the transposed layout of
-//    attention_tile-inl.h); S = K·Qt and Ot += V^T·P by the broadcast
+//    attention_call-inl.h); S = K·Qt and Ot += V^T·P by the broadcast
 //    micro-kernel. By default every tile of more than one vector of rows.
 //  - DecodeTile: vectors along d; S by dot products, O += P·V with rows as
 //    broadcasts. By default tiles of one vector of rows (a decode step: one
@@ -12,8 +12,12 @@
 //    wide tile and load every K and V element on its own.
 //
 // The forward, the split-key decode and the backward's recomputation of the
-// log-sum-exp run them. Included once per Highway target (the toggle guard
-// below), after <hwy/highway.h>.
+// log-sum-exp run them. A tile's keys go through the headers below in the
+// order of a block: packed (attention_packed_rows-inl.h), multiplied
+// (gemm-inl.h), transformed (attention_score-inl.h), turned into
+// probabilities (attention_softmax-inl.h) and multiplied with V; the queries
+// come in and the rows go out through attention_transpose-inl.h. Included
+// once per Highway target (the toggle guard below), after <hwy/highway.h>.
 
 #if defined(TANDEM_OPTIMIZED_ATTENTION_FORWARD_TILE_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef TANDEM_OPTIMIZED_ATTENTION_FORWARD_TILE_INL_H_
@@ -22,16 +26,20 @@
 #define TANDEM_OPTIMIZED_ATTENTION_FORWARD_TILE_INL_H_
 #endif
 
-#include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <optional>
-#include <vector>
 
-#include "attention_tile-inl.h"
+#include "attention_call-inl.h"
+#include "attention_packed_rows-inl.h"
+#include "attention_score-inl.h"
+#include "attention_softmax-inl.h"
+#include "attention_transpose-inl.h"
+#include "buffer.hpp"
+#include "gemm-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tandem::optimized::HWY_NAMESPACE::attn {
@@ -75,169 +83,6 @@ struct ForwardScratch {
   }
 };
 
-/// A tile's unnormalized output O[r][dv] = base[r·row_step + dv·col_step]:
-/// Ot (transposed) or On (natural).
-struct OutputRows {
-  const float* base = nullptr;
-  std::int64_t row_step = 0, col_step = 0;
-  float at(std::int64_t r, std::int64_t dv) const { return base[r * row_step + dv * col_step]; }
-};
-
-/// dst(r)[dv] = O[r][dv]·w[r] for r < rows, dv < width (w null: the rows as
-/// they are), through a block in L1 as PackTransposed.
-template <class DstRow>
-void StoreRows(const OutputRows& o, std::int64_t rows, std::int64_t width, const float* w,
-               DstRow dst) {
-  HWY_ALIGN float block[kTransposeRows][kTransposeWidth];
-  // the rows kTransposeAhead ahead of the block, for writing
-  const auto prefetch = [&](std::int64_t from, std::int64_t to) {
-    constexpr std::int64_t kLine = 64 / sizeof(float);  // floats per cache line
-    for (std::int64_t r = from; r < std::min(rows, to); ++r) {
-      for (std::int64_t x = 0; x < width; x += kLine) __builtin_prefetch(dst(r) + x, 1, 3);
-    }
-  };
-  prefetch(0, kTransposeAhead);
-  for (std::int64_t r0 = 0; r0 < rows; r0 += kTransposeRows) {
-    const std::int64_t n = std::min(kTransposeRows, rows - r0);
-    prefetch(r0 + kTransposeAhead, r0 + kTransposeAhead + kTransposeRows);
-    for (std::int64_t x0 = 0; x0 < width; x0 += kTransposeWidth) {
-      const std::int64_t m = std::min(kTransposeWidth, width - x0);
-      for (std::int64_t x = 0; x < m; ++x) {
-        for (std::int64_t i = 0; i < n; ++i) {
-          block[i][x] = o.at(r0 + i, x0 + x) * (w != nullptr ? w[r0 + i] : 1.0f);
-        }
-      }
-      for (std::int64_t i = 0; i < n; ++i) std::copy_n(block[i], m, dst(r0 + i) + x0);
-    }
-  }
-}
-
-/// The online softmax over one tile's rows (vectors over N rows at a time,
-/// no horizontal reduction), in log2 units (scores x = s·log2 e): per row
-/// the reference max m, the running sum l of 2^(x − m) and, for the last
-/// key block, the factor alpha = 2^(m_old − m_new) the running output must
-/// be rescaled by. Starts at m = −inf, l = 0; a row with no visible key
-/// keeps both.
-///
-/// m moves only when a block's row max exceeds it by more than
-/// kRescaleAbove (as FlashAttention-4 does), so after the first blocks most
-/// leave the running output as it is: the probabilities against the stale
-/// m stay below 2^kRescaleAbove, far from overflow, and since l and the
-/// output are sums of 2^(x − m) with one and the same m, out = O/l and
-/// lse = m + log2 l are exact whatever m is.
-class OnlineSoftmax {
- public:
-  static constexpr float kRescaleAbove = 8.0f;
-
-  /// For rows_p rows whose scores lie `stride` apart from one key to the next.
-  OnlineSoftmax(ForwardScratch& s, std::int64_t rows_p, std::int64_t stride)
-      : m_(s.m.get()),
-        l_(s.l.get()),
-        alpha_(s.alpha.get()),
-        R_(stride),
-        rescaled_(static_cast<std::size_t>(rows_p / Lanes()), 0) {
-    const DF d;
-    for (std::int64_t r = 0; r < rows_p; r += Lanes()) {
-      hn::StoreU(hn::Set(d, -std::numeric_limits<float>::infinity()), d, m_ + r);
-      hn::StoreU(hn::Zero(d), d, l_ + r);
-    }
-  }
-
-  /// One key block of nk keys for the rows in the columns [lo, hi): turns the
-  /// raw dot products St[jj][r] (row stride `stride`) into scores (`score`),
-  /// then into probabilities 2^(x − m_new), and updates m, l and alpha;
-  /// with `careful` the hidden entries of P are marked for the products to
-  /// leave out (see Skip in gemm-inl.h). Returns whether any alpha is not 1
-  /// (only then must the running output be rescaled; rescaled(r0) says for
-  /// which vectors of rows).
-  bool Step(float* St, std::int64_t nk, std::int64_t lo, std::int64_t hi,
-            const ScoreTransform& score, bool careful) {
-    const DF d;
-    const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-    bool any = false;
-    for (std::int64_t r0 = lo; r0 < hi; r0 += Lanes()) {
-      // m_new <- rowmax(S) where it exceeds m by more than kRescaleAbove, else
-      // m (masked keys at −inf)
-      const VF m_old = hn::LoadU(d, m_ + r0);
-      const VF mx = Scores(St, nk, r0, score);
-      const auto grow = hn::Gt(mx, hn::Add(m_old, hn::Set(d, kRescaleAbove)));
-      const VF m_new = hn::IfThenElse(grow, mx, m_old);
-      // A row that has seen no visible key yet keeps m = −inf; subtract 0
-      // there so that 2^(−inf − (−inf)) is never formed.
-      const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
-      // P <- 2^(S − m_new); l <- 2^(m − m_new)·l + rowsum(P)
-      const bool moved = !hn::AllFalse(d, grow);
-      const VF a = moved ? SoftmaxExp2(d, hn::Sub(m_old, m_use)) : hn::Set(d, 1.0f);
-      VF sum = hn::Zero(d);
-      for (std::int64_t jj = 0; jj < nk; ++jj) {
-        const VF pr = SoftmaxExp2(d, hn::Sub(hn::LoadU(d, St + jj * R_ + r0), m_use));
-        hn::StoreU(pr, d, St + jj * R_ + r0);
-        sum = hn::Add(sum, pr);
-      }
-      hn::StoreU(hn::MulAdd(hn::LoadU(d, l_ + r0), a, sum), d, l_ + r0);
-      hn::StoreU(m_new, d, m_ + r0);
-      hn::StoreU(a, d, alpha_ + r0);
-      rescaled_[static_cast<std::size_t>(r0 / Lanes())] = moved;
-      any = any || moved;
-      // the sum above is unchanged by the marks (+0 and −0 add alike)
-      if (careful && !score.plain_at(r0)) score.MarkHidden(St, nk, r0);
-    }
-    return any;
-  }
-
-  /// alpha[r] of the last block.
-  const float* alpha() const { return alpha_; }
-  /// Whether the last block moved m of a row of the vector of rows r0 .. r0+N−1
-  /// (else their alpha is 1).
-  bool rescaled(std::int64_t r0) const { return rescaled_[static_cast<std::size_t>(r0 / Lanes())]; }
-
- private:
-  /// S <- the scores of rows r0 .. r0+N−1 in place (the cheapest transform
-  /// the block allows: none, the band, or the whole transform); returns
-  /// their row max.
-  VF Scores(float* St, std::int64_t nk, std::int64_t r0, const ScoreTransform& score) const {
-    const DF d;
-    const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-    VF mx = neg_inf;
-    if (score.plain() || score.plain_at(r0)) {
-      // four independent chains: one would wait out the latency of each max
-      VF mx1 = neg_inf, mx2 = neg_inf, mx3 = neg_inf;
-      std::int64_t jj = 0;
-      for (; jj + 4 <= nk; jj += 4) {
-        mx = hn::Max(mx, hn::LoadU(d, St + jj * R_ + r0));
-        mx1 = hn::Max(mx1, hn::LoadU(d, St + (jj + 1) * R_ + r0));
-        mx2 = hn::Max(mx2, hn::LoadU(d, St + (jj + 2) * R_ + r0));
-        mx3 = hn::Max(mx3, hn::LoadU(d, St + (jj + 3) * R_ + r0));
-      }
-      for (; jj < nk; ++jj) mx = hn::Max(mx, hn::LoadU(d, St + jj * R_ + r0));
-      mx = hn::Max(hn::Max(mx, mx1), hn::Max(mx2, mx3));
-    } else if (score.band_only()) {
-      VF band_lo, band_hi;
-      score.Band(r0, band_lo, band_hi);
-      for (std::int64_t jj = 0; jj < nk; ++jj) {
-        const VF j = hn::Set(d, static_cast<float>(jj));
-        const auto visible = hn::And(hn::Ge(j, band_lo), hn::Le(j, band_hi));
-        const VF sc = hn::IfThenElse(visible, hn::LoadU(d, St + jj * R_ + r0), neg_inf);
-        hn::StoreU(sc, d, St + jj * R_ + r0);
-        mx = hn::Max(mx, sc);
-      }
-    } else {
-      for (std::int64_t jj = 0; jj < nk; ++jj) {
-        const VF sc = score(hn::LoadU(d, St + jj * R_ + r0), jj, r0, nullptr);
-        hn::StoreU(sc, d, St + jj * R_ + r0);
-        mx = hn::Max(mx, sc);
-      }
-    }
-    return mx;
-  }
-
-  float* m_;
-  float* l_;
-  float* alpha_;
-  std::int64_t R_;
-  std::vector<char> rescaled_;  ///< per vector of rows, for the last block
-};
-
 /// The rows of one block of V that P·V reads: rows j0 .. j0+nk−1 of `rows`,
 /// the caller's in place (ForEachRun: one run, or one per block of a paged
 /// cache) or a packed copy (j0 = 0).
@@ -277,7 +122,7 @@ class WideTile {
         values_(c.values(t.n, t.g)),
         head_(t.kv_index(c)),
         score_(c, t_, s.score),
-        softmax_(s, t.rows_p, t.stride),
+        softmax_(s.m.get(), s.l.get(), s.alpha.get(), t.rows_p, t.stride),
         prefetched_(t.j_begin + c.key_block) {
     if (with_pv) std::fill(s.Ot.get(), s.Ot.get() + c.plan->Dv * t.stride, 0.0f);
   }
@@ -333,7 +178,7 @@ class WideTile {
     GemmCareful<Skip::by_b>(careful, Dv, hi - lo, nk, v.rows.base, 1, v.rows.stride, St + lo, R,
                             Ot + lo, R, true, St + lo);
   }
-  /// The block's V rows, packed (see PackedRows in attention_tile-inl.h: a
+  /// The block's V rows, packed (see PackedRows in attention_packed_rows-inl.h: a
   /// paged cache's rows are gathered there), zero for a padding key.
   ValueBlock Values(const KeyBlock& kb) {
     float* Vp = s_.Vp->Get(values_, head_, kb.j0, kb.nk);
@@ -408,7 +253,7 @@ class DecodeTile {
         keys_(c.keys(t.n, t.g)),
         values_(c.values(t.n, t.g)),
         score_(c, t_, s.score),
-        softmax_(s, t.rows_p, t.stride) {
+        softmax_(s.m.get(), s.l.get(), s.alpha.get(), t.rows_p, t.stride) {
     if (with_pv) std::fill(s.On.get(), s.On.get() + t.rows_p * Dvp_, 0.0f);
   }
   DecodeTile(const DecodeTile&) = delete;
@@ -519,59 +364,6 @@ inline void ForwardTileTransposed(const Call& c, const Tile& t, ForwardScratch& 
   const OutputRows o = tile.output();
   for (std::int64_t r = 0; r < t.rows_p; ++r) {
     for (std::int64_t dv = 0; dv < c.plan->Dv; ++dv) s.Ot.get()[dv * R + r] = o.at(r, dv);
-  }
-}
-
-/// The sinks of the rows r0 .. r0+N−1 (spec §2.7) merged into their softmax
-/// as one more partial sum with m = sink_h (in log2 units, sink_h·log2 e),
-/// l = 1 and no value (the key the sink is, property sink_equals_extra_key):
-/// m <- max(m, sink_h), a = 2^(m_old − m), l <- l·a + 2^(sink_h − m); the
-/// running output must be scaled by a. A row with no visible key gets
-/// m = sink_h, l = 1, a = 0. Padding rows keep their m and l (a = 1).
-HWY_INLINE void MergeSinks(const Call& c, const Tile& t, std::int64_t r0, VF& m, VF& l, VF& a) {
-  const DF d;
-  const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-  HWY_ALIGN float rows[kMaxFloatLanes];
-  for (std::int64_t n = 0; n < Lanes(); ++n) {
-    const std::int64_t r = r0 + n;
-    rows[n] = r < t.rows ? c.sinks[t.head(r)] * kLog2e : -std::numeric_limits<float>::infinity();
-  }
-  const VF sink = hn::Load(d, rows);
-  const auto real = hn::Ne(sink, neg_inf);
-  const VF m_new = hn::Max(m, sink);
-  const VF a_new = SoftmaxExp2(d, hn::Sub(m, m_new));  // m = −inf: 0
-  l = hn::IfThenElse(real, hn::MulAdd(l, a_new, SoftmaxExp2(d, hn::Sub(sink, m_new))), l);
-  a = hn::IfThenElse(real, a_new, a);
-  m = hn::IfThenElse(real, m_new, m);
-}
-
-/// inv[r] = a/l[r] (0 for a row with no visible key and no sink; a = 1, or
-/// the factor of MergeSinks with sinks) and, when lse is given,
-/// lse[r] = (m[r] + log2(l[r]))·ln 2 (−inf for such a row; the sink
-/// included). A row that sees a key with a NaN score has l = NaN: it counts
-/// as seen (NaN, as in the reference), not as a row with no visible key (0,
-/// no gradient).
-inline void FinishRows(const Call& c, const Tile& t, const ForwardScratch& s, float* inv,
-                       float* lse) {
-  const DF d;
-  const std::int64_t N = Lanes();
-  const VF zero = hn::Zero(d);
-  for (std::int64_t r0 = 0; r0 < t.rows_p; r0 += N) {
-    VF l = hn::LoadU(d, s.l.get() + r0);
-    VF m = hn::LoadU(d, s.m.get() + r0);
-    VF a = hn::Set(d, 1.0f);
-    if (c.sinks != nullptr) MergeSinks(c, t, r0, m, l, a);
-    const auto seen = hn::Not(hn::Eq(l, zero));
-    hn::StoreU(hn::IfThenElseZero(seen, hn::Div(a, l)), d, inv + r0);
-    if (lse != nullptr) {
-      // Log of the other lanes is never used; feed it 1 to keep it quiet.
-      const auto positive = hn::Gt(l, zero);
-      const VF lg = hn::Log2(d, hn::IfThenElse(positive, l, hn::Set(d, 1.0f)));
-      // l = 0 (no visible key): −inf; l = NaN: NaN
-      const VF other = hn::IfThenElse(seen, l, hn::Set(d, -std::numeric_limits<float>::infinity()));
-      hn::StoreU(hn::IfThenElse(positive, hn::Mul(hn::Add(m, lg), hn::Set(d, kLn2)), other), d,
-                 lse + r0);
-    }
   }
 }
 

@@ -9,8 +9,9 @@
 //    through a block table, against the same decode step over a contiguous
 //    cache: bytes of K and V per second (both cycle through enough caches to
 //    read K and V from memory);
-//  - ALiBi (the standard slopes) and sinks against plain attention, forward
-//    and backward (with sinks, dsinks too).
+//  - ALiBi (the standard slopes), sinks and an additive bias `[1, H, Sq, Sk]`
+//    (a learned relative-position bias) against plain attention, forward and
+//    backward (with sinks, dsinks too).
 #include <algorithm>
 #include <cstdint>
 #include <exception>
@@ -30,6 +31,7 @@ struct FeatureShape : AttnShape {
   bool packed = false;          ///< the B sequences packed as one batch entry
   bool sinks = false;           ///< a sink per head
   bool alibi = false;           ///< the standard ALiBi slopes
+  bool bias = false;            ///< an additive bias `[1, H, Sq, Sk]` (mask kind bias, B = 1)
   std::int64_t block_size = 0;  ///< a paged cache of blocks of this many keys
 
   /// The dense shape's parameters with the feature turned on.
@@ -43,6 +45,10 @@ struct FeatureShape : AttnShape {
     }
     p.sinks = sinks;
     p.alibi = alibi ? AlibiKind::per_head : AlibiKind::none;
+    if (bias) {
+      p.mask = MaskKind::bias;
+      p.bias_heads = H;
+    }
     return p;
   }
   /// Bytes of K and V one call reads.
@@ -55,7 +61,7 @@ struct FeatureShape : AttnShape {
 /// call's cu_seqlens, sinks, ALiBi slopes).
 struct CallFixture {
   AttentionPlan plan;
-  std::vector<float> q, k, v, out, dout, dq, dk, dv, sinks, slopes, dsinks;
+  std::vector<float> q, k, v, out, dout, dq, dk, dv, sinks, slopes, dsinks, bias;
   std::vector<std::int32_t> cu;
 
   CallFixture(const FeatureShape& s, bool backward) : plan(AttentionPlan::make(s.params())) {
@@ -65,6 +71,7 @@ struct CallFixture {
     out = zero_buffer(static_cast<std::size_t>(plan.o.extent));
     if (s.sinks) sinks = random_buffer(static_cast<std::size_t>(plan.H), 5);
     if (s.alibi) slopes = alibi_standard_slopes(plan.H);
+    if (s.bias) bias = random_buffer(static_cast<std::size_t>(plan.mask_size()), 6);
     for (std::int64_t n = 0; s.packed && n <= s.B; ++n)
       cu.push_back(static_cast<std::int32_t>(n * s.Sq));
     if (backward) {
@@ -76,7 +83,7 @@ struct CallFixture {
     }
   }
   [[nodiscard]] AttentionInputs<float> inputs() const {
-    AttentionInputs<float> in{q, k, v, {}};
+    AttentionInputs<float> in{q, k, v, bias};
     in.sinks = sinks;
     in.alibi_slopes = slopes;
     in.cu_seqlens_q = cu;
@@ -245,21 +252,24 @@ void register_features() {
       add_call(what, bu, packed, true, backward);
       add_call(what, bu, dense, false, backward);
     }
-    // ALiBi and sinks against plain attention
+    // ALiBi, sinks and a bias against plain attention
     FeatureShape plain;
     plain.Sq = plain.Sk = quick ? 512 : 2048;
     for (const bool backward : {false, true}) {
       if (quick && backward) continue;
       FeatureShape s = plain;
       if (backward) s.Sq = s.Sk = 1024;
-      FeatureShape alibi = s, sinks = s;
+      FeatureShape alibi = s, sinks = s, bias = s;
       alibi.alibi = true;
       sinks.sinks = true;
+      bias.bias = true;
       const std::string dir = backward ? "_backward" : "_forward";
       add_call("alibi" + dir, bu, alibi, true, backward);
       add_call("alibi" + dir, bu, s, false, backward);
       add_call("sinks" + dir, bu, sinks, true, backward);
       add_call("sinks" + dir, bu, s, false, backward);
+      add_call("bias" + dir, bu, bias, true, backward);
+      add_call("bias" + dir, bu, s, false, backward);
     }
     // a decode step: one query against a 4096-token GQA cache, paged in
     // blocks of 16 keys or contiguous; 256 (quick) or 512 MiB of caches

@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The bias gradient (SPEC §3.1) in Python: tandem.attention_backward(_saved)
-return dbias when asked."""
+"""The bias gradient (SPEC §3.1) in Python and torch: tandem.attention_backward
+(_saved) return dbias when asked; the ops pass opcheck and gradcheck with a
+bias that requires grad; a learned bias trained through
+tandem.torch.scaled_dot_product_attention gets the gradient PyTorch's own SDPA
+gives it."""
 
 import math
 
@@ -10,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import tandem
+import tandem.torch as tt
 
 torch.manual_seed(17)
 
@@ -64,3 +68,63 @@ def test_dbias_is_only_computed_when_asked_and_only_for_a_bias():
     with pytest.raises(tandem.Error, match="dbias") as e:
         tandem.attention_backward(q, k, v, dout, mask="causal", grads=("dq", "dbias"))
     assert e.value.parameter == "grads"
+
+
+# ------------------------------------------------------------------ torch ops
+
+
+@pytest.mark.parametrize("bias_shape,softcap", [((1, 4, 3, 5), 0.0), ((2, 1, 3, 5), 2.0),
+                                                ((1, 1, 3, 5), 0.0)])
+def test_attention_op_with_a_learned_bias_passes_opcheck_and_gradcheck(bias_shape, softcap):
+    q, k, v = qkv(grad=True)
+    bias = torch.randn(bias_shape, dtype=torch.float64, requires_grad=True)
+    attrs = ("bhsd", "bias", 0, None, softcap, "reference")
+    torch.library.opcheck(torch.ops.tandem.attention.default, (q, k, v, bias, *attrs))
+    # the kernels hold the bias in float32 (SPEC §2): finite differences of 1e-3
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, b: torch.ops.tandem.attention(q, k, v, b, *attrs)[0], (q, k, v, bias),
+        eps=1e-3, atol=1e-3, rtol=1e-3)
+    out, lse = torch.ops.tandem.attention(q, k, v, bias, *attrs)
+    torch.library.opcheck(torch.ops.tandem.attention_backward.default,
+                          (q.detach(), k.detach(), v.detach(), bias.detach(), out.detach(), lse,
+                           torch.randn_like(out), *attrs), {"dbias": True})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mask_shape", [(4, 3, 5), (1, 1, 3, 5), (2, 4, 3, 5), (3, 5),
+                                        (2, 1, 1, 5)])
+def test_sdpa_learned_bias_gets_torchs_gradient(dtype, mask_shape):
+    q, k, v = qkv(dtype=dtype, grad=True)
+    bias = torch.randn(mask_shape, dtype=dtype, requires_grad=True)
+    # (tandem holds the bias in float32, SPEC §2: a float64 call is off by its rounding)
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-5, atol=1e-6)
+    out = tt.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v, bias), dout)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    ref_grads = torch.autograd.grad(ref, (q, k, v, bias), dout)
+    torch.testing.assert_close(out, ref, **tol)
+    for name, g, r in zip(("dq", "dk", "dv", "dbias"), grads, ref_grads):
+        assert g.shape == r.shape and g.dtype == r.dtype, name
+        torch.testing.assert_close(g, r, **tol, msg=name)
+
+
+def test_sdpa_with_only_the_mask_requiring_grad_is_not_detached():
+    q, k, v = qkv(dtype=torch.float32)
+    bias = torch.randn(4, 3, 5, requires_grad=True)
+    out = tt.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    assert out.requires_grad
+    out.sum().backward()
+    expected = bias.detach().clone().requires_grad_()
+    F.scaled_dot_product_attention(q, k, v, attn_mask=expected).sum().backward()
+    torch.testing.assert_close(bias.grad, expected.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_tt_attention_bias_gets_its_gradient_and_a_keep_mask_none():
+    q, k, v = (t.transpose(1, 2).detach().requires_grad_() for t in qkv())
+    bias = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    tt.attention(q, k, v, bias=bias).sum().backward()
+    assert bias.grad is not None and bias.grad.shape == (3, 5)
+    keep = torch.ones(2, 5, requires_grad=True)
+    tt.attention(q, k, v, key_padding=keep).sum().backward()
+    assert keep.grad is None

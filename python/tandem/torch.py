@@ -350,6 +350,17 @@ def _needs_op(*tensors):
     return torch.compiler.is_compiling()
 
 
+def _check_mask_dtype(attn_mask, query):
+    """F.sdpa's dtype rule for attn_mask: bool (True takes part), or float
+    (float32, or the query's dtype) added to the scores; anything else (an
+    integer 0/1 mask, another float) is refused, as PyTorch refuses it."""
+    if attn_mask is None or attn_mask.dtype in (torch.bool, torch.float32, query.dtype):
+        return
+    raise Error("attn_mask: Expected attn_mask dtype to be bool or float or to match query "
+                f"dtype, but got attn_mask.dtype: {attn_mask.dtype} and query.dtype: "
+                f"{query.dtype} instead (as in PyTorch)", "attn_mask")
+
+
 def _sdpa_mask(attn_mask, is_causal, batch, N, H, L, S):
     """(mask tensor, kind) for tandem from F.sdpa's attn_mask / is_causal on
     [N, H, L, S] scores (the leading batch axes `batch` folded into N)."""
@@ -474,6 +485,7 @@ def sdpa_softcap(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
         raise Error(f"dropout_p = {dropout_p} must be 0 (tandem has no dropout)", "dropout_p")
     if query.dim() < 3:
         raise Error(f"query.shape = {list(query.shape)} must be (N, ..., L, E)", "query.shape")
+    _check_mask_dtype(attn_mask, query)
     if query.dim() == 3:
         mask = attn_mask
         if mask is not None and mask.dim() >= 3:

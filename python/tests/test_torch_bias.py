@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The bias gradient (SPEC §3.1) in Python and torch: tandem.attention_backward
-(_saved) return dbias when asked; the ops pass opcheck and gradcheck with a
-bias that requires grad; a learned bias trained through
-tandem.torch.scaled_dot_product_attention gets the gradient PyTorch's own SDPA
-gives it."""
+"""The bias gradient (SPEC §3.1) in Python and torch, and F.sdpa's attn_mask
+dtype rules: tandem.attention_backward(_saved) return dbias when asked; the
+ops pass opcheck and gradcheck with a bias that requires grad; a learned bias
+trained through tandem.torch.scaled_dot_product_attention gets the gradient
+PyTorch's own SDPA gives it; masks of other dtypes are refused as torch
+refuses them."""
 
 import math
 
@@ -128,3 +129,42 @@ def test_tt_attention_bias_gets_its_gradient_and_a_keep_mask_none():
     keep = torch.ones(2, 5, requires_grad=True)
     tt.attention(q, k, v, key_padding=keep).sum().backward()
     assert keep.grad is None
+
+
+# ------------------------------------------------------- attn_mask dtype rules
+
+MASK_DTYPES = [torch.bool, torch.float32, torch.float64, torch.float16, torch.bfloat16,
+               torch.int64, torch.int32, torch.uint8]
+
+
+@pytest.mark.parametrize("query_dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mask_dtype", MASK_DTYPES)
+def test_sdpa_attn_mask_dtypes_follow_torch(query_dtype, mask_dtype):
+    q, k, v = qkv(dtype=query_dtype)
+    mask = torch.randint(0, 2, (3, 5)).to(mask_dtype)  # a tokenizer's 0/1 mask, in any dtype
+    mask[:, 0] = 1
+    try:
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    except RuntimeError as e:
+        assert "attn_mask dtype" in str(e)
+        with pytest.raises(tandem.Error, match="attn_mask dtype") as err:
+            tt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        assert err.value.parameter == "attn_mask"
+        assert str(mask_dtype) in str(err.value)
+        return
+    got = tt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    tol = 1e-5 if query_dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
+
+
+def test_sdpa_integer_mask_is_refused_not_added():
+    q, k, v = qkv(dtype=torch.float32)
+    keep = torch.tensor([[1, 1, 0, 0, 0]] * 3)  # int64: torch refuses it
+    with pytest.raises(RuntimeError):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    with pytest.raises(tandem.Error, match="attn_mask"):
+        tt.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    # as bool it hides the keys, as torch does
+    torch.testing.assert_close(tt.scaled_dot_product_attention(q, k, v, attn_mask=keep.bool()),
+                               F.scaled_dot_product_attention(q, k, v, attn_mask=keep.bool()),
+                               rtol=1e-5, atol=1e-6)

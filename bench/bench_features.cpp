@@ -11,7 +11,9 @@
 //    read K and V from memory);
 //  - ALiBi (the standard slopes), sinks and an additive bias `[1, H, Sq, Sk]`
 //    (a learned relative-position bias) against plain attention, forward and
-//    backward (with sinks, dsinks too).
+//    backward (with sinks, dsinks too);
+//  - the backward with a bias `[1, H, Sq, Sk]` or `[1, 1, Sq, Sk]` asking for
+//    dbias too against the same backward without it (SPEC §3.1).
 #include <algorithm>
 #include <cstdint>
 #include <exception>
@@ -32,6 +34,8 @@ struct FeatureShape : AttnShape {
   bool sinks = false;           ///< a sink per head
   bool alibi = false;           ///< the standard ALiBi slopes
   bool bias = false;            ///< an additive bias `[1, H, Sq, Sk]` (mask kind bias, B = 1)
+  bool bias_one_head = false;   ///< the bias `[1, 1, Sq, Sk]` instead, shared by the heads
+  bool dbias = false;           ///< the backward computes dbias too
   std::int64_t block_size = 0;  ///< a paged cache of blocks of this many keys
 
   /// The dense shape's parameters with the feature turned on.
@@ -47,7 +51,7 @@ struct FeatureShape : AttnShape {
     p.alibi = alibi ? AlibiKind::per_head : AlibiKind::none;
     if (bias) {
       p.mask = MaskKind::bias;
-      p.bias_heads = H;
+      p.bias_heads = bias_one_head ? 1 : H;
     }
     return p;
   }
@@ -61,7 +65,7 @@ struct FeatureShape : AttnShape {
 /// call's cu_seqlens, sinks, ALiBi slopes).
 struct CallFixture {
   AttentionPlan plan;
-  std::vector<float> q, k, v, out, dout, dq, dk, dv, sinks, slopes, dsinks, bias;
+  std::vector<float> q, k, v, out, dout, dq, dk, dv, sinks, slopes, dsinks, bias, dbias;
   std::vector<std::int32_t> cu;
 
   CallFixture(const FeatureShape& s, bool backward) : plan(AttentionPlan::make(s.params())) {
@@ -80,6 +84,7 @@ struct CallFixture {
       dk = zero_buffer(static_cast<std::size_t>(plan.dk.extent));
       dv = zero_buffer(static_cast<std::size_t>(plan.dv.extent));
       dsinks = zero_buffer(sinks.size());
+      if (s.dbias) dbias = zero_buffer(bias.size());
     }
   }
   [[nodiscard]] AttentionInputs<float> inputs() const {
@@ -182,7 +187,7 @@ void add_call(const std::string& what, const BackendUnderTest& bu, const Feature
     const AttentionInputs<float> in = f.inputs();
     const auto call = [&] {
       if (backward) {
-        be->attention_backward(f.plan, in, f.dout, {f.dq, f.dk, f.dv, f.dsinks});
+        be->attention_backward(f.plan, in, f.dout, {f.dq, f.dk, f.dv, f.dsinks, f.dbias});
       } else {
         be->attention_forward(f.plan, in, f.out);
       }
@@ -270,6 +275,17 @@ void register_features() {
       add_call("sinks" + dir, bu, s, false, backward);
       add_call("bias" + dir, bu, bias, true, backward);
       add_call("bias" + dir, bu, s, false, backward);
+      if (!backward) continue;
+      // dbias asked for, against the same bias's backward without it
+      for (const bool one_head : {false, true}) {
+        FeatureShape without = bias;
+        without.bias_one_head = one_head;
+        FeatureShape with = without;
+        with.dbias = true;
+        const std::string what = one_head ? "dbias_1head_backward" : "dbias_backward";
+        add_call(what, bu, with, true, true);
+        add_call(what, bu, without, false, true);
+      }
     }
     // a decode step: one query against a 4096-token GQA cache, paged in
     // blocks of 16 keys or contiguous; 256 (quick) or 512 MiB of caches

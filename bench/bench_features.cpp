@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The attention features against their plain equivalents, each pair measured
 // in the same run (op attention_features, tags `feature` and `plain`, the same
-// shape tag, and the comparison's kind as a tag: `varlen`, `alibi`, `sinks` or
-// `paged_decode`; the report's features table divides one by the other):
+// shape tag, and the comparison's kind as a tag: `varlen`, `alibi`, `sinks`, `bias`,
+// `dbias`, `dbias_1head` or `paged_decode`; the report's features table divides one by the other):
 //  - packed sequences: n equal sequences packed (cu_seqlens) against a dense
 //    batch B = n of the same length, forward and backward: the cost per
 //    token (same tokens, same FLOPs);
@@ -10,8 +10,11 @@
 //    through a block table, against the same decode step over a contiguous
 //    cache: bytes of K and V per second (both cycle through enough caches to
 //    read K and V from memory);
-//  - ALiBi (the standard slopes) and sinks against plain attention, forward
-//    and backward (with sinks, dsinks too).
+//  - ALiBi (the standard slopes), sinks and an additive bias `[1, H, Sq, Sk]`
+//    (a learned relative-position bias) against plain attention, forward and
+//    backward (with sinks, dsinks too);
+//  - the backward with a bias `[1, H, Sq, Sk]` or `[1, 1, Sq, Sk]` asking for
+//    dbias too against the same backward without it (SPEC §3.1).
 #include <algorithm>
 #include <cstdint>
 #include <exception>
@@ -31,6 +34,9 @@ struct FeatureShape : AttnShape {
   bool packed = false;          ///< the B sequences packed as one batch entry
   bool sinks = false;           ///< a sink per head
   bool alibi = false;           ///< the standard ALiBi slopes
+  bool bias = false;            ///< an additive bias `[1, H, Sq, Sk]` (mask kind bias, B = 1)
+  bool bias_one_head = false;   ///< the bias `[1, 1, Sq, Sk]` instead, shared by the heads
+  bool dbias = false;           ///< the backward computes dbias too
   std::int64_t block_size = 0;  ///< a paged cache of blocks of this many keys
 
   /// The dense shape's parameters with the feature turned on.
@@ -44,6 +50,10 @@ struct FeatureShape : AttnShape {
     }
     p.sinks = sinks;
     p.alibi = alibi ? AlibiKind::per_head : AlibiKind::none;
+    if (bias) {
+      p.mask = MaskKind::bias;
+      p.bias_heads = bias_one_head ? 1 : H;
+    }
     return p;
   }
   /// Bytes of K and V one call reads.
@@ -56,7 +66,7 @@ struct FeatureShape : AttnShape {
 /// call's cu_seqlens, sinks, ALiBi slopes).
 struct CallFixture {
   AttentionPlan plan;
-  std::vector<float> q, k, v, out, dout, dq, dk, dv, sinks, slopes, dsinks;
+  std::vector<float> q, k, v, out, dout, dq, dk, dv, sinks, slopes, dsinks, bias, dbias;
   std::vector<std::int32_t> cu;
 
   CallFixture(const FeatureShape& s, bool backward) : plan(AttentionPlan::make(s.params())) {
@@ -66,6 +76,7 @@ struct CallFixture {
     out = zero_buffer(static_cast<std::size_t>(plan.o.extent));
     if (s.sinks) sinks = random_buffer(static_cast<std::size_t>(plan.H), 5);
     if (s.alibi) slopes = alibi_standard_slopes(plan.H);
+    if (s.bias) bias = random_buffer(static_cast<std::size_t>(plan.mask_size()), 6);
     for (std::int64_t n = 0; s.packed && n <= s.B; ++n)
       cu.push_back(static_cast<std::int32_t>(n * s.Sq));
     if (backward) {
@@ -74,10 +85,11 @@ struct CallFixture {
       dk = zero_buffer(static_cast<std::size_t>(plan.dk.extent));
       dv = zero_buffer(static_cast<std::size_t>(plan.dv.extent));
       dsinks = zero_buffer(sinks.size());
+      if (s.dbias) dbias = zero_buffer(bias.size());
     }
   }
   [[nodiscard]] AttentionInputs<float> inputs() const {
-    AttentionInputs<float> in{q, k, v, {}};
+    AttentionInputs<float> in{q, k, v, bias};
     in.sinks = sinks;
     in.alibi_slopes = slopes;
     in.cu_seqlens_q = cu;
@@ -174,7 +186,7 @@ void add_call(const std::string& kind, const BackendUnderTest& bu, const Feature
     const AttentionInputs<float> in = f.inputs();
     const auto call = [&] {
       if (backward) {
-        be->attention_backward(f.plan, in, f.dout, {f.dq, f.dk, f.dv, f.dsinks});
+        be->attention_backward(f.plan, in, f.dout, {f.dq, f.dk, f.dv, f.dsinks, f.dbias});
       } else {
         be->attention_forward(f.plan, in, f.out);
       }
@@ -243,20 +255,34 @@ void register_features() {
       add_call("varlen", bu, packed, true, backward);
       add_call("varlen", bu, dense, false, backward);
     }
-    // ALiBi and sinks against plain attention
+    // ALiBi, sinks and a bias against plain attention
     FeatureShape plain;
     plain.Sq = plain.Sk = quick ? 512 : 2048;
     for (const bool backward : {false, true}) {
       if (quick && backward) continue;
       FeatureShape s = plain;
       if (backward) s.Sq = s.Sk = 1024;
-      FeatureShape alibi = s, sinks = s;
+      FeatureShape alibi = s, sinks = s, bias = s;
       alibi.alibi = true;
       sinks.sinks = true;
+      bias.bias = true;
       add_call("alibi", bu, alibi, true, backward);
       add_call("alibi", bu, s, false, backward);
       add_call("sinks", bu, sinks, true, backward);
       add_call("sinks", bu, s, false, backward);
+      add_call("bias", bu, bias, true, backward);
+      add_call("bias", bu, s, false, backward);
+      if (!backward) continue;
+      // dbias asked for, against the same bias's backward without it
+      for (const bool one_head : {false, true}) {
+        FeatureShape without = bias;
+        without.bias_one_head = one_head;
+        FeatureShape with = without;
+        with.dbias = true;
+        const std::string kind = one_head ? "dbias_1head" : "dbias";
+        add_call(kind, bu, with, true, true);
+        add_call(kind, bu, without, false, true);
+      }
     }
     // a decode step: one query against a 4096-token GQA cache, paged in
     // blocks of 16 keys or contiguous; 256 (quick) or 512 MiB of caches

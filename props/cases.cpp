@@ -138,8 +138,8 @@ void gen_paged(AttentionCase& c) {
 /// Whether a rare draw (one case in `one_in`, at any size) happens; a
 /// shrink moves away from it.
 bool draws_rarely(Draw d, int one_in) {
-  return d == Draw::always ||
-         (d == Draw::sometimes && *rc::gen::weightedElement<bool>({{one_in - 1, false}, {1, true}}));
+  return d == Draw::always || (d == Draw::sometimes &&
+                               *rc::gen::weightedElement<bool>({{one_in - 1, false}, {1, true}}));
 }
 
 /// A dense shape at the edges of the optimized backend's default geometry,
@@ -160,8 +160,8 @@ void gen_long_shape(AttentionParams& p) {
     const bool banded = p.mask == MaskKind::causal || p.mask == MaskKind::sliding_window;
     const i64 tile = (banded ? 192 : 384) / (p.heads / p.kv_heads);
     p.seq_q = tile + *rc::gen::element<i64>(-1, 0, 1, tile + 1);
-    p.seq_k = *rc::gen::weightedOneOf<i64>(
-        {{3, gen_dim(17)}, {1, rc::gen::element<i64>(63, 64, 65)}});
+    p.seq_k =
+        *rc::gen::weightedOneOf<i64>({{3, gen_dim(17)}, {1, rc::gen::element<i64>(63, 64, 65)}});
   }
 }
 
@@ -513,8 +513,9 @@ struct Placed {
 
 Grads gather_grads(const AttentionPlan& p, const std::vector<float>& dq,
                    const std::vector<float>& dk, const std::vector<float>& dv,
-                   std::vector<float> dsinks = {}) {
+                   std::vector<float> dsinks = {}, std::vector<float> dbias = {}) {
   Grads g;
+  g.dbias = std::move(dbias);  // contiguous [Bb, Hb, Sq, Sk] already
   if (!dq.empty()) g.dq = gather<float>(p.dq, p.B, p.Sq, p.H, p.D, cspan(dq));
   if (!dk.empty()) g.dk = gather<float>(p.dk, p.kv_batch(), p.kv_seq(), p.Hkv, p.D, cspan(dk));
   if (!dv.empty()) g.dv = gather<float>(p.dv, p.kv_batch(), p.kv_seq(), p.Hkv, p.Dv, cspan(dv));
@@ -537,10 +538,12 @@ Grads run_backward(const Backend& be, const AttentionData& d, Want want) {
   const AttentionPlan& p = d.plan;
   const Placed m(d);
   want.dsinks = want.dsinks && p.sinks;
+  want.dbias = want.dbias && p.mask == MaskKind::bias;
   Guarded dq(want.dq ? p.dq.extent : 0), dk(want.dk ? p.dk.extent : 0),
-      dv(want.dv ? p.dv.extent : 0), ds(want.dsinks ? p.H : 0);
-  be.attention_backward(p, m.in(), cspan(m.dout), {dq.view(), dk.view(), dv.view(), ds.view()});
-  return gather_grads(p, dq.values(), dk.values(), dv.values(), ds.values());
+      dv(want.dv ? p.dv.extent : 0), ds(want.dsinks ? p.H : 0), db(want.dbias ? p.mask_size() : 0);
+  be.attention_backward(p, m.in(), cspan(m.dout),
+                        {dq.view(), dk.view(), dv.view(), ds.view(), db.view()});
+  return gather_grads(p, dq.values(), dk.values(), dv.values(), ds.values(), db.values());
 }
 
 Grads run_backward_separate(const Backend& be, const AttentionData& d) {
@@ -561,13 +564,15 @@ Saved run_forward_lse(const Backend& be, const AttentionData& d) {
   return {out.values(), lse.values()};
 }
 
-Grads run_backward_saved(const Backend& be, const AttentionData& d, const Saved& saved) {
+Grads run_backward_saved(const Backend& be, const AttentionData& d, const Saved& saved, Want want) {
   const AttentionPlan& p = d.plan;
   const Placed m(d);
-  Guarded dq(p.dq.extent), dk(p.dk.extent), dv(p.dv.extent), ds(p.sinks ? p.H : 0);
+  Guarded dq(want.dq ? p.dq.extent : 0), dk(want.dk ? p.dk.extent : 0),
+      dv(want.dv ? p.dv.extent : 0), ds(want.dsinks && p.sinks ? p.H : 0),
+      db(want.dbias && p.mask == MaskKind::bias ? p.mask_size() : 0);
   be.attention_backward_saved(p, m.in(), {cspan(saved.out), cspan(saved.lse)}, cspan(m.dout),
-                              {dq.view(), dk.view(), dv.view(), ds.view()});
-  return gather_grads(p, dq.values(), dk.values(), dv.values(), ds.values());
+                              {dq.view(), dk.view(), dv.view(), ds.view(), db.view()});
+  return gather_grads(p, dq.values(), dk.values(), dv.values(), ds.values(), db.values());
 }
 
 namespace {
@@ -621,23 +626,22 @@ std::vector<double> reference_lse(const AttentionData& d) {
 
 template <class T, class Acc>
 std::vector<T> reference_forward(const AttentionData& d, std::span<const T> q, std::span<const T> k,
-                                 std::span<const T> v, std::span<const T> sinks) {
+                                 std::span<const T> v, std::span<const T> sinks,
+                                 std::span<const T> bias_step) {
   const AttentionPlan& p = d.plan;
   const PlacedT<T> m(d, q, k, v, sinks);
   std::vector<T> out(p.o.extent);
-  reference::attention_forward<T, Acc>(p, m.in(), std::span<T>(out));
+  reference::attention_forward<T, Acc>(p, m.in(), std::span<T>(out), {}, bias_step);
   return gather<T>(p.o, p.B, p.Sq, p.H, p.Dv, cspan(out));
 }
-template std::vector<double> reference_forward<double, double>(const AttentionData&,
-                                                               std::span<const double>,
-                                                               std::span<const double>,
-                                                               std::span<const double>,
-                                                               std::span<const double>);
+template std::vector<double> reference_forward<double, double>(
+    const AttentionData&, std::span<const double>, std::span<const double>, std::span<const double>,
+    std::span<const double>, std::span<const double>);
 template std::vector<std::complex<double>>
 reference_forward<std::complex<double>, std::complex<double>>(
     const AttentionData&, std::span<const std::complex<double>>,
     std::span<const std::complex<double>>, std::span<const std::complex<double>>,
-    std::span<const std::complex<double>>);
+    std::span<const std::complex<double>>, std::span<const std::complex<double>>);
 
 std::vector<double> reference_forward(const AttentionData& d) {
   const auto q = to_double(d.q), k = to_double(d.k), v = to_double(d.v), s = to_double(d.sinks);
@@ -654,23 +658,24 @@ std::vector<std::vector<T>> reference_backward_t(const AttentionData& d) {
   const AttentionPlan& p = d.plan;
   const auto q = convert<T>(d.q), k = convert<T>(d.k), v = convert<T>(d.v), s = convert<T>(d.sinks);
   const PlacedT<T> m(d, cspan(q), cspan(k), cspan(v), cspan(s));
-  std::vector<T> dq(p.dq.extent), dk(p.dk.extent), dv(p.dv.extent), ds(s.size());
+  std::vector<T> dq(p.dq.extent), dk(p.dk.extent), dv(p.dv.extent), ds(s.size()),
+      db(p.mask == MaskKind::bias ? p.mask_size() : 0);
   reference::attention_backward<T, Acc>(p, m.in(), cspan(m.dout),
-                                        AttentionGrads<T>{dq, dk, dv, ds});
+                                        AttentionGrads<T>{dq, dk, dv, ds, db});
   return {gather<T>(p.dq, p.B, p.Sq, p.H, p.D, cspan(dq)),
           gather<T>(p.dk, p.kv_batch(), p.kv_seq(), p.Hkv, p.D, cspan(dk)),
-          gather<T>(p.dv, p.kv_batch(), p.kv_seq(), p.Hkv, p.Dv, cspan(dv)), ds};
+          gather<T>(p.dv, p.kv_batch(), p.kv_seq(), p.Hkv, p.Dv, cspan(dv)), ds, db};
 }
 }  // namespace
 
 GradsD reference_backward(const AttentionData& d) {
   auto g = reference_backward_t<double, double>(d);
-  return {std::move(g[0]), std::move(g[1]), std::move(g[2]), std::move(g[3])};
+  return {std::move(g[0]), std::move(g[1]), std::move(g[2]), std::move(g[3]), std::move(g[4])};
 }
 
 Grads reference_backward_ff(const AttentionData& d) {
   auto g = reference_backward_t<float, float>(d);
-  return {std::move(g[0]), std::move(g[1]), std::move(g[2]), std::move(g[3])};
+  return {std::move(g[0]), std::move(g[1]), std::move(g[2]), std::move(g[3]), std::move(g[4])};
 }
 
 // ===================================================================== rope

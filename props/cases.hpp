@@ -22,11 +22,12 @@ namespace tandem::props {
 /// cases; the properties that draw them state what still holds).
 enum class Extreme {
   none,
-  huge_logits,    ///< q and k scaled so that max |s| (before softcap) = logit_target
-  far_bias,       ///< bias: −inf and far negative finite entries (−1e30, −FLT_MAX, ...) beside finite ones
-  subnormal,      ///< some of q, k, v, dO scaled into the subnormal range
-  equal_scores,   ///< every key row of a (batch, kv head) the same: all scores of a row equal
-  equal_logits,   ///< as equal_scores, at |s| = logit_target
+  huge_logits,  ///< q and k scaled so that max |s| (before softcap) = logit_target
+  far_bias,  ///< bias: −inf and far negative finite entries (−1e30, −FLT_MAX, ...) beside finite
+             ///< ones
+  subnormal,     ///< some of q, k, v, dO scaled into the subnormal range
+  equal_scores,  ///< every key row of a (batch, kv head) the same: all scores of a row equal
+  equal_logits,  ///< as equal_scores, at |s| = logit_target
 };
 const char* to_string(Extreme e);
 
@@ -147,10 +148,12 @@ std::vector<float> run_forward(const Backend& be, const AttentionData& d);
 struct Grads {
   std::vector<float> dq, dk, dv;  ///< logical, shapes of q, k, v
   std::vector<float> dsinks;      ///< [H] (plans with sinks)
+  std::vector<float> dbias;       ///< [Bb, Hb, Sq, Sk] (bias plans, when asked for)
 };
-/// Which gradients a backward call asks for (dsinks only when the plan has sinks).
+/// Which gradients a backward call asks for (dsinks only when the plan has
+/// sinks, dbias only when asked for and the plan has a bias).
 struct Want {
-  bool dq = true, dk = true, dv = true, dsinks = true;
+  bool dq = true, dk = true, dv = true, dsinks = true, dbias = false;
 };
 /// One-call backward; a gradient not asked for comes back empty.
 Grads run_backward(const Backend& be, const AttentionData& d, Want want = {});
@@ -164,7 +167,8 @@ struct Saved {
 };
 Saved run_forward_lse(const Backend& be, const AttentionData& d);
 /// The backend's attention_backward_saved from `saved`.
-Grads run_backward_saved(const Backend& be, const AttentionData& d, const Saved& saved);
+Grads run_backward_saved(const Backend& be, const AttentionData& d, const Saved& saved,
+                         Want want = {});
 /// The log-sum-exp `[B,H,Sq]` of reference<double>.
 std::vector<double> reference_lse(const AttentionData& d);
 
@@ -207,13 +211,16 @@ class Sequences {
 };
 
 /// The reference at scalar T (double: ground truth; complex: complex step),
-/// accumulator Acc; q, k, v and the sinks may be perturbed by `t·u` (complex step).
+/// accumulator Acc; q, k, v, the sinks and (bias_step) the bias may be
+/// perturbed by `t·u` (complex step).
 template <class T, class Acc>
 std::vector<T> reference_forward(const AttentionData& d, std::span<const T> q, std::span<const T> k,
-                                 std::span<const T> v, std::span<const T> sinks);
+                                 std::span<const T> v, std::span<const T> sinks,
+                                 std::span<const T> bias_step = {});
 std::vector<double> reference_forward(const AttentionData& d);
 struct GradsD {
   std::vector<double> dq, dk, dv, dsinks;
+  std::vector<double> dbias;  ///< [Bb, Hb, Sq, Sk] (bias plans)
 };
 GradsD reference_backward(const AttentionData& d);
 /// reference<float, float>: pure single precision.

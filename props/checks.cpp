@@ -36,6 +36,8 @@ AttentionScales scales(const AttentionData& d) {
   s.dk = std::abs(p.scale) * ndo * nv * nq * colsum;
   s.dv = ndo * colsum;
   s.dsinks = ndo * nv * double(p.B * p.Sq);
+  // |ds_ij| = p_ij·|dp_ij − delta_i| <= 2‖dO_i‖·max‖v‖, summed over the broadcast axes
+  s.dbias = 2 * ndo * nv * double((p.B / p.bias_batch) * (p.H / p.bias_heads));
   // the longest chains: Σ over keys (out, dq), over the G·Sq rows of a kv
   // head (dk, dv), over d (scores, dP); a few products per term
   s.underflow = 4 * double(p.group() * p.Sq + p.Sk + p.D + p.Dv) * 0x1p-150;
@@ -62,7 +64,7 @@ std::string attention_same(const std::string& what, const std::vector<float>& a,
 
 GradsD to_double(const Grads& g) {
   return {props::to_double(g.dq), props::to_double(g.dk), props::to_double(g.dv),
-          props::to_double(g.dsinks)};
+          props::to_double(g.dsinks), props::to_double(g.dbias)};
 }
 
 std::string grads_close(const std::string& tag, const Grads& got, const GradsD& exp,
@@ -76,6 +78,7 @@ std::string grads_close(const std::string& tag, const Grads& got, const GradsD& 
   one("dk", got.dk, exp.dk, sc.dk);
   one("dv", got.dv, exp.dv, sc.dv);
   one("dsinks", got.dsinks, exp.dsinks, sc.dsinks);
+  if (!exp.dbias.empty()) one("dbias", got.dbias, exp.dbias, sc.dbias);
   return m;
 }
 

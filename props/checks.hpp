@@ -32,6 +32,7 @@ namespace tandem::props {
 struct AttentionScales {
   double L = 0, out = 0, dq = 0, dk = 0, dv = 0;
   double dsinks = 0;  ///< ‖dO‖·‖V‖ times the query rows a sink's gradient sums over
+  double dbias = 0;  ///< 2·‖dO‖·‖V‖ times the (b, h) rows a bias element's gradient sums over
   /// The absolute error float has below its normal range: a result summed
   /// from n terms of a few products each, n = G·Sq + Sk + D + Dv (the longest
   /// chains: over the rows of a kv head for dk and dv, over keys for out and
@@ -52,7 +53,7 @@ std::string attention_same(const std::string& what, const std::vector<float>& a,
                            const std::vector<float>& b, double nat, const AttentionScales& sc);
 
 /// The gradients of one backend against ground truth / another run, with
-/// names prefixed by `tag`: dq, dk, dv, and dsinks, each where `got` has it.
+/// names prefixed by `tag`: dq, dk, dv, dsinks and dbias, each where `got` has it.
 std::string grads_close(const std::string& tag, const Grads& got, const GradsD& exp,
                         const AttentionScales& sc);
 std::string grads_same(const std::string& tag, const Grads& a, const Grads& b,

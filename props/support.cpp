@@ -155,6 +155,7 @@ std::vector<Subject> correct_subjects() {
 
 void register_attention_properties(std::vector<Property>& out);
 void register_feature_properties(std::vector<Property>& out);
+void register_bias_properties(std::vector<Property>& out);
 void register_rope_properties(std::vector<Property>& out);
 void register_other_properties(std::vector<Property>& out);
 
@@ -163,6 +164,7 @@ const std::vector<Property>& properties() {
     std::vector<Property> v;
     register_attention_properties(v);
     register_feature_properties(v);
+    register_bias_properties(v);
     register_rope_properties(v);
     register_other_properties(v);
     return v;

@@ -357,6 +357,11 @@ struct AttentionGrads {
   /// dsinks `[H]` (plans with sinks only): `dsink_h = −Σ_{b,i} p_sink,i · <dO_i, O_i>`
   /// (SPEC §2.7); empty: not computed.
   std::span<T> dsinks = {};
+  /// dbias `[Bb, Hb, Sq, Sk]`, contiguous (plans with mask kind bias only): the bias's own
+  /// shape, `dbias_{b,h,i,j} = Σ ds_ij = Σ p_ij (<dO_i, v_j> − <dO_i, O_i>)` summed over the
+  /// batch entries when Bb = 1 and over the heads when Hb = 1, 0 for a hidden key (SPEC §3);
+  /// empty: not computed.
+  std::span<T> dbias = {};
 };
 
 /// What a training step's forward keeps for its backward (FlashAttention's
@@ -475,8 +480,9 @@ void check_inputs(const AttentionPlan& plan, const AttentionInputs<T>& in) {
 }
 
 /// Throws Error unless the gradient views fit the plan: every non-empty one
-/// has its full size (dsinks `[H]` only for plans with sinks) and at least
-/// one is asked for. A paged plan has no backward (SPEC §2.10).
+/// has its full size (dsinks `[H]` only for plans with sinks, dbias
+/// mask_size() only for a bias mask) and at least one is asked for. A paged
+/// plan has no backward (SPEC §2.10).
 template <class T>
 void check_grads(const AttentionPlan& plan, const AttentionGrads<T>& g) {
   require(!plan.paged(), "block_table", std::string("(a paged cache)"),
@@ -485,8 +491,15 @@ void check_grads(const AttentionPlan& plan, const AttentionGrads<T>& g) {
   if (!g.dk.empty()) require_size(g.dk.size(), plan.dk.extent, "dk");
   if (!g.dv.empty()) require_size(g.dv.size(), plan.dv.extent, "dv");
   if (!g.dsinks.empty()) require_size(g.dsinks.size(), plan.sinks ? plan.H : 0, "dsinks");
-  require(!g.dq.empty() || !g.dk.empty() || !g.dv.empty() || !g.dsinks.empty(), "grads",
-          std::string("(all empty)"), "must ask for at least one of dq, dk, dv, dsinks");
+  if (!g.dbias.empty()) {
+    require(plan.mask == MaskKind::bias, "dbias", std::to_string(g.dbias.size()) + " elements",
+            std::string("must be empty: only a bias mask has a gradient (mask is ") +
+                to_string(plan.mask) + ")");
+    require_size(g.dbias.size(), plan.mask_size(), "dbias");
+  }
+  require(!g.dq.empty() || !g.dk.empty() || !g.dv.empty() || !g.dsinks.empty() || !g.dbias.empty(),
+          "grads", std::string("(all empty)"),
+          "must ask for at least one of dq, dk, dv, dsinks, dbias");
 }
 
 /// Throws Error unless the saved out and lse have their full sizes.

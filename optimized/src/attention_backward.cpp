@@ -27,6 +27,11 @@
 // pairs the query blocks of each are split into parts (a number fixed by the
 // shape and the geometry, see QueryParts), each summing its own dK/dV
 // partial, added in part order at the end. No atomics.
+// dbias (SPEC §3) is dS before the softcap factor and the scale, written by
+// the tile that forms it: straight into dbias when the bias has one row per
+// (batch, head), else into a [B, H, Sq, Sk] scratch that BiasGradientSum
+// then sums over the broadcast axes in (batch, head) order. A call that does
+// not ask for dbias runs none of it.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention_backward.cpp"
@@ -50,38 +55,42 @@ using attn::Call;
 using attn::Tile;
 
 /// What the gradients of one call need besides the Call: dout, the
-/// gradients asked for, the forward's saved state (or null).
+/// gradients asked for, the forward's saved state (or null), and where dS
+/// rows go for dbias (see BiasRows).
 struct Backward {
   const Call& c;
   const float* dout;
   const AttentionGrads<float>& grads;
   const AttentionSaved<float>* saved;
-  bool want_dq, want_dk, want_dv, want_dsinks;
-  bool need_ds;    ///< dS, for dQ or dK
+  float* ds_rows;  ///< dS `[B, H, Sq, Sk]`: grads.dbias or a scratch (dbias only; else null)
+  bool want_dq, want_dk, want_dv, want_dsinks, want_dbias;
+  bool need_ds;    ///< dS, for dQ, dK or dbias
   bool need_dsum;  ///< rowsum(dO ∘ O), for dS or dsinks
-  bool need_keys;  ///< a pass over the key blocks, for dQ, dK or dV
+  bool need_keys;  ///< a pass over the key blocks, for dQ, dK, dV or dbias
   Backward(const Call& call, const float* dout_, const AttentionGrads<float>& g,
-           const AttentionSaved<float>* saved_)
+           const AttentionSaved<float>* saved_, float* ds_rows_)
       : c(call),
         dout(dout_),
         grads(g),
         saved(saved_),
+        ds_rows(ds_rows_),
         want_dq(!g.dq.empty()),
         want_dk(!g.dk.empty()),
         want_dv(!g.dv.empty()),
         want_dsinks(!g.dsinks.empty()),
-        need_ds(want_dq || want_dk),
+        want_dbias(!g.dbias.empty()),
+        need_ds(want_dq || want_dk || want_dbias),
         need_dsum(need_ds || want_dsinks),
-        need_keys(want_dq || want_dk || want_dv) {}
+        need_keys(want_dq || want_dk || want_dv || want_dbias) {}
 };
 
 /// Per-thread scratch of the backward: the forward's, the tile's dO and Q in
-/// both orientations, dP/dS, tanh(s/c), dQ, the rows' lse, dsum and 1/l, and
-/// the dK/dV accumulators of one kv head (rows of Dp / Dvp floats, the widths
-/// rounded up to whole vectors).
+/// both orientations, dP/dS, tanh(s/c), dQ, the rows' lse, dsum and 1/l, the
+/// dK/dV accumulators of one kv head (rows of Dp / Dvp floats, the widths
+/// rounded up to whole vectors), and dS before the cap's factor (dbias).
 struct BackwardScratch {
   attn::ForwardScratch fwd;
-  Buffer Qp, dOt, dOp, dPt, tanh_s, dQt, lse, dsum, inv, dK, dV;
+  Buffer Qp, dOt, dOp, dPt, tanh_s, dQt, lse, dsum, inv, dK, dV, dBt;
   std::int64_t Dp, Dvp;
   /// `own_sums`: dK and dV accumulate here (one part per kv head); else in
   /// the call's partial sums.
@@ -102,6 +111,7 @@ struct BackwardScratch {
     inv.resize(R);
     if (bw.want_dk && own_sums) dK.resize(bw.c.max_Sk * Dp);
     if (bw.want_dv && own_sums) dV.resize(bw.c.max_Sk * Dvp);
+    if (bw.want_dbias) dBt.resize(key_block * ld);
   }
 };
 
@@ -166,6 +176,7 @@ class TileBackward {
     float* dSt = s_.dPt.get();
     Gemm(kb.nk, kb.hi - kb.lo, p.Dv, Vp, vs, 1, s_.dOt.get() + kb.lo, R, dSt + kb.lo, R, false);
     ScoreGradient(kb, careful);
+    if (bw_.want_dbias) WriteBiasRows(kb);
     // dK <- dK + scale * dS^T Q  (careful: dS is A, P's marks say which
     // products to leave out)
     if (bw_.want_dk) {
@@ -187,6 +198,18 @@ class TileBackward {
     for (std::int64_t r = 0; r < t_.rows; ++r) {
       const double lse = s_.lse.get()[r], sink = c_.sinks[t_.head(r)];
       dsink[r % t_.G] -= std::exp(sink - lse) * static_cast<double>(s_.dsum.get()[r]);
+    }
+  }
+
+  /// dS = 0 of the tile's rows for the keys outside [j_begin, j_end), which
+  /// no key block visits (none for a bias mask: it hides no block
+  /// wholesale; kept so that every dS row is whole whatever the mask).
+  void ClearBiasRowsOutside() const {
+    if (!bw_.want_dbias) return;
+    for (std::int64_t r = 0; r < t_.rows; ++r) {
+      float* row = BiasRow(r);
+      std::fill(row, row + t_.j_begin, 0.0f);
+      std::fill(row + t_.j_end, row + t_.Sk, 0.0f);
     }
   }
 
@@ -308,13 +331,14 @@ class TileBackward {
   }
   /// dS <- P * (dP - dsum) * (1 - tanh^2) * scale in place of dP (the
   /// softcap factor only when softcap > 0; scale folded in here for dQ and
-  /// dK); careful: dS = 0 exactly where the key is hidden (dP and tanh may
-  /// be NaN there).
+  /// dK), and P * (dP - dsum) alone into dBt for dbias; careful: dS = 0
+  /// exactly where the key is hidden (dP and tanh may be NaN there).
   void ScoreGradient(const attn::KeyBlock& kb, bool careful) {
     const DF d;
     const std::int64_t R = t_.stride;
     const float* Pt = s_.fwd.St.get();
     float* dSt = s_.dPt.get();
+    float* dBt = bw_.want_dbias ? s_.dBt.get() : nullptr;
     const float* tanh_s = c_.softcap > 0.0f ? s_.tanh_s.get() : nullptr;
     const VF scale = hn::Set(d, c_.scale);
     for (std::int64_t r0 = kb.lo; r0 < kb.hi; r0 += Lanes()) {
@@ -322,6 +346,7 @@ class TileBackward {
       for (std::int64_t jj = 0; jj < kb.nk; ++jj) {
         const std::int64_t at = jj * R + r0;
         VF ds = hn::Mul(hn::LoadU(d, Pt + at), hn::Sub(hn::LoadU(d, dSt + at), dsum));
+        if (dBt != nullptr) hn::StoreU(ds, d, dBt + at);
         if (tanh_s != nullptr) {
           const VF th = hn::LoadU(d, tanh_s + at);
           ds = hn::Mul(ds, hn::NegMulAdd(th, th, hn::Set(d, 1.0f)));
@@ -330,10 +355,27 @@ class TileBackward {
       }
       for (std::int64_t jj = 0; careful && jj < kb.nk; ++jj) {
         const std::int64_t at = jj * R + r0;
-        hn::StoreU(
-            hn::IfThenElseZero(NotHiddenMark(d, hn::LoadU(d, Pt + at)), hn::LoadU(d, dSt + at)), d,
-            dSt + at);
+        const auto seen = NotHiddenMark(d, hn::LoadU(d, Pt + at));
+        hn::StoreU(hn::IfThenElseZero(seen, hn::LoadU(d, dSt + at)), d, dSt + at);
+        if (dBt != nullptr)
+          hn::StoreU(hn::IfThenElseZero(seen, hn::LoadU(d, dBt + at)), d, dBt + at);
       }
+    }
+  }
+  /// Row (b, h, i) of the dS rows `[B, H, Sq, Sk]` for the tile's row r.
+  float* BiasRow(std::int64_t r) const {
+    const AttentionPlan& p = *c_.plan;
+    return bw_.ds_rows + ((t_.b * p.H + t_.head(r)) * p.Sq + t_.query(r)) * p.Sk;
+  }
+  /// The block's dS (before the cap's factor and the scale, dBt) into the
+  /// dS rows of the tile's real rows:
+  ///   forward: s_ij = s_ij + bias_ij, so dbias_ij = ds_ij (reference pass 7)
+  void WriteBiasRows(const attn::KeyBlock& kb) const {
+    const std::int64_t R = t_.stride;
+    const float* dBt = s_.dBt.get();
+    for (std::int64_t r = kb.lo; r < std::min(kb.hi, t_.rows); ++r) {
+      float* row = BiasRow(r) + kb.j0;
+      for (std::int64_t jj = 0; jj < kb.nk; ++jj) row[jj] = dBt[jj * R + r];
     }
   }
 
@@ -422,6 +464,7 @@ void BackwardTask(const Backward& bw, std::int64_t n, std::int64_t g, std::int64
     tile.LoadRowStatistics();
     if (bw.want_dsinks) tile.SinkGradient(dsink);
     if (!bw.need_keys) continue;
+    tile.ClearBiasRowsOutside();
     attn::ForEachKeyBlock(c, t, t.j_begin, t.j_end,
                           [&](const attn::KeyBlock& kb) { tile.KeyBlock(kb, dK, dV); });
     tile.WriteDq();
@@ -498,6 +541,34 @@ void AddParts(const Backward& bw, std::int64_t n, std::int64_t g, std::int64_t j
   }
 }
 
+/// Whether dbias has one row per (batch, head), so that the dS rows are
+/// dbias itself; else they go to a `[B, H, Sq, Sk]` scratch.
+bool BiasRowsAreDbias(const AttentionPlan& plan) {
+  return plan.bias_batch == plan.B && plan.bias_heads == plan.H;
+}
+
+/// dbias `[Bb, Hb, Sq, Sk]` = the dS rows `[B, H, Sq, Sk]` summed over b
+/// when Bb = 1 and over h when Hb = 1, in the order (b, h), in double:
+///   dbias_{bb,hb,i,j} = Σ_{b ∈ bb's, h ∈ hb's} ds_{b,h,i,j}   (reference pass 7)
+/// One output row per iteration: the same sums for any thread count.
+void BiasGradientSum(const AttentionPlan& plan, const float* ds_rows, std::span<float> dbias) {
+  const std::int64_t Bb = plan.bias_batch, Hb = plan.bias_heads, Sq = plan.Sq, Sk = plan.Sk;
+  const std::int64_t nb = Bb == 1 ? plan.B : 1, nh = Hb == 1 ? plan.H : 1;
+#pragma omp for schedule(static)
+  for (std::int64_t row = 0; row < Bb * Hb * Sq; ++row) {
+    const std::int64_t bb = row / (Hb * Sq), hb = row / Sq % Hb, i = row % Sq;
+    float* dst = dbias.data() + row * Sk;
+    for (std::int64_t j = 0; j < Sk; ++j) {
+      double sum = 0.0;
+      for (std::int64_t b = bb; b < bb + nb; ++b) {
+        for (std::int64_t h = hb; h < hb + nh; ++h)
+          sum += ds_rows[((b * plan.H + h) * Sq + i) * Sk + j];
+      }
+      dst[j] = static_cast<float>(sum);
+    }
+  }
+}
+
 /// dsinks[h] = Σ over the tasks of h's kv head, in task order, of their
 /// partial sums (task (n·Hkv + g)·parts + part holds G of them).
 void WriteSinkGradient(const Backward& bw, std::int64_t parts, const std::vector<double>& partial) {
@@ -517,10 +588,11 @@ void WriteSinkGradient(const Backward& bw, std::int64_t parts, const std::vector
 
 }  // namespace
 
-/// dq, dk, dv, dsinks (those asked for): one OpenMP task per (sequence,
-/// kv head, query part) (see QueryParts), then, with several parts, the
-/// parts' dK/dV partials added in part order, and the tasks' dsinks partials
-/// in task order.
+/// dq, dk, dv, dsinks, dbias (those asked for): one OpenMP task per
+/// (sequence, kv head, query part) (see QueryParts), then, with several
+/// parts, the parts' dK/dV partials added in part order, a broadcast bias's
+/// dS rows summed (BiasGradientSum), and the tasks' dsinks partials in task
+/// order.
 ///
 /// A task runs its query-block tiles (attn::Tile, as the forward's) in
 /// order, each against its visible key blocks (TileBackward). Agrees with
@@ -535,7 +607,15 @@ void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<fl
                              const AttentionSaved<float>* saved, const Geometry& geometry,
                              int threads) {
   const Call c(plan, in, geometry);
-  const Backward bw(c, dout.data(), grads, saved);
+  // dS rows for dbias: dbias itself, or a zeroed [B, H, Sq, Sk] scratch to sum from
+  const bool sum_ds = !grads.dbias.empty() && !BiasRowsAreDbias(plan);
+  Buffer ds_scratch;
+  if (sum_ds) {
+    ds_scratch.resize(checked_mul(
+        checked_mul(checked_mul(plan.B, plan.H, "dbias"), plan.Sq, "dbias"), plan.Sk, "dbias"));
+  }
+  float* ds_rows = grads.dbias.empty() ? nullptr : sum_ds ? ds_scratch.get() : grads.dbias.data();
+  const Backward bw(c, dout.data(), grads, saved, ds_rows);
   const std::int64_t parts = QueryParts(c), heads = c.sequences() * plan.Hkv;
   const std::int64_t n_tasks = heads * parts;
   const int nt =
@@ -556,6 +636,7 @@ void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<fl
         AddParts(bw, n, row % plan.Hkv, x - c.first_key[n], buf.part_dk, buf.part_dv);
       }
     }
+    if (sum_ds) BiasGradientSum(plan, ds_scratch.get(), grads.dbias);
   }
   if (bw.want_dsinks) WriteSinkGradient(bw, parts, buf.dsink_parts);
 }

@@ -215,10 +215,11 @@ struct Attention {
     if (bug == Bug::write_past_output) out.data()[out.size()] = 0.0f;
   }
 
-  // dq, dk, dv (indexed by plan.dq / dk / dv) and dsinks [H], in double.
-  // With `saved`, p from the saved lse and delta from the saved out.
+  // dq, dk, dv (indexed by plan.dq / dk / dv), dsinks [H] and dbias
+  // [Bb, Hb, Sq, Sk], in double. With `saved`, p from the saved lse and delta
+  // from the saved out.
   struct Grads {
-    std::vector<double> dq, dk, dv, dsinks;
+    std::vector<double> dq, dk, dv, dsinks, dbias;
   };
   Grads backward(std::span<const float> dout, bool fused,
                  const AttentionSaved<float>* saved = nullptr) const {
@@ -227,6 +228,7 @@ struct Attention {
     gr.dk.assign(p.dk.extent, 0.0);
     gr.dv.assign(p.dv.extent, 0.0);
     gr.dsinks.assign(p.sinks ? p.H : 0, 0.0);
+    gr.dbias.assign(p.mask == MaskKind::bias ? p.mask_size() : 0, 0.0);
     // dsink terms per head in row order, summed at the end
     std::vector<std::vector<double>> sink_terms(gr.dsinks.size());
     const double sc = bug == Bug::scale_ignored_backward ? 1.0 : p.scale;
@@ -262,9 +264,16 @@ struct Attention {
             double dp = 0.0;
             for (i64 d = 0; d < p.Dv; ++d) dp += double(dout[oo + d]) * in.v[v_at(r.key[j], g) + d];
             double ds = r.p[j] * (dp - delta);
+            const double ds_bias = bug == Bug::dbias_is_p ? r.p[j] : ds;  // d/dbias_ij
             if (p.softcap > 0 && !(fused && bug == Bug::softcap_missing_backward)) {
               const double t = std::tanh(r.x[j] / p.softcap);
               ds *= 1.0 - t * t;
+            }
+            if (!gr.dbias.empty()) {
+              double& db = gr.dbias[p.mask_row(sq.b, h, i) + j];
+              const double term = bug == Bug::dbias_capped ? ds : ds_bias;
+              db = bug == Bug::dbias_broadcast_unsummed ? term : db + term;
+              if (bug == Bug::dbias_sum_thread_dependent && threads > 1) db = float(db);
             }
             const KeyRow& kr = r.key[j];
             for (i64 d = 0; d < p.D; ++d) {
@@ -592,6 +601,14 @@ const char* to_string(Bug bug) {
       return "paged_slot_off_by_one";
     case Bug::features_write_before_check:
       return "features_write_before_check";
+    case Bug::dbias_broadcast_unsummed:
+      return "dbias_broadcast_unsummed";
+    case Bug::dbias_is_p:
+      return "dbias_is_p";
+    case Bug::dbias_capped:
+      return "dbias_capped";
+    case Bug::dbias_sum_thread_dependent:
+      return "dbias_sum_thread_dependent";
     case Bug::dsinks_one_past:
       return "dsinks_one_past";
   }
@@ -601,7 +618,7 @@ const char* to_string(Bug bug) {
 std::vector<Bug> all_bugs() {
   std::vector<Bug> v;
   for (int b = static_cast<int>(Bug::rope_table_stride_half_nrot);
-       b <= static_cast<int>(Bug::dsinks_one_past); ++b) {
+       b <= static_cast<int>(Bug::dbias_sum_thread_dependent); ++b) {
     v.push_back(static_cast<Bug>(b));
   }
   return v;
@@ -647,6 +664,7 @@ Backend backend(Bug bug, int threads) {
     copy_out(r.dk, g.dk);
     copy_out(r.dv, g.dv);
     copy_out(r.dsinks, g.dsinks);
+    copy_out(r.dbias, g.dbias);
     if (bug == Bug::dsinks_one_past && !g.dsinks.empty()) g.dsinks.data()[g.dsinks.size()] = 0.0f;
   };
   be.attention_backward = [backward](const AttentionPlan& p, const AttentionInputs<float>& in,

@@ -62,6 +62,10 @@ enum class Bug {
   paged_slot_off_by_one,  ///< key j read from slot (j + 1) % block_size of its block
   features_write_before_check,  ///< a feature call writes its first output, then validates
   dsinks_one_past,              ///< backward writes one element past dsinks
+  dbias_broadcast_unsummed,     ///< dbias of a broadcast bias keeps the last (b, h)'s dS, unsummed
+  dbias_is_p,                   ///< dbias takes P instead of dS = P·(dP − delta)
+  dbias_capped,                ///< dbias takes dS·(1 − tanh²(x/c)), the gradient before the cap
+  dbias_sum_thread_dependent,  ///< dbias summed in float at more than one "thread", else double
 };
 
 /// The bug's name, e.g. "gqa_mod".

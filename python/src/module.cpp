@@ -252,40 +252,46 @@ void attention_forward_contiguous(const std::string& backend, const AttentionPla
   }
 }
 
-/// The gradients an attention backward writes: dq, dk, dv and dsinks (an
-/// absent one is neither computed nor written).
+/// The gradients an attention backward writes: dq, dk, dv, dsinks and dbias
+/// (an absent one is neither computed nor written).
 struct GradOutputs {
   ///@{
-  /// [B, Sq, H, D], [B, Sk, Hkv, D], [B, Sk, Hkv, Dv] in the plan's layout; [H].
-  std::optional<Out> dq, dk, dv, dsinks;
+  /// [B, Sq, H, D], [B, Sk, Hkv, D], [B, Sk, Hkv, Dv] in the plan's layout; [H];
+  /// [Bb, Hb, Sq, Sk].
+  std::optional<Out> dq, dk, dv, dsinks, dbias;
   ///@}
 };
 
-/// dq, dk, dv, dsinks views for the outputs given (an absent one stays empty).
+/// dq, dk, dv, dsinks, dbias views for the outputs given (an absent one stays empty).
 template <class T>
 AttentionGrads<T> attention_grads(const AttentionPlan& p, const GradOutputs& g) {
   const std::int64_t KB = p.kv_batch(), KS = p.kv_seq();
+  const bool bias = p.mask == MaskKind::bias;
   return {out_span<T>(g.dq, "dq", heads_shape(p, p.B, p.Sq, p.H, p.D)),
           out_span<T>(g.dk, "dk", heads_shape(p, KB, KS, p.Hkv, p.D)),
           out_span<T>(g.dv, "dv", heads_shape(p, KB, KS, p.Hkv, p.Dv)),
-          out_span<T>(g.dsinks, "dsinks", {p.sinks ? p.H : 0})};
+          out_span<T>(g.dsinks, "dsinks", {p.sinks ? p.H : 0}),
+          out_span<T>(g.dbias, "dbias",
+                      bias ? Shape{p.bias_batch, p.bias_heads, p.Sq, p.Sk} : Shape{0})};
 }
 
 void attention_backward(const std::string& backend, const AttentionParams& params,
                         const nb::dict& inputs, const In& dout, const std::optional<Out>& dq,
                         const std::optional<Out>& dk, const std::optional<Out>& dv,
-                        const std::optional<Out>& dsinks) {
+                        const std::optional<Out>& dsinks, const std::optional<Out>& dbias) {
   const AttentionPlan plan = AttentionPlan::make(params);
-  if (!dq && !dk && !dv && !dsinks) fail("dq", "(absent)", "or dk, dv, dsinks must be asked for");
+  if (!dq && !dk && !dv && !dsinks && !dbias) {
+    fail("dq", "(absent)", "or dk, dv, dsinks, dbias must be asked for");
+  }
   with_dtype(nb::cast<In>(inputs["q"]), "q", [&](auto tag) {
     using T = decltype(tag);
     const Kernels<T>& k = kernels<T>(backend);
     const AttentionInputs<T> in = attention_inputs<T>(plan, inputs);
     const std::span<const T> d =
         in_span<T>(dout, "dout", contiguous(out_shape(plan)), plan.o.extent);
-    const AttentionGrads<T> g = attention_grads<T>(plan, {dq, dk, dv, dsinks});
+    const AttentionGrads<T> g = attention_grads<T>(plan, {dq, dk, dv, dsinks, dbias});
     nb::gil_scoped_release release;
-    if ((dq && dk && dv) || dsinks) {
+    if ((dq && dk && dv) || dsinks || dbias) {
       k.attention_backward(plan, in, d, g);
       return;
     }
@@ -298,7 +304,7 @@ void attention_backward(const std::string& backend, const AttentionParams& param
 void attention_backward_saved(const std::string& backend, const AttentionParams& params,
                               const nb::dict& inputs, const In& out, const In& lse, const In& dout,
                               const Out& dq, const Out& dk, const Out& dv,
-                              const std::optional<Out>& dsinks) {
+                              const std::optional<Out>& dsinks, const std::optional<Out>& dbias) {
   const AttentionPlan plan = AttentionPlan::make(params);
   with_dtype(nb::cast<In>(inputs["q"]), "q", [&](auto tag) {
     using T = decltype(tag);
@@ -309,7 +315,7 @@ void attention_backward_saved(const std::string& backend, const AttentionParams&
         in_span<T>(out, "out", o, plan.o.extent),
         in_span<T>(lse, "lse", contiguous({plan.B, plan.H, plan.Sq}), plan.lse_size())};
     const std::span<const T> d = in_span<T>(dout, "dout", o, plan.o.extent);
-    const AttentionGrads<T> g = attention_grads<T>(plan, {dq, dk, dv, dsinks});
+    const AttentionGrads<T> g = attention_grads<T>(plan, {dq, dk, dv, dsinks, dbias});
     nb::gil_scoped_release release;
     k.attention_backward_saved(plan, in, saved, d, g);
   });
@@ -578,9 +584,9 @@ NB_MODULE(_ext, m) {
   m.def("attention_forward_contiguous", &attention_forward_contiguous, "backend"_a, "plan"_a, "q"_a,
         "k"_a, "v"_a, "out"_a, "float64"_a);
   m.def("attention_backward", &attention_backward, "backend"_a, "params"_a, "inputs"_a, "dout"_a,
-        "dq"_a.none(), "dk"_a.none(), "dv"_a.none(), "dsinks"_a.none());
+        "dq"_a.none(), "dk"_a.none(), "dv"_a.none(), "dsinks"_a.none(), "dbias"_a.none());
   m.def("attention_backward_saved", &attention_backward_saved, "backend"_a, "params"_a, "inputs"_a,
-        "out"_a, "lse"_a, "dout"_a, "dq"_a, "dk"_a, "dv"_a, "dsinks"_a.none());
+        "out"_a, "lse"_a, "dout"_a, "dq"_a, "dk"_a, "dv"_a, "dsinks"_a.none(), "dbias"_a.none());
   m.def("alibi_standard_slopes", &alibi_standard_slopes, "num_heads"_a);
   m.def("rope", &rope, "backend"_a, "params"_a, "x"_a, "cos"_a, "sin"_a, "positions"_a.none(),
         "out"_a, "backward"_a);

@@ -116,6 +116,8 @@ class _AttentionCall:
         p.softcap = float(softcap or 0.0)
         self.inputs = {"q": q, "k": k, "v": v, "mask": self._mask(p, mask, window, bias,
                                                                   key_padding)}
+        # dbias comes back in the bias's own shape ([Bb, Hb, Sq, Sk] or [Sq, Sk])
+        self.bias_shape = None if bias is None else tuple(A.as_array(bias, "bias").shape)
         self.params = p
         self._features(sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
                        cache_seqlens)
@@ -301,16 +303,19 @@ def attention_forward_lse(q, k, v, **kwargs):
     return call.out_back(out), lse
 
 
-_GRADS = ("dq", "dk", "dv", "dsinks")
+_GRADS = ("dq", "dk", "dv", "dsinks", "dbias")
 
 
 def _grads(call, want):
-    """The gradient outputs named in `want` (None: all of them), new; the
-    others None. dsinks [H] exists only for calls with sinks."""
+    """The gradient outputs named in `want` (None: dq, dk, dv and, with sinks,
+    dsinks), new; the others None. dsinks [H] exists only for calls with
+    sinks, dbias [Bb, Hb, Sq, Sk] only for calls with a bias, and only when
+    named (SPEC §3)."""
     p = call.params
-    names = _GRADS if p.sinks else _GRADS[:3]
+    bias = p.mask == _ext.MaskKind.bias
+    names = [n for n in _GRADS if (n != "dsinks" or p.sinks) and (n != "dbias" or bias)]
     if want is None:
-        want = names
+        want = [n for n in names if n != "dbias"]
     for name in want:
         if name not in names:
             raise Error(f"grads = {tuple(want)!r} may name only {', '.join(names)}", "grads")
@@ -318,6 +323,8 @@ def _grads(call, want):
     for name in want:
         if name == "dsinks":
             g[name] = A.empty(call.like, (p.heads,))
+        elif name == "dbias":
+            g[name] = A.empty(call.like, (p.bias_batch, p.bias_heads, p.seq_q, p.seq_k))
         else:
             heads, width = (p.heads, p.head_dim) if name == "dq" else \
                 (p.kv_heads, p.head_dim if name == "dk" else p.v_head_dim)
@@ -325,36 +332,50 @@ def _grads(call, want):
     return g
 
 
-def _grads_back(call, g):
-    """(dq, dk, dv) in the shapes of q, k, v, and dsinks when the call has sinks."""
+def _grads_back(call, g, want):
+    """(dq, dk, dv) in the shapes of q, k, v, dsinks when the call has sinks,
+    and dbias in the bias's own shape when `want` names it."""
     grads = tuple(call.back(g[n], n[1]) for n in ("dq", "dk", "dv"))
-    return grads + (g["dsinks"],) if call.params.sinks else grads
+    if call.params.sinks:
+        grads += (g["dsinks"],)
+    if want is not None and "dbias" in want:
+        grads += (g["dbias"].reshape(call.bias_shape),)
+    return grads
 
 
 def attention_backward(q, k, v, dout, *, grads=None, backend="optimized", **kwargs):
     """The gradients of attention() for the loss <dout, out>: (dq, dk, dv),
-    each of its input's shape, and dsinks [H] as a fourth when `sinks` is
-    given (dsink_h = -sum_i p_sink,i <dout_i, out_i>). Only those named in
-    `grads` are computed (default: all; the others are None). Keyword
-    arguments as for attention()."""
+    each of its input's shape, dsinks [H] next when `sinks` is given
+    (dsink_h = -sum_i p_sink,i <dout_i, out_i>), and dbias last, in the
+    bias's shape, when `grads` names it (dbias = P * (dP - rowsum(dO * O)),
+    summed over the bias's broadcast axes; SPEC §3). Only those named in
+    `grads` are computed (default: dq, dk, dv and dsinks; the others are
+    None). Keyword arguments as for attention()."""
     call = _AttentionCall(q, k, v, **kwargs)
     g = _grads(call, grads)
     _ext.attention_backward(backend, call.params, call.inputs, call.dout(dout), g["dq"], g["dk"],
-                            g["dv"], g["dsinks"])
-    return _grads_back(call, g)
+                            g["dv"], g["dsinks"], g["dbias"])
+    return _grads_back(call, g, grads)
 
 
-def attention_backward_saved(q, k, v, out, lse, dout, *, backend="optimized", **kwargs):
-    """(dq, dk, dv[, dsinks]) from the forward's saved out and lse
-    (attention_forward_lse), without running the forward again."""
+def attention_backward_saved(q, k, v, out, lse, dout, *, grads=None, backend="optimized",
+                             **kwargs):
+    """(dq, dk, dv[, dsinks][, dbias]) from the forward's saved out and lse
+    (attention_forward_lse), without running the forward again; dbias only
+    when `grads` names it (with dq, dk and dv, which this form always
+    computes)."""
     call = _AttentionCall(q, k, v, **kwargs)
-    g = _grads(call, None)
+    if grads is not None:  # dq, dk, dv (and dsinks) always; dbias when named
+        extra = ("dbias",) if "dbias" in grads else ()
+        grads = tuple(n for n in _GRADS[:4] if n != "dsinks" or call.params.sinks) + extra
+    g = _grads(call, grads)
     saved_out = call.dout(out)
     lse = A.as_array(lse, "lse")
     _ext.attention_backward_saved(backend, call.params, call.inputs, saved_out,
                                   lse if A.is_contiguous(lse) else A.contiguous(lse),
-                                  call.dout(dout), g["dq"], g["dk"], g["dv"], g["dsinks"])
-    return _grads_back(call, g)
+                                  call.dout(dout), g["dq"], g["dk"], g["dv"], g["dsinks"],
+                                  g["dbias"])
+    return _grads_back(call, g, grads)
 
 
 def attention_with_kvcache(q, k_cache, v_cache, block_table, cache_seqlens, *, mask=None,

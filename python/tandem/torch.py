@@ -4,7 +4,8 @@
 The ops are registered with torch.library.custom_op (namespace `tandem`),
 each with a fake (meta) implementation for torch.compile and export, and,
 where the kernel has a backward, an autograd formula: attention saves its out
-and log-sum-exp and its backward starts from them (attention_backward_saved).
+and log-sum-exp and its backward starts from them (attention_backward_saved);
+a float bias (attn_mask) that requires grad gets dbias (SPEC §3).
 float32 tensors run `backend`; float64 tensors run the reference in double,
 so torch.autograd.gradcheck applies.
 
@@ -89,21 +90,26 @@ def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tenso
                            alibi_slopes: Optional[Tensor] = None,
                            cu_seqlens_q: Optional[Tensor] = None,
                            cu_seqlens_k: Optional[Tensor] = None,
-                           seqused_k: Optional[Tensor] = None
-                           ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dv, dsinks); dsinks is empty ([0]) without sinks."""
+                           seqused_k: Optional[Tensor] = None, dbias: bool = False
+                           ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dsinks, dbias); dsinks is empty ([0]) without sinks, dbias
+    (the bias's shape) unless `dbias` asks for it."""
     grads = _api.attention_backward_saved(
         q, k, v, out, lse, dout, layout=layout, scale=scale, softcap=softcap, backend=backend,
-        **_mask_kwargs(mask, mask_kind, window),
+        grads=("dbias",) if dbias else None, **_mask_kwargs(mask, mask_kind, window),
         **_feature_kwargs(sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k))
-    return grads if sinks is not None else (*grads, q.new_empty((0,)))
+    dq, dk, dv = grads[:3]
+    dsinks = grads[3] if sinks is not None else q.new_empty((0,))
+    return dq, dk, dv, dsinks, grads[-1] if dbias else q.new_empty((0,))
 
 
 @_attention_backward_op.register_fake
 def _(q, k, v, mask, out, lse, dout, layout, mask_kind, window, scale, softcap, backend,
-      sinks=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None):
+      sinks=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
+      dbias=False):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
-            q.new_empty((0,) if sinks is None else sinks.shape))
+            q.new_empty((0,) if sinks is None else sinks.shape),
+            q.new_empty(mask.shape if dbias else (0,)))
 
 
 _ATTENTION_ATTRS = 6  # layout, mask_kind, window, scale, softcap, backend
@@ -121,11 +127,13 @@ def _attention_setup(ctx, inputs, output):
 
 def _attention_grad(ctx, dout, _dlse):
     q, k, v, mask, out, lse, sinks, *features = ctx.saved_tensors
-    dq, dk, dv, dsinks = _attention_backward_op(q, k, v, mask, out, lse, dout, *ctx.attrs,
-                                                sinks, *features)
-    # the mask, ALiBi slopes and index inputs get no gradient; neither do the attributes
-    return (dq, dk, dv, None) + (None,) * _ATTENTION_ATTRS + \
-        (None if sinks is None else dsinks, None, None, None, None)
+    # a bias (mask kind "bias", attrs[1]) that requires grad gets dbias, in its own shape
+    want_dbias = ctx.attrs[1] == "bias" and ctx.needs_input_grad[3]
+    dq, dk, dv, dsinks, dbias = _attention_backward_op(q, k, v, mask, out, lse, dout, *ctx.attrs,
+                                                       sinks, *features, dbias=want_dbias)
+    # a keep mask, the ALiBi slopes and index inputs get no gradient; neither do the attributes
+    return (dq, dk, dv, dbias.to(mask.dtype) if want_dbias else None) + \
+        (None,) * _ATTENTION_ATTRS + (None if sinks is None else dsinks, None, None, None, None)
 
 
 _attention_op.register_autograd(_attention_grad, setup_context=_attention_setup)
@@ -150,8 +158,8 @@ def attention(q, k, v, *, layout="bshd", mask=None, window=None, scale=None, sof
               bias=None, key_padding=None, sinks=None, alibi_slopes=None, cu_seqlens_q=None,
               cu_seqlens_k=None, seqused_k=None, backend="optimized"):
     """tandem.attention on torch tensors (rank 4, or packed [total, H, D]
-    with cu_seqlens), differentiable in q, k, v and sinks (the bias,
-    key_padding, ALiBi slopes and index tensors get no gradient)."""
+    with cu_seqlens), differentiable in q, k, v, sinks and the bias (dbias,
+    SPEC §3; key_padding, ALiBi slopes and index tensors get no gradient)."""
     m, kind, w = _mask_args(mask, window, bias, key_padding)
     if alibi_slopes is not None:
         alibi_slopes = torch.as_tensor(alibi_slopes).to(torch.float32)
@@ -351,12 +359,24 @@ def attention_block(x, w_qkv, w_out, *, num_heads, b_qkv=None, b_out=None, key_p
 # torch.nn.functional.scaled_dot_product_attention, with its signature.
 
 
-def _needs_op(q, k, v):
+def _needs_op(*tensors):
     """Whether a call must go through the registered op (autograd or a
-    compiler is watching); otherwise the kernel is called directly."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    compiler is watching: one of `tensors`, q, k, v or the bias, requires
+    grad); otherwise the kernel is called directly."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return True
     return torch.compiler.is_compiling()
+
+
+def _check_mask_dtype(attn_mask, query):
+    """F.sdpa's dtype rule for attn_mask: bool (True takes part), or float
+    (float32, or the query's dtype) added to the scores; anything else (an
+    integer 0/1 mask, another float) is refused, as PyTorch refuses it."""
+    if attn_mask is None or attn_mask.dtype in (torch.bool, torch.float32, query.dtype):
+        return
+    raise Error("attn_mask: Expected attn_mask dtype to be bool or float or to match query "
+                f"dtype, but got attn_mask.dtype: {attn_mask.dtype} and query.dtype: "
+                f"{query.dtype} instead (as in PyTorch)", "attn_mask")
 
 
 def _sdpa_mask(attn_mask, is_causal, batch, N, H, L, S):
@@ -483,6 +503,7 @@ def sdpa_softcap(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
         raise Error(f"dropout_p = {dropout_p} must be 0 (tandem has no dropout)", "dropout_p")
     if query.dim() < 3:
         raise Error(f"query.shape = {list(query.shape)} must be (N, ..., L, E)", "query.shape")
+    _check_mask_dtype(attn_mask, query)
     if query.dim() == 3:
         mask = attn_mask
         if mask is not None and mask.dim() >= 3:
@@ -506,7 +527,7 @@ def sdpa_softcap(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
     mask, kind = _sdpa_mask(attn_mask, is_causal, batch, N, Hq, L, S)
     sc = None if scale is None else float(scale)
     cap = float(softcap or 0.0)
-    if _needs_op(q, k, v) or sinks is not None:
+    if _needs_op(q, k, v, mask) or sinks is not None:
         out, _ = _attention_op(q, k, v, mask, "bhsd", kind, 0, sc, cap, backend, sinks)
     else:
         out = _api.attention(q, k, v, layout="bhsd", scale=sc, softcap=cap, backend=backend,

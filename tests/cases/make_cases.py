@@ -19,9 +19,10 @@ are committed, so building and testing never needs Python.
 
   --examples   instead (re)writes the examples in tests/cases/examples/
                whose expected outputs PyTorch computes: RoPE as models apply
-               it, and the attention features (features_*) the way a
-               framework user writes them (needs torch: run it from a
-               virtual environment with numpy and torch installed)
+               it, the attention features (features_*) the way a
+               framework user writes them, and a learned bias's gradient
+               (needs torch: run it from a virtual environment with numpy
+               and torch installed)
 """
 import json
 import math
@@ -799,12 +800,38 @@ def write_feature_examples(root):
               {"out": torch.stack(outs)})
 
 
+def write_bias_examples(root):
+    """A learned relative-position bias (T5, Swin) [1, H, Sq, Sk] shared by the
+    batch, trained through SDPA: dbias is the gradient PyTorch's autograd gives
+    the bias (summed over the batch it broadcasts over, SPEC §3)."""
+    import torch
+    from tandem_case import write_case
+
+    gen = torch.Generator().manual_seed(20261201)  # its own stream: the other examples stay
+
+    def t32(*shape):
+        return torch.randn(*shape, dtype=torch.float32, generator=gen)
+
+    B, H, Sq, Sk, D = 2, 3, 5, 7, 8
+    q, k, v, dout = t32(B, H, Sq, D), t32(B, H, Sk, D), t32(B, H, Sk, D), t32(B, H, Sq, D)
+    bias = t32(1, H, Sq, Sk)
+    bias[..., 0, -1] = -float("inf")  # one hidden key: its dbias is 0
+    q64, k64, v64, b64 = (x.double().requires_grad_() for x in (q, k, v, bias))
+    out = torch.nn.functional.scaled_dot_product_attention(q64, k64, v64, attn_mask=b64)
+    out.backward(dout.double())
+    write_case(os.path.join(root, "attention_bias_backward"), "attention_backward",
+               {"num_heads": H, "layout": "bhsd", "mask": "bias"},
+               {"q": q, "k": k, "v": v, "mask": bias, "dout": dout},
+               {"dq": q64.grad, "dk": k64.grad, "dv": v64.grad, "dbias": b64.grad})
+
+
 def main():
     if "--examples" in sys.argv[1:]:
         sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
         root = os.path.join(HERE, "examples")
         write_rope_examples(root)
         write_feature_examples(root)
+        write_bias_examples(root)
         return 0
     write_bad(Writer(os.path.join(HERE, "bad")))
     write_formats(Writer(os.path.join(HERE, "formats")))

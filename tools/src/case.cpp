@@ -191,7 +191,7 @@ const std::vector<OpInfo>& op_table() {
        {"q", "k", "v", "dout"},
        {"mask", "sinks", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table",
         "cache_seqlens"},
-       {"dq", "dk", "dv", "dsinks"},
+       {"dq", "dk", "dv", "dsinks", "dbias"},
        {"num_heads", "layout", "mask", "window", "scale", "softcap"},
        {1e-3, 1e-4}},
       {Op::rope, "rope", {"x", "cos", "sin"}, {"positions"}, {"out"}, rope_attrs, {1e-5, 1e-6}},
@@ -553,6 +553,7 @@ PlannedCase plan_case(const CaseSpec& spec, const std::map<std::string, Shape>& 
           pc.outputs["dk"] = shape("k");
           pc.outputs["dv"] = shape("v");
           if (plan.sinks) pc.outputs["dsinks"] = Shape{plan.H};
+          if (plan.mask == MaskKind::bias) pc.outputs["dbias"] = shape("mask");  // SPEC §3
         }
         pc.plan = plan;
         break;
@@ -726,7 +727,8 @@ Case load_case(const std::string& dir) {
   for (const auto& [name, file] : c.spec.expected) {
     if (!c.planned.outputs.count(name)) {
       throw CaseError(dir, kCaseJson, "expected." + name,
-                      "is not an output of this case (dsinks needs a sinks input)");
+                      "is not an output of this case (dsinks needs a sinks input, dbias a "
+                      "bias mask)");
     }
     CaseTensor t = read("expected", name, file);
     if (!is_float(t.array.dtype)) {
@@ -782,12 +784,15 @@ std::map<std::string, std::vector<float>> run_case(const Case& c, const Backend&
         const auto& plan = std::get<AttentionPlan>(c.planned.plan);
         need(static_cast<bool>(backend.attention_backward), "attention_backward");
         auto dq = sized(plan.dq.extent), dk = sized(plan.dk.extent), dv = sized(plan.dv.extent),
-             dsinks = sized(plan.sinks ? plan.H : 0);
-        backend.attention_backward(plan, attention_inputs(c), in("dout"), {dq, dk, dv, dsinks});
+             dsinks = sized(plan.sinks ? plan.H : 0),
+             dbias = sized(plan.mask == MaskKind::bias ? plan.mask_size() : 0);
+        backend.attention_backward(plan, attention_inputs(c), in("dout"),
+                                   {dq, dk, dv, dsinks, dbias});
         out["dq"] = std::move(dq);
         out["dk"] = std::move(dk);
         out["dv"] = std::move(dv);
         if (plan.sinks) out["dsinks"] = std::move(dsinks);
+        if (plan.mask == MaskKind::bias) out["dbias"] = std::move(dbias);
         break;
       }
       case Op::rope:

@@ -184,6 +184,16 @@ TEST(CasePlan, BackwardOutputsAndDoutShape) {
       bad);
   EXPECT_EQ(e.file(), "g.npy");
   EXPECT_EQ(e.field(), "dout.shape");
+  EXPECT_EQ(p.outputs.count("dbias"), 0u);  // no bias: no bias gradient
+
+  // with mask bias the backward has a dbias output in the mask's shape (SPEC §3.1)
+  const CaseSpec b = parse_case_json(
+      R"({"op": "attention_backward", "attrs": {"num_heads": 2, "mask": "bias"},
+          "inputs": {"q": "q", "k": "k", "v": "v", "dout": "g", "mask": "m"}})",
+      "c");
+  auto with_bias = ok;
+  with_bias["mask"] = {1, 2, 3, 4};
+  EXPECT_EQ(plan_case(b, with_bias).outputs.at("dbias"), (Shape{1, 2, 3, 4}));
 
   const CaseSpec sw =
       parse_case_json(R"({"op": "swiglu_backward", "inputs": {"x": "x", "dout": "d"}})", "c");

@@ -38,9 +38,11 @@
 ///              dk_j    = scale * sum_{h in group} sum_i dx_ij * q_i
 ///              dv_j    = sum_{h in group} sum_i p_ij * dO_i
 ///     pass 6   dsink_h = - sum_{n,i} p_sink,i * delta_i     (sinks only)
+///     pass 7   dbias_ij = sum_{b if Bb = 1} sum_{h if Hb = 1} ds_ij   (bias only)
 ///
-/// ALiBi and the bias are constants added to the score: their gradient is
-/// ds_ij itself and goes nowhere. A query with no visible key outputs 0 and
+/// ALiBi and the bias are added to the score after the cap, so the gradient
+/// of either is ds_ij itself: the slopes are constants and get none, the
+/// bias gets ds_ij summed over its broadcast axes. A query with no visible key outputs 0 and
 /// contributes nothing to any gradient. Hidden keys are excluded from every
 /// sum: there is no "large negative score" anywhere, so a hidden key's k and
 /// v are never read.
@@ -110,10 +112,13 @@ struct AttentionRow {
 /// `s_ij −= m_h·abs(i + Sk − Sq − j)` (ALiBi), `s_ij += bias_ij`, then
 /// `p_ij = exp(s_ij − m_i) / (exp(sink_h − m_i) + sum_k exp(s_ik − m_i))`
 /// over visible keys j, k (the sink term with sinks only). q_i `[D]` and k_j `[D]`
-/// are read through plan.q / plan.k at the sequence's rows. Inputs must be checked.
+/// are read through plan.q / plan.k at the sequence's rows. `bias_step`, when
+/// given, is added to the bias `[Bb, Hb, Sq, Sk]` at scalar T (a complex step's
+/// `t·u`, so that its derivative reaches the bias). Inputs must be checked.
 template <class T, class Acc = accumulator_t<T>>
 AttentionRow<Acc> attention_row(const AttentionPlan& plan, const AttentionInputs<T>& in,
-                                const AttentionSeq& seq, std::int64_t h, std::int64_t i) {
+                                const AttentionSeq& seq, std::int64_t h, std::int64_t i,
+                                std::span<const T> bias_step = {}) {
   using Real = decltype(real_part(std::declval<Acc>()));
   const std::int64_t kv_head = plan.kv_head(h);
   const Acc scale = static_cast<Acc>(plan.scale);
@@ -155,6 +160,10 @@ AttentionRow<Acc> attention_row(const AttentionPlan& plan, const AttentionInputs
     }
     if (plan.mask == MaskKind::bias) {
       s_ij = s_ij + static_cast<Acc>(in.mask[plan.mask_row(seq.b, h, i) + j]);
+      // (the complex step's t·u_ij, when given, rides on the bias)
+      if (!bias_step.empty()) {
+        s_ij = s_ij + static_cast<Acc>(bias_step[plan.mask_row(seq.b, h, i) + j]);
+      }
     }
     s[j] = s_ij;
   }
@@ -224,10 +233,12 @@ AttentionRow<Acc> attention_row_saved(const AttentionPlan& plan, const Attention
   return row;
 }
 
-/// What backward passes 1–4 give for one query row: the score gradient and
-/// delta_i (which the sink's gradient needs too).
+/// What backward passes 1–4 give for one query row: the score gradient
+/// before and after the cap, and delta_i (which the sink's gradient needs too).
 template <class Acc>
 struct ScoreGrad {
+  std::vector<Acc>
+      ds;  ///< ds_ij `[Sk]`, the gradient of the final score (and the bias), 0 for hidden keys
   std::vector<Acc> dx;  ///< dx_ij `[Sk]`, 0 for hidden keys
   Acc delta = Acc(0);   ///< delta_i = <dO_i, o_i>
 };
@@ -273,10 +284,12 @@ ScoreGrad<Acc> attention_score_grad_row(const AttentionPlan& plan, const Attenti
 
   // pass 3: ds_ij = p_ij * (dp_ij - delta_i)
   //   forward: p_ij = exp(s_ij - m_i) / l_i
-  // (ds_ij is also the gradient of the score before ALiBi and the bias: d/ds of
+  // (ds_ij is also the gradient of the score before ALiBi and the bias, and of
+  // the bias itself: d/ds and d/dbias of
   //   forward: s_ij = s_ij - m_h * |i + Sk - Sq - j|,  s_ij = s_ij + bias_ij
-  // is 1, and neither the slopes nor the bias get a gradient.)
-  std::vector<Acc> ds(seq.Sk, Acc(0));
+  // are 1; the slopes are constants.)
+  std::vector<Acc>& ds = g.ds;
+  ds.assign(seq.Sk, Acc(0));
   for (std::int64_t j = 0; j < seq.Sk; ++j) {
     if (row.visible[j]) ds[j] = row.p[j] * (dp[j] - g.delta);
   }
@@ -302,21 +315,23 @@ ScoreGrad<Acc> attention_score_grad_row(const AttentionPlan& plan, const Attenti
 /// (through plan.q/k/v, row strides allowed; packed or paged as the plan
 /// says), out `[B,Sq,H,Dv]` contiguous in q's layout (plan.o); when lse
 /// `[B,H,Sq]` is given it receives `lse_i = m_i + log l_i` (see
-/// AttentionSaved). Throws tandem::Error before writing anything when a view
-/// does not fit the plan.
+/// AttentionSaved). `bias_step` (mask kind bias only) is added to the bias at
+/// scalar T, see attention_row. Throws tandem::Error before writing anything
+/// when a view does not fit the plan.
 template <class T, class Acc = accumulator_t<T>>
 void attention_forward(const AttentionPlan& plan, const AttentionInputs<T>& in, std::span<T> out,
-                       std::span<T> lse = {}) {
+                       std::span<T> lse = {}, std::span<const T> bias_step = {}) {
   check_inputs(plan, in);
   require_size(out.size(), plan.o.extent, "out");
   if (!lse.empty()) require_size(lse.size(), plan.lse_size(), "lse");
+  if (!bias_step.empty()) require_size(bias_step.size(), plan.mask_size(), "bias_step");
 
   for (std::int64_t n = 0; n < plan.sequences(); ++n) {
     const AttentionSeq seq = plan.sequence(in, n);
     for (std::int64_t h = 0; h < plan.H; ++h) {
       for (std::int64_t i = 0; i < seq.Sq; ++i) {
         // passes 1–4: p_ij = softmax_j(s_ij) over the visible keys (and the sink)
-        const AttentionRow<Acc> row = attention_row<T, Acc>(plan, in, seq, h, i);
+        const AttentionRow<Acc> row = attention_row<T, Acc>(plan, in, seq, h, i, bias_step);
         // pass 5: o_i = sum_j p_ij * v_j
         const std::vector<Acc> o_i = attention_output_row<T, Acc>(plan, in, seq, row, h);
         for (std::int64_t d = 0; d < plan.Dv; ++d) {
@@ -329,17 +344,18 @@ void attention_forward(const AttentionPlan& plan, const AttentionInputs<T>& in, 
   }
 }
 
-/// dQ, dK, dV and dsinks in one pass over the queries (SPEC §3, §2.7): with P
-/// the probabilities and dx the score gradient,
+/// dQ, dK, dV, dsinks and dbias in one pass over the queries (SPEC §3, §2.7):
+/// with P the probabilities, ds and dx the score gradient after and before the cap,
 /// `dq_i = scale · sum_j dx_ij k_j`, `dk_j = scale · sum_{h,i} dx_ij q_i`,
 /// `dv_j = sum_{h,i} p_ij dO_i` (h over the query heads sharing kv head g),
-/// `dsink_h = −sum_{n,i} p_sink,i · <dO_i, o_i>`.
+/// `dsink_h = −sum_{n,i} p_sink,i · <dO_i, o_i>`, `dbias_{b,h,i,j} = ds_ij`
+/// summed over b when Bb = 1 and over h when Hb = 1.
 /// dout `[B,Sq,H,Dv]` (plan.o); grads.dq `[B,Sq,H,D]`, grads.dk `[B,Sk,Hkv,D]`,
-/// grads.dv `[B,Sk,Hkv,Dv]`, grads.dsinks `[H]`, contiguous: any non-empty
-/// subset of them, an empty view is neither computed nor written
-/// (check_grads). With `saved` (the forward's out and lse) P and delta come
-/// from it instead of a second forward; see attention_backward_saved. A paged
-/// plan has no backward. Throws tandem::Error before writing anything.
+/// grads.dv `[B,Sk,Hkv,Dv]`, grads.dsinks `[H]`, grads.dbias `[Bb,Hb,Sq,Sk]`, contiguous: any
+/// non-empty subset of them, an empty view is neither computed nor written (check_grads). With
+/// `saved` (the forward's out and lse) P and delta come from it instead of a second forward; see
+/// attention_backward_saved. A paged plan has no backward. Throws tandem::Error before writing
+/// anything.
 template <class T, class Acc = accumulator_t<T>>
 void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
                         std::span<const T> dout, const AttentionGrads<T>& grads,
@@ -354,6 +370,7 @@ void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
   std::vector<Acc> dk_sum(grads.dk.size(), Acc(0));
   std::vector<Acc> dv_sum(grads.dv.size(), Acc(0));
   std::vector<Acc> dsink_sum(grads.dsinks.size(), Acc(0));
+  std::vector<Acc> dbias_sum(grads.dbias.size(), Acc(0));
   for (std::int64_t n = 0; n < plan.sequences(); ++n) {
     const AttentionSeq seq = plan.sequence(in, n);
     for (std::int64_t h = 0; h < plan.H; ++h) {
@@ -406,6 +423,13 @@ void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
         // pass 6: dsink_h += -p_sink,i * delta_i
         //   forward: l_i = exp(sink_h - m_i) + sum_j exp(s_ij - m_i), the sink has no value
         if (!grads.dsinks.empty()) dsink_sum[h] += -row.p_sink * g.delta;
+
+        // pass 7: dbias_ij += ds_ij   (row mask_row(b, h, i): b and h are 0 where Bb, Hb = 1,
+        //   so the broadcast axes sum in the order n, h)
+        //   forward: s_ij = s_ij + bias_ij
+        for (std::int64_t j = 0; !grads.dbias.empty() && j < seq.Sk; ++j) {
+          dbias_sum[plan.mask_row(seq.b, h, i) + j] += g.ds[j];
+        }
       }
     }
   }
@@ -413,6 +437,9 @@ void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
   for (std::size_t e = 0; e < grads.dv.size(); ++e) grads.dv[e] = static_cast<T>(dv_sum[e]);
   for (std::size_t e = 0; e < grads.dsinks.size(); ++e) {
     grads.dsinks[e] = static_cast<T>(dsink_sum[e]);
+  }
+  for (std::size_t e = 0; e < grads.dbias.size(); ++e) {
+    grads.dbias[e] = static_cast<T>(dbias_sum[e]);
   }
 }
 

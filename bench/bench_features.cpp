@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The attention features against their plain equivalents, each pair measured
 // in the same run (op attention_features, tags `feature` and `plain`, the same
-// shape tag, and the comparison's kind as a tag: `varlen`, `alibi`, `sinks`, `bias`,
-// `dbias`, `dbias_1head` or `paged_decode`; the report's features table divides one by the other):
+// shape tag, and the comparison's kind as a tag: `varlen`, `alibi`, `sinks`,
+// `bias`, `dbias`, `dbias_1head` or `paged_decode`; the report's features
+// table divides one by the other):
 //  - packed sequences: n equal sequences packed (cu_seqlens) against a dense
 //    batch B = n of the same length, forward and backward: the cost per
 //    token (same tokens, same FLOPs);

@@ -3,7 +3,9 @@
 // (servers, data loaders). Many std::threads call every entry point of the
 // reference and the optimized backends at once — different shapes, masks,
 // geometries and `threads` settings per call — and every result has the bits
-// of the same call made alone. Run under ThreadSanitizer by .ci/tsan.sh.
+// of the same call made alone; that the jobs call every entry point is
+// counted through tandem::for_each_entry_point. Run under ThreadSanitizer by
+// .ci/tsan.sh.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,8 +13,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -290,6 +294,33 @@ std::vector<AttentionCase> attention_cases() {
     a.lens = {60, 70};
   }));
   return out;
+}
+
+/// `b` with every entry point counting its calls in `calls[name]` (serial
+/// calls only), whatever its signature.
+Backend counting(Backend b, std::map<std::string, int>& calls) {
+  tandem::for_each_entry_point(b, [&calls](std::string_view name, auto& entry) {
+    int& n = calls[std::string(name)];
+    entry = [inner = entry, &n](const auto&... args) {
+      ++n;
+      inner(args...);
+    };
+  });
+  return b;
+}
+
+TEST(Reentrancy, TheJobsCallEveryEntryPoint) {
+  std::map<std::string, int> calls;
+  const Backend b = counting(tandem::reference::backend(), calls);
+  const std::vector<AttentionCase> cases = attention_cases();
+  const OtherInputs other;
+  std::vector<Job> jobs;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    add_attention_jobs(b, "case " + std::to_string(i), cases[i], jobs);
+  }
+  add_other_jobs(b, "reference", other, jobs);
+  for (const Job& job : jobs) job.run();
+  for (const auto& [name, n] : calls) EXPECT_GT(n, 0) << name << " is in no job";
 }
 
 TEST(Reentrancy, ConcurrentCallsGiveTheBitsOfSerialCalls) {

@@ -13,6 +13,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "support.hpp"  // props/: Subject, properties(), run_property()
@@ -76,6 +77,17 @@ void my_attention_forward(const tandem::AttentionPlan& plan,
 }
 // [my-kernel]
 
+// [visit]
+/// The names of the entry points `backend` leaves empty.
+std::vector<std::string> missing_entry_points(const tandem::Backend& backend) {
+  std::vector<std::string> missing;
+  tandem::for_each_entry_point(backend, [&missing](std::string_view name, const auto& entry) {
+    if (!entry) missing.emplace_back(name);
+  });
+  return missing;
+}
+// [visit]
+
 }  // namespace
 
 int main() {
@@ -90,6 +102,10 @@ int main() {
   subject.thread_variants = {mine};  // the same kernel at every "thread count"
 
   int failed = 0;
+  for (const std::string& name : missing_entry_points(mine)) {
+    std::cout << "FAIL  no " << name << " entry point\n";
+    ++failed;
+  }
   for (const char* name :
        {"agree_attention_forward", "attention_layouts_equivalent",
         "attention_strided_rows_equal_contiguous", "gqa_equals_repeated_mha",

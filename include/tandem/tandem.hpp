@@ -9,6 +9,7 @@
 #include "tandem/backend.hpp"
 #include "tandem/error.hpp"
 #include "tandem/indices.hpp"
+#include "tandem/kernels.hpp"
 #include "tandem/rope.hpp"
 #include "tandem/shape.hpp"
 #include "tandem/swiglu.hpp"

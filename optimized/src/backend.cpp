@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The optimized backend as a tandem::Backend: validates the Options once and
-// binds every entry point to the kernels of optimized/src. The views of each
+// binds every entry point of tandem::Kernels<float> (and the attention block)
+// to the kernels of optimized/src, each called with the options. The views of each
 // call are validated by the entry points themselves (entry_points.hpp).
 #include "tandem/optimized/backend.hpp"
 
@@ -42,13 +43,27 @@ void validate(const Geometry& g) {
   require_in(g.backward_query_parts, "backward_query_parts", 0, kMax);
 }
 
+/// The entry point that calls `kernel` with the call's arguments, then the
+/// options.
+template <auto kernel>
+auto with_options(const Options& options) {
+  return [options](const auto&... args) { kernel(args..., options); };
+}
+
 /// The dq, dk or dv alone entry point.
-std::function<void(const AttentionPlan&, const AttentionInputs<float>&, std::span<const float>,
-                   std::span<float>)>
-one_gradient(const Options& options, Gradient which) {
+auto one_gradient(const Options& options, Gradient which) {
   return [options, which](const AttentionPlan& plan, const AttentionInputs<float>& in,
                           std::span<const float> dout, std::span<float> grad) {
     detail::attention_backward_one(plan, in, dout, which, grad, options);
+  };
+}
+
+/// RoPE of q and k in one call (`transpose`: the backward).
+auto rope_qk(const Options& options, bool transpose) {
+  return [options, transpose](const RopeQkPlan& plan, std::span<const float> q,
+                              std::span<const float> k, const RopeTables<float>& tables,
+                              std::span<float> q_dst, std::span<float> k_dst) {
+    detail::rope_qk(plan, q, k, tables, q_dst, k_dst, transpose, options);
   };
 }
 
@@ -59,14 +74,8 @@ Backend backend(Options options) {
   validate(options.geometry);
   Backend b;
   b.name = "optimized";
-  b.attention_forward = [options](const AttentionPlan& plan, const AttentionInputs<float>& in,
-                                  std::span<float> out) {
-    detail::attention_forward(plan, in, out, options);
-  };
-  b.attention_forward_lse = [options](const AttentionPlan& plan, const AttentionInputs<float>& in,
-                                      std::span<float> out, std::span<float> lse) {
-    detail::attention_forward_lse(plan, in, out, lse, options);
-  };
+  b.attention_forward = with_options<detail::attention_forward>(options);
+  b.attention_forward_lse = with_options<detail::attention_forward_lse>(options);
   b.attention_backward = [options](const AttentionPlan& plan, const AttentionInputs<float>& in,
                                    std::span<const float> dout, const AttentionGrads<float>& g) {
     detail::attention_backward(plan, in, dout, g, nullptr, options);
@@ -80,45 +89,15 @@ Backend backend(Options options) {
   b.attention_backward_dq = one_gradient(options, Gradient::dq);
   b.attention_backward_dk = one_gradient(options, Gradient::dk);
   b.attention_backward_dv = one_gradient(options, Gradient::dv);
-
-  b.rope_forward = [options](const RopePlan& plan, std::span<const float> x,
-                             const RopeTables<float>& tables, std::span<float> out) {
-    detail::rope_forward(plan, x, tables, out, options);
-  };
-  b.rope_backward = [options](const RopePlan& plan, std::span<const float> dy,
-                              const RopeTables<float>& tables, std::span<float> dx) {
-    detail::rope_backward(plan, dy, tables, dx, options);
-  };
-  b.rope_forward_qk = [options](const RopeQkPlan& plan, std::span<const float> q,
-                                std::span<const float> k, const RopeTables<float>& tables,
-                                std::span<float> q_out, std::span<float> k_out) {
-    detail::rope_qk(plan, q, k, tables, q_out, k_out, false, options);
-  };
-  b.rope_backward_qk = [options](const RopeQkPlan& plan, std::span<const float> dq_out,
-                                 std::span<const float> dk_out, const RopeTables<float>& tables,
-                                 std::span<float> dq, std::span<float> dk) {
-    detail::rope_qk(plan, dq_out, dk_out, tables, dq, dk, true, options);
-  };
-  b.axial_rope_forward = [options](const AxialRopePlan& plan, std::span<const float> x,
-                                   std::span<float> out) {
-    detail::axial_rope_forward(plan, x, out, options);
-  };
-  b.axial_rope_backward = [options](const AxialRopePlan& plan, std::span<const float> dy,
-                                    std::span<float> dx) {
-    detail::axial_rope_backward(plan, dy, dx, options);
-  };
-  b.swiglu_forward = [options](const SwigluPlan& plan, std::span<const float> x,
-                               std::span<float> out) {
-    detail::swiglu_forward(plan, x, out, options);
-  };
-  b.swiglu_backward = [options](const SwigluPlan& plan, std::span<const float> x,
-                                std::span<const float> dy, std::span<float> dx) {
-    detail::swiglu_backward(plan, x, dy, dx, options);
-  };
-  b.attention_block = [options](const AttentionBlockPlan& plan, const AttentionBlockInputs& in,
-                                std::span<float> out) {
-    detail::attention_block(plan, in, out, options);
-  };
+  b.rope_forward = with_options<detail::rope_forward>(options);
+  b.rope_backward = with_options<detail::rope_backward>(options);
+  b.rope_forward_qk = rope_qk(options, false);
+  b.rope_backward_qk = rope_qk(options, true);
+  b.axial_rope_forward = with_options<detail::axial_rope_forward>(options);
+  b.axial_rope_backward = with_options<detail::axial_rope_backward>(options);
+  b.swiglu_forward = with_options<detail::swiglu_forward>(options);
+  b.swiglu_backward = with_options<detail::swiglu_backward>(options);
+  b.attention_block = with_options<detail::attention_block>(options);
   return b;
 }
 

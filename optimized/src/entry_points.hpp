@@ -19,7 +19,7 @@
 #include "tandem/attention.hpp"
 #include "tandem/attention_block.hpp"
 #include "tandem/axial_rope.hpp"
-#include "tandem/optimized/backend.hpp"
+#include "tandem/optimized/options.hpp"
 #include "tandem/rope.hpp"
 #include "tandem/swiglu.hpp"
 

@@ -19,9 +19,9 @@
 #include <string>
 
 #include "arrays.hpp"
-#include "kernels.hpp"
 #include "tandem/reference/attention_block.hpp"
 #include "tandem/reference/backend.hpp"
+#include "tandem/reference/kernels.hpp"
 #include "tandem/tandem.hpp"
 #ifdef TANDEM_PYTHON_HAVE_OPTIMIZED
 #include "tandem/optimized/backend.hpp"
@@ -42,15 +42,15 @@ struct Implementations {
   int threads = 0;
   std::optional<Backend> optimized;
   Backend reference = tandem::reference::backend();
-  Kernels<float> optimized_k, reference_k = kernels_of(reference),
-                              reference_fp32acc = reference_kernels<float, float>();
-  Kernels<double> reference_f64 = reference_kernels<double, double>();
+  Kernels<float> optimized_k, reference_k = reference,
+                              reference_fp32acc = tandem::reference::kernels<float, float>();
+  Kernels<double> reference_f64 = tandem::reference::kernels<double>();
 
   void set_threads(int n) {
 #ifdef TANDEM_PYTHON_HAVE_OPTIMIZED
     threads = n;
     optimized = tandem::optimized::backend(tandem::optimized::Options{n});
-    optimized_k = kernels_of(*optimized);
+    optimized_k = *optimized;
 #else
     (void)n;
 #endif

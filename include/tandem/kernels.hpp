@@ -32,10 +32,11 @@ struct Kernels {
   /// a backend that does not implement one throws tandem::Error).
   std::function<void(const AttentionPlan&, const AttentionInputs<T>&, std::span<T> out)>
       attention_forward;
-  /// dq, dk, dv (contiguous, shapes of q, k, v) and dsinks `[H]` from dout
+  /// dq, dk, dv (contiguous, shapes of q, k, v), dsinks `[H]` and dbias
+  /// (the bias's `[Bb,Hb,Sq,Sk]`, summed over its broadcast dims) from dout
   /// (shape of out) in one pass: any non-empty subset of them; an empty view
   /// is not computed and never written (SPEC §3; check_grads; a backend that
-  /// does not implement dsinks throws tandem::Error).
+  /// does not implement dsinks or dbias throws tandem::Error).
   std::function<void(const AttentionPlan&, const AttentionInputs<T>&, std::span<const T> dout,
                      const AttentionGrads<T>&)>
       attention_backward;

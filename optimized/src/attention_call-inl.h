@@ -42,7 +42,7 @@
 #include "attention_exp2-inl.h"
 #include "simd-inl.h"
 #include "tandem/attention.hpp"
-#include "tandem/optimized/backend.hpp"
+#include "tandem/optimized/options.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace tandem::optimized::HWY_NAMESPACE::attn {

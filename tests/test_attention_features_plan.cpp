@@ -50,9 +50,9 @@ TEST(AttentionFeaturePlan, PackedSequencesAreABatchOfOne) {
   EXPECT_TRUE(plan.varlen());
   EXPECT_EQ(plan.sequences(), 3);
   EXPECT_EQ(plan.lse_size(), 4 * 5);  // [1, H, total_q]
-  p.batch = 2;
+  p.B = 2;
   expect_make_error(p, "batch", {"batch = 2", "must be 1 with packed sequences"});
-  p.batch = 1;
+  p.B = 1;
   p.layout = Layout::bhsd;
   expect_make_error(p, "layout", {"layout = bhsd", "must be bshd with packed sequences"});
   p.layout = Layout::bshd;
@@ -69,8 +69,8 @@ TEST(AttentionFeaturePlan, PackedSequencesAreABatchOfOne) {
 
 TEST(AttentionFeaturePlan, PagedCacheShapes) {
   AttentionParams p = base();
-  p.batch = 2;
-  p.seq_k = 0;
+  p.B = 2;
+  p.Sk = 0;
   p.num_blocks = 10;
   p.block_size = 4;
   p.max_blocks = 3;
@@ -80,11 +80,11 @@ TEST(AttentionFeaturePlan, PagedCacheShapes) {
   EXPECT_EQ(plan.kv_batch(), 10);
   EXPECT_EQ(plan.kv_seq(), 4);
   EXPECT_EQ(plan.k.extent, 10 * 4 * 2 * 8);
-  p.seq_k = 12;
+  p.Sk = 12;
   EXPECT_EQ(AttentionPlan::make(p).Sk, 12);
-  p.seq_k = 11;
+  p.Sk = 11;
   expect_make_error(p, "seq_k", {"seq_k = 11", "must be 0 or max_blocks*block_size = 12"});
-  p.seq_k = 0;
+  p.Sk = 0;
   p.block_size = 0;
   expect_make_error(p, "block_size", {"block_size = 0", "must be >= 1 for a paged cache"});
   p.block_size = 4;
@@ -100,7 +100,7 @@ TEST(AttentionFeaturePlan, PagedCacheShapes) {
   p.mask = MaskKind::key_padding;
   expect_make_error(p, "mask", {"must be none, causal or sliding_window with a paged cache"});
   p.mask = MaskKind::causal;
-  p.batch = 1;
+  p.B = 1;
   p.num_seqs = 2;
   expect_make_error(p, "num_blocks", {"a paged cache and packed sequences do not combine"});
   p.num_seqs = 0;
@@ -108,13 +108,13 @@ TEST(AttentionFeaturePlan, PagedCacheShapes) {
   p.block_size = std::int64_t(1) << 40;
   expect_make_error(p, "max_blocks*block_size", {"overflows a 64-bit size"});
   p.block_size = 1;
-  p.batch = std::int64_t(1) << 30;
+  p.B = std::int64_t(1) << 30;
   expect_make_error(p, "block_table", {"overflows a 64-bit size"});
 }
 
 TEST(AttentionFeaturePlan, SinksAndAlibiSizes) {
   AttentionParams p = base();
-  p.batch = 3;
+  p.B = 3;
   p.sinks = true;
   p.alibi = AlibiKind::per_head;
   AttentionPlan plan = AttentionPlan::make(p);
@@ -293,11 +293,11 @@ struct PackedCall {
 
   PackedCall() {
     AttentionParams p;
-    p.seq_q = 5;
-    p.seq_k = 7;
-    p.heads = 2;
-    p.kv_heads = 1;
-    p.head_dim = 4;
+    p.Sq = 5;
+    p.Sk = 7;
+    p.H = 2;
+    p.Hkv = 1;
+    p.D = 4;
     p.num_seqs = 2;
     p.sinks = true;
     p.alibi = AlibiKind::per_batch_head;
@@ -434,10 +434,10 @@ struct PagedCall {
   std::vector<std::int32_t> table{2, 0, -1, 4, 1, 3}, lens{6, 12};
   PagedCall() {
     AttentionParams p;
-    p.batch = 2;
-    p.seq_q = 1;
-    p.heads = 2;
-    p.head_dim = 4;
+    p.B = 2;
+    p.Sq = 1;
+    p.H = 2;
+    p.D = 4;
     p.num_blocks = 5;
     p.block_size = 4;
     p.max_blocks = 3;

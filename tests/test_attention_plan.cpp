@@ -38,12 +38,12 @@ using tandem::test::untouched;
 // A valid starting point: B=2 Sq=3 Sk=5 H=4 Hkv=2 D=8.
 AttentionParams valid() {
   AttentionParams p;
-  p.batch = 2;
-  p.seq_q = 3;
-  p.seq_k = 5;
-  p.heads = 4;
-  p.kv_heads = 2;
-  p.head_dim = 8;
+  p.B = 2;
+  p.Sq = 3;
+  p.Sk = 5;
+  p.H = 4;
+  p.Hkv = 2;
+  p.D = 8;
   return p;
 }
 
@@ -62,7 +62,7 @@ constexpr std::int64_t kTwo32 = std::int64_t(1) << 32;
 
 TEST(AttentionPlanMake, DefaultsAndDerivedStrides) {
   AttentionParams p = valid();
-  p.kv_heads = 0;  // means H
+  p.Hkv = 0;  // means H
   const AttentionPlan plan = AttentionPlan::make(p);
   EXPECT_EQ(plan.Hkv, 4);
   EXPECT_EQ(plan.Dv, 8);                               // v_head_dim 0 means D
@@ -79,7 +79,7 @@ TEST(AttentionPlanMake, DefaultsAndDerivedStrides) {
 TEST(AttentionPlanMake, BhsdStridesAndGroups) {
   AttentionParams p = valid();
   p.layout = Layout::bhsd;
-  p.v_head_dim = 6;
+  p.Dv = 6;
   const AttentionPlan plan = AttentionPlan::make(p);
   // k [B, Hkv, Sk, D] = [2, 2, 5, 8]: seq = 8, head = 5*8 = 40, batch = 2*40 = 80.
   EXPECT_EQ(plan.k.seq, 8);
@@ -128,32 +128,32 @@ TEST(AttentionPlanMake, MaskSizesAndRows) {
 
 TEST(AttentionPlanMake, SizesMustBePositive) {
   AttentionParams p = valid();
-  p.batch = 0;
+  p.B = 0;
   expect_make_error(p, "batch", {"batch = 0", ">= 1"});
   p = valid();
-  p.seq_q = 0;
+  p.Sq = 0;
   expect_make_error(p, "seq_q", {"seq_q = 0", ">= 1"});
   p = valid();
-  p.seq_k = -1;
+  p.Sk = -1;
   expect_make_error(p, "seq_k", {"seq_k = -1", ">= 1"});
   p = valid();
-  p.heads = 0;
+  p.H = 0;
   expect_make_error(p, "num_heads", {"num_heads = 0", ">= 1"});
   p = valid();
-  p.head_dim = 0;
+  p.D = 0;
   expect_make_error(p, "head_dim", {"head_dim = 0", ">= 1"});
   p = valid();
-  p.v_head_dim = -3;
+  p.Dv = -3;
   expect_make_error(p, "v_head_dim", {"v_head_dim = -3", ">= 1"});
 }
 
 TEST(AttentionPlanMake, KvHeadsMustDivideHeads) {
   AttentionParams p = valid();
-  p.kv_heads = 3;
+  p.Hkv = 3;
   expect_make_error(p, "kv_heads", {"kv_heads = 3", "must divide num_heads = 4"});
-  p.kv_heads = -2;
+  p.Hkv = -2;
   expect_make_error(p, "kv_heads", {"kv_heads = -2"});
-  p.kv_heads = 8;  // more kv heads than query heads
+  p.Hkv = 8;  // more kv heads than query heads
   expect_make_error(p, "kv_heads", {"kv_heads = 8", "num_heads = 4"});
 }
 
@@ -219,7 +219,7 @@ TEST(AttentionPlanMake, RowStrideRules) {
   p.k_row_stride = 15;  // < Hkv*D = 16
   expect_make_error(p, "k_row_stride", {"k_row_stride = 15", "16"});
   p = valid();
-  p.v_head_dim = 3;
+  p.Dv = 3;
   p.v_row_stride = 5;  // < Hkv*Dv = 6
   expect_make_error(p, "v_row_stride", {"v_row_stride = 5", "6"});
   p = valid();
@@ -232,13 +232,13 @@ TEST(AttentionPlanMake, RowStrideRules) {
 
 TEST(AttentionPlanMake, SizeOverflowIsAnErrorNotUndefined) {
   AttentionParams p = valid();
-  p.batch = kTwo40;
-  p.seq_q = kTwo40;  // B*Sq = 2^80
+  p.B = kTwo40;
+  p.Sq = kTwo40;  // B*Sq = 2^80
   expect_make_error(p, "q", {"overflows a 64-bit size"});
   p = valid();
-  p.heads = std::int64_t(1) << 62;
-  p.kv_heads = 1;
-  p.head_dim = 4;  // H*D = 2^64
+  p.H = std::int64_t(1) << 62;
+  p.Hkv = 1;
+  p.D = 4;  // H*D = 2^64
   expect_make_error(p, "q", {"overflows"});
   p = valid();
   p.q_row_stride = std::numeric_limits<std::int64_t>::max() / 2;  // rows * stride overflows
@@ -247,10 +247,10 @@ TEST(AttentionPlanMake, SizeOverflowIsAnErrorNotUndefined) {
 
 TEST(AttentionPlanMake, BiasSizeOverflowOnlyWhenABiasIsGiven) {
   AttentionParams p;
-  p.seq_q = kTwo32;
-  p.seq_k = kTwo32;
-  p.heads = 1;
-  p.head_dim = 1;
+  p.Sq = kTwo32;
+  p.Sk = kTwo32;
+  p.H = 1;
+  p.D = 1;
   // q, k, v have 2^32 elements each: fine, no mask formed.
   EXPECT_EQ(AttentionPlan::make(p).q.extent, kTwo32);
   // A bias [1, 1, Sq, Sk] would have 2^64 elements.
@@ -501,7 +501,7 @@ struct Buffers {
 AttentionParams padded() {
   AttentionParams p = valid();
   p.mask = MaskKind::key_padding;
-  p.v_head_dim = 4;
+  p.Dv = 4;
   p.q_row_stride = 40;
   return p;
 }

@@ -106,13 +106,12 @@ inline std::vector<float> alibi_standard_slopes(std::int64_t heads) {
 /// Explicit parameters of an attention call; AttentionPlan::make validates
 /// them. Zero means "the default" where noted.
 struct AttentionParams {
-  std::int64_t batch = 1;          ///< B
-  std::int64_t seq_q = 0;          ///< Sq
-  std::int64_t seq_k = 0;          ///< Sk
-  std::int64_t heads = 0;          ///< H, query heads
-  std::int64_t kv_heads = 0;       ///< Hkv, divides H; 0 means H
-  std::int64_t head_dim = 0;       ///< D, width of q and k heads
-  std::int64_t v_head_dim = 0;     ///< Dv, width of v and out heads; 0 means D
+  ///@{
+  /// Sizes in SPEC's symbols, as the plan has them: B batch, Sq query length, Sk key length, H
+  /// query heads, Hkv kv heads (divides H; 0 means H), D q/k head width, Dv v/out head width
+  /// (0 means D).
+  std::int64_t B = 1, Sq = 0, Sk = 0, H = 0, Hkv = 0, D = 0, Dv = 0;
+  ///@}
   Layout layout = Layout::bshd;    ///< memory layout of q, k, v, out and the gradients (SPEC §1)
   MaskKind mask = MaskKind::none;  ///< which keys each query sees (SPEC §2)
   std::int64_t window = 0;         ///< w of sliding_window
@@ -126,13 +125,13 @@ struct AttentionParams {
   bool sinks = false;              ///< a learned logit sinks[h] joins every softmax (SPEC §2.7)
   AlibiKind alibi = AlibiKind::none;  ///< ALiBi slopes `[H]` or `[n, H]` (SPEC §2.8)
   /// Packed sequences (SPEC §2.9): n >= 1 sequences packed along the token
-  /// axis of q `[total_q, H, D]` and k, v `[total_k, Hkv, D or Dv]`, with batch = 1,
-  /// seq_q = total_q, seq_k = total_k; 0 = not packed.
+  /// axis of q `[total_q, H, D]` and k, v `[total_k, Hkv, D or Dv]`, with B = 1,
+  /// Sq = total_q, Sk = total_k; 0 = not packed.
   std::int64_t num_seqs = 0;
   ///@{
   /// A paged KV cache (SPEC §2.10): k and v are `[num_blocks, block_size, Hkv, D or Dv]`
   /// and each batch entry reads its keys through a block table `[B, max_blocks]`;
-  /// all three 0 = not paged (then seq_k is 0 or max_blocks·block_size).
+  /// all three 0 = not paged (then Sk is 0 or max_blocks·block_size).
   std::int64_t num_blocks = 0, block_size = 0, max_blocks = 0;
   ///@}
 };
@@ -563,7 +562,7 @@ inline std::int64_t check_feature_params(const AttentionParams& p) {
     require(!paged, "num_blocks", p.num_blocks,
             "must be 0 with packed sequences (num_seqs = " + std::to_string(p.num_seqs) +
                 "): a paged cache and packed sequences do not combine");
-    require(p.batch == 1, "batch", p.batch,
+    require(p.B == 1, "batch", p.B,
             "must be 1 with packed sequences (num_seqs = " + std::to_string(p.num_seqs) +
                 "): q is [total_q, H, D]");
     require(p.layout == Layout::bshd, "layout", to_string(p.layout),
@@ -571,8 +570,8 @@ inline std::int64_t check_feature_params(const AttentionParams& p) {
     mask_ok("packed sequences (cu_seqlens)");
   }
   if (!paged) {
-    require(p.seq_k >= 1, "seq_k", p.seq_k, "must be >= 1");
-    return p.seq_k;
+    require(p.Sk >= 1, "seq_k", p.Sk, "must be >= 1");
+    return p.Sk;
   }
   require(p.num_blocks >= 1, "num_blocks", p.num_blocks, "must be >= 1 for a paged cache");
   require(p.block_size >= 1, "block_size", p.block_size, "must be >= 1 for a paged cache");
@@ -581,9 +580,9 @@ inline std::int64_t check_feature_params(const AttentionParams& p) {
           "must be bshd with a paged cache (k [num_blocks, block_size, Hkv, D])");
   mask_ok("a paged cache (block_table)");
   const std::int64_t capacity = checked_mul(p.max_blocks, p.block_size, "max_blocks*block_size");
-  checked_mul(p.batch, p.max_blocks, "block_table");
+  checked_mul(p.B, p.max_blocks, "block_table");
   require(
-      p.seq_k == 0 || p.seq_k == capacity, "seq_k", p.seq_k,
+      p.Sk == 0 || p.Sk == capacity, "seq_k", p.Sk,
       "must be 0 or max_blocks*block_size = " + std::to_string(capacity) + " for a paged cache");
   return capacity;
 }
@@ -591,15 +590,15 @@ inline std::int64_t check_feature_params(const AttentionParams& p) {
 }  // namespace detail
 
 inline AttentionPlan AttentionPlan::make(const AttentionParams& p) {
-  require(p.batch >= 1, "batch", p.batch, "must be >= 1");
-  require(p.seq_q >= 1, "seq_q", p.seq_q, "must be >= 1");
+  require(p.B >= 1, "batch", p.B, "must be >= 1");
+  require(p.Sq >= 1, "seq_q", p.Sq, "must be >= 1");
   const std::int64_t Sk = detail::check_feature_params(p);
-  require(p.heads >= 1, "num_heads", p.heads, "must be >= 1");
-  const std::int64_t Hkv = p.kv_heads == 0 ? p.heads : p.kv_heads;
-  require(Hkv >= 1 && p.heads % Hkv == 0, "kv_heads", Hkv,
-          "must divide num_heads = " + std::to_string(p.heads));
-  require(p.head_dim >= 1, "head_dim", p.head_dim, "must be >= 1");
-  const std::int64_t Dv = p.v_head_dim == 0 ? p.head_dim : p.v_head_dim;
+  require(p.H >= 1, "num_heads", p.H, "must be >= 1");
+  const std::int64_t Hkv = p.Hkv == 0 ? p.H : p.Hkv;
+  require(Hkv >= 1 && p.H % Hkv == 0, "kv_heads", Hkv,
+          "must divide num_heads = " + std::to_string(p.H));
+  require(p.D >= 1, "head_dim", p.D, "must be >= 1");
+  const std::int64_t Dv = p.Dv == 0 ? p.D : p.Dv;
   require(Dv >= 1, "v_head_dim", Dv, "must be >= 1");
   if (p.mask == MaskKind::sliding_window) {
     require(p.window >= 0, "window", p.window, "must be >= 0");
@@ -608,16 +607,16 @@ inline AttentionPlan AttentionPlan::make(const AttentionParams& p) {
             std::string("must be 0 (only mask sliding_window takes a window; mask is ") +
                 to_string(p.mask) + ")");
   }
-  const double scale = p.scale ? *p.scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim));
+  const double scale = p.scale ? *p.scale : 1.0 / std::sqrt(static_cast<double>(p.D));
   require(std::isfinite(scale) && scale != 0.0, "scale", std::to_string(scale),
           "must be finite and non-zero");
   require(std::isfinite(p.softcap) && p.softcap >= 0.0, "softcap", std::to_string(p.softcap),
           "must be finite and >= 0 (0 disables it)");
   if (p.mask == MaskKind::bias) {
-    require(p.bias_batch == 1 || p.bias_batch == p.batch, "bias_batch", p.bias_batch,
-            "must be 1 or batch = " + std::to_string(p.batch));
-    require(p.bias_heads == 1 || p.bias_heads == p.heads, "bias_heads", p.bias_heads,
-            "must be 1 or num_heads = " + std::to_string(p.heads));
+    require(p.bias_batch == 1 || p.bias_batch == p.B, "bias_batch", p.bias_batch,
+            "must be 1 or batch = " + std::to_string(p.B));
+    require(p.bias_heads == 1 || p.bias_heads == p.H, "bias_heads", p.bias_heads,
+            "must be 1 or num_heads = " + std::to_string(p.H));
   }
   const auto check_stride = [&](std::int64_t stride, std::int64_t heads, std::int64_t width,
                                 const char* name) {
@@ -630,17 +629,17 @@ inline AttentionPlan AttentionPlan::make(const AttentionParams& p) {
       require(stride >= row, name, stride, "must be >= heads*width = " + std::to_string(row));
     }
   };
-  check_stride(p.q_row_stride, p.heads, p.head_dim, "q_row_stride");
-  check_stride(p.k_row_stride, Hkv, p.head_dim, "k_row_stride");
+  check_stride(p.q_row_stride, p.H, p.D, "q_row_stride");
+  check_stride(p.k_row_stride, Hkv, p.D, "k_row_stride");
   check_stride(p.v_row_stride, Hkv, Dv, "v_row_stride");
 
   AttentionPlan plan;
-  plan.B = p.batch;
-  plan.Sq = p.seq_q;
+  plan.B = p.B;
+  plan.Sq = p.Sq;
   plan.Sk = Sk;
-  plan.H = p.heads;
+  plan.H = p.H;
   plan.Hkv = Hkv;
-  plan.D = p.head_dim;
+  plan.D = p.D;
   plan.Dv = Dv;
   plan.layout = p.layout;
   plan.mask = p.mask;
@@ -688,21 +687,21 @@ inline void split_head_params(const Shape& q, const Shape& k, const Shape& v, st
   require(q[h_ax] == H, "q.shape", to_string(q),
           std::string("must have num_heads = ") + std::to_string(H) + " on its head axis (" +
               where + ")");
-  p.batch = b_ax < 0 ? 1 : q[b_ax];
-  p.seq_q = q[s_ax];
-  p.head_dim = q[d_ax];
-  p.kv_heads = k[h_ax];
-  p.v_head_dim = v[d_ax];
+  p.B = b_ax < 0 ? 1 : q[b_ax];
+  p.Sq = q[s_ax];
+  p.D = q[d_ax];
+  p.Hkv = k[h_ax];
+  p.Dv = v[d_ax];
   if (paged) {
     p.num_blocks = k[0];
     p.block_size = k[1];
   } else {
-    p.seq_k = k[s_ax];
-    require(b_ax < 0 || k[b_ax] == p.batch, "k.shape", to_string(k),
-            "must have batch = " + std::to_string(p.batch));
+    p.Sk = k[s_ax];
+    require(b_ax < 0 || k[b_ax] == p.B, "k.shape", to_string(k),
+            "must have batch = " + std::to_string(p.B));
   }
-  require(k[d_ax] == p.head_dim, "k.shape", to_string(k),
-          "must have head_dim = " + std::to_string(p.head_dim) + " (q's last dim)");
+  require(k[d_ax] == p.D, "k.shape", to_string(k),
+          "must have head_dim = " + std::to_string(p.D) + " (q's last dim)");
   bool v_fits = true;
   for (std::size_t ax = 0; ax < d_ax; ++ax) v_fits = v_fits && v[ax] == k[ax];
   require(v_fits, "v.shape", to_string(v),
@@ -715,24 +714,24 @@ inline void folded_head_params(const Shape& q, const Shape& k, const Shape& v, s
                                AttentionParams& p) {
   const std::size_t rank = q.size();
   const std::size_t o = rank == 3 ? 1 : 0;
-  p.batch = rank == 3 ? q[0] : 1;
-  p.seq_q = q[o];
+  p.B = rank == 3 ? q[0] : 1;
+  p.Sq = q[o];
   require(q[o + 1] % H == 0, "q.shape", to_string(q),
           "must have a last dim divisible by num_heads = " + std::to_string(H));
-  p.head_dim = q[o + 1] / H;
-  require(p.head_dim >= 1, "q.shape", to_string(q), "must have a non-empty last dim");
-  require(rank == 2 || k[0] == p.batch, "k.shape", to_string(k),
-          "must have batch = " + std::to_string(p.batch));
-  p.seq_k = k[o];
-  require(k[o + 1] % p.head_dim == 0, "k.shape", to_string(k),
-          "must have a last dim divisible by head_dim = " + std::to_string(p.head_dim));
-  p.kv_heads = k[o + 1] / p.head_dim;
-  require(p.kv_heads >= 1, "k.shape", to_string(k), "must have a non-empty last dim");
-  require((rank == 2 || v[0] == p.batch) && v[o] == p.seq_k, "v.shape", to_string(v),
+  p.D = q[o + 1] / H;
+  require(p.D >= 1, "q.shape", to_string(q), "must have a non-empty last dim");
+  require(rank == 2 || k[0] == p.B, "k.shape", to_string(k),
+          "must have batch = " + std::to_string(p.B));
+  p.Sk = k[o];
+  require(k[o + 1] % p.D == 0, "k.shape", to_string(k),
+          "must have a last dim divisible by head_dim = " + std::to_string(p.D));
+  p.Hkv = k[o + 1] / p.D;
+  require(p.Hkv >= 1, "k.shape", to_string(k), "must have a non-empty last dim");
+  require((rank == 2 || v[0] == p.B) && v[o] == p.Sk, "v.shape", to_string(v),
           "must match k.shape = " + to_string(k) + " except the last dim");
-  require(v[o + 1] % p.kv_heads == 0, "v.shape", to_string(v),
-          "must have a last dim divisible by kv_heads = " + std::to_string(p.kv_heads));
-  p.v_head_dim = v[o + 1] / p.kv_heads;
+  require(v[o + 1] % p.Hkv == 0, "v.shape", to_string(v),
+          "must have a last dim divisible by kv_heads = " + std::to_string(p.Hkv));
+  p.Dv = v[o + 1] / p.Hkv;
 }
 
 /// The layout of a rank-4 call: the attr, or the one of dims 1 and 2 that
@@ -761,7 +760,7 @@ inline std::int64_t vector_length(const Shape& shape, std::int64_t n, const std:
 /// cu_seqlens, seqused_k, block table and cache lengths. p's batch, heads
 /// and (paged) key shape are already set.
 inline void feature_params(const AttentionShapes& s, AttentionParams& p) {
-  const std::int64_t H = p.heads;
+  const std::int64_t H = p.H;
   if (s.sinks) {
     vector_length(*s.sinks, H, "sinks",
                   "one logit per query head, num_heads = " + std::to_string(H));
@@ -778,14 +777,14 @@ inline void feature_params(const AttentionShapes& s, AttentionParams& p) {
   if (s.seqused_k) vector_length(*s.seqused_k, p.num_seqs, "seqused_k", "one per sequence");
   if (s.block_table) {
     const Shape& t = *s.block_table;
-    require(t.size() == 2 && t[0] == p.batch && t[1] >= 1, "block_table.shape", to_string(t),
-            "must be [B, max_blocks] with B = " + std::to_string(p.batch) + " and max_blocks >= 1");
+    require(t.size() == 2 && t[0] == p.B && t[1] >= 1, "block_table.shape", to_string(t),
+            "must be [B, max_blocks] with B = " + std::to_string(p.B) + " and max_blocks >= 1");
     p.max_blocks = t[1];
-    vector_length(*s.cache_seqlens, p.batch, "cache_seqlens", "one per batch entry");
+    vector_length(*s.cache_seqlens, p.B, "cache_seqlens", "one per batch entry");
   }
   if (s.alibi_slopes) {
     const Shape& m = *s.alibi_slopes;
-    const std::int64_t n = p.num_seqs > 0 ? p.num_seqs : p.batch;
+    const std::int64_t n = p.num_seqs > 0 ? p.num_seqs : p.B;
     const bool per_head = m == Shape{H}, per_seq = m == Shape{n, H};
     require(per_head || per_seq, "alibi_slopes.shape", to_string(m),
             "must be [H] = " + to_string(Shape{H}) + " or [n, H] = " + to_string(Shape{n, H}) +
@@ -834,7 +833,7 @@ inline AttentionPlan AttentionPlan::from_shapes(const AttentionShapes& s, const 
           "is only taken with cu_seqlens_q and cu_seqlens_k (packed sequences)");
 
   AttentionParams p;
-  p.heads = H;
+  p.H = H;
   p.mask = a.mask;
   p.window = a.window;
   p.scale = a.scale;
@@ -872,8 +871,8 @@ inline AttentionPlan AttentionPlan::from_shapes(const AttentionShapes& s, const 
     detail::folded_head_params(q, k, v, H, p);
   }
   // make() reads v_head_dim = 0 as "Dv = D": an empty v head must fail here.
-  require(p.v_head_dim >= 1, "v.shape", to_string(v), "must have a non-empty last dim");
-  require(p.kv_heads >= 1 && H % p.kv_heads == 0, "kv_heads", p.kv_heads,
+  require(p.Dv >= 1, "v.shape", to_string(v), "must have a non-empty last dim");
+  require(p.Hkv >= 1 && H % p.Hkv == 0, "kv_heads", p.Hkv,
           "(from k.shape = " + to_string(k) + ") must divide num_heads = " + std::to_string(H));
 
   // (A mask kind that takes a mask is refused by make() for packed and paged calls.)
@@ -886,15 +885,15 @@ inline AttentionPlan AttentionPlan::from_shapes(const AttentionShapes& s, const 
             std::string("is required for mask ") + to_string(a.mask));
     const Shape& m = *mask;
     if (a.mask == MaskKind::key_padding) {
-      require(m.size() == 2 && m[0] == p.batch && m[1] == p.seq_k, "mask.shape", to_string(m),
-              "must be [B, Sk] = " + to_string({p.batch, p.seq_k}) + " for key_padding");
+      require(m.size() == 2 && m[0] == p.B && m[1] == p.Sk, "mask.shape", to_string(m),
+              "must be [B, Sk] = " + to_string({p.B, p.Sk}) + " for key_padding");
     } else {
-      require(m.size() == 4 && (m[0] == 1 || m[0] == p.batch) && (m[1] == 1 || m[1] == H) &&
-                  m[2] == p.seq_q && m[3] == p.seq_k,
+      require(m.size() == 4 && (m[0] == 1 || m[0] == p.B) && (m[1] == 1 || m[1] == H) &&
+                  m[2] == p.Sq && m[3] == p.Sk,
               "mask.shape", to_string(m),
-              "must be [Bb, Hb, Sq, Sk] with Bb in {1, " + std::to_string(p.batch) +
-                  "}, Hb in {1, " + std::to_string(H) + "}, Sq = " + std::to_string(p.seq_q) +
-                  ", Sk = " + std::to_string(p.seq_k) + " for bias");
+              "must be [Bb, Hb, Sq, Sk] with Bb in {1, " + std::to_string(p.B) + "}, Hb in {1, " +
+                  std::to_string(H) + "}, Sq = " + std::to_string(p.Sq) +
+                  ", Sk = " + std::to_string(p.Sk) + " for bias");
       p.bias_batch = m[0];
       p.bias_heads = m[1];
     }

@@ -121,10 +121,10 @@ inline AttentionBlockPlan AttentionBlockPlan::make(const AttentionBlockParams& p
   plan.has_rope = p.rope;
 
   AttentionParams a;
-  a.batch = p.batch;
-  a.seq_q = a.seq_k = p.seq;
-  a.heads = a.kv_heads = p.heads;
-  a.head_dim = a.v_head_dim = plan.D;
+  a.B = p.batch;
+  a.Sq = a.Sk = p.seq;
+  a.H = a.Hkv = p.heads;
+  a.D = a.Dv = plan.D;
   a.layout = Layout::bshd;
   a.mask = p.key_padding ? MaskKind::key_padding : MaskKind::none;
   a.q_row_stride = a.k_row_stride = p.rope ? p.embed : E3;

@@ -98,19 +98,19 @@ class _AttentionCall:
         s_ax, h_ax = (1, 2) if L == _ext.Layout.bshd else (2, 1)
         p = _ext.AttentionParams()
         p.layout = L
-        p.batch, p.seq_q, p.heads, p.head_dim = q.shape[0], q.shape[s_ax], q.shape[h_ax], q.shape[3]
-        p.seq_k, p.kv_heads, p.v_head_dim = k.shape[s_ax], k.shape[h_ax], v.shape[3]
+        p.B, p.Sq, p.H, p.D = q.shape[0], q.shape[s_ax], q.shape[h_ax], q.shape[3]
+        p.Sk, p.Hkv, p.Dv = k.shape[s_ax], k.shape[h_ax], v.shape[3]
         if paged:  # k, v [num_blocks, block_size, Hkv, D]
-            p.seq_k, (p.num_blocks, p.block_size) = 0, k.shape[:2]
-        if num_heads is not None and num_heads != p.heads:
-            raise Error(f"num_heads = {num_heads} must be q's head count {p.heads} "
+            p.Sk, (p.num_blocks, p.block_size) = 0, k.shape[:2]
+        if num_heads is not None and num_heads != p.H:
+            raise Error(f"num_heads = {num_heads} must be q's head count {p.H} "
                         f"(q.shape = {list(q.shape)}, layout {layout})", "num_heads")
-        if p.heads < 1 or p.kv_heads < 1 or p.head_dim < 1 or p.v_head_dim < 1:
+        if p.H < 1 or p.Hkv < 1 or p.D < 1 or p.Dv < 1:
             raise Error(f"q.shape = {list(q.shape)}, k.shape = {list(k.shape)}, v.shape = "
                         f"{list(v.shape)} must have no empty head axis", "q.shape")
-        q, p.q_row_stride = self._rows(q, L, p.heads, p.head_dim)
-        k, p.k_row_stride = self._rows(k, L, p.kv_heads, p.head_dim)
-        v, p.v_row_stride = self._rows(v, L, p.kv_heads, p.v_head_dim)
+        q, p.q_row_stride = self._rows(q, L, p.H, p.D)
+        k, p.k_row_stride = self._rows(k, L, p.Hkv, p.D)
+        v, p.v_row_stride = self._rows(v, L, p.Hkv, p.Dv)
         if scale is not None:
             p.scale = float(scale)
         p.softcap = float(softcap or 0.0)
@@ -223,8 +223,8 @@ class _AttentionCall:
     def out_shape(self, S, heads, width):
         p = self.params
         if p.layout == _ext.Layout.bshd:
-            return (p.batch, S, heads, width)
-        return (p.batch, heads, S, width)
+            return (p.B, S, heads, width)
+        return (p.B, heads, S, width)
 
     def empty(self, S, heads, width):
         return A.empty(self.like, self.out_shape(S, heads, width))
@@ -238,13 +238,13 @@ class _AttentionCall:
         if self.rank == 4:
             return out
         if self.heads_axis:
-            return out.reshape(*self.shapes["q"][:-1], self.params.v_head_dim)
-        return out.reshape(*self.shapes["q"][:-1], self.params.heads * self.params.v_head_dim)
+            return out.reshape(*self.shapes["q"][:-1], self.params.Dv)
+        return out.reshape(*self.shapes["q"][:-1], self.params.H * self.params.Dv)
 
     def dout(self, dout):
         d = A.as_array(dout, "dout")
         A.same_dtype("dout", d, "q", self.like)
-        shape = self.out_shape(self.params.seq_q, self.params.heads, self.params.v_head_dim)
+        shape = self.out_shape(self.params.Sq, self.params.H, self.params.Dv)
         if self.rank != 4:
             if math.prod(d.shape) != math.prod(shape):
                 raise Error(f"dout.shape = {list(d.shape)} must have the shape of out", "dout")
@@ -282,7 +282,7 @@ def attention(q, k, v, *, layout="bshd", num_heads=None, mask=None, window=None,
                           key_padding, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
                           seqused_k)
     p = call.params
-    out = call.empty(p.seq_q, p.heads, p.v_head_dim)
+    out = call.empty(p.Sq, p.H, p.Dv)
     _ext.attention_forward(backend, p, call.inputs, out, None)
     return call.out_back(out)
 
@@ -295,8 +295,8 @@ def attention_forward_lse(q, k, v, **kwargs):
     backend = kwargs.pop("backend", "optimized")
     call = _AttentionCall(q, k, v, **kwargs)
     p = call.params
-    out = call.empty(p.seq_q, p.heads, p.v_head_dim)
-    lse = A.empty(call.like, (p.batch, p.heads, p.seq_q))
+    out = call.empty(p.Sq, p.H, p.Dv)
+    lse = A.empty(call.like, (p.B, p.H, p.Sq))
     _ext.attention_forward(backend, p, call.inputs, out, lse)
     return call.out_back(out), lse
 
@@ -317,11 +317,11 @@ def _grads(call, want):
     g = {name: None for name in _GRADS}
     for name in want:
         if name == "dsinks":
-            g[name] = A.empty(call.like, (p.heads,))
+            g[name] = A.empty(call.like, (p.H,))
         else:
-            heads, width = (p.heads, p.head_dim) if name == "dq" else \
-                (p.kv_heads, p.head_dim if name == "dk" else p.v_head_dim)
-            g[name] = call.empty(p.seq_q if name == "dq" else p.seq_k, heads, width)
+            heads, width = (p.H, p.D) if name == "dq" else \
+                (p.Hkv, p.D if name == "dk" else p.Dv)
+            g[name] = call.empty(p.Sq if name == "dq" else p.Sk, heads, width)
     return g
 
 
@@ -374,8 +374,8 @@ def attention_with_kvcache(q, k_cache, v_cache, block_table, cache_seqlens, *, m
                           None, None, sinks, alibi_slopes, block_table=block_table,
                           cache_seqlens=cache_seqlens)
     p = call.params
-    out = call.empty(p.seq_q, p.heads, p.v_head_dim)
-    lse = A.empty(call.like, (p.batch, p.heads, p.seq_q)) if return_lse else None
+    out = call.empty(p.Sq, p.H, p.Dv)
+    lse = A.empty(call.like, (p.B, p.H, p.Sq)) if return_lse else None
     _ext.attention_forward(backend, p, call.inputs, out, lse)
     return (out, lse) if return_lse else out
 

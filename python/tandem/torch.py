@@ -420,8 +420,8 @@ def _fast_plan(q, k, v, is_causal, scale, enable_gqa):
         return None
     p = _ext.AttentionParams()
     p.layout = _ext.Layout.bhsd
-    p.batch, p.heads, p.seq_q, p.head_dim = B, H, L, D
-    p.kv_heads, p.seq_k, p.v_head_dim = Hkv, S, v.shape[3]
+    p.B, p.H, p.Sq, p.D = B, H, L, D
+    p.Hkv, p.Sk, p.Dv = Hkv, S, v.shape[3]
     if is_causal:
         p.mask = _ext.MaskKind.causal
     if scale is not None:

@@ -148,7 +148,7 @@ void layouts_equivalent(const Backend& be) {
   pb.layout = Layout::bhsd;
   const AttentionPlan rank3 = AttentionPlan::from_shapes(
       {p.B, p.Sq, p.H * p.D}, {p.B, p.Sk, p.Hkv * p.D}, {p.B, p.Sk, p.Hkv * p.Dv}, ms, a);
-  a.layout = Layout::bhsd;
+  a.layout = tandem::QkvLayout::bhsd;
   const AttentionPlan rank4 = AttentionPlan::from_shapes(
       {p.B, p.H, p.Sq, p.D}, {p.B, p.Hkv, p.Sk, p.D}, {p.B, p.Hkv, p.Sk, p.Dv}, ms, a);
   RC_ASSERT(rank4.layout == Layout::bhsd);

@@ -208,8 +208,8 @@ TEST(AttentionFeatureShapes, PackedSequences) {
   expect_shapes_error(bad, attention_attrs(4), "q.shape",
                       {"num_heads = 4 on its head axis (packed"});
   AttentionAttrs a = attention_attrs(4);
-  a.layout = Layout::bhsd;
-  expect_shapes_error(s, a, "layout", {"must be bshd (or absent) with packed sequences"});
+  a.layout = tandem::QkvLayout::bhsd;
+  expect_shapes_error(s, a, "layout", {"must be thd or bshd (or absent) with packed sequences"});
   AttentionShapes with_mask = s;
   with_mask.mask = Shape{1, 1, 9, 11};
   expect_shapes_error(with_mask, attention_attrs(4, MaskKind::bias), "mask",
@@ -523,3 +523,28 @@ TEST(AttentionFeatureInputs, DsinksAloneOrWithOthers) {
 }
 
 }  // namespace
+
+TEST(AttentionFeaturesPlanShapes, FeatureErrorsNameTheCallersInputs) {
+  tandem::AttentionNames n;
+  n.sinks = "s_aux";
+  n.alibi_slopes = "slopes";
+  n.cu_seqlens_q = "cu_q";
+  n.cu_seqlens_k = "cu_k";
+  const auto fails = [&](const tandem::AttentionShapes& s, const std::string& parameter,
+                         std::initializer_list<std::string> fragments) {
+    tandem::test::expect_error(
+        [&] { tandem::AttentionPlan::from_shapes(s, tandem::test::attention_attrs(4), n); },
+        parameter, fragments);
+  };
+  tandem::AttentionShapes s{{2, 5, 4, 8}, {2, 7, 2, 8}, {2, 7, 2, 8}};
+  s.sinks = tandem::Shape{3};
+  fails(s, "s_aux.shape", {"s_aux.shape = [3]", "num_heads = 4"});
+  s.sinks.reset();
+  s.alibi_slopes = tandem::Shape{3, 4};
+  fails(s, "slopes.shape", {"slopes.shape = [3, 4]", "[n, H] = [2, 4]"});
+  tandem::AttentionShapes p{{9, 4, 8}, {12, 2, 8}, {12, 2, 8}};
+  p.cu_seqlens_q = tandem::Shape{3};
+  fails(p, "cu_k", {"cu_k = (absent)", "required with cu_q"});
+  p.cu_seqlens_k = tandem::Shape{4};
+  fails(p, "cu_k.shape", {"cu_k.shape = [4]", "as cu_q"});
+}

@@ -464,10 +464,10 @@ TEST(Conventions, BhsdIsTheTransposeOfBshd) {
   const int64_t B = 2, S = 3, H = 2, D = 4;
   tandem::AttentionAttrs attrs;
   attrs.num_heads = H;
-  attrs.layout = tandem::Layout::bshd;
+  attrs.layout = tandem::QkvLayout::bshd;
   const auto bshd = tandem::AttentionPlan::from_shapes({B, S, H, D}, {B, S, H, D}, {B, S, H, D},
                                                        std::nullopt, attrs);
-  attrs.layout = tandem::Layout::bhsd;
+  attrs.layout = tandem::QkvLayout::bhsd;
   const auto bhsd = tandem::AttentionPlan::from_shapes({B, H, S, D}, {B, H, S, D}, {B, H, S, D},
                                                        std::nullopt, attrs);
   std::vector<float> in[3], tr[3];

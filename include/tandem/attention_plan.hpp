@@ -177,6 +177,7 @@ template <class T>
 struct AttentionInputs;  // attention_views.hpp
 struct AttentionAttrs;   // attention_shapes.hpp
 struct AttentionShapes;  // attention_shapes.hpp
+struct AttentionNames;   // attention_shapes.hpp
 
 /// One attention call, validated. Kernels read sizes and the strides of
 /// every tensor from here and nowhere else.
@@ -271,6 +272,10 @@ struct AttentionPlan {
   /// `[total_q, H·D]`) with cu_seqlens; a paged k `[num_blocks, block_size,
   /// Hkv, D]` with q `[B, Sq, H, D]` and a block table.
   static AttentionPlan from_shapes(const AttentionShapes& s, const AttentionAttrs& a);
+
+  /// As above, naming the inputs in errors by the caller's names (SPEC §8).
+  static AttentionPlan from_shapes(const AttentionShapes& s, const AttentionAttrs& a,
+                                   const AttentionNames& names);
 
   /// "B=1 Sq=4 Sk=6 H=4 Hkv=2 D=8 Dv=8 bshd causal scale=0.3536 ..." for
   /// messages and counterexamples.

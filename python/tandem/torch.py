@@ -383,6 +383,22 @@ def _sdpa_mask(attn_mask, is_causal, batch, N, H, L, S):
     return bias, "bias"
 
 
+_SDPA_NAMES = _api._attention_names(q="query", k="key", v="value", mask="attn_mask")
+
+
+def _sdpa_shapes(query, key, value):
+    """Checks query, key and value (N, ..., H, S, E) by the C++ shape rules
+    (SPEC §1, every leading axis folded into N), whose errors name F.sdpa's
+    arguments."""
+    def fold(x):
+        return (math.prod(x.shape[:-3]), *x.shape[-3:]) if x.dim() >= 4 else tuple(x.shape)
+
+    a = _ext.AttentionAttrs()
+    a.layout = _ext.QkvLayout.bhsd
+    a.num_heads = query.shape[-3]
+    _ext.attention_call({"q": fold(query), "k": fold(key), "v": fold(value)}, a, _SDPA_NAMES)
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False):
     """torch.nn.functional.scaled_dot_product_attention, computed by tandem.
@@ -481,6 +497,8 @@ def sdpa_softcap(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
         out = _fast_sdpa(query, key, value, is_causal, scale, enable_gqa, backend)
         if out is not None:
             return out
+    if not torch.compiler.is_compiling():  # a compiler traces the op, which checks at run time
+        _sdpa_shapes(query, key, value)
     N = math.prod(batch)
     q = query.reshape(N, Hq, L, E)
     k = key.reshape(N, H, S, key.shape[-1])

@@ -24,8 +24,8 @@ using tandem::AttentionAttrs;
 using tandem::AttentionGrads;
 using tandem::AttentionInputs;
 using tandem::AttentionParams;
-using tandem::AttentionShapes;
 using tandem::AttentionPlan;
+using tandem::AttentionShapes;
 using tandem::Layout;
 using tandem::MaskKind;
 using tandem::Shape;
@@ -699,6 +699,12 @@ TEST(AttentionPlanNames, HeadCountFromTheHeadAxis) {
                      {"num_heads = 0", "without a layout"});
   expect_named_error({{2, 6, 32}, {2, 6, 16}, {2, 6, 16}}, a, {}, "num_heads",
                      {"num_heads = 0", "q.shape = [2, 6, 32]", "no head axis"});
+  // q, k and v agree on their rank before H is looked for
+  expect_named_error({{2, 6, 32}, {2, 6, 2, 8}, {2, 6, 2, 8}}, a, {}, "k.shape",
+                     {"must have the rank of q.shape = [2, 6, 32]"});
+  a.layout = tandem::QkvLayout::thd;  // [total, H, D] has a head axis even without cu_seqlens
+  expect_named_error({{9, 4, 8}, {12, 2, 8}, {12, 2, 8}}, a, {}, "layout",
+                     {"layout = thd", "without packed sequences"});
 }
 
 TEST(AttentionPlanNames, ThdIsThePackedLayout) {

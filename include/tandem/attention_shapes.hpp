@@ -307,7 +307,7 @@ inline void qkv_params(const AttentionShapes& s, const AttentionAttrs& a, const 
 }
 
 /// H: the num_heads attr, or when it is 0 the head axis of q (rank 4 with a
-/// layout or a paged cache: axis 1 bhsd, 2 bshd; packed `[total, H, D]`: axis 1).
+/// layout or a paged cache: axis 1 bhsd, 2 bshd; `[total, H, D]` packed or thd: axis 1).
 inline std::int64_t num_heads(const AttentionShapes& s, const AttentionAttrs& a,
                               const AttentionNames& n) {
   const Shape& q = s.q;
@@ -317,7 +317,7 @@ inline std::int64_t num_heads(const AttentionShapes& s, const AttentionAttrs& a,
   }
   const bool paged = s.block_table.has_value(), packed = s.cu_seqlens_q.has_value();
   if (q.size() == 4 && (a.layout || paged)) return q[a.layout == QkvLayout::bhsd ? 1 : 2];
-  if (q.size() == 3 && packed) return q[1];
+  if (q.size() == 3 && (packed || a.layout == QkvLayout::thd)) return q[1];
   require(false, "num_heads", a.num_heads,
           "must be given (>= 1) for " + n.q + ".shape = " + to_string(q) +
               (q.size() == 4 ? " without a layout" : ", which has no head axis"));
@@ -355,13 +355,13 @@ inline AttentionParams attention_params_from_shapes(const AttentionShapes& s,
   const std::size_t rank = q.size();
   const std::string qs = detail::shape_param(n.q);
   require(rank >= 2 && rank <= 4, qs, to_string(q), "must have rank 2, 3 or 4");
-  AttentionAttrs a = attrs;
-  a.num_heads = detail::num_heads(s, attrs, n);
-  const std::int64_t H = a.num_heads;
   require(k.size() == rank, detail::shape_param(n.k), to_string(k),
           "must have the rank of " + qs + " = " + to_string(q));
   require(v.size() == rank, detail::shape_param(n.v), to_string(v),
           "must have the rank of " + qs + " = " + to_string(q));
+  AttentionAttrs a = attrs;
+  a.num_heads = detail::num_heads(s, attrs, n);
+  const std::int64_t H = a.num_heads;
   element_count(q, qs);
   element_count(k, detail::shape_param(n.k));
   element_count(v, detail::shape_param(n.v));

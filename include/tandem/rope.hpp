@@ -475,9 +475,7 @@ inline RopeQkPlan RopeQkPlan::make(const RopeQkParams& p) {
 inline RopeQkPlan RopeQkPlan::from_shapes(const Shape& q, const Shape& k, const Shape& cos,
                                           const Shape& sin, const std::optional<Shape>& positions,
                                           const RopeAttrs& a) {
-  RopeNames names;
-  names.x = "q";
-  return from_shapes(q, k, cos, sin, positions, a, names);
+  return from_shapes(q, k, cos, sin, positions, a, RopeNames{"q"});  // x is q's name
 }
 
 inline RopeQkPlan RopeQkPlan::from_shapes(const Shape& q, const Shape& k, const Shape& cos,
@@ -487,7 +485,7 @@ inline RopeQkPlan RopeQkPlan::from_shapes(const Shape& q, const Shape& k, const 
   p.q = detail::rope_params_from_shapes(q, names.x, cos, sin, positions, a, names);
   const std::string ks = names.k + ".shape";
   require(k.size() == q.size(), ks, to_string(k),
-          "must have the rank of " + names.x + ".shape = " + to_string(q));
+          std::string("must have the rank of ") + names.x + ".shape = " + to_string(q));
   RopeAttrs ak = a;  // k: q's layout and head width; its own head count
   ak.layout = p.q.layout;
   ak.head_dim = p.q.head_dim;
@@ -496,7 +494,7 @@ inline RopeQkPlan RopeQkPlan::from_shapes(const Shape& q, const Shape& k, const 
   const RopeParams pk =
       detail::rope_params_from_shapes(k, names.k, cos, sin, std::nullopt, ak, names);
   require(pk.batch == p.q.batch && pk.seq == p.q.seq, ks, to_string(k),
-          "must have the token axes of " + names.x + ".shape = " + to_string(q));
+          std::string("must have the token axes of ") + names.x + ".shape = " + to_string(q));
   p.k_width = pk.width;
   return make(p);
 }

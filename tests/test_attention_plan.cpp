@@ -699,9 +699,9 @@ TEST(AttentionPlanNames, HeadCountFromTheHeadAxis) {
                      {"num_heads = 0", "without a layout"});
   expect_named_error({{2, 6, 32}, {2, 6, 16}, {2, 6, 16}}, a, {}, "num_heads",
                      {"num_heads = 0", "q.shape = [2, 6, 32]", "no head axis"});
-  // q, k and v agree on their rank before H is looked for
-  expect_named_error({{2, 6, 32}, {2, 6, 2, 8}, {2, 6, 2, 8}}, a, {}, "k.shape",
-                     {"must have the rank of q.shape = [2, 6, 32]"});
+  // H is looked for first: q without a head axis needs num_heads whatever k and v are
+  expect_named_error({{2, 6, 32}, {2, 6, 2, 8}, {2, 6, 2, 8}}, a, {}, "num_heads",
+                     {"num_heads = 0", "no head axis"});
   a.layout = tandem::QkvLayout::thd;  // [total, H, D] has a head axis even without cu_seqlens
   expect_named_error({{9, 4, 8}, {12, 2, 8}, {12, 2, 8}}, a, {}, "layout",
                      {"layout = thd", "without packed sequences"});

@@ -355,13 +355,14 @@ inline AttentionParams attention_params_from_shapes(const AttentionShapes& s,
   const std::size_t rank = q.size();
   const std::string qs = detail::shape_param(n.q);
   require(rank >= 2 && rank <= 4, qs, to_string(q), "must have rank 2, 3 or 4");
+  // H first: a q without a head axis needs num_heads whatever k and v are
+  AttentionAttrs a = attrs;
+  a.num_heads = detail::num_heads(s, attrs, n);
+  const std::int64_t H = a.num_heads;
   require(k.size() == rank, detail::shape_param(n.k), to_string(k),
           "must have the rank of " + qs + " = " + to_string(q));
   require(v.size() == rank, detail::shape_param(n.v), to_string(v),
           "must have the rank of " + qs + " = " + to_string(q));
-  AttentionAttrs a = attrs;
-  a.num_heads = detail::num_heads(s, attrs, n);
-  const std::int64_t H = a.num_heads;
   element_count(q, qs);
   element_count(k, detail::shape_param(n.k));
   element_count(v, detail::shape_param(n.v));

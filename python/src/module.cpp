@@ -562,6 +562,7 @@ NB_MODULE(_ext, m) {
   // keyword arguments (one line per field there, one here).
   nb::class_<AttentionParams>(m, "AttentionParams")
       .def(nb::init<>())
+      .def(nb::init<const AttentionParams&>(), "params"_a)
       .def_rw("B", &AttentionParams::B)
       .def_rw("Sq", &AttentionParams::Sq)
       .def_rw("Sk", &AttentionParams::Sk)

@@ -11,7 +11,7 @@ runs the kernel with the GIL released. float32 runs `backend`; float64 runs the
 reference in double whatever `backend` says.
 """
 
-import math
+import atexit
 
 import numpy as np
 
@@ -64,6 +64,22 @@ _NAMES = _attention_names()
 _KVCACHE_NAMES = _attention_names(k="k_cache", v="v_cache")
 
 
+_CALLS = {}  # (shapes, attrs, names) -> (Params, views) of _ext.attention_call
+atexit.register(_CALLS.clear)  # before the extension is torn down
+
+
+def _attention_call(key, shapes, attrs, names):
+    """_ext.attention_call, kept per shapes and attrs (the Params a copy: each
+    call sets its own row strides); make() still validates every call."""
+    try:
+        p, views = _CALLS[key]
+    except KeyError:
+        if len(_CALLS) >= 256:
+            _CALLS.clear()
+        p, views = _CALLS[key] = _ext.attention_call(shapes, attrs, names)
+    return _ext.AttentionParams(p), views
+
+
 class _AttentionCall:
     """An attention call read from Python arguments. The C++ shape rules
     (_ext.attention_call, SPEC §1) give its Params and the shapes the kernels
@@ -99,7 +115,9 @@ class _AttentionCall:
             if x is not None:
                 inputs[name] = A.as_indices(x, getattr(names, name))
         self.shapes = {name: tuple(x.shape) for name, x in inputs.items() if x is not None}
-        p, self.views = _ext.attention_call(self.shapes, a, names)
+        key = (tuple(self.shapes.items()), layout, num_heads, a.mask, window, scale, softcap,
+               id(names))
+        p, self.views = _attention_call(key, self.shapes, a, names)
         self.params, self.names = p, names
         q, p.q_row_stride = self._view(q, "q", p.H, p.D)
         k, p.k_row_stride = self._view(k, "k", p.Hkv, p.D)

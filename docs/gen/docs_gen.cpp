@@ -777,8 +777,7 @@ void layout_page(const fs::path& out) {
   p.H = 4;
   p.D = 8;
   p.q_row_stride = 24;
-  attempt("make(params) with H 4, D 8, q_row_stride 24",
-          [&] { tandem::AttentionPlan::make(p); });
+  attempt("make(params) with H 4, D 8, q_row_stride 24", [&] { tandem::AttentionPlan::make(p); });
   tandem::RopeAttrs ra;
   ra.head_dim = 4;
   ra.n_rot = 5;

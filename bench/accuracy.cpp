@@ -114,12 +114,12 @@ void attention_cases(Runner& r, bool quick) {
   cases.push_back({1, 32, 8, 1, 1024, 128, false, false});  // decode, GQA
   for (const Case& c : cases) {
     tandem::AttentionParams p;
-    p.batch = c.B;
-    p.seq_q = c.Sq;
-    p.seq_k = c.Sk;
-    p.heads = c.H;
-    p.kv_heads = c.Hkv;
-    p.head_dim = c.D;
+    p.B = c.B;
+    p.Sq = c.Sq;
+    p.Sk = c.Sk;
+    p.H = c.H;
+    p.Hkv = c.Hkv;
+    p.D = c.D;
     p.mask = c.causal ? tandem::MaskKind::causal : tandem::MaskKind::none;
     const tandem::AttentionPlan plan = tandem::AttentionPlan::make(p);
     // Scores of a realistic spread: q, k in [-2, 2).

@@ -195,13 +195,13 @@ struct AttnShape {
 
   [[nodiscard]] AttentionParams params() const {
     AttentionParams p;
-    p.batch = B;
-    p.seq_q = Sq;
-    p.seq_k = Sk;
-    p.heads = H;
-    p.kv_heads = Hkv;
-    p.head_dim = D;
-    p.v_head_dim = Dv;
+    p.B = B;
+    p.Sq = Sq;
+    p.Sk = Sk;
+    p.H = H;
+    p.Hkv = Hkv;
+    p.D = D;
+    p.Dv = Dv;
     p.layout = Layout::bshd;
     p.mask = causal ? MaskKind::causal : MaskKind::none;
     return p;

@@ -44,10 +44,10 @@ struct FeatureShape : AttnShape {
   [[nodiscard]] AttentionParams params() const {
     AttentionParams p = AttnShape::params();
     if (packed) {
-      p.batch = 1;
+      p.B = 1;
       p.num_seqs = B;
-      p.seq_q = B * Sq;
-      p.seq_k = B * Sk;
+      p.Sq = B * Sq;
+      p.Sk = B * Sk;
     }
     p.sinks = sinks;
     p.alibi = alibi ? AlibiKind::per_head : AlibiKind::none;
@@ -115,7 +115,7 @@ struct DecodeCaches {
     AttentionParams p = s.params();
     const std::int64_t per_cache = s.block_size > 0 ? s.Sk / s.block_size : 0;
     if (s.block_size > 0) {
-      p.seq_k = 0;
+      p.Sk = 0;
       p.num_blocks = per_cache * static_cast<std::int64_t>(n);
       p.block_size = s.block_size;
       p.max_blocks = per_cache;

@@ -109,10 +109,10 @@ void gen_varlen(AttentionCase& c, bool gaps) {
     c.k_slots[0] = 1;
     if (!c.k_used.empty()) c.k_used[0] = *rc::gen::inRange<i64>(0, 2);
   }
-  p.batch = 1;
+  p.B = 1;
   p.num_seqs = static_cast<i64>(n);
-  p.seq_q = std::accumulate(c.q_lens.begin(), c.q_lens.end(), i64(0));
-  p.seq_k = std::accumulate(c.k_slots.begin(), c.k_slots.end(), i64(0));
+  p.Sq = std::accumulate(c.q_lens.begin(), c.q_lens.end(), i64(0));
+  p.Sk = std::accumulate(c.k_slots.begin(), c.k_slots.end(), i64(0));
 }
 
 /// A paged cache (SPEC §2.10): blocks of 1–16 keys, caches of 0–17 keys (some
@@ -120,9 +120,9 @@ void gen_varlen(AttentionCase& c, bool gaps) {
 void gen_paged(AttentionCase& c) {
   AttentionParams& p = c.params;
   p.block_size = *rc::gen::element<i64>(1, 2, 3, 4, 4, 8, 16);
-  p.seq_q =
+  p.Sq =
       *rc::gen::weightedOneOf<i64>({{2, rc::gen::just<i64>(1)}, {1, rc::gen::inRange<i64>(2, 6)}});
-  c.cache_lens.resize(static_cast<std::size_t>(p.batch));
+  c.cache_lens.resize(static_cast<std::size_t>(p.B));
   i64 longest = 0, used = 0;
   for (i64& len : c.cache_lens) {
     len = *rc::gen::weightedOneOf<i64>({{1, rc::gen::just<i64>(0)}, {6, gen_dim(17)}});
@@ -132,7 +132,7 @@ void gen_paged(AttentionCase& c) {
   p.max_blocks = std::max<i64>(1, (longest + p.block_size - 1) / p.block_size) +
                  *rc::gen::element<i64>(0, 0, 1, 2);
   p.num_blocks = std::max<i64>(1, used) + *rc::gen::element<i64>(0, 1, 3);
-  p.seq_k = 0;
+  p.Sk = 0;
 }
 
 /// Whether a rare draw (one case in `one_in`, at any size) happens; a
@@ -150,18 +150,17 @@ bool draws_rarely(Draw d, int one_in) {
 /// rows (192 under causal and sliding-window masks) of the G heads of a
 /// group. One batch entry and D, Dv <= 16 keep the reference quick.
 void gen_long_shape(AttentionParams& p) {
-  p.batch = 1;
-  p.head_dim = std::min<i64>(p.head_dim, 16);
-  p.v_head_dim = std::min<i64>(p.v_head_dim, 16);
+  p.B = 1;
+  p.D = std::min<i64>(p.D, 16);
+  p.Dv = std::min<i64>(p.Dv, 16);
   if (*rc::gen::arbitrary<bool>()) {  // long keys
-    p.seq_k = *rc::gen::element<i64>(63, 64, 65, 127, 128, 129, 2047, 2048, 2049);
-    p.seq_q = *rc::gen::weightedOneOf<i64>({{3, rc::gen::just<i64>(1)}, {1, gen_dim(17)}});
+    p.Sk = *rc::gen::element<i64>(63, 64, 65, 127, 128, 129, 2047, 2048, 2049);
+    p.Sq = *rc::gen::weightedOneOf<i64>({{3, rc::gen::just<i64>(1)}, {1, gen_dim(17)}});
   } else {  // long queries
     const bool banded = p.mask == MaskKind::causal || p.mask == MaskKind::sliding_window;
-    const i64 tile = (banded ? 192 : 384) / (p.heads / p.kv_heads);
-    p.seq_q = tile + *rc::gen::element<i64>(-1, 0, 1, tile + 1);
-    p.seq_k =
-        *rc::gen::weightedOneOf<i64>({{3, gen_dim(17)}, {1, rc::gen::element<i64>(63, 64, 65)}});
+    const i64 tile = (banded ? 192 : 384) / (p.H / p.Hkv);
+    p.Sq = tile + *rc::gen::element<i64>(-1, 0, 1, tile + 1);
+    p.Sk = *rc::gen::weightedOneOf<i64>({{3, gen_dim(17)}, {1, rc::gen::element<i64>(63, 64, 65)}});
   }
 }
 
@@ -207,16 +206,15 @@ rc::Gen<AttentionCase> gen_attention(AttentionGen g) {
   return rc::gen::exec([g] {
     AttentionCase c;
     AttentionParams& p = c.params;
-    p.batch = *rc::gen::inRange<i64>(1, 4);
-    p.seq_q = *rc::gen::weightedOneOf<i64>({{1, rc::gen::just<i64>(1)}, {4, gen_dim(17)}});
-    p.seq_k = *rc::gen::weightedOneOf<i64>({{1, rc::gen::just<i64>(1)}, {6, gen_dim(17)}});
+    p.B = *rc::gen::inRange<i64>(1, 4);
+    p.Sq = *rc::gen::weightedOneOf<i64>({{1, rc::gen::just<i64>(1)}, {4, gen_dim(17)}});
+    p.Sk = *rc::gen::weightedOneOf<i64>({{1, rc::gen::just<i64>(1)}, {6, gen_dim(17)}});
     const i64 kv = *rc::gen::inRange<i64>(1, 4);
     const i64 group = *rc::gen::element<i64>(1, 1, 2, 3, 4);  // MHA, GQA, MQA (kv = 1)
-    p.heads = kv * group;
-    p.kv_heads = kv;
-    p.head_dim = *gen_dim(g.max_dim);
-    p.v_head_dim =
-        *rc::gen::weightedOneOf<i64>({{1, rc::gen::just<i64>(0)}, {1, gen_dim(g.max_dim)}});
+    p.H = kv * group;
+    p.Hkv = kv;
+    p.D = *gen_dim(g.max_dim);
+    p.Dv = *rc::gen::weightedOneOf<i64>({{1, rc::gen::just<i64>(0)}, {1, gen_dim(g.max_dim)}});
     // the key structure: dense, packed sequences or a paged cache
     const bool mask_by_position =
         g.mask && (*g.mask == MaskKind::key_padding || *g.mask == MaskKind::bias);
@@ -249,15 +247,15 @@ rc::Gen<AttentionCase> gen_attention(AttentionGen g) {
     const bool dense = !varlen && !paged;
     if (dense && draws_rarely(g.long_shapes, 10)) gen_long_shape(p);
     if (p.mask == MaskKind::sliding_window) {
-      const i64 sk = paged ? p.max_blocks * p.block_size : p.seq_k;
+      const i64 sk = paged ? p.max_blocks * p.block_size : p.Sk;
       p.window = *rc::gen::weightedOneOf<i64>({{2, rc::gen::just<i64>(0)},
                                                {3, rc::gen::inRange<i64>(0, sk + 1)},
                                                {2, rc::gen::inRange<i64>(sk, sk + 4)},
                                                {1, rc::gen::just<i64>(1000)}});
     }
     if (p.mask == MaskKind::bias) {
-      p.bias_batch = *rc::gen::element<i64>(1, p.batch);
-      p.bias_heads = *rc::gen::element<i64>(1, p.heads);
+      p.bias_batch = *rc::gen::element<i64>(1, p.B);
+      p.bias_heads = *rc::gen::element<i64>(1, p.H);
     }
     if (p.mask == MaskKind::key_padding || p.mask == MaskKind::bias) {
       c.masked_rows = *rc::gen::element(false, false, true);
@@ -275,9 +273,9 @@ rc::Gen<AttentionCase> gen_attention(AttentionGen g) {
     }
     if (p.layout == Layout::bshd && g.strides && *rc::gen::element(false, true)) {
       // read out of a wider parent, e.g. a fused QKV row
-      p.q_row_stride = p.heads * p.head_dim + *rc::gen::inRange<i64>(0, 6);
-      const i64 dv = p.v_head_dim == 0 ? p.head_dim : p.v_head_dim;
-      p.k_row_stride = kv * p.head_dim + *rc::gen::inRange<i64>(0, 6);
+      p.q_row_stride = p.H * p.D + *rc::gen::inRange<i64>(0, 6);
+      const i64 dv = p.Dv == 0 ? p.D : p.Dv;
+      p.k_row_stride = kv * p.D + *rc::gen::inRange<i64>(0, 6);
       p.v_row_stride = kv * dv + *rc::gen::inRange<i64>(0, 6);
     }
     if (draws(g.sinks)) {

@@ -148,7 +148,7 @@ void layouts_equivalent(const Backend& be) {
   pb.layout = Layout::bhsd;
   const AttentionPlan rank3 = AttentionPlan::from_shapes(
       {p.B, p.Sq, p.H * p.D}, {p.B, p.Sk, p.Hkv * p.D}, {p.B, p.Sk, p.Hkv * p.Dv}, ms, a);
-  a.layout = Layout::bhsd;
+  a.layout = tandem::QkvLayout::bhsd;
   const AttentionPlan rank4 = AttentionPlan::from_shapes(
       {p.B, p.H, p.Sq, p.D}, {p.B, p.Hkv, p.Sk, p.D}, {p.B, p.Hkv, p.Sk, p.Dv}, ms, a);
   RC_ASSERT(rank4.layout == Layout::bhsd);
@@ -165,10 +165,10 @@ void layouts_equivalent(const Backend& be) {
 void strided_rows(const Backend& be) {
   AttentionCase c = *gen_attention(AttentionGen{}.with_layout(Layout::bshd).no_strides());
   AttentionParams& p = c.params;
-  const i64 dv = p.v_head_dim == 0 ? p.head_dim : p.v_head_dim;
-  p.q_row_stride = p.heads * p.head_dim + *rc::gen::inRange<i64>(1, 6);
-  p.k_row_stride = p.kv_heads * p.head_dim + *rc::gen::inRange<i64>(0, 6);
-  p.v_row_stride = p.kv_heads * dv + *rc::gen::inRange<i64>(1, 6);
+  const i64 dv = p.Dv == 0 ? p.D : p.Dv;
+  p.q_row_stride = p.H * p.D + *rc::gen::inRange<i64>(1, 6);
+  p.k_row_stride = p.Hkv * p.D + *rc::gen::inRange<i64>(0, 6);
+  p.v_row_stride = p.Hkv * dv + *rc::gen::inRange<i64>(1, 6);
   const AttentionData d = make_data(c);
   AttentionParams pc = p;
   pc.q_row_stride = pc.k_row_stride = pc.v_row_stride = 0;
@@ -184,12 +184,12 @@ void gqa_equals_mha(const Backend& be) {
   const AttentionScales sc = scales(d);
   const i64 G = p.group();
   AttentionParams pm;
-  pm.batch = p.B;
-  pm.seq_q = p.Sq;
-  pm.seq_k = p.Sk;
-  pm.heads = pm.kv_heads = p.H;
-  pm.head_dim = p.D;
-  pm.v_head_dim = p.Dv;
+  pm.B = p.B;
+  pm.Sq = p.Sq;
+  pm.Sk = p.Sk;
+  pm.H = pm.Hkv = p.H;
+  pm.D = p.D;
+  pm.Dv = p.Dv;
   pm.layout = p.layout;
   pm.mask = p.mask;
   pm.window = p.window;
@@ -237,7 +237,7 @@ void wide_window_equals_causal(const Backend& be) {
   const AttentionData d = make_data(c);
   AttentionParams pw = c.params;
   pw.mask = MaskKind::sliding_window;
-  pw.window = std::max(pw.seq_q, pw.seq_k) - 1 + *rc::gen::inRange<i64>(0, 4);
+  pw.window = std::max(pw.Sq, pw.Sk) - 1 + *rc::gen::inRange<i64>(0, 4);
   TANDEM_REQUIRE_EMPTY(fwd_bwd_same("window vs causal", be, with_plan(d, pw), d, scales(d)));
 }
 
@@ -262,7 +262,7 @@ void key_padding_equals_bias(const Backend& be) {
   const AttentionData d = make_data(c);
   AttentionParams pb = c.params;
   pb.mask = MaskKind::bias;
-  pb.bias_batch = pb.batch;
+  pb.bias_batch = pb.B;
   pb.bias_heads = 1;
   AttentionData e = with_plan(d, pb);
   const i64 B = d.plan.B, Sq = d.plan.Sq, Sk = d.plan.Sk;
@@ -402,7 +402,7 @@ void fully_masked_rows(const Backend& be) {
   AttentionCase c = *gen_attention(AttentionGen{}.with_mask(mk));
   if (mk == MaskKind::sliding_window) {
     c.params.window = std::min<i64>(c.params.window, 3);
-    c.params.seq_q = c.params.seq_k + c.params.window + 1 + *rc::gen::inRange<i64>(0, 3);
+    c.params.Sq = c.params.Sk + c.params.window + 1 + *rc::gen::inRange<i64>(0, 3);
   } else {
     c.masked_rows = true;
   }

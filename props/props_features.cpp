@@ -35,12 +35,12 @@ void append_rows(std::vector<float>& to, const std::vector<float>& t, i64 first,
 /// per-head ALiBi when `alibi`).
 AttentionParams dense_like(const AttentionPlan& p, i64 Sq, i64 Sk, bool alibi) {
   AttentionParams e;
-  e.seq_q = Sq;
-  e.seq_k = Sk;
-  e.heads = p.H;
-  e.kv_heads = p.Hkv;
-  e.head_dim = p.D;
-  e.v_head_dim = p.Dv;
+  e.Sq = Sq;
+  e.Sk = Sk;
+  e.H = p.H;
+  e.Hkv = p.Hkv;
+  e.D = p.D;
+  e.Dv = p.Dv;
   e.mask = p.mask;
   e.window = p.window;
   e.scale = p.scale;
@@ -118,7 +118,7 @@ AttentionData as_bias(const AttentionCase& c, const AttentionData& d, i64 extra,
                       const std::function<double(i64, i64, i64, i64)>& term) {
   const AttentionPlan& p = d.plan;
   AttentionParams pe = c.params;
-  pe.seq_k = p.Sk + extra;
+  pe.Sk = p.Sk + extra;
   pe.mask = MaskKind::bias;
   pe.window = 0;
   pe.bias_batch = p.B;
@@ -191,8 +191,8 @@ void alibi_equals_bias(const Backend& be) {
   });
   e.slopes.clear();
   const AttentionScales sc = scales(d);
-  TANDEM_REQUIRE_EMPTY(attention_same("out: ALiBi vs its bias", run_forward(be, d),
-                                      run_forward(be, e), sc.out, sc));
+  TANDEM_REQUIRE_EMPTY(
+      attention_same("out: ALiBi vs its bias", run_forward(be, d), run_forward(be, e), sc.out, sc));
   TANDEM_REQUIRE_EMPTY(
       grads_same("ALiBi vs its bias:", run_backward(be, d), run_backward(be, e), sc));
 }
@@ -239,8 +239,8 @@ void varlen_equals_per_sequence(const Backend& be) {
   TANDEM_REQUIRE_EMPTY(attention_same("dq: packed vs per sequence", g.dq, dq, sc.dq, sc));
   TANDEM_REQUIRE_EMPTY(attention_same("dk: packed vs per sequence", g.dk, dk, sc.dk, sc));
   TANDEM_REQUIRE_EMPTY(attention_same("dv: packed vs per sequence", g.dv, dv, sc.dv, sc));
-  TANDEM_REQUIRE_EMPTY(attention_close("dsinks: packed vs the sum over sequences", g.dsinks, dsinks,
-                                       sc.dsinks, sc));
+  TANDEM_REQUIRE_EMPTY(
+      attention_close("dsinks: packed vs the sum over sequences", g.dsinks, dsinks, sc.dsinks, sc));
 }
 
 /// NaN in the padding keys of every slot (past seqused_k) changes no bit of

@@ -23,7 +23,7 @@ using tandem::props::Extreme;
 
 /// The edge of the default geometry a case lies at, or "" for none.
 std::string shape_class(const AttentionCase& c) {
-  const std::int64_t Sk = c.params.seq_k, Sq = c.params.seq_q;
+  const std::int64_t Sk = c.params.Sk, Sq = c.params.Sq;
   if (Sk >= 63 && Sk <= 65) return "Sk at one key block (63-65)";
   if (Sk >= 127 && Sk <= 129) return "Sk at two key blocks (127-129)";
   if (Sk >= 2047) return Sq == 1 ? "decode at split-key (Sk 2047-2049)" : "Sk >= 2047";

@@ -134,8 +134,8 @@ TEST(AttentionSinks, EachHeadHasItsOwnSink) {
   // H = 2 heads sharing one kv head (MQA), sinks [0, log 3]: head 0 p = 1/2,
   // head 1 p = 1/(1 + 3) = 1/4 over a single key of v = 8.
   AttentionParams p = one_head(1, 1);
-  p.heads = 2;
-  p.kv_heads = 1;
+  p.H = 2;
+  p.Hkv = 1;
   p.sinks = true;
   Call<double> c(p);
   c.v = {8.0};
@@ -200,7 +200,7 @@ TEST(AttentionAlibi, PerBatchHeadSlopesPickTheirRow) {
   // B = 2, slopes [2, 1] = [[0], [log 2]]: batch 0 sees no penalty (o = 4.5
   // over v = 3, 6), batch 1 the decode case above (o = 5).
   AttentionParams p = one_head(1, 2);
-  p.batch = 2;
+  p.B = 2;
   p.alibi = AlibiKind::per_batch_head;
   Call<double> c(p);
   c.v = {3.0, 6.0, 3.0, 6.0};
@@ -336,7 +336,7 @@ TEST(AttentionPaged, EachBatchEntryReadsItsOwnRowAndLength) {
   // B = 2 sharing block 1 (a common prefix, v 1, 2): entry 0 has length 2
   // (→ 1.5), entry 1 length 3 continuing in block 0 (v 3) → 2.
   AttentionParams p = one_head(1, 0);
-  p.batch = 2;
+  p.B = 2;
   p.num_blocks = 3;
   p.block_size = 2;
   p.max_blocks = 2;
@@ -372,20 +372,20 @@ struct GradCase {
 std::vector<GradCase> grad_cases() {
   std::vector<GradCase> cases;
   AttentionParams p;
-  p.seq_q = 3;
-  p.seq_k = 4;
-  p.heads = 2;
-  p.kv_heads = 1;
-  p.head_dim = 3;
-  p.v_head_dim = 2;
+  p.Sq = 3;
+  p.Sk = 4;
+  p.H = 2;
+  p.Hkv = 1;
+  p.D = 3;
+  p.Dv = 2;
   p.sinks = true;
   p.mask = MaskKind::causal;
   cases.push_back({"sinks, causal, MQA", p, {}, {}, {}, {}});
   p.softcap = 2.0;
   p.alibi = AlibiKind::per_head;
   cases.push_back({"sinks, ALiBi, softcap", p, {0.5f, 0.25f}, {}, {}, {}});
-  p.seq_q = 4;
-  p.seq_k = 7;
+  p.Sq = 4;
+  p.Sk = 7;
   p.num_seqs = 2;
   p.alibi = AlibiKind::per_batch_head;
   p.mask = MaskKind::sliding_window;

@@ -50,9 +50,9 @@ TEST(AttentionFeaturePlan, PackedSequencesAreABatchOfOne) {
   EXPECT_TRUE(plan.varlen());
   EXPECT_EQ(plan.sequences(), 3);
   EXPECT_EQ(plan.lse_size(), 4 * 5);  // [1, H, total_q]
-  p.batch = 2;
+  p.B = 2;
   expect_make_error(p, "batch", {"batch = 2", "must be 1 with packed sequences"});
-  p.batch = 1;
+  p.B = 1;
   p.layout = Layout::bhsd;
   expect_make_error(p, "layout", {"layout = bhsd", "must be bshd with packed sequences"});
   p.layout = Layout::bshd;
@@ -69,8 +69,8 @@ TEST(AttentionFeaturePlan, PackedSequencesAreABatchOfOne) {
 
 TEST(AttentionFeaturePlan, PagedCacheShapes) {
   AttentionParams p = base();
-  p.batch = 2;
-  p.seq_k = 0;
+  p.B = 2;
+  p.Sk = 0;
   p.num_blocks = 10;
   p.block_size = 4;
   p.max_blocks = 3;
@@ -80,11 +80,11 @@ TEST(AttentionFeaturePlan, PagedCacheShapes) {
   EXPECT_EQ(plan.kv_batch(), 10);
   EXPECT_EQ(plan.kv_seq(), 4);
   EXPECT_EQ(plan.k.extent, 10 * 4 * 2 * 8);
-  p.seq_k = 12;
+  p.Sk = 12;
   EXPECT_EQ(AttentionPlan::make(p).Sk, 12);
-  p.seq_k = 11;
+  p.Sk = 11;
   expect_make_error(p, "seq_k", {"seq_k = 11", "must be 0 or max_blocks*block_size = 12"});
-  p.seq_k = 0;
+  p.Sk = 0;
   p.block_size = 0;
   expect_make_error(p, "block_size", {"block_size = 0", "must be >= 1 for a paged cache"});
   p.block_size = 4;
@@ -100,7 +100,7 @@ TEST(AttentionFeaturePlan, PagedCacheShapes) {
   p.mask = MaskKind::key_padding;
   expect_make_error(p, "mask", {"must be none, causal or sliding_window with a paged cache"});
   p.mask = MaskKind::causal;
-  p.batch = 1;
+  p.B = 1;
   p.num_seqs = 2;
   expect_make_error(p, "num_blocks", {"a paged cache and packed sequences do not combine"});
   p.num_seqs = 0;
@@ -108,13 +108,13 @@ TEST(AttentionFeaturePlan, PagedCacheShapes) {
   p.block_size = std::int64_t(1) << 40;
   expect_make_error(p, "max_blocks*block_size", {"overflows a 64-bit size"});
   p.block_size = 1;
-  p.batch = std::int64_t(1) << 30;
+  p.B = std::int64_t(1) << 30;
   expect_make_error(p, "block_table", {"overflows a 64-bit size"});
 }
 
 TEST(AttentionFeaturePlan, SinksAndAlibiSizes) {
   AttentionParams p = base();
-  p.batch = 3;
+  p.B = 3;
   p.sinks = true;
   p.alibi = AlibiKind::per_head;
   AttentionPlan plan = AttentionPlan::make(p);
@@ -208,8 +208,8 @@ TEST(AttentionFeatureShapes, PackedSequences) {
   expect_shapes_error(bad, attention_attrs(4), "q.shape",
                       {"num_heads = 4 on its head axis (packed"});
   AttentionAttrs a = attention_attrs(4);
-  a.layout = Layout::bhsd;
-  expect_shapes_error(s, a, "layout", {"must be bshd (or absent) with packed sequences"});
+  a.layout = tandem::QkvLayout::bhsd;
+  expect_shapes_error(s, a, "layout", {"must be thd or bshd (or absent) with packed sequences"});
   AttentionShapes with_mask = s;
   with_mask.mask = Shape{1, 1, 9, 11};
   expect_shapes_error(with_mask, attention_attrs(4, MaskKind::bias), "mask",
@@ -293,11 +293,11 @@ struct PackedCall {
 
   PackedCall() {
     AttentionParams p;
-    p.seq_q = 5;
-    p.seq_k = 7;
-    p.heads = 2;
-    p.kv_heads = 1;
-    p.head_dim = 4;
+    p.Sq = 5;
+    p.Sk = 7;
+    p.H = 2;
+    p.Hkv = 1;
+    p.D = 4;
     p.num_seqs = 2;
     p.sinks = true;
     p.alibi = AlibiKind::per_batch_head;
@@ -434,10 +434,10 @@ struct PagedCall {
   std::vector<std::int32_t> table{2, 0, -1, 4, 1, 3}, lens{6, 12};
   PagedCall() {
     AttentionParams p;
-    p.batch = 2;
-    p.seq_q = 1;
-    p.heads = 2;
-    p.head_dim = 4;
+    p.B = 2;
+    p.Sq = 1;
+    p.H = 2;
+    p.D = 4;
     p.num_blocks = 5;
     p.block_size = 4;
     p.max_blocks = 3;
@@ -523,3 +523,28 @@ TEST(AttentionFeatureInputs, DsinksAloneOrWithOthers) {
 }
 
 }  // namespace
+
+TEST(AttentionFeaturesPlanShapes, FeatureErrorsNameTheCallersInputs) {
+  tandem::AttentionNames n;
+  n.sinks = "s_aux";
+  n.alibi_slopes = "slopes";
+  n.cu_seqlens_q = "cu_q";
+  n.cu_seqlens_k = "cu_k";
+  const auto fails = [&](const tandem::AttentionShapes& s, const std::string& parameter,
+                         std::initializer_list<std::string> fragments) {
+    tandem::test::expect_error(
+        [&] { tandem::AttentionPlan::from_shapes(s, tandem::test::attention_attrs(4), n); },
+        parameter, fragments);
+  };
+  tandem::AttentionShapes s{{2, 5, 4, 8}, {2, 7, 2, 8}, {2, 7, 2, 8}};
+  s.sinks = tandem::Shape{3};
+  fails(s, "s_aux.shape", {"s_aux.shape = [3]", "num_heads = 4"});
+  s.sinks.reset();
+  s.alibi_slopes = tandem::Shape{3, 4};
+  fails(s, "slopes.shape", {"slopes.shape = [3, 4]", "[n, H] = [2, 4]"});
+  tandem::AttentionShapes p{{9, 4, 8}, {12, 2, 8}, {12, 2, 8}};
+  p.cu_seqlens_q = tandem::Shape{3};
+  fails(p, "cu_k", {"cu_k = (absent)", "required with cu_q"});
+  p.cu_seqlens_k = tandem::Shape{4};
+  fails(p, "cu_k.shape", {"cu_k.shape = [4]", "as cu_q"});
+}

@@ -25,6 +25,7 @@ using tandem::AttentionGrads;
 using tandem::AttentionInputs;
 using tandem::AttentionParams;
 using tandem::AttentionPlan;
+using tandem::AttentionShapes;
 using tandem::Layout;
 using tandem::MaskKind;
 using tandem::Shape;
@@ -38,12 +39,12 @@ using tandem::test::untouched;
 // A valid starting point: B=2 Sq=3 Sk=5 H=4 Hkv=2 D=8.
 AttentionParams valid() {
   AttentionParams p;
-  p.batch = 2;
-  p.seq_q = 3;
-  p.seq_k = 5;
-  p.heads = 4;
-  p.kv_heads = 2;
-  p.head_dim = 8;
+  p.B = 2;
+  p.Sq = 3;
+  p.Sk = 5;
+  p.H = 4;
+  p.Hkv = 2;
+  p.D = 8;
   return p;
 }
 
@@ -62,7 +63,7 @@ constexpr std::int64_t kTwo32 = std::int64_t(1) << 32;
 
 TEST(AttentionPlanMake, DefaultsAndDerivedStrides) {
   AttentionParams p = valid();
-  p.kv_heads = 0;  // means H
+  p.Hkv = 0;  // means H
   const AttentionPlan plan = AttentionPlan::make(p);
   EXPECT_EQ(plan.Hkv, 4);
   EXPECT_EQ(plan.Dv, 8);                               // v_head_dim 0 means D
@@ -79,7 +80,7 @@ TEST(AttentionPlanMake, DefaultsAndDerivedStrides) {
 TEST(AttentionPlanMake, BhsdStridesAndGroups) {
   AttentionParams p = valid();
   p.layout = Layout::bhsd;
-  p.v_head_dim = 6;
+  p.Dv = 6;
   const AttentionPlan plan = AttentionPlan::make(p);
   // k [B, Hkv, Sk, D] = [2, 2, 5, 8]: seq = 8, head = 5*8 = 40, batch = 2*40 = 80.
   EXPECT_EQ(plan.k.seq, 8);
@@ -128,32 +129,32 @@ TEST(AttentionPlanMake, MaskSizesAndRows) {
 
 TEST(AttentionPlanMake, SizesMustBePositive) {
   AttentionParams p = valid();
-  p.batch = 0;
+  p.B = 0;
   expect_make_error(p, "batch", {"batch = 0", ">= 1"});
   p = valid();
-  p.seq_q = 0;
+  p.Sq = 0;
   expect_make_error(p, "seq_q", {"seq_q = 0", ">= 1"});
   p = valid();
-  p.seq_k = -1;
+  p.Sk = -1;
   expect_make_error(p, "seq_k", {"seq_k = -1", ">= 1"});
   p = valid();
-  p.heads = 0;
+  p.H = 0;
   expect_make_error(p, "num_heads", {"num_heads = 0", ">= 1"});
   p = valid();
-  p.head_dim = 0;
+  p.D = 0;
   expect_make_error(p, "head_dim", {"head_dim = 0", ">= 1"});
   p = valid();
-  p.v_head_dim = -3;
+  p.Dv = -3;
   expect_make_error(p, "v_head_dim", {"v_head_dim = -3", ">= 1"});
 }
 
 TEST(AttentionPlanMake, KvHeadsMustDivideHeads) {
   AttentionParams p = valid();
-  p.kv_heads = 3;
+  p.Hkv = 3;
   expect_make_error(p, "kv_heads", {"kv_heads = 3", "must divide num_heads = 4"});
-  p.kv_heads = -2;
+  p.Hkv = -2;
   expect_make_error(p, "kv_heads", {"kv_heads = -2"});
-  p.kv_heads = 8;  // more kv heads than query heads
+  p.Hkv = 8;  // more kv heads than query heads
   expect_make_error(p, "kv_heads", {"kv_heads = 8", "num_heads = 4"});
 }
 
@@ -219,7 +220,7 @@ TEST(AttentionPlanMake, RowStrideRules) {
   p.k_row_stride = 15;  // < Hkv*D = 16
   expect_make_error(p, "k_row_stride", {"k_row_stride = 15", "16"});
   p = valid();
-  p.v_head_dim = 3;
+  p.Dv = 3;
   p.v_row_stride = 5;  // < Hkv*Dv = 6
   expect_make_error(p, "v_row_stride", {"v_row_stride = 5", "6"});
   p = valid();
@@ -232,13 +233,13 @@ TEST(AttentionPlanMake, RowStrideRules) {
 
 TEST(AttentionPlanMake, SizeOverflowIsAnErrorNotUndefined) {
   AttentionParams p = valid();
-  p.batch = kTwo40;
-  p.seq_q = kTwo40;  // B*Sq = 2^80
+  p.B = kTwo40;
+  p.Sq = kTwo40;  // B*Sq = 2^80
   expect_make_error(p, "q", {"overflows a 64-bit size"});
   p = valid();
-  p.heads = std::int64_t(1) << 62;
-  p.kv_heads = 1;
-  p.head_dim = 4;  // H*D = 2^64
+  p.H = std::int64_t(1) << 62;
+  p.Hkv = 1;
+  p.D = 4;  // H*D = 2^64
   expect_make_error(p, "q", {"overflows"});
   p = valid();
   p.q_row_stride = std::numeric_limits<std::int64_t>::max() / 2;  // rows * stride overflows
@@ -247,10 +248,10 @@ TEST(AttentionPlanMake, SizeOverflowIsAnErrorNotUndefined) {
 
 TEST(AttentionPlanMake, BiasSizeOverflowOnlyWhenABiasIsGiven) {
   AttentionParams p;
-  p.seq_q = kTwo32;
-  p.seq_k = kTwo32;
-  p.heads = 1;
-  p.head_dim = 1;
+  p.Sq = kTwo32;
+  p.Sk = kTwo32;
+  p.H = 1;
+  p.D = 1;
   // q, k, v have 2^32 elements each: fine, no mask formed.
   EXPECT_EQ(AttentionPlan::make(p).q.extent, kTwo32);
   // A bias [1, 1, Sq, Sk] would have 2^64 elements.
@@ -294,7 +295,7 @@ TEST(AttentionPlanShapes, AmbiguousRank4LayoutAsksForOne) {
                       "layout", {"ambiguous", "[2, 3, 5, 8]", "give layout"});
   // An explicit layout settles it.
   AttentionAttrs a = attention_attrs(4);
-  a.layout = Layout::bhsd;
+  a.layout = tandem::QkvLayout::bhsd;
   const AttentionPlan plan =
       AttentionPlan::from_shapes({2, 4, 4, 8}, {2, 2, 7, 8}, {2, 2, 7, 8}, std::nullopt, a);
   EXPECT_EQ(plan.layout, Layout::bhsd);
@@ -304,7 +305,7 @@ TEST(AttentionPlanShapes, AmbiguousRank4LayoutAsksForOne) {
 
 TEST(AttentionPlanShapes, ExplicitLayoutMustPutTheHeadsOnTheHeadAxis) {
   AttentionAttrs a = attention_attrs(4);
-  a.layout = Layout::bshd;
+  a.layout = tandem::QkvLayout::bshd;
   // bshd head axis is dim 2 = 6, not 4
   expect_shapes_error({2, 4, 6, 8}, {2, 4, 6, 8}, {2, 4, 6, 8}, std::nullopt, a, "q.shape",
                       {"[2, 4, 6, 8]", "num_heads = 4", "head axis (bshd)"});
@@ -348,7 +349,7 @@ TEST(AttentionPlanShapes, RankAndHeadCountRules) {
   expect_shapes_error({2, 5, 32}, {2, 7, 16}, {7, 16}, std::nullopt, attention_attrs(4), "v.shape",
                       {"v.shape = [7, 16]", "rank of q.shape"});
   AttentionAttrs a = attention_attrs(4);
-  a.layout = Layout::bhsd;
+  a.layout = tandem::QkvLayout::bhsd;
   expect_shapes_error({2, 5, 32}, {2, 7, 16}, {2, 7, 16}, std::nullopt, a, "layout",
                       {"layout = bhsd", "must be bshd for rank-3"});
 }
@@ -377,7 +378,7 @@ TEST(AttentionPlanShapes, Rank4CrossTensorRules) {
                       "v.shape", {"must match k.shape"});
   // Hkv = 3 from k does not divide H = 4
   expect_shapes_error({2, 6, 4, 8}, {2, 10, 3, 8}, {2, 10, 3, 8}, std::nullopt, attention_attrs(4),
-                      "kv_heads", {"kv_heads = 3", "k.shape = [2, 10, 3, 8]", "num_heads = 4"});
+                      "k.shape", {"k.shape = [2, 10, 3, 8]", "head count (3)", "num_heads = 4"});
   // an empty v head is not "Dv = D"
   expect_shapes_error({2, 6, 4, 8}, {2, 10, 2, 8}, {2, 10, 2, 0}, std::nullopt, attention_attrs(4),
                       "v.shape", {"v.shape = [2, 10, 2, 0]", "non-empty"});
@@ -404,25 +405,27 @@ TEST(AttentionPlanShapes, Rank3CrossTensorRules) {
                       "v.shape", {"must match k.shape = [2, 7, 16]"});
   // v's last dim 15 is not a multiple of Hkv = 2
   expect_shapes_error({2, 5, 32}, {2, 7, 16}, {2, 7, 15}, std::nullopt, attention_attrs(4),
-                      "v.shape", {"v.shape = [2, 7, 15]", "divisible by kv_heads = 2"});
+                      "v.shape", {"v.shape = [2, 7, 15]", "divisible by k's head count 2"});
   // v's last dim 0
   expect_shapes_error({2, 5, 32}, {2, 7, 16}, {2, 7, 0}, std::nullopt, attention_attrs(4),
                       "v.shape", {"v.shape = [2, 7, 0]", "non-empty"});
   // Hkv = 24/8 = 3 does not divide H = 4
   expect_shapes_error({2, 5, 32}, {2, 7, 24}, {2, 7, 24}, std::nullopt, attention_attrs(4),
-                      "kv_heads", {"kv_heads = 3", "must divide num_heads = 4"});
+                      "k.shape", {"head count (3)", "divides num_heads = 4"});
 }
 
 TEST(AttentionPlanShapes, KeyPaddingMaskShape) {
   const Shape q{2, 5, 32}, k{2, 7, 16}, v{2, 7, 16};
   const AttentionAttrs a = attention_attrs(4, MaskKind::key_padding);
   EXPECT_EQ(AttentionPlan::from_shapes(q, k, v, Shape{2, 7}, a).mask_size(), 14);
-  expect_shapes_error(q, k, v, Shape{2, 6}, a, "mask.shape",
-                      {"mask.shape = [2, 6]", "[B, Sk] = [2, 7]", "key_padding"});
-  expect_shapes_error(q, k, v, Shape{1, 7}, a, "mask.shape", {"[2, 7]"});
-  expect_shapes_error(q, k, v, Shape{2, 1, 7}, a, "mask.shape", {"mask.shape = [2, 1, 7]"});
-  expect_shapes_error(q, k, v, std::nullopt, a, "mask",
-                      {"mask = (absent)", "required for mask key_padding"});
+  // A keep mask is named key_padding, Python's argument (SPEC §8).
+  expect_shapes_error(q, k, v, Shape{2, 6}, a, "key_padding.shape",
+                      {"key_padding.shape = [2, 6]", "[B, Sk] = [2, 7]", "keep mask"});
+  expect_shapes_error(q, k, v, Shape{1, 7}, a, "key_padding.shape", {"[2, 7]"});
+  expect_shapes_error(q, k, v, Shape{2, 1, 7}, a, "key_padding.shape",
+                      {"key_padding.shape = [2, 1, 7]"});
+  expect_shapes_error(q, k, v, std::nullopt, a, "key_padding",
+                      {"key_padding = (absent)", "required for mask key_padding"});
 }
 
 TEST(AttentionPlanShapes, BiasMaskBroadcastShapes) {
@@ -433,19 +436,20 @@ TEST(AttentionPlanShapes, BiasMaskBroadcastShapes) {
     std::int64_t bias_batch, bias_heads;
   };
   for (const Ok& ok : {Ok{{1, 1, 5, 7}, 1, 1}, Ok{{2, 1, 5, 7}, 2, 1}, Ok{{1, 4, 5, 7}, 1, 4},
-                       Ok{{2, 4, 5, 7}, 2, 4}}) {
+                       Ok{{2, 4, 5, 7}, 2, 4}, Ok{{5, 7}, 1, 1}}) {
     const AttentionPlan plan = AttentionPlan::from_shapes(q, k, v, ok.mask, a);
     EXPECT_EQ(plan.bias_batch, ok.bias_batch) << tandem::to_string(ok.mask);
     EXPECT_EQ(plan.bias_heads, ok.bias_heads) << tandem::to_string(ok.mask);
     EXPECT_EQ(plan.mask_size(), ok.bias_batch * ok.bias_heads * 5 * 7);
   }
+  // A bias is named bias, and a wrong head count is said in terms of its shape.
   for (const Shape& bad : {Shape{3, 1, 5, 7}, Shape{1, 2, 5, 7}, Shape{1, 1, 4, 7},
-                           Shape{1, 1, 5, 6}, Shape{5, 7}, Shape{1, 5, 7}}) {
-    expect_shapes_error(q, k, v, bad, a, "mask.shape",
-                        {"mask.shape = " + tandem::to_string(bad), "[Bb, Hb, Sq, Sk]", "Sq = 5",
-                         "Sk = 7", "for bias"});
+                           Shape{1, 1, 5, 6}, Shape{5, 6}, Shape{1, 5, 7}}) {
+    expect_shapes_error(q, k, v, bad, a, "bias.shape",
+                        {"bias.shape = " + tandem::to_string(bad), "[Bb, Hb, Sq, Sk]",
+                         "Hb in {1, 4}", "Sq = 5", "Sk = 7", "additive bias"});
   }
-  expect_shapes_error(q, k, v, std::nullopt, a, "mask", {"required for mask bias"});
+  expect_shapes_error(q, k, v, std::nullopt, a, "bias", {"required for mask bias"});
 }
 
 TEST(AttentionPlanShapes, MaskGivenForAKindThatTakesNone) {
@@ -501,7 +505,7 @@ struct Buffers {
 AttentionParams padded() {
   AttentionParams p = valid();
   p.mask = MaskKind::key_padding;
-  p.v_head_dim = 4;
+  p.Dv = 4;
   p.q_row_stride = 40;
   return p;
 }
@@ -638,3 +642,86 @@ TEST(AttentionEntryChecks, BackwardRejectsBadViewsAndLeavesEveryGradientAlone) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------
+// from_shapes: the caller's names of the inputs (SPEC §8)
+
+void expect_named_error(const AttentionShapes& s, const AttentionAttrs& a,
+                        const tandem::AttentionNames& names, const std::string& parameter,
+                        std::initializer_list<std::string> fragments) {
+  expect_error([&] { AttentionPlan::from_shapes(s, a, names); }, parameter, fragments);
+}
+
+TEST(AttentionPlanNames, ErrorsNameTheCallersInputs) {
+  tandem::AttentionNames torch;  // F.scaled_dot_product_attention's arguments
+  torch.q = "query";
+  torch.k = "key";
+  torch.v = "value";
+  torch.mask = "attn_mask";
+  AttentionAttrs a = attention_attrs(4);
+  expect_named_error({{2, 6, 4, 8}, {2, 10, 2, 4}, {2, 10, 2, 8}}, a, torch, "key.shape",
+                     {"key.shape = [2, 10, 2, 4]", "head_dim = 8 (query's last dim)"});
+  expect_named_error({{2, 6, 4, 8}, {2, 10, 2, 8}, {2, 9, 2, 8}}, a, torch, "value.shape",
+                     {"value.shape = [2, 9, 2, 8]", "must match key.shape"});
+  expect_named_error({{2, 6, 4}, {2, 10, 2, 8}, {2, 10, 2, 8}}, a, torch, "key.shape",
+                     {"must have the rank of query.shape = [2, 6, 4]"});
+  a.mask = MaskKind::bias;
+  expect_named_error({{2, 6, 4, 8}, {2, 10, 2, 8}, {2, 10, 2, 8}, Shape{1, 3, 6, 10}}, a, torch,
+                     "attn_mask.shape", {"attn_mask.shape = [1, 3, 6, 10]", "Hb in {1, 4}"});
+  a.mask = MaskKind::key_padding;
+  expect_named_error({{2, 6, 4, 8}, {2, 10, 2, 8}, {2, 10, 2, 8}}, a, torch, "attn_mask",
+                     {"attn_mask = (absent)"});
+}
+
+TEST(AttentionPlanNames, FeatureInputsByTheirNames) {
+  tandem::AttentionNames n;
+  n.k = "k_cache";
+  n.v = "v_cache";
+  n.block_table = "table";
+  AttentionShapes s{{2, 1, 4, 8}, {6, 16, 2, 8}, {6, 16, 2, 8}};
+  s.block_table = Shape{3, 4};
+  s.cache_seqlens = Shape{2};
+  expect_named_error(s, attention_attrs(4), n, "table.shape", {"table.shape = [3, 4]", "B = 2"});
+  s.block_table = Shape{2, 4};
+  s.v = {6, 16, 1, 8};
+  expect_named_error(s, attention_attrs(4), n, "v_cache.shape", {"must match k_cache.shape"});
+}
+
+TEST(AttentionPlanNames, HeadCountFromTheHeadAxis) {
+  AttentionAttrs a;  // num_heads 0: from q's head axis, where it has one
+  a.layout = tandem::QkvLayout::bhsd;
+  const AttentionPlan plan =
+      AttentionPlan::from_shapes({{2, 4, 6, 8}, {2, 2, 6, 8}, {2, 2, 6, 8}}, a);
+  EXPECT_EQ(plan.H, 4);
+  EXPECT_EQ(plan.Hkv, 2);
+  a.layout.reset();
+  expect_named_error({{2, 4, 6, 8}, {2, 2, 6, 8}, {2, 2, 6, 8}}, a, {}, "num_heads",
+                     {"num_heads = 0", "without a layout"});
+  expect_named_error({{2, 6, 32}, {2, 6, 16}, {2, 6, 16}}, a, {}, "num_heads",
+                     {"num_heads = 0", "q.shape = [2, 6, 32]", "no head axis"});
+  // H is looked for first: q without a head axis needs num_heads whatever k and v are
+  expect_named_error({{2, 6, 32}, {2, 6, 2, 8}, {2, 6, 2, 8}}, a, {}, "num_heads",
+                     {"num_heads = 0", "no head axis"});
+  a.layout = tandem::QkvLayout::thd;  // [total, H, D] has a head axis even without cu_seqlens
+  expect_named_error({{9, 4, 8}, {12, 2, 8}, {12, 2, 8}}, a, {}, "layout",
+                     {"layout = thd", "without packed sequences"});
+}
+
+TEST(AttentionPlanNames, ThdIsThePackedLayout) {
+  AttentionAttrs a;
+  a.layout = tandem::QkvLayout::thd;
+  AttentionShapes s{{9, 4, 8}, {12, 2, 8}, {12, 2, 8}};
+  s.cu_seqlens_q = Shape{3};
+  s.cu_seqlens_k = Shape{3};
+  const AttentionPlan plan = AttentionPlan::from_shapes(s, a);  // H from [total, H, D]
+  EXPECT_EQ(plan.num_seqs, 2);
+  EXPECT_EQ(plan.H, 4);
+  EXPECT_EQ(plan.Sq, 9);
+  EXPECT_EQ(plan.layout, Layout::bshd);
+  // thd without cu_seqlens is not a layout of q, k, v
+  a.num_heads = 4;
+  expect_named_error({{9, 4, 8}, {12, 2, 8}, {12, 2, 8}}, a, {}, "layout",
+                     {"layout = thd", "without packed sequences (cu_seqlens_q)"});
+  expect_named_error({{1, 9, 4, 8}, {1, 12, 2, 8}, {1, 12, 2, 8}}, a, {}, "layout",
+                     {"layout = thd", "needs packed sequences"});
+}

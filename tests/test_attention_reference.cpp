@@ -123,10 +123,10 @@ Grads<float> backward_f32(const Problem<float>& pr) {
 
 AttentionParams one_head(std::int64_t Sq, std::int64_t Sk, std::int64_t D = 1) {
   AttentionParams p;
-  p.seq_q = Sq;
-  p.seq_k = Sk;
-  p.heads = 1;
-  p.head_dim = D;
+  p.Sq = Sq;
+  p.Sk = Sk;
+  p.H = 1;
+  p.D = D;
   return p;
 }
 
@@ -151,7 +151,7 @@ TEST(AttentionReference, ValueWidthDiffersFromHeadWidth) {
   // v_0 = (4, 0, 1), v_1 = (8, 4, -1):
   //   o = (1 + 6, 0 + 3, 1/4 - 3/4) = (7, 3, -0.5).
   AttentionParams p = one_head(1, 2);
-  p.v_head_dim = 3;
+  p.Dv = 3;
   Problem<float> pr(p);
   pr.q = {1.0f};
   pr.k = {0.0f, static_cast<float>(kLn3)};
@@ -168,7 +168,7 @@ TEST(AttentionReference, CustomScale) {
   // q = (1, 1), k_0 = (0, 0), k_1 = (ln 3, ln 3): <q, k_1> = 2 ln 3,
   //   s = 0.5 * (0, 2 ln 3) = (0, ln 3), p = (1/4, 3/4); v = (4, 8): o = 7.
   AttentionParams p = one_head(1, 2, 2);
-  p.v_head_dim = 1;
+  p.Dv = 1;
   p.scale = 0.5;
   Problem<float> pr(p);
   const float l3 = static_cast<float>(kLn3);
@@ -198,7 +198,7 @@ TEST(AttentionReference, FullyPaddedRowIsZeroWithZeroGradients) {
   // key 1 holds NaN (hidden keys are never read).
   // Batch 1 sees no key: o = 0 exactly, and it adds nothing to any gradient.
   AttentionParams p = one_head(1, 2);
-  p.batch = 2;
+  p.B = 2;
   p.mask = MaskKind::key_padding;
   Problem<float> pr(p);
   pr.mask = {1.0f, 0.0f, 0.0f, 0.0f};
@@ -329,8 +329,8 @@ TEST(AttentionReference, GroupedQueryHeadsReadContiguousGroups) {
   //   kv 1: k = (ln 3, 0), v = (4, 8): p = (3/4, 1/4), o = 3 + 2 = 5
   // Expected o = (7, 7, 5, 5); h mod 2 would give (7, 5, 7, 5).
   AttentionParams p = one_head(1, 2);
-  p.heads = 4;
-  p.kv_heads = 2;
+  p.H = 4;
+  p.Hkv = 2;
   Problem<float> pr(p);
   const float l3 = static_cast<float>(kLn3);
   for (std::int64_t h = 0; h < 4; ++h) at(pr.q, pr.plan.q, 0, 0, h, 0) = 1.0f;
@@ -357,8 +357,8 @@ TEST(AttentionReference, BiasBroadcastOverBatchAndHeads) {
   //   bias (0, 0)     -> p = (1/2, 1/2) -> o = 6
   //   bias (-inf, 0)  -> key 0 hidden   -> o = 8
   AttentionParams p = one_head(1, 2);
-  p.batch = 2;
-  p.heads = 2;
+  p.B = 2;
+  p.H = 2;
   p.mask = MaskKind::bias;
   const float l3 = static_cast<float>(kLn3);
   const auto set_v = [](Problem<float>& pr) {
@@ -434,13 +434,13 @@ TEST(AttentionReference, MinusInfinityBiasHidesAKey) {
 // element by element through the plans' strides.
 TEST(AttentionReference, LayoutsGiveTheSameNumbers) {
   AttentionParams p;
-  p.batch = 2;
-  p.seq_q = 3;
-  p.seq_k = 4;
-  p.heads = 4;
-  p.kv_heads = 2;
-  p.head_dim = 3;
-  p.v_head_dim = 2;
+  p.B = 2;
+  p.Sq = 3;
+  p.Sk = 4;
+  p.H = 4;
+  p.Hkv = 2;
+  p.D = 3;
+  p.Dv = 2;
   p.mask = MaskKind::causal;
   p.softcap = 1.5;
   Problem<double> a(p);
@@ -488,13 +488,13 @@ TEST(AttentionReference, LayoutsGiveTheSameNumbers) {
 // contiguous ones exactly.
 TEST(AttentionReference, RowStridesSkipJunkInTheGaps) {
   AttentionParams p;
-  p.batch = 2;
-  p.seq_q = 3;
-  p.seq_k = 5;
-  p.heads = 2;
-  p.kv_heads = 1;
-  p.head_dim = 2;
-  p.v_head_dim = 3;
+  p.B = 2;
+  p.Sq = 3;
+  p.Sk = 5;
+  p.H = 2;
+  p.Hkv = 1;
+  p.D = 2;
+  p.Dv = 3;
   p.mask = MaskKind::key_padding;
   Problem<double> dense(p);
   fill(dense, 21);
@@ -578,8 +578,8 @@ TEST(AttentionReference, BackwardComputesAnySubsetOfTheGradients) {
   // Each non-empty subset of {dq, dk, dv} gives exactly the gradients of the
   // full call; the views not asked for stay untouched.
   AttentionParams p = one_head(3, 4, 2);
-  p.heads = 2;
-  p.kv_heads = 1;
+  p.H = 2;
+  p.Hkv = 1;
   p.mask = MaskKind::causal;
   Problem<double> pr(p);
   fill(pr, 17);
@@ -604,7 +604,7 @@ TEST(AttentionReference, SavedLogSumExpAndBackwardFromIt) {
   // The problem of BackwardByHand: s = (0, ln 3), so lse = log(1 + 3) = ln 4,
   // p_j = exp(s_j - lse) = (1/4, 3/4). Batch 1 has its keys padded: lse = -inf.
   AttentionParams p = one_head(1, 2);
-  p.batch = 2;
+  p.B = 2;
   p.mask = MaskKind::key_padding;
   Problem<float> pr(p);
   pr.mask = {1.0f, 1.0f, 0.0f, 0.0f};
@@ -681,8 +681,8 @@ TEST(AttentionReference, GroupedQueryHeadsSumIntoTheirKvHead) {
   // H = 2, Hkv = 1, Sq = 1, Sk = 1: one key, so p = 1 for both heads and
   // dv = sum over the two heads of p * dO_h = 2 + 3 = 5.
   AttentionParams p = one_head(1, 1);
-  p.heads = 2;
-  p.kv_heads = 1;
+  p.H = 2;
+  p.Hkv = 1;
   Problem<float> pr(p);
   pr.q = {0.3f, -0.7f};
   pr.k = {1.1f};
@@ -697,12 +697,12 @@ std::vector<AttentionParams> derivative_configs() {
   {
     // GQA, causal with Sk > Sq, softcap, bshd.
     AttentionParams p;
-    p.batch = 2;
-    p.seq_q = 3;
-    p.seq_k = 5;
-    p.heads = 4;
-    p.kv_heads = 2;
-    p.head_dim = 3;
+    p.B = 2;
+    p.Sq = 3;
+    p.Sk = 5;
+    p.H = 4;
+    p.Hkv = 2;
+    p.D = 3;
     p.mask = MaskKind::causal;
     p.softcap = 0.8;
     all.push_back(p);
@@ -710,12 +710,12 @@ std::vector<AttentionParams> derivative_configs() {
   {
     // Bias [1, H, Sq, Sk] with some -inf, Dv != D, custom scale, bhsd, MQA.
     AttentionParams p;
-    p.seq_q = 4;
-    p.seq_k = 3;
-    p.heads = 2;
-    p.kv_heads = 1;
-    p.head_dim = 2;
-    p.v_head_dim = 3;
+    p.Sq = 4;
+    p.Sk = 3;
+    p.H = 2;
+    p.Hkv = 1;
+    p.D = 2;
+    p.Dv = 3;
     p.layout = Layout::bhsd;
     p.mask = MaskKind::bias;
     p.bias_heads = 2;
@@ -726,10 +726,10 @@ std::vector<AttentionParams> derivative_configs() {
     // Sliding window, key padding is covered by the strided test; here a
     // window with row strides and a softcap.
     AttentionParams p;
-    p.seq_q = 4;
-    p.seq_k = 6;
-    p.heads = 2;
-    p.head_dim = 2;
+    p.Sq = 4;
+    p.Sk = 6;
+    p.H = 2;
+    p.D = 2;
     p.mask = MaskKind::sliding_window;
     p.window = 2;
     p.softcap = 1.2;
@@ -740,12 +740,12 @@ std::vector<AttentionParams> derivative_configs() {
   {
     // Key padding with a fully padded batch row, Dv != D.
     AttentionParams p;
-    p.batch = 2;
-    p.seq_q = 2;
-    p.seq_k = 4;
-    p.heads = 1;
-    p.head_dim = 3;
-    p.v_head_dim = 2;
+    p.B = 2;
+    p.Sq = 2;
+    p.Sk = 4;
+    p.H = 1;
+    p.D = 3;
+    p.Dv = 2;
     p.mask = MaskKind::key_padding;
     all.push_back(p);
   }

@@ -37,11 +37,11 @@ struct Attention {
 
   Attention(int64_t Sq, int64_t Sk, int64_t H = 1, int64_t Hkv = 1, int64_t D = 4,
             unsigned seed = 1) {
-    p.seq_q = Sq;
-    p.seq_k = Sk;
-    p.heads = H;
-    p.kv_heads = Hkv;
-    p.head_dim = D;
+    p.Sq = Sq;
+    p.Sk = Sk;
+    p.H = H;
+    p.Hkv = Hkv;
+    p.D = D;
     q = tandem::test::random_values<float>(Sq * H * D, seed);
     k = tandem::test::random_values<float>(Sk * Hkv * D, seed + 1);
     v = tandem::test::random_values<float>(Sk * Hkv * D, seed + 2);
@@ -62,9 +62,9 @@ struct Attention {
   // An additive [1, 1, Sq, Sk] bias: 0 where visible(i, j), −inf elsewhere.
   template <class F>
   std::vector<float> bias(F visible) const {
-    std::vector<float> b(p.seq_q * p.seq_k);
-    for (int64_t i = 0; i < p.seq_q; ++i)
-      for (int64_t j = 0; j < p.seq_k; ++j) b[i * p.seq_k + j] = visible(i, j) ? 0.0f : -kInf;
+    std::vector<float> b(p.Sq * p.Sk);
+    for (int64_t i = 0; i < p.Sq; ++i)
+      for (int64_t j = 0; j < p.Sk; ++j) b[i * p.Sk + j] = visible(i, j) ? 0.0f : -kInf;
     return b;
   }
 };
@@ -229,10 +229,10 @@ TEST(Conventions, AdditiveMaskWithMinusInfinityHidesKeys) {
 // JAX (scale=None) all default to 1/sqrt(D) of q and k, not of v.
 TEST(Conventions, DefaultScaleIsOneOverSqrtOfQueryWidth) {
   tandem::AttentionParams p;
-  p.seq_q = p.seq_k = 2;
-  p.heads = 1;
-  p.head_dim = 16;
-  p.v_head_dim = 4;
+  p.Sq = p.Sk = 2;
+  p.H = 1;
+  p.D = 16;
+  p.Dv = 4;
   EXPECT_DOUBLE_EQ(tandem::AttentionPlan::make(p).scale, 0.25);
 }
 
@@ -464,10 +464,10 @@ TEST(Conventions, BhsdIsTheTransposeOfBshd) {
   const int64_t B = 2, S = 3, H = 2, D = 4;
   tandem::AttentionAttrs attrs;
   attrs.num_heads = H;
-  attrs.layout = tandem::Layout::bshd;
+  attrs.layout = tandem::QkvLayout::bshd;
   const auto bshd = tandem::AttentionPlan::from_shapes({B, S, H, D}, {B, S, H, D}, {B, S, H, D},
                                                        std::nullopt, attrs);
-  attrs.layout = tandem::Layout::bhsd;
+  attrs.layout = tandem::QkvLayout::bhsd;
   const auto bhsd = tandem::AttentionPlan::from_shapes({B, H, S, D}, {B, H, S, D}, {B, H, S, D},
                                                        std::nullopt, attrs);
   std::vector<float> in[3], tr[3];

@@ -388,7 +388,7 @@ TEST(OptimizedAttentionMasked, FullyMaskedRowsGiveZeroNeverNaN) {
 TEST(OptimizedAttentionMasked, PaddingKeysAreNeverUsed) {
   for (const std::int64_t D : {16, 7}) {  // rows read in place, and packed
     AttentionParams params = P(2, 1, 70, 4, 1, D, 0, Layout::bshd, MaskKind::key_padding);
-    if (D == 7) params.seq_q = 9;
+    if (D == 7) params.Sq = 9;
     Data data(params, 5);
     const AttentionPlan& p = data.plan;
     for (std::int64_t b = 0; b < p.B; ++b)

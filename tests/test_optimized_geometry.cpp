@@ -132,7 +132,7 @@ AttentionParams packed(AttentionParams p, std::int64_t n) {
 /// P(B, Sq, 0, ...) over a paged cache of `blocks` blocks of `size` keys, `width` per table row.
 AttentionParams paged(AttentionParams p, std::int64_t blocks, std::int64_t size,
                       std::int64_t width) {
-  p.seq_k = 0;
+  p.Sk = 0;
   p.num_blocks = blocks;
   p.block_size = size;
   p.max_blocks = width;

@@ -57,15 +57,15 @@ AttentionCase attention_case(const tandem::AttentionParams& p, unsigned seed,
   a.plan = AttentionPlan::make(p);
   if (fill) fill(a);
   const auto n = [](std::int64_t x) { return static_cast<std::size_t>(x); };
-  if (p.sinks) a.sinks = random_values(n(p.heads), seed + 5, -2.0f, 2.0f);
+  if (p.sinks) a.sinks = random_values(n(p.H), seed + 5, -2.0f, 2.0f);
   a.q = random_values(n(a.plan.q.extent), seed);
   a.k = random_values(n(a.plan.k.extent), seed + 1);
   a.v = random_values(n(a.plan.v.extent), seed + 2);
   a.mask = random_values(n(a.plan.mask_size()), seed + 3, -2.0f, 2.0f);
   if (p.alibi != tandem::AlibiKind::none) {
-    a.slopes = random_values(
-        n(p.alibi == tandem::AlibiKind::per_head ? p.heads : a.plan.sequences() * p.heads),
-        seed + 6, 0.0f, 1.0f);
+    a.slopes =
+        random_values(n(p.alibi == tandem::AlibiKind::per_head ? p.H : a.plan.sequences() * p.H),
+                      seed + 6, 0.0f, 1.0f);
   }
   if (p.mask == MaskKind::key_padding) {
     for (std::size_t j = 0; j < a.mask.size(); ++j) a.mask[j] = j % 3 == 1 ? 0.0f : 1.0f;

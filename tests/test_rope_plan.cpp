@@ -723,7 +723,7 @@ TEST(AttentionBlockPlan, FromShapesRejectsBadShapes) {
       [&] {
         block_from_shapes(none, none, Shape{3, 2}, none, none);
       },
-      "mask.shape", "mask.shape = [3, 2] must be [B, S] = [2, 3]");
+      "key_padding.shape", "key_padding.shape = [3, 2] must be [B, S] = [2, 3] (a keep mask)");
   expect_error_message(
       [&] {
         block_from_shapes(none, none, none, Shape{3, 2}, none);
@@ -1035,3 +1035,52 @@ TEST(BadViews, AttentionBlockLeavesTheOutputUntouched) {
 }
 
 }  // namespace
+
+TEST(RopePlanShapes, ErrorsNameTheCallersInputs) {
+  tandem::RopeAttrs a;
+  tandem::RopeNames n;
+  n.x = "dy";
+  n.cos = "cos_sin_cache";
+  n.sin = "cos_sin_cache";
+  n.positions = "pos";
+  const auto fails = [&](auto&& f, const std::string& parameter,
+                         std::initializer_list<std::string> fragments) {
+    tandem::test::expect_error(f, parameter, fragments);
+  };
+  const tandem::Shape x{2, 6, 4, 8}, table{16, 4};
+  a.layout = tandem::RopeLayout::bshd;
+  fails(
+      [&] {
+        tandem::RopePlan::from_shapes({2, 6, 32, 1, 1}, table, table, std::nullopt, a, n);
+      },
+      "dy.shape", {"dy.shape = [2, 6, 32, 1, 1]", "rank 2, 3 or 4"});
+  fails([&] { tandem::RopePlan::from_shapes(x, {16}, {16}, std::nullopt, a, n); },
+        "cos_sin_cache.shape", {"cos_sin_cache.shape = [16]", "[R, T]"});
+  fails(
+      [&] {
+        tandem::RopePlan::from_shapes(x, table, table, tandem::Shape{2, 5}, a, n);
+      },
+      "pos.shape", {"pos.shape = [2, 5]", "dy's token axes"});
+  n.x = "q_in";
+  n.k = "k_in";
+  fails(
+      [&] {
+        tandem::RopeQkPlan::from_shapes(x, {2, 5, 2, 8}, table, table, std::nullopt, a, n);
+      },
+      "k_in.shape", {"k_in.shape = [2, 5, 2, 8]", "token axes of q_in.shape"});
+}
+
+TEST(RopePlanShapes, SwigluAndTheBlockNameTheCallersInputs) {
+  tandem::test::expect_error(
+      [] {
+        SwigluPlan::from_shapes({4, 7}, true, "dy");
+      },
+      "dy.shape", {"dy.shape = [4, 7]", "even"});
+  const auto block = [](const std::string& keep_name) {
+    AttentionBlockPlan::from_shapes({2, 6, 8}, {24, 8}, std::nullopt, {8, 8}, std::nullopt,
+                                    tandem::Shape{2, 5}, std::nullopt, std::nullopt, 2, keep_name);
+  };
+  tandem::test::expect_error([&] { block("key_padding"); }, "key_padding.shape",
+                             {"key_padding.shape = [2, 5]", "[B, S] = [2, 6]"});
+  tandem::test::expect_error([&] { block("mask"); }, "mask.shape", {"mask.shape = [2, 5]"});
+}

@@ -57,8 +57,8 @@ def overhead(min_time):
     q = torch.randn(1, 1, 1, 8)
     qn = q.numpy()
     p = _ext.AttentionParams()
-    p.batch = p.seq_q = p.seq_k = p.heads = 1
-    p.head_dim = 8
+    p.B = p.Sq = p.Sk = p.H = 1
+    p.D = 8
     p.layout = _ext.Layout.bhsd
     out = np.empty((1, 1, 1, 8), np.float32)
     inputs = {"q": qn, "k": qn, "v": qn}

@@ -177,19 +177,19 @@ struct Svg {
 using Grid = std::vector<std::vector<bool>>;
 
 Grid visibility(const Backend& be, tandem::AttentionParams p, const std::vector<float>& mask) {
-  p.batch = 1;
-  p.heads = 1;
-  p.kv_heads = 1;
-  p.head_dim = 1;
-  p.v_head_dim = p.seq_k;
+  p.B = 1;
+  p.H = 1;
+  p.Hkv = 1;
+  p.D = 1;
+  p.Dv = p.Sk;
   const auto plan = tandem::AttentionPlan::make(p);
   std::vector<float> q(plan.q.extent, 0.0f), k(plan.k.extent, 0.0f), v(plan.v.extent, 0.0f);
-  for (int64_t j = 0; j < p.seq_k; ++j) v[plan.v.at(0, j, 0) + j] = 1.0f;
+  for (int64_t j = 0; j < p.Sk; ++j) v[plan.v.at(0, j, 0) + j] = 1.0f;
   std::vector<float> out(plan.o.extent, -1.0f);
   be.attention_forward(plan, {q, k, v, mask}, out);
-  Grid g(p.seq_q, std::vector<bool>(p.seq_k));
-  for (int64_t i = 0; i < p.seq_q; ++i)
-    for (int64_t j = 0; j < p.seq_k; ++j) g[i][j] = out[plan.o.at(0, i, 0) + j] > 0.0f;
+  Grid g(p.Sq, std::vector<bool>(p.Sk));
+  for (int64_t i = 0; i < p.Sq; ++i)
+    for (int64_t j = 0; j < p.Sk; ++j) g[i][j] = out[plan.o.at(0, i, 0) + j] > 0.0f;
   return g;
 }
 
@@ -773,12 +773,11 @@ void layout_page(const fs::path& out) {
     tandem::AttentionPlan::from_shapes({2, 5, 32}, {2, 5, 24}, {2, 5, 24}, std::nullopt, a);
   });
   tandem::AttentionParams p;
-  p.seq_q = p.seq_k = 5;
-  p.heads = 4;
-  p.head_dim = 8;
+  p.Sq = p.Sk = 5;
+  p.H = 4;
+  p.D = 8;
   p.q_row_stride = 24;
-  attempt("make(params) with heads 4, head_dim 8, q_row_stride 24",
-          [&] { tandem::AttentionPlan::make(p); });
+  attempt("make(params) with H 4, D 8, q_row_stride 24", [&] { tandem::AttentionPlan::make(p); });
   tandem::RopeAttrs ra;
   ra.head_dim = 4;
   ra.n_rot = 5;
@@ -795,8 +794,8 @@ void mask_pictures(const Backend& ref, const fs::path& out) {
   using tandem::MaskKind;
   auto params = [](int64_t Sq, int64_t Sk, MaskKind kind, int64_t window = 0) {
     tandem::AttentionParams p;
-    p.seq_q = Sq;
-    p.seq_k = Sk;
+    p.Sq = Sq;
+    p.Sk = Sk;
     p.mask = kind;
     p.window = window;
     return p;
@@ -838,9 +837,9 @@ std::pair<int, int> tiling_picture(const fs::path& out, int64_t S, int64_t Br, i
                                    int64_t window, const std::string& name,
                                    const std::string& source) {
   tandem::AttentionParams p;
-  p.seq_q = p.seq_k = S;
-  p.heads = 1;
-  p.head_dim = 1;
+  p.Sq = p.Sk = S;
+  p.H = 1;
+  p.D = 1;
   p.mask = window > 0 ? tandem::MaskKind::sliding_window : tandem::MaskKind::causal;
   p.window = window;
   const auto plan = tandem::AttentionPlan::make(p);
@@ -921,10 +920,10 @@ struct TinyCall {
 
 tandem::AttentionParams tiny(int64_t Sq, int64_t Sk) {
   tandem::AttentionParams p;
-  p.seq_q = Sq;
-  p.seq_k = Sk;
-  p.heads = 1;
-  p.head_dim = 1;
+  p.Sq = Sq;
+  p.Sk = Sk;
+  p.H = 1;
+  p.D = 1;
   return p;
 }
 
@@ -1033,7 +1032,7 @@ std::string features_paged(const Backend& ref) {
   // B = 2, blocks of 2 keys, 4 blocks; entry 0 holds 3 keys in blocks 2, 0;
   // entry 1 holds 2 keys in block 1; spare entries −1; block 3 unused (NaN).
   tandem::AttentionParams p = tiny(1, 0);
-  p.batch = 2;
+  p.B = 2;
   p.num_blocks = 4;
   p.block_size = 2;
   p.max_blocks = 2;

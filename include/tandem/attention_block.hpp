@@ -66,7 +66,8 @@ struct AttentionBlockPlan {
                                         const std::optional<Shape>& b_out,
                                         const std::optional<Shape>& keep,
                                         const std::optional<Shape>& cos,
-                                        const std::optional<Shape>& sin, std::int64_t num_heads);
+                                        const std::optional<Shape>& sin, std::int64_t num_heads,
+                                        const std::string& keep_name = "key_padding");
   /// Readable summary for messages and counterexamples.
   [[nodiscard]] std::string describe() const;
 };
@@ -121,10 +122,10 @@ inline AttentionBlockPlan AttentionBlockPlan::make(const AttentionBlockParams& p
   plan.has_rope = p.rope;
 
   AttentionParams a;
-  a.batch = p.batch;
-  a.seq_q = a.seq_k = p.seq;
-  a.heads = a.kv_heads = p.heads;
-  a.head_dim = a.v_head_dim = plan.D;
+  a.B = p.batch;
+  a.Sq = a.Sk = p.seq;
+  a.H = a.Hkv = p.heads;
+  a.D = a.Dv = plan.D;
   a.layout = Layout::bshd;
   a.mask = p.key_padding ? MaskKind::key_padding : MaskKind::none;
   a.q_row_stride = a.k_row_stride = p.rope ? p.embed : E3;
@@ -150,7 +151,8 @@ inline AttentionBlockPlan AttentionBlockPlan::make(const AttentionBlockParams& p
 inline AttentionBlockPlan AttentionBlockPlan::from_shapes(
     const Shape& x, const Shape& w_qkv, const std::optional<Shape>& b_qkv, const Shape& w_out,
     const std::optional<Shape>& b_out, const std::optional<Shape>& keep,
-    const std::optional<Shape>& cos, const std::optional<Shape>& sin, std::int64_t num_heads) {
+    const std::optional<Shape>& cos, const std::optional<Shape>& sin, std::int64_t num_heads,
+    const std::string& keep_name) {
   require(x.size() == 3, "x.shape", to_string(x), "must be [B, S, E]");
   element_count(x, "x.shape");
   const std::int64_t B = x[0], S = x[1], E = x[2];
@@ -163,8 +165,8 @@ inline AttentionBlockPlan AttentionBlockPlan::from_shapes(
           "must be [E, E] = " + to_string({E, E}));
   require(!b_out || *b_out == Shape{E}, "b_out.shape", b_out ? to_string(*b_out) : "",
           "must be [E] = " + to_string({E}));
-  require(!keep || *keep == Shape{B, S}, "mask.shape", keep ? to_string(*keep) : "",
-          "must be [B, S] = " + to_string({B, S}));
+  require(!keep || *keep == Shape{B, S}, keep_name + ".shape", keep ? to_string(*keep) : "",
+          "must be [B, S] = " + to_string({B, S}) + " (a keep mask)");
   require(cos.has_value() == sin.has_value(), cos ? "sin" : "cos", std::string("(absent)"),
           "must be given with the other RoPE table");
   AttentionBlockParams p;

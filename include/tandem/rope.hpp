@@ -95,6 +95,17 @@ struct RopeAttrs {
   std::optional<TableRows> table_rows;  ///< from shapes (and positions) when absent
 };
 
+/// What the caller calls the inputs of a RoPE call, for messages (SPEC §8):
+/// an error about an input's shape has parameter `<name>.shape`.
+struct RopeNames {
+  std::string x = "x";  ///< the source (x, dy; q of a q-and-k call)
+  std::string k = "k";  ///< the second source of a q-and-k call
+  ///@{
+  /// The tables and the position ids.
+  std::string cos = "cos", sin = "sin", positions = "positions";
+  ///@}
+};
+
 /// One RoPE call, validated.
 struct RopePlan {
   ///@{
@@ -139,6 +150,10 @@ struct RopePlan {
   /// positions (int32/int64) of x's token axes (`[B, S]`, or `[T]` / `[S]`).
   static RopePlan from_shapes(const Shape& x, const Shape& cos, const Shape& sin,
                               const std::optional<Shape>& positions, const RopeAttrs& a);
+  /// As above, naming the inputs in errors by the caller's names.
+  static RopePlan from_shapes(const Shape& x, const Shape& cos, const Shape& sin,
+                              const std::optional<Shape>& positions, const RopeAttrs& a,
+                              const RopeNames& names);
   /// As above, without positions.
   static RopePlan from_shapes(const Shape& x, const Shape& cos, const Shape& sin,
                               const RopeAttrs& a) {
@@ -169,6 +184,10 @@ struct RopeQkPlan {
   /// k has q's rank, layout, head width and token axes.
   static RopeQkPlan from_shapes(const Shape& q, const Shape& k, const Shape& cos, const Shape& sin,
                                 const std::optional<Shape>& positions, const RopeAttrs& a);
+  /// As above, naming the inputs in errors by the caller's names (names.x is q's).
+  static RopeQkPlan from_shapes(const Shape& q, const Shape& k, const Shape& cos, const Shape& sin,
+                                const std::optional<Shape>& positions, const RopeAttrs& a,
+                                const RopeNames& names);
   /// Readable summary for messages and counterexamples.
   [[nodiscard]] std::string describe() const;
 };
@@ -306,16 +325,18 @@ namespace detail {
 
 /// The RopeParams of x (called `name` in messages) by SPEC §4's shape rules.
 /// `positions`, when given, must have x's token axes; the table rows come
-/// from it, from a.table_rows, or from the table's shape.
+/// from it, from a.table_rows, or from the table's shape. `names` names the
+/// tables and positions.
 inline RopeParams rope_params_from_shapes(const Shape& x, const std::string& name, const Shape& cos,
                                           const Shape& sin, const std::optional<Shape>& positions,
-                                          const RopeAttrs& a) {
-  const std::string xs = name + ".shape";
+                                          const RopeAttrs& a, const RopeNames& names) {
+  const std::string xs = name + ".shape", cs = names.cos + ".shape";
   const std::size_t rank = x.size();
   require(rank >= 2 && rank <= 4, xs, to_string(x), "must have rank 2, 3 or 4");
   element_count(x, xs);
-  require(cos.size() == 2, "cos.shape", to_string(cos), "must be [R, T]");
-  require(sin == cos, "sin.shape", to_string(sin), "must equal cos.shape = " + to_string(cos));
+  require(cos.size() == 2, cs, to_string(cos), "must be [R, T]");
+  require(sin == cos, names.sin + ".shape", to_string(sin),
+          "must equal " + cs + " = " + to_string(cos));
   if (a.num_heads) require(*a.num_heads >= 1, "num_heads", *a.num_heads, "must be >= 1");
 
   // The layout: explicit, or for rank 4 decided by num_heads (SPEC §4).
@@ -391,7 +412,7 @@ inline RopeParams rope_params_from_shapes(const Shape& x, const std::string& nam
   p.table_stride = cos[1];
   const std::int64_t n_rot = a.n_rot.value_or(p.head_dim);
   require(
-      p.table_stride >= n_rot / 2 && p.table_stride >= 1, "cos.shape", to_string(cos),
+      p.table_stride >= n_rot / 2 && p.table_stride >= 1, cs, to_string(cos),
       "must have T >= max(n_rot/2, 1) = " + std::to_string(std::max<std::int64_t>(n_rot / 2, 1)));
 
   // Table rows: position ids when given, else explicit, else from the table's shape.
@@ -399,7 +420,7 @@ inline RopeParams rope_params_from_shapes(const Shape& x, const std::string& nam
     require(!a.table_rows || *a.table_rows == TableRows::position_ids, "table_rows",
             to_string(a.table_rows.value_or(TableRows::position_ids)),
             "must be absent (or position_ids) when positions are given");
-    require(*positions == tokens, "positions.shape", to_string(*positions),
+    require(*positions == tokens, names.positions + ".shape", to_string(*positions),
             "must be " + name + "'s token axes " +
                 (tokens.size() == 2     ? "[B, S]"
                  : L == RopeLayout::thd ? "[T]"
@@ -407,7 +428,7 @@ inline RopeParams rope_params_from_shapes(const Shape& x, const std::string& nam
                 " = " + to_string(tokens));
     p.rows = TableRows::position_ids;
   } else if (a.table_rows) {
-    require(*a.table_rows != TableRows::position_ids, "positions", "(absent)",
+    require(*a.table_rows != TableRows::position_ids, names.positions, "(absent)",
             "is required for table_rows = position_ids");
     p.rows = *a.table_rows;
   } else {
@@ -421,7 +442,13 @@ inline RopeParams rope_params_from_shapes(const Shape& x, const std::string& nam
 
 inline RopePlan RopePlan::from_shapes(const Shape& x, const Shape& cos, const Shape& sin,
                                       const std::optional<Shape>& positions, const RopeAttrs& a) {
-  return make(detail::rope_params_from_shapes(x, "x", cos, sin, positions, a));
+  return from_shapes(x, cos, sin, positions, a, RopeNames{});
+}
+
+inline RopePlan RopePlan::from_shapes(const Shape& x, const Shape& cos, const Shape& sin,
+                                      const std::optional<Shape>& positions, const RopeAttrs& a,
+                                      const RopeNames& names) {
+  return make(detail::rope_params_from_shapes(x, names.x, cos, sin, positions, a, names));
 }
 
 inline std::string RopePlan::describe() const {
@@ -448,18 +475,26 @@ inline RopeQkPlan RopeQkPlan::make(const RopeQkParams& p) {
 inline RopeQkPlan RopeQkPlan::from_shapes(const Shape& q, const Shape& k, const Shape& cos,
                                           const Shape& sin, const std::optional<Shape>& positions,
                                           const RopeAttrs& a) {
+  return from_shapes(q, k, cos, sin, positions, a, RopeNames{"q"});  // x is q's name
+}
+
+inline RopeQkPlan RopeQkPlan::from_shapes(const Shape& q, const Shape& k, const Shape& cos,
+                                          const Shape& sin, const std::optional<Shape>& positions,
+                                          const RopeAttrs& a, const RopeNames& names) {
   RopeQkParams p;
-  p.q = detail::rope_params_from_shapes(q, "q", cos, sin, positions, a);
-  require(k.size() == q.size(), "k.shape", to_string(k),
-          "must have the rank of q.shape = " + to_string(q));
+  p.q = detail::rope_params_from_shapes(q, names.x, cos, sin, positions, a, names);
+  const std::string ks = names.k + ".shape";
+  require(k.size() == q.size(), ks, to_string(k),
+          std::string("must have the rank of ") + names.x + ".shape = " + to_string(q));
   RopeAttrs ak = a;  // k: q's layout and head width; its own head count
   ak.layout = p.q.layout;
   ak.head_dim = p.q.head_dim;
   ak.num_heads.reset();
   ak.table_rows = TableRows::position;  // k's rows are q's; positions are checked against q
-  const RopeParams pk = detail::rope_params_from_shapes(k, "k", cos, sin, std::nullopt, ak);
-  require(pk.batch == p.q.batch && pk.seq == p.q.seq, "k.shape", to_string(k),
-          "must have the token axes of q.shape = " + to_string(q));
+  const RopeParams pk =
+      detail::rope_params_from_shapes(k, names.k, cos, sin, std::nullopt, ak, names);
+  require(pk.batch == p.q.batch && pk.seq == p.q.seq, ks, to_string(k),
+          std::string("must have the token axes of ") + names.x + ".shape = " + to_string(q));
   p.k_width = pk.width;
   return make(p);
 }

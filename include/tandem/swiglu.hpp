@@ -47,7 +47,7 @@ struct SwigluPlan {
   /// Validates by SPEC §8 — the only place that does.
   static SwigluPlan make(const SwigluParams& p);
   /// x `[..., 2n]`, rank >= 1.
-  static SwigluPlan from_shapes(const Shape& x, bool gate_first);
+  static SwigluPlan from_shapes(const Shape& x, bool gate_first, const std::string& name = "x");
   /// Readable summary for messages and counterexamples.
   [[nodiscard]] std::string describe() const;
 };
@@ -62,14 +62,16 @@ inline SwigluPlan SwigluPlan::make(const SwigluParams& p) {
   return SwigluPlan{p.rows, p.n, p.gate_first};
 }
 
-inline SwigluPlan SwigluPlan::from_shapes(const Shape& x, bool gate_first) {
-  require(!x.empty(), "x.shape", to_string(x), "must have rank >= 1");
-  element_count(x, "x.shape");
+inline SwigluPlan SwigluPlan::from_shapes(const Shape& x, bool gate_first,
+                                          const std::string& name) {
+  const std::string xs = name + ".shape";
+  require(!x.empty(), xs, to_string(x), "must have rank >= 1");
+  element_count(x, xs);
   const std::int64_t last = x.back();
-  require(last >= 2 && last % 2 == 0, "x.shape", to_string(x),
+  require(last >= 2 && last % 2 == 0, xs, to_string(x),
           "must have an even, non-zero last dim (2n)");
   std::int64_t rows = 1;
-  for (std::size_t i = 0; i + 1 < x.size(); ++i) rows = checked_mul(rows, x[i], "x.shape");
+  for (std::size_t i = 0; i + 1 < x.size(); ++i) rows = checked_mul(rows, x[i], xs);
   return make({rows, last / 2, gate_first});
 }
 

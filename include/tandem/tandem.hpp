@@ -5,6 +5,9 @@
 
 #include "tandem/attention.hpp"
 #include "tandem/attention_block.hpp"
+#include "tandem/attention_plan.hpp"
+#include "tandem/attention_shapes.hpp"
+#include "tandem/attention_views.hpp"
 #include "tandem/axial_rope.hpp"
 #include "tandem/backend.hpp"
 #include "tandem/error.hpp"

@@ -3,11 +3,12 @@
 /// @brief tandem._ext: the kernels of the public API for Python (nanobind).
 ///
 /// A client of include/tandem like the `tandem` command. The Python package
-/// (python/tandem/) fills the Params of each op from its keyword arguments
-/// and allocates the outputs; each function here makes the op's plan (which
-/// validates the call), checks every array against the plan without copying
-/// it, releases the GIL and runs the kernel. Element type: float32 runs the
-/// named backend; float64 runs the reference templated in double.
+/// (python/tandem/) reads each op's keyword arguments, asks the C++ shape
+/// rules for the op's Params and the shapes its arrays are read in
+/// (attention_call, SPEC §1), and allocates the outputs; each kernel function
+/// here makes the op's plan (which validates the call), checks every array
+/// against it without copying it, releases the GIL and runs the kernel. Element type: float32 runs
+/// the named backend; float64 runs the reference templated in double.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -201,6 +202,56 @@ Shape heads_shape(const AttentionPlan& p, std::int64_t B, std::int64_t S, std::i
 /// The shape of out and dout: [B, Sq, H, Dv] in the plan's layout.
 Shape out_shape(const AttentionPlan& p) {
   return heads_shape(p, p.B, p.Sq, p.H, p.Dv);
+}
+
+/// The shape of input `name` in `shapes` (name → shape; absent or None: not given).
+std::optional<Shape> given_shape(const nb::dict& shapes, const char* name) {
+  if (!shapes.contains(name) || shapes[name].is_none()) return std::nullopt;
+  return nb::cast<Shape>(shapes[name]);
+}
+
+/// An attention call by the C++ shape rules (attention_params_from_shapes,
+/// SPEC §1, §2.7–2.10): its Params from the shapes of the inputs given
+/// (`shapes`: q, k, v, mask, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+/// seqused_k, block_table, cache_seqlens), the attrs and the caller's names of
+/// the inputs (errors name them), and the shapes the kernels read the arrays
+/// in: q, k, v, out `[B, Sq, H, Dv]` in the plan's layout (a paged k, v
+/// `[num_blocks, block_size, Hkv, D]`), lse `[B, H, Sq]`, the mask (keep
+/// `[B, Sk]`, bias `[Bb, Hb, Sq, Sk]`), and `given_out`: out in q's rank.
+nb::tuple attention_call(const nb::dict& shapes, const AttentionAttrs& attrs,
+                         const AttentionNames& names) {
+  AttentionShapes s;
+  const auto need = [&](const char* key, const std::string& name) {
+    std::optional<Shape> x = given_shape(shapes, key);
+    if (!x) throw Error(name, name + " = (absent) is required");
+    return *x;
+  };
+  s.q = need("q", names.q);
+  s.k = need("k", names.k);
+  s.v = need("v", names.v);
+  s.mask = given_shape(shapes, "mask");
+  s.sinks = given_shape(shapes, "sinks");
+  s.alibi_slopes = given_shape(shapes, "alibi_slopes");
+  s.cu_seqlens_q = given_shape(shapes, "cu_seqlens_q");
+  s.cu_seqlens_k = given_shape(shapes, "cu_seqlens_k");
+  s.seqused_k = given_shape(shapes, "seqused_k");
+  s.block_table = given_shape(shapes, "block_table");
+  s.cache_seqlens = given_shape(shapes, "cache_seqlens");
+  const AttentionParams params = attention_params_from_shapes(s, attrs, names);
+  const AttentionPlan p = AttentionPlan::make(params);
+  const std::int64_t KB = p.kv_batch(), KS = p.kv_seq();
+  nb::dict views;
+  views["q"] = heads_shape(p, p.B, p.Sq, p.H, p.D);
+  views["k"] = heads_shape(p, KB, KS, p.Hkv, p.D);
+  views["v"] = heads_shape(p, KB, KS, p.Hkv, p.Dv);
+  views["out"] = out_shape(p);
+  views["lse"] = Shape{p.B, p.H, p.Sq};
+  if (const std::optional<Shape> m = mask_shape(p)) views["mask"] = *m;
+  // q's rank: heads on their own axis (rank 4, packed [total, H, D]) or folded ([.., H·D])
+  Shape given = s.q;
+  given.back() = s.q.size() == 4 || (p.varlen() && s.q.size() == 3) ? p.Dv : p.H * p.Dv;
+  views["given_out"] = given;
+  return nb::make_tuple(params, views);
 }
 
 void attention_forward(const std::string& backend, const AttentionParams& params,
@@ -517,13 +568,14 @@ NB_MODULE(_ext, m) {
   // keyword arguments (one line per field there, one here).
   nb::class_<AttentionParams>(m, "AttentionParams")
       .def(nb::init<>())
-      .def_rw("batch", &AttentionParams::batch)
-      .def_rw("seq_q", &AttentionParams::seq_q)
-      .def_rw("seq_k", &AttentionParams::seq_k)
-      .def_rw("heads", &AttentionParams::heads)
-      .def_rw("kv_heads", &AttentionParams::kv_heads)
-      .def_rw("head_dim", &AttentionParams::head_dim)
-      .def_rw("v_head_dim", &AttentionParams::v_head_dim)
+      .def(nb::init<const AttentionParams&>(), "params"_a)
+      .def_rw("B", &AttentionParams::B)
+      .def_rw("Sq", &AttentionParams::Sq)
+      .def_rw("Sk", &AttentionParams::Sk)
+      .def_rw("H", &AttentionParams::H)
+      .def_rw("Hkv", &AttentionParams::Hkv)
+      .def_rw("D", &AttentionParams::D)
+      .def_rw("Dv", &AttentionParams::Dv)
       .def_rw("layout", &AttentionParams::layout)
       .def_rw("mask", &AttentionParams::mask)
       .def_rw("window", &AttentionParams::window)
@@ -541,6 +593,33 @@ NB_MODULE(_ext, m) {
       .def_rw("block_size", &AttentionParams::block_size)
       .def_rw("max_blocks", &AttentionParams::max_blocks)
       .def("describe", [](const AttentionParams& p) { return AttentionPlan::make(p).describe(); });
+  nb::enum_<QkvLayout>(m, "QkvLayout")
+      .value("bshd", QkvLayout::bshd)
+      .value("bhsd", QkvLayout::bhsd)
+      .value("thd", QkvLayout::thd);
+  nb::class_<AttentionAttrs>(m, "AttentionAttrs")
+      .def(nb::init<>())
+      .def_rw("num_heads", &AttentionAttrs::num_heads)
+      .def_rw("layout", &AttentionAttrs::layout)
+      .def_rw("mask", &AttentionAttrs::mask)
+      .def_rw("window", &AttentionAttrs::window)
+      .def_rw("scale", &AttentionAttrs::scale)
+      .def_rw("softcap", &AttentionAttrs::softcap);
+  nb::class_<AttentionNames>(m, "AttentionNames")
+      .def(nb::init<>())
+      .def_rw("q", &AttentionNames::q)
+      .def_rw("k", &AttentionNames::k)
+      .def_rw("v", &AttentionNames::v)
+      .def_rw("mask", &AttentionNames::mask)
+      .def_rw("sinks", &AttentionNames::sinks)
+      .def_rw("alibi_slopes", &AttentionNames::alibi_slopes)
+      .def_rw("cu_seqlens_q", &AttentionNames::cu_seqlens_q)
+      .def_rw("cu_seqlens_k", &AttentionNames::cu_seqlens_k)
+      .def_rw("seqused_k", &AttentionNames::seqused_k)
+      .def_rw("block_table", &AttentionNames::block_table)
+      .def_rw("cache_seqlens", &AttentionNames::cache_seqlens)
+      .def("mask_of", &AttentionNames::mask_of, "kind"_a);
+  m.def("attention_call", &attention_call, "shapes"_a, "attrs"_a, "names"_a);
   nb::class_<AttentionPlan>(m, "AttentionPlan")
       .def_static("make", &AttentionPlan::make, "params"_a)
       .def("describe", &AttentionPlan::describe);
@@ -593,6 +672,13 @@ NB_MODULE(_ext, m) {
   m.def("rope_qk", &rope_qk, "backend"_a, "params"_a, "q"_a, "k"_a, "cos"_a, "sin"_a,
         "positions"_a.none(), "q_out"_a, "k_out"_a, "backward"_a);
   m.def("axial_rope", &axial_rope, "backend"_a, "params"_a, "x"_a, "out"_a, "backward"_a);
+  m.def(
+      "swiglu_params",
+      [](const Shape& x, bool gate_first, const std::string& name) {
+        const SwigluPlan plan = SwigluPlan::from_shapes(x, gate_first, name);
+        return SwigluParams{plan.rows, plan.n, plan.gate_first};
+      },
+      "x"_a, "gate_first"_a, "name"_a);
   m.def("swiglu_forward", &swiglu_forward, "backend"_a, "params"_a, "x"_a, "out"_a);
   m.def("swiglu_backward", &swiglu_backward, "backend"_a, "params"_a, "x"_a, "dy"_a, "dx"_a);
   m.def("attention_block", &attention_block, "backend"_a, "num_heads"_a, "inputs"_a, "out"_a);

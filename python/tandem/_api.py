@@ -1,15 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
 """tandem's kernels on NumPy arrays and PyTorch tensors.
 
-Each function reads its keyword arguments into the op's Params (the one
-place per op that maps Python arguments to the C++ API), allocates outputs
-of the caller's kind and calls tandem._ext, which makes the plan (validating
-the call), checks every array against it without copying, and runs the
-kernel with the GIL released. float32 runs `backend`; float64 runs the
+Each function reads its keyword arguments (the one place per op that maps
+Python arguments to the C++ API); for attention the C++ shape rules
+(_ext.attention_call, SPEC §1) then give the Params and the shapes to view
+the arrays in, their errors naming this module's arguments. It allocates
+outputs of the caller's kind and calls tandem._ext, which makes the plan
+(validating the call), checks every array against it without copying, and
+runs the kernel with the GIL released. float32 runs `backend`; float64 runs the
 reference in double whatever `backend` says.
 """
 
-import math
+import atexit
 
 import numpy as np
 
@@ -24,7 +26,8 @@ __all__ = [
     "attention_block",
 ]
 
-_LAYOUTS = {"bshd": _ext.Layout.bshd, "bhsd": _ext.Layout.bhsd}
+_QKV_LAYOUTS = {"bshd": _ext.QkvLayout.bshd, "bhsd": _ext.QkvLayout.bhsd,
+                "thd": _ext.QkvLayout.thd}
 _MASKS = {"none": _ext.MaskKind.none, "causal": _ext.MaskKind.causal,
           "sliding_window": _ext.MaskKind.sliding_window}
 _STYLES = {"neox": _ext.RopeStyle.neox, "gptj": _ext.RopeStyle.gptj}
@@ -45,149 +48,92 @@ def _choice(name, value, table):
 # Attention
 
 
-def _pair(x, y, x_name, y_name, what):
-    """Raises Error naming the missing one of two inputs that come together."""
-    if (x is None) != (y is None):
-        missing, given = (x_name, y_name) if x is None else (y_name, x_name)
-        raise Error(f"{missing} = None must be given with {given} ({what} take both)", missing)
-    return x is not None
+_INDEX_INPUTS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table", "cache_seqlens")
+
+
+def _attention_names(**names):
+    """The names an attention call's errors give its inputs (the defaults:
+    this module's argument names)."""
+    n = _ext.AttentionNames()
+    for key, value in names.items():
+        setattr(n, key, value)
+    return n
+
+
+_NAMES = _attention_names()
+_KVCACHE_NAMES = _attention_names(k="k_cache", v="v_cache")
+
+
+_CALLS = {}  # (shapes, attrs, names) -> (Params, views) of _ext.attention_call
+atexit.register(_CALLS.clear)  # before the extension is torn down
+
+
+def _attention_call(key, shapes, attrs, names):
+    """_ext.attention_call, kept per shapes and attrs (the Params a copy: each
+    call sets its own row strides); make() still validates every call."""
+    try:
+        p, views = _CALLS[key]
+    except KeyError:
+        if len(_CALLS) >= 256:
+            _CALLS.clear()
+        p, views = _CALLS[key] = _ext.attention_call(shapes, attrs, names)
+    return _ext.AttentionParams(p), views
 
 
 class _AttentionCall:
-    """An attention call read from Python arguments: the Params, the input
-    arrays (q, k, v as rank-4 views of the caller's memory where possible;
-    the mask and ALiBi slopes as float32; index inputs as int32 or int64),
-    and how to give outputs back in the caller's rank."""
+    """An attention call read from Python arguments. The C++ shape rules
+    (_ext.attention_call, SPEC §1) give its Params and the shapes the kernels
+    read the arrays in; here the arrays are converted (floats, indices),
+    viewed in those shapes (the caller's memory when the kernels can read it
+    in place, else a contiguous copy) and outputs are given back in q's rank."""
 
     def __init__(self, q, k, v, layout="bshd", num_heads=None, mask=None, window=None,
                  scale=None, softcap=0.0, bias=None, key_padding=None, sinks=None,
                  alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
-                 block_table=None, cache_seqlens=None):
-        q, k, v = A.as_array(q, "q"), A.as_array(k, "k"), A.as_array(v, "v")
-        A.same_dtype("k", k, "q", q)
-        A.same_dtype("v", v, "q", q)
+                 block_table=None, cache_seqlens=None, names=_NAMES):
+        q, k, v = A.as_array(q, names.q), A.as_array(k, names.k), A.as_array(v, names.v)
+        A.same_dtype(names.k, k, names.q, q)
+        A.same_dtype(names.v, v, names.q, q)
         self.like = q
-        self.shapes = {"q": tuple(q.shape), "k": tuple(k.shape), "v": tuple(v.shape)}
-        L = _choice("layout", layout, _LAYOUTS)
-        self.rank = q.ndim
-        packed = _pair(cu_seqlens_q, cu_seqlens_k, "cu_seqlens_q", "cu_seqlens_k",
-                       "packed sequences")
-        paged = _pair(block_table, cache_seqlens, "block_table", "cache_seqlens", "paged caches")
-        if seqused_k is not None and not packed:
-            raise Error("seqused_k: is taken only with cu_seqlens_q and cu_seqlens_k (packed "
-                        "sequences)", "seqused_k")
-        if (packed or paged) and L != _ext.Layout.bshd:
-            raise Error(f"layout = {layout!r} must be 'bshd' with "
-                        f"{'packed sequences' if packed else 'a paged cache'}", "layout")
-        # packed [total, H, D]: one batch entry of total tokens
-        self.heads_axis = packed and q.ndim == 3
-        if self.heads_axis:
-            if k.ndim != 3 or v.ndim != 3:
-                raise Error(f"k.shape = {list(k.shape)}, v.shape = {list(v.shape)} must be "
-                            "[total_k, Hkv, D] like q [total_q, H, D]", "k.shape")
-            q, k, v = q[None], k[None], v[None]
-        elif packed and q.ndim != 2:
-            raise Error(f"q.shape = {list(q.shape)} must be [total_q, H, D] or [total_q, H*D] "
-                        "with packed sequences (cu_seqlens)", "q.shape")
-        if q.ndim != 4:
-            q, k, v = self._to_rank4(q, k, v, layout, num_heads)
-        for name, x in (("k", k), ("v", v)):
-            if x.ndim != q.ndim:
-                raise Error(f"{name}.shape = {list(x.shape)} must have the rank of q.shape = "
-                            f"{list(q.shape)}", f"{name}.shape")
-        s_ax, h_ax = (1, 2) if L == _ext.Layout.bshd else (2, 1)
-        p = _ext.AttentionParams()
-        p.layout = L
-        p.batch, p.seq_q, p.heads, p.head_dim = q.shape[0], q.shape[s_ax], q.shape[h_ax], q.shape[3]
-        p.seq_k, p.kv_heads, p.v_head_dim = k.shape[s_ax], k.shape[h_ax], v.shape[3]
-        if paged:  # k, v [num_blocks, block_size, Hkv, D]
-            p.seq_k, (p.num_blocks, p.block_size) = 0, k.shape[:2]
-        if num_heads is not None and num_heads != p.heads:
-            raise Error(f"num_heads = {num_heads} must be q's head count {p.heads} "
-                        f"(q.shape = {list(q.shape)}, layout {layout})", "num_heads")
-        if p.heads < 1 or p.kv_heads < 1 or p.head_dim < 1 or p.v_head_dim < 1:
-            raise Error(f"q.shape = {list(q.shape)}, k.shape = {list(k.shape)}, v.shape = "
-                        f"{list(v.shape)} must have no empty head axis", "q.shape")
-        q, p.q_row_stride = self._rows(q, L, p.heads, p.head_dim)
-        k, p.k_row_stride = self._rows(k, L, p.kv_heads, p.head_dim)
-        v, p.v_row_stride = self._rows(v, L, p.kv_heads, p.v_head_dim)
+        a = _ext.AttentionAttrs()
+        a.layout = _choice("layout", layout, _QKV_LAYOUTS)
+        if num_heads is not None:
+            a.num_heads = int(num_heads)
         if scale is not None:
-            p.scale = float(scale)
-        p.softcap = float(softcap or 0.0)
-        self.inputs = {"q": q, "k": k, "v": v, "mask": self._mask(p, mask, window, bias,
-                                                                  key_padding)}
-        # dbias comes back in the bias's own shape ([Bb, Hb, Sq, Sk] or [Sq, Sk])
-        self.bias_shape = None if bias is None else tuple(A.as_array(bias, "bias").shape)
-        self.params = p
-        self._features(sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
-                       cache_seqlens)
-
-    def _features(self, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                  block_table, cache_seqlens):
-        """Sets the Params of the features (SPEC §2.7–2.10) and their inputs;
-        the plan and the kernel check shapes and values."""
-        p, inputs = self.params, self.inputs
+            a.scale = float(scale)
+        a.softcap = float(softcap or 0.0)
+        inputs = {"q": q, "k": k, "v": v,
+                  "mask": self._mask(a, mask, window, bias, key_padding, names)}
         if sinks is not None:
-            sinks = A.as_array(sinks, "sinks")
-            A.same_dtype("sinks", sinks, "q", self.like)
-            p.sinks = True
+            sinks = A.as_array(sinks, names.sinks)
+            A.same_dtype(names.sinks, sinks, names.q, q)
             inputs["sinks"] = A.contiguous(sinks)
         if alibi_slopes is not None:
-            m = A.to_float32(alibi_slopes, "alibi_slopes")
-            if m.ndim not in (1, 2):
-                raise Error(f"alibi_slopes.shape = {list(m.shape)} must be [H] or [n, H]",
-                            "alibi_slopes.shape")
-            p.alibi = _ext.AlibiKind.per_head if m.ndim == 1 else _ext.AlibiKind.per_batch_head
-            inputs["alibi_slopes"] = m
-        for name, x in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
-                        ("seqused_k", seqused_k), ("block_table", block_table),
-                        ("cache_seqlens", cache_seqlens)):
+            inputs["alibi_slopes"] = A.to_float32(alibi_slopes, names.alibi_slopes)
+        for name, x in zip(_INDEX_INPUTS, (cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+                                           cache_seqlens)):
             if x is not None:
-                inputs[name] = A.as_indices(x, name)
-        if cu_seqlens_q is not None:
-            cu = inputs["cu_seqlens_q"]
-            if cu.ndim != 1 or cu.shape[0] < 2:
-                raise Error(f"cu_seqlens_q.shape = {list(cu.shape)} must be [n+1] with n >= 1 "
-                            "sequences", "cu_seqlens_q.shape")
-            p.num_seqs = cu.shape[0] - 1
-        if block_table is not None:
-            t = inputs["block_table"]
-            if t.ndim != 2:
-                raise Error(f"block_table.shape = {list(t.shape)} must be [B, max_blocks]",
-                            "block_table.shape")
-            p.max_blocks = t.shape[1]
+                inputs[name] = A.as_indices(x, getattr(names, name))
+        self.shapes = {name: tuple(x.shape) for name, x in inputs.items() if x is not None}
+        key = (tuple(self.shapes.items()), layout, num_heads, a.mask, window, scale, softcap,
+               id(names))
+        p, self.views = _attention_call(key, self.shapes, a, names)
+        self.params, self.names = p, names
+        q, p.q_row_stride = self._view(q, "q", p.H, p.D)
+        k, p.k_row_stride = self._view(k, "k", p.Hkv, p.D)
+        v, p.v_row_stride = self._view(v, "v", p.Hkv, p.Dv)
+        inputs.update(q=q, k=k, v=v)
+        if inputs["mask"] is not None:
+            inputs["mask"] = inputs["mask"].reshape(self.views["mask"])
+        self.inputs = inputs
 
-    @staticmethod
-    def _to_rank4(q, k, v, layout, num_heads):
-        """[B, S, H*D] or [S, H*D] (bshd) as [B, S, H, D] views."""
-        if q.ndim not in (2, 3):
-            raise Error(f"q.shape = {list(q.shape)} must have rank 2, 3 or 4", "q.shape")
-        if layout != "bshd":
-            raise Error(f"layout = {layout!r} must be 'bshd' for rank-{q.ndim} tensors", "layout")
-        if num_heads is None:
-            raise Error(f"num_heads = None must be given for rank-{q.ndim} q "
-                        f"(q.shape = {list(q.shape)})", "num_heads")
-        if q.ndim == 2:
-            q, k, v = q[None], k[None] if k.ndim == 2 else k, v[None] if v.ndim == 2 else v
-        if q.shape[-1] % num_heads:
-            raise Error(f"q.shape = {list(q.shape)} must have a last dim divisible by "
-                        f"num_heads = {num_heads}", "q.shape")
-        D = q.shape[-1] // num_heads
-        if D < 1 or k.ndim != 3 or k.shape[-1] % D:
-            raise Error(f"k.shape = {list(k.shape)} must be [B, Sk, Hkv*{D}]", "k.shape")
-        Hkv = k.shape[-1] // D
-        if v.ndim != 3 or Hkv < 1 or v.shape[-1] % Hkv:
-            raise Error(f"v.shape = {list(v.shape)} must be [B, Sk, {Hkv}*Dv]", "v.shape")
-        return (q.reshape(q.shape[0], q.shape[1], num_heads, D),
-                k.reshape(k.shape[0], k.shape[1], Hkv, D),
-                v.reshape(v.shape[0], v.shape[1], Hkv, v.shape[-1] // Hkv))
-
-    @staticmethod
-    def _rows(x, layout, heads, width):
-        """x itself and its row stride when the kernels can read it in place
-        (bshd rows evenly spaced, or bhsd contiguous), else a contiguous copy."""
-        if x.ndim == 4 and 0 not in x.shape:
-            if layout == _ext.Layout.bshd and x.shape[2] == heads and x.shape[3] == width:
+    def _view(self, x, name, heads, width):
+        """x in the shape the kernels read it in, and its row stride: the
+        caller's memory when its rows are evenly spaced (bshd) or it is
+        contiguous (bhsd), else a contiguous copy (row stride 0)."""
+        x = x.reshape(self.views[name])
+        if 0 not in x.shape:
+            if self.params.layout == _ext.Layout.bshd:
                 rs = A.row_stride(x, heads, width)
                 if rs is not None:
                     return x, rs
@@ -196,8 +142,9 @@ class _AttentionCall:
         return A.contiguous(x), 0
 
     @staticmethod
-    def _mask(p, mask, window, bias, key_padding):
-        """Sets p.mask (and window, bias broadcast) and returns the float32 mask."""
+    def _mask(a, mask, window, bias, key_padding, names):
+        """Sets a.mask (and the window) from the mask arguments and returns
+        the float32 keep mask or bias (None for the other kinds)."""
         given = [n for n, x in (("bias", bias), ("key_padding", key_padding)) if x is not None]
         if mask is None:
             mask = "sliding_window" if window is not None else "none"
@@ -205,52 +152,34 @@ class _AttentionCall:
             raise Error(f"{given[-1]}: give one of mask={mask!r}, bias, key_padding "
                         "(tandem applies one mask kind per call)", given[-1])
         if key_padding is not None:
-            p.mask = _ext.MaskKind.key_padding
-            return A.to_float32(key_padding, "key_padding")
+            a.mask = _ext.MaskKind.key_padding
+            return A.to_float32(key_padding, names.mask_of(a.mask))
         if bias is not None:
-            m = A.to_float32(bias, "bias")
-            if m.ndim == 2:
-                m = m.reshape(1, 1, *m.shape)
-            if m.ndim != 4:
-                raise Error(f"bias.shape = {list(m.shape)} must be [Bb, Hb, Sq, Sk] or [Sq, Sk]",
-                            "bias.shape")
-            p.mask = _ext.MaskKind.bias
-            p.bias_batch, p.bias_heads = m.shape[0], m.shape[1]
-            return m
-        p.mask = _choice("mask", mask, _MASKS)
+            a.mask = _ext.MaskKind.bias
+            return A.to_float32(bias, names.mask_of(a.mask))
+        a.mask = _choice("mask", mask, _MASKS)
         if window is not None:
-            p.window = int(window)
+            a.window = int(window)
         return None
 
-    def out_shape(self, S, heads, width):
-        p = self.params
-        if p.layout == _ext.Layout.bshd:
-            return (p.batch, S, heads, width)
-        return (p.batch, heads, S, width)
-
-    def empty(self, S, heads, width):
-        return A.empty(self.like, self.out_shape(S, heads, width))
+    def empty(self, name):
+        """A new output of the shape the kernels write `name` in."""
+        return A.empty(self.like, self.views[name])
 
     def back(self, x, name):
-        """A gradient (rank 4) in the shape of the caller's input `name`."""
-        return x if x is None or self.rank == 4 else x.reshape(self.shapes[name])
+        """A gradient in the shape of the caller's input `name`."""
+        return x if x is None else x.reshape(self.shapes[name])
 
     def out_back(self, out):
-        """out [B, Sq, H, Dv] in the caller's rank ([total_q, H, Dv] packed)."""
-        if self.rank == 4:
-            return out
-        if self.heads_axis:
-            return out.reshape(*self.shapes["q"][:-1], self.params.v_head_dim)
-        return out.reshape(*self.shapes["q"][:-1], self.params.heads * self.params.v_head_dim)
+        """out in q's rank ([total_q, H, Dv] packed, [B, Sq, H*Dv] folded)."""
+        return out.reshape(self.views["given_out"])
 
-    def dout(self, dout):
-        d = A.as_array(dout, "dout")
-        A.same_dtype("dout", d, "q", self.like)
-        shape = self.out_shape(self.params.seq_q, self.params.heads, self.params.v_head_dim)
-        if self.rank != 4:
-            if math.prod(d.shape) != math.prod(shape):
-                raise Error(f"dout.shape = {list(d.shape)} must have the shape of out", "dout")
-            d = d.reshape(shape)
+    def dout(self, dout, name="dout"):
+        """dout (or the saved out) in the shape the kernels read it in."""
+        d = A.as_array(dout, name)
+        A.same_dtype(name, d, self.names.q, self.like)
+        if tuple(d.shape) == tuple(self.views["given_out"]):
+            d = d.reshape(self.views["out"])
         return d if A.is_contiguous(d) else A.contiguous(d)
 
 
@@ -261,10 +190,12 @@ def attention(q, k, v, *, layout="bshd", num_heads=None, mask=None, window=None,
     [B, H, Sq, Dv] (bhsd).
 
     q [B,Sq,H,D], k [B,Sk,Hkv,D], v [B,Sk,Hkv,Dv] in `layout` (rank 3
-    [B,S,H*D] and rank 2 [S,H*D] are bshd and need `num_heads`); Hkv divides
+    [B,S,H*D] and rank 2 [S,H*D] are bshd and need `num_heads`; "thd" is
+    packed tokens [total, H, D], with cu_seqlens); Hkv divides
     H (query head h reads kv head h // (H/Hkv)). `mask`: "none", "causal" or
     "sliding_window" (keys a-window..a, a = i + max(Sk-Sq, 0)); or an additive
-    `bias` [Bb, Hb, Sq, Sk] (Bb in {1, B}, Hb in {1, H}; -inf hides a key);
+    `bias` [Bb, Hb, Sq, Sk] or [Sq, Sk] (Bb in {1, B}, Hb in {1, H}; -inf
+    hides a key);
     or `key_padding` [B, Sk] (nonzero = attend). `scale` defaults to
     1/sqrt(D); `softcap` c > 0 caps scores to c*tanh(s/c). A query that sees
     no key gets 0. NumPy in, NumPy out; torch in, torch out.
@@ -283,9 +214,8 @@ def attention(q, k, v, *, layout="bshd", num_heads=None, mask=None, window=None,
     call = _AttentionCall(q, k, v, layout, num_heads, mask, window, scale, softcap, bias,
                           key_padding, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
                           seqused_k)
-    p = call.params
-    out = call.empty(p.seq_q, p.heads, p.v_head_dim)
-    _ext.attention_forward(backend, p, call.inputs, out, None)
+    out = call.empty("out")
+    _ext.attention_forward(backend, call.params, call.inputs, out, None)
     return call.out_back(out)
 
 
@@ -296,10 +226,8 @@ def attention_forward_lse(q, k, v, **kwargs):
     query that sees neither key nor sink). Returns (out, lse)."""
     backend = kwargs.pop("backend", "optimized")
     call = _AttentionCall(q, k, v, **kwargs)
-    p = call.params
-    out = call.empty(p.seq_q, p.heads, p.v_head_dim)
-    lse = A.empty(call.like, (p.batch, p.heads, p.seq_q))
-    _ext.attention_forward(backend, p, call.inputs, out, lse)
+    out, lse = call.empty("out"), call.empty("lse")
+    _ext.attention_forward(backend, call.params, call.inputs, out, lse)
     return call.out_back(out), lse
 
 
@@ -322,13 +250,11 @@ def _grads(call, want):
     g = {name: None for name in _GRADS}
     for name in want:
         if name == "dsinks":
-            g[name] = A.empty(call.like, (p.heads,))
+            g[name] = A.empty(call.like, call.shapes["sinks"])
         elif name == "dbias":
-            g[name] = A.empty(call.like, (p.bias_batch, p.bias_heads, p.seq_q, p.seq_k))
+            g[name] = call.empty("mask")  # the bias's [Bb, Hb, Sq, Sk] view
         else:
-            heads, width = (p.heads, p.head_dim) if name == "dq" else \
-                (p.kv_heads, p.head_dim if name == "dk" else p.v_head_dim)
-            g[name] = call.empty(p.seq_q if name == "dq" else p.seq_k, heads, width)
+            g[name] = call.empty(name[1])  # dq: q's view, ...
     return g
 
 
@@ -339,7 +265,7 @@ def _grads_back(call, g, want):
     if call.params.sinks:
         grads += (g["dsinks"],)
     if want is not None and "dbias" in want:
-        grads += (g["dbias"].reshape(call.bias_shape),)
+        grads += (call.back(g["dbias"], "mask"),)
     return grads
 
 
@@ -369,7 +295,7 @@ def attention_backward_saved(q, k, v, out, lse, dout, *, grads=None, backend="op
         extra = ("dbias",) if "dbias" in grads else ()
         grads = tuple(n for n in _GRADS[:4] if n != "dsinks" or call.params.sinks) + extra
     g = _grads(call, grads)
-    saved_out = call.dout(out)
+    saved_out = call.dout(out, "out")
     lse = A.as_array(lse, "lse")
     _ext.attention_backward_saved(backend, call.params, call.inputs, saved_out,
                                   lse if A.is_contiguous(lse) else A.contiguous(lse),
@@ -393,11 +319,10 @@ def attention_with_kvcache(q, k_cache, v_cache, block_table, cache_seqlens, *, m
     new keys are appended to the cache by the caller)."""
     call = _AttentionCall(q, k_cache, v_cache, "bshd", None, mask, window, scale, softcap,
                           None, None, sinks, alibi_slopes, block_table=block_table,
-                          cache_seqlens=cache_seqlens)
-    p = call.params
-    out = call.empty(p.seq_q, p.heads, p.v_head_dim)
-    lse = A.empty(call.like, (p.batch, p.heads, p.seq_q)) if return_lse else None
-    _ext.attention_forward(backend, p, call.inputs, out, lse)
+                          cache_seqlens=cache_seqlens, names=_KVCACHE_NAMES)
+    out = call.empty("out")
+    lse = call.empty("lse") if return_lse else None
+    _ext.attention_forward(backend, call.params, call.inputs, out, lse)
     return (out, lse) if return_lse else out
 
 
@@ -630,15 +555,9 @@ def axial_rope_backward(dy, *, end_x, end_y, num_heads=1, theta=10000.0, repeat_
     return _axial_rope(dy, num_heads, end_x, end_y, theta, repeat_factor, backend, True)
 
 
-def _swiglu_params(x, gate_first):
-    if x.ndim < 1 or x.shape[-1] < 2 or x.shape[-1] % 2:
-        raise Error(f"x.shape = {list(x.shape)} must have an even, non-zero last dim (2n)",
-                    "x.shape")
-    p = _ext.SwigluParams()
-    p.n = x.shape[-1] // 2
-    p.rows = x.size // (2 * p.n) if not A.is_torch(x) else x.numel() // (2 * p.n)
-    p.gate_first = bool(gate_first)
-    return p
+def _swiglu_params(x, gate_first, name="x"):
+    """The SwigluParams of x [..., 2n] by the C++ shape rules (SPEC §6)."""
+    return _ext.swiglu_params(tuple(x.shape), bool(gate_first), name)
 
 
 def swiglu(x, *, gate_first=True, backend="optimized"):
@@ -657,8 +576,9 @@ def swiglu_backward(x, dy, *, gate_first=True, backend="optimized"):
     A.same_dtype("dy", dy, "x", x)
     p = _swiglu_params(x, gate_first)
     dx = A.empty(x, (p.rows, 2 * p.n))
-    _ext.swiglu_backward(backend, p, A.contiguous(x).reshape(p.rows, 2 * p.n),
-                         A.contiguous(dy).reshape(p.rows, p.n) if dy.ndim else dy, dx)
+    if tuple(dy.shape) == (*x.shape[:-1], p.n):  # out's shape: the kernel's rows
+        dy = A.contiguous(dy).reshape(p.rows, p.n)
+    _ext.swiglu_backward(backend, p, A.contiguous(x).reshape(p.rows, 2 * p.n), dy, dx)
     return dx.reshape(x.shape)
 
 

@@ -421,6 +421,22 @@ def _sdpa_mask(attn_mask, is_causal, batch, N, H, L, S):
     return bias, "bias"
 
 
+_SDPA_NAMES = _api._attention_names(q="query", k="key", v="value", mask="attn_mask")
+
+
+def _sdpa_shapes(query, key, value):
+    """Checks query, key and value (N, ..., H, S, E) by the C++ shape rules
+    (SPEC §1, every leading axis folded into N), whose errors name F.sdpa's
+    arguments."""
+    def fold(x):
+        return (math.prod(x.shape[:-3]), *x.shape[-3:]) if x.dim() >= 4 else tuple(x.shape)
+
+    a = _ext.AttentionAttrs()
+    a.layout = _ext.QkvLayout.bhsd
+    a.num_heads = query.shape[-3]
+    _ext.attention_call({"q": fold(query), "k": fold(key), "v": fold(value)}, a, _SDPA_NAMES)
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False):
     """torch.nn.functional.scaled_dot_product_attention, computed by tandem.
@@ -458,8 +474,8 @@ def _fast_plan(q, k, v, is_causal, scale, enable_gqa):
         return None
     p = _ext.AttentionParams()
     p.layout = _ext.Layout.bhsd
-    p.batch, p.heads, p.seq_q, p.head_dim = B, H, L, D
-    p.kv_heads, p.seq_k, p.v_head_dim = Hkv, S, v.shape[3]
+    p.B, p.H, p.Sq, p.D = B, H, L, D
+    p.Hkv, p.Sk, p.Dv = Hkv, S, v.shape[3]
     if is_causal:
         p.mask = _ext.MaskKind.causal
     if scale is not None:
@@ -520,6 +536,8 @@ def sdpa_softcap(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
         out = _fast_sdpa(query, key, value, is_causal, scale, enable_gqa, backend)
         if out is not None:
             return out
+    if not torch.compiler.is_compiling():  # a compiler traces the op, which checks at run time
+        _sdpa_shapes(query, key, value)
     N = math.prod(batch)
     q = query.reshape(N, Hq, L, E)
     k = key.reshape(N, H, S, key.shape[-1])

@@ -249,7 +249,7 @@ def write_bad(w):
     w.case("mistyped_scale", attention_case({"num_heads": 2, "scale": "0.1"}), qkv(),
            expect=(2, "case.json: attrs.scale: must be a number"))
     w.case("bad_layout_name", attention_case({"num_heads": 2, "layout": "bsdh"}), qkv(),
-           expect=(2, 'case.json: attrs.layout: must be one of "bshd", "bhsd", got "bsdh"'))
+           expect=(2, 'case.json: attrs.layout: must be one of "bshd", "bhsd", "thd", got "bsdh"'))
     w.case("bad_mask_name", attention_case({"num_heads": 2, "mask": "causal_lower_right"}), qkv(),
            expect=(2, "case.json: attrs.mask: must be one of"))
     w.case("bad_rope_style", rope_case({"head_dim": 8, "style": "llama"}), rope_arrays(),
@@ -290,7 +290,7 @@ def write_bad(w):
            expect=(2, "k.npy: k.shape: k.shape = [1, 4, 2, 4] must have head_dim = 8"))
     w.case("shape_kv_heads_not_dividing", attention_case({"num_heads": 4, "layout": "bshd"}),
            qkv(q=(1, 4, 4, 8), k=(1, 4, 3, 8), v=(1, 4, 3, 8)),
-           expect=(2, "k.npy: k (kv_heads): kv_heads = 3"))
+           expect=(2, "k.npy: k.shape: k.shape = [1, 4, 3, 8] must have a head count (3)"))
     w.case("shape_rank_mismatch", attention_case({"num_heads": 2}), qkv(k=(1, 4, 16)),
            expect=(2, "k.npy: k.shape: k.shape = [1, 4, 16] must have the rank of q.shape"))
     w.case("ambiguous_layout", attention_case({"num_heads": 4}),

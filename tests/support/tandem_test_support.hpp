@@ -267,13 +267,13 @@ inline AttentionParams attention_params(std::int64_t B, std::int64_t Sq, std::in
                                         std::int64_t Dv = 0, Layout layout = Layout::bshd,
                                         MaskKind mask = MaskKind::none, std::int64_t window = 0) {
   AttentionParams p;
-  p.batch = B;
-  p.seq_q = Sq;
-  p.seq_k = Sk;
-  p.heads = H;
-  p.kv_heads = Hkv;
-  p.head_dim = D;
-  p.v_head_dim = Dv;
+  p.B = B;
+  p.Sq = Sq;
+  p.Sk = Sk;
+  p.H = H;
+  p.Hkv = Hkv;
+  p.D = D;
+  p.Dv = Dv;
   p.layout = layout;
   p.mask = mask;
   p.window = window;

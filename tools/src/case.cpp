@@ -314,8 +314,9 @@ CaseSpec parse_case_json(std::string_view text, const std::string& case_name) {
       required("num_heads");
       a.num_heads = integer("num_heads");
       if (has("layout")) {
-        a.layout = r.choice<Layout>(attrs.at("layout"), attr_field("layout"),
-                                    {{"bshd", Layout::bshd}, {"bhsd", Layout::bhsd}});
+        a.layout = r.choice<QkvLayout>(
+            attrs.at("layout"), attr_field("layout"),
+            {{"bshd", QkvLayout::bshd}, {"bhsd", QkvLayout::bhsd}, {"thd", QkvLayout::thd}});
       }
       if (has("mask")) {
         a.mask = r.choice<MaskKind>(attrs.at("mask"), attr_field("mask"),
@@ -538,7 +539,9 @@ PlannedCase plan_case(const CaseSpec& spec, const std::map<std::string, Shape>& 
         const Shape& q = shape("q");
         AttentionShapes s{q, shape("k"), shape("v"), optional("mask")};
         for (const auto& [name, member] : kFeatureShapes) s.*member = optional(name);
-        const auto plan = AttentionPlan::from_shapes(s, spec.attention);
+        AttentionNames names;
+        names.mask = "mask";  // a case file's mask input, of either kind (SPEC §9)
+        const auto plan = AttentionPlan::from_shapes(s, spec.attention, names);
         // heads on their own axis: rank 4, or packed [total, H, D]
         const bool split = q.size() == 4 || (plan.varlen() && q.size() == 3);
         const Shape out = replace_last(q, split ? plan.Dv : plan.H * plan.Dv);
@@ -605,7 +608,7 @@ PlannedCase plan_case(const CaseSpec& spec, const std::map<std::string, Shape>& 
         const Shape& x = shape("x");
         const auto plan = AttentionBlockPlan::from_shapes(
             x, shape("w_qkv"), optional("b_qkv"), shape("w_out"), optional("b_out"),
-            optional("mask"), optional("cos"), optional("sin"), spec.block_heads);
+            optional("mask"), optional("cos"), optional("sin"), spec.block_heads, "mask");
         pc.outputs["out"] = x;
         pc.plan = plan;
         break;

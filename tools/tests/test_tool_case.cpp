@@ -50,7 +50,7 @@ TEST(CaseJson, ParsesTypedAttrsAndDefaults) {
   EXPECT_EQ(*s.attention.scale, 0.5);
   EXPECT_EQ(s.attention.softcap, 30.0);
   ASSERT_TRUE(s.attention.layout.has_value());
-  EXPECT_EQ(*s.attention.layout, Layout::bhsd);
+  EXPECT_EQ(*s.attention.layout, tandem::QkvLayout::bhsd);
   EXPECT_EQ(s.inputs.at("k"), "k.npy");
   EXPECT_FALSE(s.tolerance_from_case);
   EXPECT_EQ(s.tolerance.rtol, op_info(Op::attention).tolerance.rtol);

@@ -540,6 +540,10 @@ NB_MODULE(_ext, m) {
   using namespace tandem::python;
   m.doc() = "tandem's kernels on NumPy arrays and PyTorch tensors (see the tandem package)";
   register_errors();
+  // The package keeps _ext objects (argument names, cached Params) in module
+  // globals and in torch's op registry, which the interpreter may still hold
+  // at shutdown; nanobind would report them as leaks on every exit.
+  nb::set_leak_warnings(false);
 
   nb::enum_<Layout>(m, "Layout").value("bshd", Layout::bshd).value("bhsd", Layout::bhsd);
   nb::enum_<MaskKind>(m, "MaskKind")

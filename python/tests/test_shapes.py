@@ -54,6 +54,17 @@ BAD_SHAPES = [
     (lambda: tandem.attention(*qkv(), key_padding=np.ones((2, 6))), "key_padding.shape",
      "key_padding.shape"),
     (lambda: tandem.attention(*qkv(), mask="bias"), "mask", "mask"),
+    # an empty axis, caught by the shape rules before make()
+    (lambda: tandem.attention(randn(1, 0, 2, 4), randn(1, 3, 2, 4), randn(1, 3, 2, 4)),
+     "q.shape", "q.shape = [1, 0, 2, 4] must have every dim >= 1"),
+    (lambda: tandem.attention(randn(1, 2, 2, 4), randn(1, 0, 2, 4), randn(1, 0, 2, 4)),
+     "k.shape", "no empty axis"),
+    (lambda: tandem.attention(randn(1, 2, 2, 4), randn(1, 3, 2, 4), randn(1, 3, 2, 0)),
+     "v.shape", "no empty axis"),
+    (lambda: paged(k_cache=randn(0, 4, 2, 8)), "k_cache.shape", "no empty axis"),
+    (lambda: tt.scaled_dot_product_attention(torch.randn(1, 2, 0, 8), torch.randn(1, 2, 3, 8),
+                                             torch.randn(1, 2, 3, 8)), "query.shape",
+     "no empty axis"),
     # the features
     (lambda: tandem.attention(*qkv(), sinks=randn(3)), "sinks.shape", "sinks.shape"),
     (lambda: tandem.attention(*qkv(), alibi_slopes=np.ones((3, 4))), "alibi_slopes.shape",

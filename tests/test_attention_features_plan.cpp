@@ -51,7 +51,7 @@ TEST(AttentionFeaturePlan, PackedSequencesAreABatchOfOne) {
   EXPECT_EQ(plan.sequences(), 3);
   EXPECT_EQ(plan.lse_size(), 4 * 5);  // [1, H, total_q]
   p.B = 2;
-  expect_make_error(p, "batch", {"batch = 2", "must be 1 with packed sequences"});
+  expect_make_error(p, "B", {"B = 2", "must be 1 with packed sequences"});
   p.B = 1;
   p.layout = Layout::bhsd;
   expect_make_error(p, "layout", {"layout = bhsd", "must be bshd with packed sequences"});
@@ -83,7 +83,7 @@ TEST(AttentionFeaturePlan, PagedCacheShapes) {
   p.Sk = 12;
   EXPECT_EQ(AttentionPlan::make(p).Sk, 12);
   p.Sk = 11;
-  expect_make_error(p, "seq_k", {"seq_k = 11", "must be 0 or max_blocks*block_size = 12"});
+  expect_make_error(p, "Sk", {"Sk = 11", "must be 0 or max_blocks*block_size = 12"});
   p.Sk = 0;
   p.block_size = 0;
   expect_make_error(p, "block_size", {"block_size = 0", "must be >= 1 for a paged cache"});

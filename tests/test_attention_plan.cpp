@@ -130,32 +130,32 @@ TEST(AttentionPlanMake, MaskSizesAndRows) {
 TEST(AttentionPlanMake, SizesMustBePositive) {
   AttentionParams p = valid();
   p.B = 0;
-  expect_make_error(p, "batch", {"batch = 0", ">= 1"});
+  expect_make_error(p, "B", {"B = 0", ">= 1"});
   p = valid();
   p.Sq = 0;
-  expect_make_error(p, "seq_q", {"seq_q = 0", ">= 1"});
+  expect_make_error(p, "Sq", {"Sq = 0", ">= 1"});
   p = valid();
   p.Sk = -1;
-  expect_make_error(p, "seq_k", {"seq_k = -1", ">= 1"});
+  expect_make_error(p, "Sk", {"Sk = -1", ">= 1"});
   p = valid();
   p.H = 0;
-  expect_make_error(p, "num_heads", {"num_heads = 0", ">= 1"});
+  expect_make_error(p, "H", {"H = 0", ">= 1"});
   p = valid();
   p.D = 0;
-  expect_make_error(p, "head_dim", {"head_dim = 0", ">= 1"});
+  expect_make_error(p, "D", {"D = 0", ">= 1"});
   p = valid();
   p.Dv = -3;
-  expect_make_error(p, "v_head_dim", {"v_head_dim = -3", ">= 1"});
+  expect_make_error(p, "Dv", {"Dv = -3", ">= 1"});
 }
 
 TEST(AttentionPlanMake, KvHeadsMustDivideHeads) {
   AttentionParams p = valid();
   p.Hkv = 3;
-  expect_make_error(p, "kv_heads", {"kv_heads = 3", "must divide num_heads = 4"});
+  expect_make_error(p, "Hkv", {"Hkv = 3", "must divide H = 4"});
   p.Hkv = -2;
-  expect_make_error(p, "kv_heads", {"kv_heads = -2"});
+  expect_make_error(p, "Hkv", {"Hkv = -2"});
   p.Hkv = 8;  // more kv heads than query heads
-  expect_make_error(p, "kv_heads", {"kv_heads = 8", "num_heads = 4"});
+  expect_make_error(p, "Hkv", {"Hkv = 8", "H = 4"});
 }
 
 TEST(AttentionPlanMake, WindowRules) {
@@ -200,10 +200,10 @@ TEST(AttentionPlanMake, BiasBroadcastDims) {
   AttentionParams p = valid();
   p.mask = MaskKind::bias;
   p.bias_batch = 3;
-  expect_make_error(p, "bias_batch", {"bias_batch = 3", "must be 1 or batch = 2"});
+  expect_make_error(p, "bias_batch", {"bias_batch = 3", "must be 1 or B = 2 (Bb of a bias"});
   p.bias_batch = 2;
   p.bias_heads = 2;
-  expect_make_error(p, "bias_heads", {"bias_heads = 2", "must be 1 or num_heads = 4"});
+  expect_make_error(p, "bias_heads", {"bias_heads = 2", "must be 1 or H = 4 (Hb of a bias"});
   p.bias_heads = 4;
   const AttentionPlan plan = AttentionPlan::make(p);
   EXPECT_EQ(plan.mask_size(), 2 * 4 * 3 * 5);
@@ -366,10 +366,10 @@ TEST(AttentionPlanShapes, NegativeAndOverflowingShapes) {
 TEST(AttentionPlanShapes, Rank4CrossTensorRules) {
   // k batch differs
   expect_shapes_error({2, 6, 4, 8}, {3, 10, 2, 8}, {3, 10, 2, 8}, std::nullopt, attention_attrs(4),
-                      "k.shape", {"k.shape = [3, 10, 2, 8]", "batch = 2"});
+                      "k.shape", {"k.shape = [3, 10, 2, 8]", "B = 2"});
   // k head width differs from q's
   expect_shapes_error({2, 6, 4, 8}, {2, 10, 2, 4}, {2, 10, 2, 8}, std::nullopt, attention_attrs(4),
-                      "k.shape", {"[2, 10, 2, 4]", "head_dim = 8"});
+                      "k.shape", {"[2, 10, 2, 4]", "D = 8"});
   // v's sequence differs from k's
   expect_shapes_error({2, 6, 4, 8}, {2, 10, 2, 8}, {2, 9, 2, 8}, std::nullopt, attention_attrs(4),
                       "v.shape", {"v.shape = [2, 9, 2, 8]", "must match k.shape = [2, 10, 2, 8]"});
@@ -381,7 +381,14 @@ TEST(AttentionPlanShapes, Rank4CrossTensorRules) {
                       "k.shape", {"k.shape = [2, 10, 3, 8]", "head count (3)", "num_heads = 4"});
   // an empty v head is not "Dv = D"
   expect_shapes_error({2, 6, 4, 8}, {2, 10, 2, 8}, {2, 10, 2, 0}, std::nullopt, attention_attrs(4),
-                      "v.shape", {"v.shape = [2, 10, 2, 0]", "non-empty"});
+                      "v.shape", {"v.shape = [2, 10, 2, 0]", "no empty axis"});
+  // an empty axis anywhere is the input's error, before make() could say Sq, H or Sk
+  expect_shapes_error({1, 0, 4, 8}, {1, 10, 2, 8}, {1, 10, 2, 8}, std::nullopt, attention_attrs(4),
+                      "q.shape", {"q.shape = [1, 0, 4, 8] must have every dim >= 1"});
+  expect_shapes_error({1, 6, 0, 8}, {1, 10, 2, 8}, {1, 10, 2, 8}, std::nullopt, {}, "q.shape",
+                      {"q.shape = [1, 6, 0, 8]", "no empty axis"});
+  expect_shapes_error({1, 6, 4, 8}, {1, 0, 2, 8}, {1, 0, 2, 8}, std::nullopt, attention_attrs(4),
+                      "k.shape", {"k.shape = [1, 0, 2, 8]", "no empty axis"});
 }
 
 TEST(AttentionPlanShapes, Rank3CrossTensorRules) {
@@ -390,16 +397,16 @@ TEST(AttentionPlanShapes, Rank3CrossTensorRules) {
                       "q.shape", {"q.shape = [2, 5, 30]", "divisible by num_heads = 4"});
   // q's last dim 0: no head width
   expect_shapes_error({2, 5, 0}, {2, 7, 16}, {2, 7, 16}, std::nullopt, attention_attrs(4),
-                      "q.shape", {"non-empty"});
+                      "q.shape", {"no empty axis"});
   // k's last dim 12 is not a multiple of D = 8
   expect_shapes_error({2, 5, 32}, {2, 7, 12}, {2, 7, 16}, std::nullopt, attention_attrs(4),
-                      "k.shape", {"k.shape = [2, 7, 12]", "divisible by head_dim = 8"});
+                      "k.shape", {"k.shape = [2, 7, 12]", "divisible by D = 8"});
   // k's last dim 0
   expect_shapes_error({2, 5, 32}, {2, 7, 0}, {2, 7, 16}, std::nullopt, attention_attrs(4),
-                      "k.shape", {"non-empty"});
+                      "k.shape", {"no empty axis"});
   // k batch differs
   expect_shapes_error({2, 5, 32}, {1, 7, 16}, {1, 7, 16}, std::nullopt, attention_attrs(4),
-                      "k.shape", {"batch = 2"});
+                      "k.shape", {"B = 2"});
   // v's length differs from k's
   expect_shapes_error({2, 5, 32}, {2, 7, 16}, {2, 6, 16}, std::nullopt, attention_attrs(4),
                       "v.shape", {"must match k.shape = [2, 7, 16]"});
@@ -408,7 +415,7 @@ TEST(AttentionPlanShapes, Rank3CrossTensorRules) {
                       "v.shape", {"v.shape = [2, 7, 15]", "divisible by k's head count 2"});
   // v's last dim 0
   expect_shapes_error({2, 5, 32}, {2, 7, 16}, {2, 7, 0}, std::nullopt, attention_attrs(4),
-                      "v.shape", {"v.shape = [2, 7, 0]", "non-empty"});
+                      "v.shape", {"v.shape = [2, 7, 0]", "no empty axis"});
   // Hkv = 24/8 = 3 does not divide H = 4
   expect_shapes_error({2, 5, 32}, {2, 7, 24}, {2, 7, 24}, std::nullopt, attention_attrs(4),
                       "k.shape", {"head count (3)", "divides num_heads = 4"});
@@ -660,7 +667,7 @@ TEST(AttentionPlanNames, ErrorsNameTheCallersInputs) {
   torch.mask = "attn_mask";
   AttentionAttrs a = attention_attrs(4);
   expect_named_error({{2, 6, 4, 8}, {2, 10, 2, 4}, {2, 10, 2, 8}}, a, torch, "key.shape",
-                     {"key.shape = [2, 10, 2, 4]", "head_dim = 8 (query's last dim)"});
+                     {"key.shape = [2, 10, 2, 4]", "D = 8 (query's last dim)"});
   expect_named_error({{2, 6, 4, 8}, {2, 10, 2, 8}, {2, 9, 2, 8}}, a, torch, "value.shape",
                      {"value.shape = [2, 9, 2, 8]", "must match key.shape"});
   expect_named_error({{2, 6, 4}, {2, 10, 2, 8}, {2, 10, 2, 8}}, a, torch, "key.shape",

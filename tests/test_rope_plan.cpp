@@ -11,6 +11,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/tandem_test_support.hpp"
@@ -411,7 +412,21 @@ TEST(RopePlan, FromShapesRejectsBadShapes) {
       [&] {
         RopePlan::from_shapes({1, 3, 4}, {3, 1}, {3, 1}, a);
       },
-      "cos.shape", "cos.shape = [3, 1] must have T >= max(n_rot/2, 1) = 2");
+      "cos.shape",
+      "cos.shape = [3, 1] must have T >= max(n_rot/2, 1) = 2 (T = 0 only for n_rot = 0)");
+  {  // an empty table [R, 0] where nothing is rotated, and only there
+    RopeAttrs none = a;
+    none.n_rot = 0;
+    EXPECT_EQ(RopePlan::from_shapes({1, 3, 4}, {3, 0}, {3, 0}, none).T, 0);
+    none.n_rot = 2;
+    expect_error_message(
+        [&] {
+          RopePlan::from_shapes({1, 3, 4}, {3, 0}, {3, 0}, none);
+        },
+        "cos.shape",
+        "cos.shape = [3, 0] must have T >= max(n_rot/2, 1) = 1 (T = 0 only for "
+        "n_rot = 0)");
+  }
   expect_error_message(
       [&] {
         RopePlan::from_shapes({1, 3, 6}, {3, 2}, {3, 2}, a);
@@ -515,6 +530,80 @@ TEST(RopeQkPlan, FromShapesGivesKTheLayoutAndHeadWidthOfQ) {
       "layout",
       "layout = (absent) is ambiguous for q.shape = [2, 3, 4, 8]; give layout bshd or bhsd (or "
       "num_heads)");
+}
+
+// ---------------------------------------------------------------------------
+// rope_call: the inputs as a binding gives them
+
+/// The shapes of a call on x with tables cos and sin [6, 4].
+tandem::RopeShapes rope_shapes(Shape x) {
+  tandem::RopeShapes s;
+  s.x = std::move(x);
+  s.cos = Shape{6, 4};
+  s.sin = Shape{6, 4};
+  return s;
+}
+
+TEST(RopeCall, ReadsOneCosSinCacheAsTwoTables) {
+  tandem::RopeShapes s = rope_shapes({2, 5, 4, 8});
+  s.cos.reset();
+  s.sin.reset();
+  s.cos_sin_cache = Shape{6, 8};
+  RopeAttrs a;
+  a.layout = tandem::RopeLayout::bshd;
+  const tandem::RopeCall call = tandem::rope_call(s, a, {});
+  EXPECT_EQ(call.cache_split, 4);
+  EXPECT_EQ(call.params.q.table_rows, 6);
+  EXPECT_EQ(call.params.q.table_stride, 4);
+  EXPECT_EQ(call.x, (Shape{2, 5, 32}));
+  EXPECT_EQ(tandem::rope_call(rope_shapes({2, 5, 4, 8}), a, {}).cache_split, 0);
+  s.cos_sin_cache = Shape{6, 7};
+  expect_error_message([&] { tandem::rope_call(s, a, {}); }, "cos_sin_cache.shape",
+                       "cos_sin_cache.shape = [6, 7] must be [R, 2T] (cos | sin)");
+  s.cos_sin_cache = Shape{6, 8};
+  s.sin = Shape{6, 4};
+  expect_error_message([&] { tandem::rope_call(s, a, {}); }, "cos_sin_cache",
+                       "cos_sin_cache = [6, 8] must not be given with cos and sin: give one of "
+                       "the two");
+  s = rope_shapes({2, 5, 4, 8});
+  s.sin.reset();
+  expect_error_message([&] { tandem::rope_call(s, a, {}); }, "sin",
+                       "sin = (absent) is required: give cos and sin, or cos_sin_cache");
+}
+
+TEST(RopeCall, FoldsTheLeadingAxesOfOneSourceWithoutALayout) {
+  const tandem::RopeCall call = tandem::rope_call(rope_shapes({2, 3, 5, 8}), {}, {});
+  EXPECT_EQ(call.x, (Shape{6, 5, 8}));
+  EXPECT_EQ(call.params.q.head_dim, 8);
+  EXPECT_EQ(call.params.q.batch, 6);
+  RopeAttrs a;
+  a.head_dim = 4;
+  EXPECT_EQ(tandem::rope_call(rope_shapes({2, 3, 2, 5, 8}), a, {}).params.q.batch, 12);
+  EXPECT_EQ(tandem::rope_call(rope_shapes({2, 3, 2, 5, 8}), a, {}).params.q.head_dim, 4);
+  // A layout reads the head axis: bhsd [B, H, S, D] viewed as it is.
+  a = {};
+  a.layout = tandem::RopeLayout::bhsd;
+  EXPECT_EQ(tandem::rope_call(rope_shapes({2, 3, 5, 8}), a, {}).x, (Shape{2, 3, 5, 8}));
+  tandem::RopeShapes s = rope_shapes({2, 3, 5, 8});
+  s.positions = Shape{2, 3};
+  expect_error_message([&] { tandem::rope_call(s, {}, {}); }, "layout",
+                       "layout = (absent) is ambiguous with positions for x.shape = [2, 3, 5, 8] "
+                       "(read as [..., S, W] rows): give layout bshd or bhsd");
+}
+
+TEST(RopeCall, QAndKOfRankFourNeedALayout) {
+  tandem::RopeShapes s = rope_shapes({2, 5, 4, 8});
+  s.k = Shape{2, 5, 2, 8};
+  const tandem::RopeNames names{"q"};  // built in place: GCC 12 -Wrestrict misfires on x = "q"
+  expect_error_message([&] { tandem::rope_call(s, {}, names); }, "layout",
+                       "layout = (absent) must be given (bshd or bhsd) for q.shape = [2, 5, 4, "
+                       "8] and k.shape = [2, 5, 2, 8]");
+  RopeAttrs a;
+  a.layout = tandem::RopeLayout::bshd;
+  const tandem::RopeCall call = tandem::rope_call(s, a, names);
+  EXPECT_EQ(call.x, (Shape{2, 5, 32}));
+  EXPECT_EQ(call.k, (Shape{2, 5, 16}));
+  EXPECT_EQ(call.params.k_width, 16);
 }
 
 // ---------------------------------------------------------------------------

@@ -324,7 +324,7 @@ inline std::int64_t check_feature_params(const AttentionParams& p) {
     require(!paged, "num_blocks", p.num_blocks,
             "must be 0 with packed sequences (num_seqs = " + std::to_string(p.num_seqs) +
                 "): a paged cache and packed sequences do not combine");
-    require(p.B == 1, "batch", p.B,
+    require(p.B == 1, "B", p.B,
             "must be 1 with packed sequences (num_seqs = " + std::to_string(p.num_seqs) +
                 "): q is [total_q, H, D]");
     require(p.layout == Layout::bshd, "layout", to_string(p.layout),
@@ -332,7 +332,7 @@ inline std::int64_t check_feature_params(const AttentionParams& p) {
     mask_ok("packed sequences (cu_seqlens)");
   }
   if (!paged) {
-    require(p.Sk >= 1, "seq_k", p.Sk, "must be >= 1");
+    require(p.Sk >= 1, "Sk", p.Sk, "must be >= 1");
     return p.Sk;
   }
   require(p.num_blocks >= 1, "num_blocks", p.num_blocks, "must be >= 1 for a paged cache");
@@ -344,7 +344,7 @@ inline std::int64_t check_feature_params(const AttentionParams& p) {
   const std::int64_t capacity = checked_mul(p.max_blocks, p.block_size, "max_blocks*block_size");
   checked_mul(p.B, p.max_blocks, "block_table");
   require(
-      p.Sk == 0 || p.Sk == capacity, "seq_k", p.Sk,
+      p.Sk == 0 || p.Sk == capacity, "Sk", p.Sk,
       "must be 0 or max_blocks*block_size = " + std::to_string(capacity) + " for a paged cache");
   return capacity;
 }
@@ -352,16 +352,15 @@ inline std::int64_t check_feature_params(const AttentionParams& p) {
 }  // namespace detail
 
 inline AttentionPlan AttentionPlan::make(const AttentionParams& p) {
-  require(p.B >= 1, "batch", p.B, "must be >= 1");
-  require(p.Sq >= 1, "seq_q", p.Sq, "must be >= 1");
+  require(p.B >= 1, "B", p.B, "must be >= 1");
+  require(p.Sq >= 1, "Sq", p.Sq, "must be >= 1");
   const std::int64_t Sk = detail::check_feature_params(p);
-  require(p.H >= 1, "num_heads", p.H, "must be >= 1");
+  require(p.H >= 1, "H", p.H, "must be >= 1");
   const std::int64_t Hkv = p.Hkv == 0 ? p.H : p.Hkv;
-  require(Hkv >= 1 && p.H % Hkv == 0, "kv_heads", Hkv,
-          "must divide num_heads = " + std::to_string(p.H));
-  require(p.D >= 1, "head_dim", p.D, "must be >= 1");
+  require(Hkv >= 1 && p.H % Hkv == 0, "Hkv", Hkv, "must divide H = " + std::to_string(p.H));
+  require(p.D >= 1, "D", p.D, "must be >= 1");
   const std::int64_t Dv = p.Dv == 0 ? p.D : p.Dv;
-  require(Dv >= 1, "v_head_dim", Dv, "must be >= 1");
+  require(Dv >= 1, "Dv", Dv, "must be >= 1");
   if (p.mask == MaskKind::sliding_window) {
     require(p.window >= 0, "window", p.window, "must be >= 0");
   } else {
@@ -376,9 +375,9 @@ inline AttentionPlan AttentionPlan::make(const AttentionParams& p) {
           "must be finite and >= 0 (0 disables it)");
   if (p.mask == MaskKind::bias) {
     require(p.bias_batch == 1 || p.bias_batch == p.B, "bias_batch", p.bias_batch,
-            "must be 1 or batch = " + std::to_string(p.B));
+            "must be 1 or B = " + std::to_string(p.B) + " (Bb of a bias [Bb, Hb, Sq, Sk])");
     require(p.bias_heads == 1 || p.bias_heads == p.H, "bias_heads", p.bias_heads,
-            "must be 1 or num_heads = " + std::to_string(p.H));
+            "must be 1 or H = " + std::to_string(p.H) + " (Hb of a bias [Bb, Hb, Sq, Sk])");
   }
   const auto check_stride = [&](std::int64_t stride, std::int64_t heads, std::int64_t width,
                                 const char* name) {

@@ -6,6 +6,7 @@
 ///        the caller's names (AttentionNames, SPEC §8).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -121,10 +122,10 @@ inline void split_head_params(const AttentionShapes& s, std::int64_t H, int b_ax
   } else {
     p.Sk = k[s_ax];
     require(b_ax < 0 || k[b_ax] == p.B, shape_param(n.k), to_string(k),
-            "must have batch = " + std::to_string(p.B) + " (" + n.q + "'s)");
+            "must have B = " + std::to_string(p.B) + " (" + n.q + "'s)");
   }
   require(k[d_ax] == p.D, shape_param(n.k), to_string(k),
-          "must have head_dim = " + std::to_string(p.D) + " (" + n.q + "'s last dim)");
+          "must have D = " + std::to_string(p.D) + " (" + n.q + "'s last dim)");
   bool v_fits = true;
   for (std::size_t ax = 0; ax < d_ax; ++ax) v_fits = v_fits && v[ax] == k[ax];
   require(v_fits, shape_param(n.v), to_string(v),
@@ -143,15 +144,13 @@ inline void folded_head_params(const AttentionShapes& s, std::int64_t H, const A
   require(q[o + 1] % H == 0, shape_param(n.q), to_string(q),
           "must have a last dim divisible by num_heads = " + std::to_string(H));
   p.D = q[o + 1] / H;
-  require(p.D >= 1, shape_param(n.q), to_string(q), "must have a non-empty last dim");
   require(rank == 2 || k[0] == p.B, shape_param(n.k), to_string(k),
-          "must have batch = " + std::to_string(p.B) + " (" + n.q + "'s)");
+          "must have B = " + std::to_string(p.B) + " (" + n.q + "'s)");
   p.Sk = k[o];
   require(k[o + 1] % p.D == 0, shape_param(n.k), to_string(k),
-          "must have a last dim divisible by head_dim = " + std::to_string(p.D) + " (" + n.q +
+          "must have a last dim divisible by D = " + std::to_string(p.D) + " (" + n.q +
               "'s last dim / num_heads)");
   p.Hkv = k[o + 1] / p.D;
-  require(p.Hkv >= 1, shape_param(n.k), to_string(k), "must have a non-empty last dim");
   require((rank == 2 || v[0] == p.B) && v[o] == p.Sk, shape_param(n.v), to_string(v),
           "must match " + n.k + ".shape = " + to_string(k) + " except the last dim");
   require(v[o + 1] % p.Hkv == 0, shape_param(n.v), to_string(v),
@@ -306,6 +305,15 @@ inline void qkv_params(const AttentionShapes& s, const AttentionAttrs& a, const 
   }
 }
 
+/// Throws Error naming `param` unless x has no negative dim, an element
+/// count that fits in 64 bits and no empty axis (SPEC §8: empty tensors are
+/// rejected; here in the caller's words, before make() would say Sq or D).
+inline void require_sized(const Shape& x, const std::string& param) {
+  element_count(x, param);
+  require(std::find(x.begin(), x.end(), 0) == x.end(), param, to_string(x),
+          "must have every dim >= 1 (no empty axis)");
+}
+
 /// H: the num_heads attr, or when it is 0 the head axis of q (rank 4 with a
 /// layout or a paged cache: axis 1 bhsd, 2 bshd; `[total, H, D]` packed or thd: axis 1).
 inline std::int64_t num_heads(const AttentionShapes& s, const AttentionAttrs& a,
@@ -355,6 +363,7 @@ inline AttentionParams attention_params_from_shapes(const AttentionShapes& s,
   const std::size_t rank = q.size();
   const std::string qs = detail::shape_param(n.q);
   require(rank >= 2 && rank <= 4, qs, to_string(q), "must have rank 2, 3 or 4");
+  detail::require_sized(q, qs);
   // H first: a q without a head axis needs num_heads whatever k and v are
   AttentionAttrs a = attrs;
   a.num_heads = detail::num_heads(s, attrs, n);
@@ -363,9 +372,8 @@ inline AttentionParams attention_params_from_shapes(const AttentionShapes& s,
           "must have the rank of " + qs + " = " + to_string(q));
   require(v.size() == rank, detail::shape_param(n.v), to_string(v),
           "must have the rank of " + qs + " = " + to_string(q));
-  element_count(q, qs);
-  element_count(k, detail::shape_param(n.k));
-  element_count(v, detail::shape_param(n.v));
+  detail::require_sized(k, detail::shape_param(n.k));
+  detail::require_sized(v, detail::shape_param(n.v));
   // Which inputs come in pairs, and which features combine (SPEC §2.9–2.10).
   const auto pair = [](const std::optional<Shape>& x, const std::optional<Shape>& y,
                        const std::string& x_name, const std::string& y_name, const char* what) {
@@ -391,8 +399,6 @@ inline AttentionParams attention_params_from_shapes(const AttentionShapes& s,
   p.scale = a.scale;
   p.softcap = a.softcap;
   detail::qkv_params(s, a, n, packed, paged, p);
-  // make() reads Dv = 0 as "Dv = D": an empty v head must fail here.
-  require(p.Dv >= 1, detail::shape_param(n.v), to_string(v), "must have a non-empty last dim");
   require(p.Hkv >= 1 && H % p.Hkv == 0, detail::shape_param(n.k), to_string(k),
           "must have a head count (" + std::to_string(p.Hkv) +
               ") that divides num_heads = " + std::to_string(H));

@@ -21,6 +21,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "tandem/error.hpp"
 #include "tandem/indices.hpp"
@@ -104,6 +105,7 @@ struct RopeNames {
   /// The tables and the position ids.
   std::string cos = "cos", sin = "sin", positions = "positions";
   ///@}
+  std::string cos_sin_cache = "cos_sin_cache";  ///< cos and sin as one table `[R, 2T]`
 };
 
 /// One RoPE call, validated.
@@ -411,9 +413,10 @@ inline RopeParams rope_params_from_shapes(const Shape& x, const std::string& nam
   p.table_rows = cos[0];
   p.table_stride = cos[1];
   const std::int64_t n_rot = a.n_rot.value_or(p.head_dim);
-  require(
-      p.table_stride >= n_rot / 2 && p.table_stride >= 1, cs, to_string(cos),
-      "must have T >= max(n_rot/2, 1) = " + std::to_string(std::max<std::int64_t>(n_rot / 2, 1)));
+  // An empty table [R, 0] only where nothing is rotated.
+  require(p.table_stride >= n_rot / 2 && (p.table_stride >= 1 || n_rot == 0), cs, to_string(cos),
+          "must have T >= max(n_rot/2, 1) = " +
+              std::to_string(std::max<std::int64_t>(n_rot / 2, 1)) + " (T = 0 only for n_rot = 0)");
 
   // Table rows: position ids when given, else explicit, else from the table's shape.
   if (positions) {
@@ -435,6 +438,33 @@ inline RopeParams rope_params_from_shapes(const Shape& x, const std::string& nam
     const std::int64_t n = checked_mul(p.batch, p.seq, "batch*seq");
     p.rows = (p.table_rows == n && p.batch > 1) ? TableRows::token : TableRows::position;
   }
+  return p;
+}
+
+}  // namespace detail
+
+namespace detail {
+
+/// The RopeQkParams of q and k by the rules of RopeQkPlan::from_shapes.
+inline RopeQkParams rope_qk_params_from_shapes(const Shape& q, const Shape& k, const Shape& cos,
+                                               const Shape& sin,
+                                               const std::optional<Shape>& positions,
+                                               const RopeAttrs& a, const RopeNames& names) {
+  RopeQkParams p;
+  p.q = detail::rope_params_from_shapes(q, names.x, cos, sin, positions, a, names);
+  const std::string ks = names.k + ".shape";
+  require(k.size() == q.size(), ks, to_string(k),
+          std::string("must have the rank of ") + names.x + ".shape = " + to_string(q));
+  RopeAttrs ak = a;  // k: q's layout and head width; its own head count
+  ak.layout = p.q.layout;
+  ak.head_dim = p.q.head_dim;
+  ak.num_heads.reset();
+  ak.table_rows = TableRows::position;  // k's rows are q's; positions are checked against q
+  const RopeParams pk =
+      detail::rope_params_from_shapes(k, names.k, cos, sin, std::nullopt, ak, names);
+  require(pk.batch == p.q.batch && pk.seq == p.q.seq, ks, to_string(k),
+          std::string("must have the token axes of ") + names.x + ".shape = " + to_string(q));
+  p.k_width = pk.width;
   return p;
 }
 
@@ -481,27 +511,119 @@ inline RopeQkPlan RopeQkPlan::from_shapes(const Shape& q, const Shape& k, const 
 inline RopeQkPlan RopeQkPlan::from_shapes(const Shape& q, const Shape& k, const Shape& cos,
                                           const Shape& sin, const std::optional<Shape>& positions,
                                           const RopeAttrs& a, const RopeNames& names) {
-  RopeQkParams p;
-  p.q = detail::rope_params_from_shapes(q, names.x, cos, sin, positions, a, names);
-  const std::string ks = names.k + ".shape";
-  require(k.size() == q.size(), ks, to_string(k),
-          std::string("must have the rank of ") + names.x + ".shape = " + to_string(q));
-  RopeAttrs ak = a;  // k: q's layout and head width; its own head count
-  ak.layout = p.q.layout;
-  ak.head_dim = p.q.head_dim;
-  ak.num_heads.reset();
-  ak.table_rows = TableRows::position;  // k's rows are q's; positions are checked against q
-  const RopeParams pk =
-      detail::rope_params_from_shapes(k, names.k, cos, sin, std::nullopt, ak, names);
-  require(pk.batch == p.q.batch && pk.seq == p.q.seq, ks, to_string(k),
-          std::string("must have the token axes of ") + names.x + ".shape = " + to_string(q));
-  p.k_width = pk.width;
-  return make(p);
+  return make(detail::rope_qk_params_from_shapes(q, k, cos, sin, positions, a, names));
 }
 
 inline std::string RopeQkPlan::describe() const {
   return q.describe() + " | k: W=" + std::to_string(k.W) +
          " src_row_stride=" + std::to_string(k.src_row_stride);
+}
+
+// ---------------------------------------------------------------------------
+// A binding's call: the inputs as the caller gives them
+
+/// The shapes of a RoPE call's inputs as a caller gives them (SPEC §4): one
+/// source or q and k, the tables as cos and sin or as one cos_sin_cache
+/// `[R, 2T]` (cos | sin, vLLM's layout), and the position ids when given.
+struct RopeShapes {
+  Shape x;                 ///< the source (q of a q-and-k call)
+  std::optional<Shape> k;  ///< the second source of a q-and-k call
+  ///@{
+  /// The tables: cos and sin `[R, T]`, or cos_sin_cache `[R, 2T]`.
+  std::optional<Shape> cos, sin, cos_sin_cache;
+  ///@}
+  std::optional<Shape> positions;  ///< x's token axes: `[B, S]`, or `[T]` / `[S]`
+};
+
+/// A RoPE call by the shape rules: its params, validated, and the shapes a
+/// binding reads the arrays in (SPEC §4).
+struct RopeCall {
+  /// params.q is the call's (one source: k_width 0); the row strides are 0:
+  /// the binding sets them from the arrays.
+  RopeQkParams params;
+  ///@{
+  /// The views of x (and k): `[B, S, W]` rows (bshd, thd) or `[B, H, S, D]`
+  /// (bhsd); k's is empty for one source. The outputs have the same shapes.
+  Shape x, k;
+  ///@}
+  /// T for a cos_sin_cache `[R, 2T]`: cos is its columns [0, T), sin [T, 2T).
+  /// 0 when cos and sin are given.
+  std::int64_t cache_split = 0;
+};
+
+namespace detail {
+
+/// The view a binding reads a source of `plan` in: `[B, H, S, D]` (bhsd) or `[B, S, W]`.
+inline Shape rope_view(const RopePlan& plan) {
+  if (plan.layout == RopeLayout::bhsd) return {plan.B, plan.heads(), plan.S, plan.D};
+  return {plan.B, plan.S, plan.W};
+}
+
+/// cos and sin `[R, T]` of the tables given (two, or one cos_sin_cache, whose
+/// name `names` then gives both); sets call.cache_split.
+inline std::pair<Shape, Shape> rope_tables(const RopeShapes& s, RopeNames& names, RopeCall& call) {
+  if (s.cos_sin_cache) {
+    const Shape& c = *s.cos_sin_cache;
+    const std::string cache = names.cos_sin_cache;
+    require(!s.cos && !s.sin, cache, to_string(c),
+            "must not be given with " + names.cos + " and " + names.sin + ": give one of the two");
+    require(c.size() == 2 && c[1] % 2 == 0, cache + ".shape", to_string(c),
+            "must be [R, 2T] (cos | sin)");
+    call.cache_split = c[1] / 2;
+    names.cos = names.sin = cache;
+    const Shape half{c[0], call.cache_split};
+    return {half, half};
+  }
+  for (const auto& [t, name] : {std::pair{&s.cos, names.cos}, std::pair{&s.sin, names.sin}}) {
+    require(t->has_value(), name, "(absent)",
+            "is required: give " + names.cos + " and " + names.sin + ", or " + names.cos_sin_cache);
+  }
+  return {*s.cos, *s.sin};
+}
+
+/// x of rank >= 4 without a layout (nor num_heads) as `[B', S, W]` rows:
+/// every axis before the last two folded into B' (SPEC §4); D defaults to W.
+inline Shape rope_folded(const Shape& x, const std::optional<Shape>& positions, RopeAttrs& a,
+                         const RopeNames& names) {
+  const std::string xs = names.x + ".shape";
+  element_count(x, xs);
+  require(!positions, "layout", "(absent)",
+          "is ambiguous with " + names.positions + " for " + xs + " = " + to_string(x) +
+              " (read as [..., S, W] rows): give layout bshd or bhsd");
+  std::int64_t B = 1;
+  for (std::size_t i = 0; i + 2 < x.size(); ++i) B = checked_mul(B, x[i], xs);
+  a.head_dim = a.head_dim.value_or(x.back());
+  return {B, x[x.size() - 2], x.back()};
+}
+
+}  // namespace detail
+
+/// A binding's RoPE call (SPEC §4.1): the params and views of the shapes given,
+/// by RopePlan::from_shapes (RopeQkPlan::from_shapes with k), naming the
+/// inputs by `names`. Beyond those rules: the tables may be one
+/// cos_sin_cache; one source of rank >= 4 without layout and num_heads is
+/// read as `[..., S, W]` rows (the leading axes folded into B, D defaulting
+/// to W, no positions); q and k of rank 4 need a layout or num_heads.
+inline RopeCall rope_call(const RopeShapes& s, const RopeAttrs& a, const RopeNames& names) {
+  RopeCall call;
+  RopeNames n = names;
+  const auto [cos, sin] = detail::rope_tables(s, n, call);
+  const bool unlaid = !a.layout && !a.num_heads && s.x.size() >= 4;
+  if (s.k) {
+    require(!unlaid, "layout", "(absent)",
+            "must be given (bshd or bhsd) for " + names.x + ".shape = " + to_string(s.x) + " and " +
+                names.k + ".shape = " + to_string(*s.k));
+    call.params = detail::rope_qk_params_from_shapes(s.x, *s.k, cos, sin, s.positions, a, n);
+    const RopeQkPlan plan = RopeQkPlan::make(call.params);
+    call.x = detail::rope_view(plan.q);
+    call.k = detail::rope_view(plan.k);
+    return call;
+  }
+  RopeAttrs ax = a;
+  const Shape x = unlaid ? detail::rope_folded(s.x, s.positions, ax, names) : s.x;
+  call.params.q = detail::rope_params_from_shapes(x, n.x, cos, sin, s.positions, ax, n);
+  call.x = detail::rope_view(RopePlan::make(call.params.q));
+  return call;
 }
 
 }  // namespace tandem

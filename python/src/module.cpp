@@ -402,6 +402,30 @@ RopeTables<T> rope_tables(const RopePlan& plan, const In& cos, const In& sin,
           index_view(positions, "positions", {plan.B * plan.S})};
 }
 
+/// A RoPE call by the C++ shape rules (rope_call, SPEC §4): its params
+/// from the shapes of the inputs given (`shapes`: x, k, cos, sin,
+/// cos_sin_cache, positions; k for rope_qk), the attrs and the caller's names
+/// of the inputs (errors name them), and the views: x and k (`[B, S, W]`
+/// rows or `[B, H, S, D]`; the outputs' shapes too) and cache_split (T of a
+/// cos_sin_cache `[R, 2T]`, else 0).
+nb::tuple rope_call_of(const nb::dict& shapes, const RopeAttrs& attrs, const RopeNames& names) {
+  RopeShapes s;
+  const std::optional<Shape> x = given_shape(shapes, "x");
+  if (!x) throw Error(names.x, names.x + " = (absent) is required");
+  s.x = *x;
+  s.k = given_shape(shapes, "k");
+  s.cos = given_shape(shapes, "cos");
+  s.sin = given_shape(shapes, "sin");
+  s.cos_sin_cache = given_shape(shapes, "cos_sin_cache");
+  s.positions = given_shape(shapes, "positions");
+  const RopeCall call = rope_call(s, attrs, names);
+  nb::dict views;
+  views["x"] = call.x;
+  if (s.k) views["k"] = call.k;
+  views["cache_split"] = call.cache_split;
+  return nb::make_tuple(call.params, views);
+}
+
 void rope(const std::string& backend, const RopeParams& params, const In& x, const In& cos,
           const In& sin, const std::optional<In>& positions, const Out& out, bool backward) {
   const RopePlan plan = RopePlan::make(params);
@@ -640,6 +664,23 @@ NB_MODULE(_ext, m) {
       .def_rw("table_stride", &RopeParams::table_stride)
       .def_rw("rows", &RopeParams::rows)
       .def_rw("src_row_stride", &RopeParams::src_row_stride);
+  nb::class_<RopeAttrs>(m, "RopeAttrs")
+      .def(nb::init<>())
+      .def_rw("head_dim", &RopeAttrs::head_dim)
+      .def_rw("num_heads", &RopeAttrs::num_heads)
+      .def_rw("layout", &RopeAttrs::layout)
+      .def_rw("n_rot", &RopeAttrs::n_rot)
+      .def_rw("style", &RopeAttrs::style)
+      .def_rw("table_rows", &RopeAttrs::table_rows);
+  nb::class_<RopeNames>(m, "RopeNames")
+      .def(nb::init<>())
+      .def_rw("x", &RopeNames::x)
+      .def_rw("k", &RopeNames::k)
+      .def_rw("cos", &RopeNames::cos)
+      .def_rw("sin", &RopeNames::sin)
+      .def_rw("positions", &RopeNames::positions)
+      .def_rw("cos_sin_cache", &RopeNames::cos_sin_cache);
+  m.def("rope_call", &rope_call_of, "shapes"_a, "attrs"_a, "names"_a);
   nb::class_<RopeQkParams>(m, "RopeQkParams")
       .def(nb::init<>())
       .def_rw("q", &RopeQkParams::q)

@@ -2,9 +2,10 @@
 """tandem's kernels on NumPy arrays and PyTorch tensors.
 
 Each function reads its keyword arguments (the one place per op that maps
-Python arguments to the C++ API); for attention the C++ shape rules
-(_ext.attention_call, SPEC §1) then give the Params and the shapes to view
-the arrays in, their errors naming this module's arguments. It allocates
+Python arguments to the C++ API); the C++ shape rules (_ext.attention_call,
+SPEC §1; _ext.rope_call, SPEC §4.1; _ext.swiglu_params) then give the Params
+and the shapes to view the arrays in, their errors naming this module's
+arguments. It allocates
 outputs of the caller's kind and calls tandem._ext, which makes the plan
 (validating the call), checks every array against it without copying, and
 runs the kernel with the GIL released. float32 runs `backend`; float64 runs the
@@ -337,132 +338,75 @@ def alibi_slopes(num_heads):
 # RoPE, axial RoPE, SwiGLU
 
 
-def _rope_tables(cos, sin, cos_sin_cache, like, name):
-    """cos and sin [R, T] (contiguous, the dtype of the source), given as
-    two tables or as one cos_sin_cache [R, 2T] (cos | sin, vLLM's layout;
-    its halves are copied)."""
-    if cos_sin_cache is not None:
-        if cos is not None or sin is not None:
-            raise Error("cos_sin_cache: give either cos and sin or cos_sin_cache", "cos_sin_cache")
-        cache = A.as_array(cos_sin_cache, "cos_sin_cache")
-        A.same_dtype("cos_sin_cache", cache, name, like)
-        if cache.ndim != 2 or cache.shape[1] % 2:
-            raise Error(f"cos_sin_cache.shape = {list(cache.shape)} must be [R, 2T] (cos | sin)",
-                        "cos_sin_cache.shape")
-        T = cache.shape[1] // 2
-        return A.contiguous(cache[:, :T]), A.contiguous(cache[:, T:])
-    if cos is None or sin is None:
-        raise Error(f"{'cos' if cos is None else 'sin'} = None: give cos and sin, or "
-                    "cos_sin_cache", "cos" if cos is None else "sin")
-    cos, sin = A.as_array(cos, "cos"), A.as_array(sin, "sin")
-    A.same_dtype("cos", cos, name, like)
-    A.same_dtype("sin", sin, name, like)
-    if cos.ndim != 2 or tuple(sin.shape) != tuple(cos.shape):
-        raise Error(f"cos.shape = {list(cos.shape)}, sin.shape = {list(sin.shape)} must both "
-                    "be [R, T]", "cos.shape")
-    return A.contiguous(cos), A.contiguous(sin)
+def _rope_names(**names):
+    """The names a RoPE call's errors give its inputs (the defaults: rope()'s)."""
+    n = _ext.RopeNames()
+    for key, value in names.items():
+        setattr(n, key, value)
+    return n
 
 
-def _rope_source(src, name, layout, head_dim):
-    """The source as the kernel reads it and its RopeParams' token and head
-    fields: [B, S, W] rows (bshd, thd; every axis before the last two folded
-    into B when layout is None) or [B, H, S, D] contiguous (bhsd); also the
-    shape position ids must have (None: they are not taken)."""
-    p = _ext.RopeParams()
-    if layout is None:
-        layout = "bshd" if src.ndim <= 3 else None
-    p.layout = _choice("layout", layout, _ROPE_LAYOUTS) if layout else _ext.RopeLayout.bshd
-    heads_axis = (layout in ("bshd", "bhsd") and src.ndim == 4) or \
-        (layout == "thd" and src.ndim == 3) or layout is None
-    if layout == "bhsd" or (layout == "bshd" and src.ndim == 4):
-        if src.ndim != 4:
-            raise Error(f"{name}.shape = {list(src.shape)} must be [B, H, S, D] for layout "
-                        "'bhsd'", f"{name}.shape")
-        B, a, b, D = src.shape
-        S, H = (b, a) if layout == "bhsd" else (a, b)
-        tokens = (B, S)
-    elif layout == "thd":
-        if src.ndim not in (2, 3):
-            raise Error(f"{name}.shape = {list(src.shape)} must be [T, H, D] or [T, H*D] for "
-                        "layout 'thd'", f"{name}.shape")
-        tokens = (src.shape[0],)
-    elif layout == "bshd":
-        if src.ndim not in (2, 3):
-            raise Error(f"{name}.shape = {list(src.shape)} must have rank 2, 3 or 4 for layout "
-                        "'bshd'", f"{name}.shape")
-        tokens = tuple(src.shape[:-1])
-    else:  # legacy: [..., S, W], the leading axes folded
-        tokens = None
-    if layout is None:
-        head_dim = src.shape[-1] if head_dim is None else head_dim
-    elif heads_axis:
-        if head_dim is not None and int(head_dim) != src.shape[-1]:
-            raise Error(f"head_dim = {head_dim} must equal the last dim of {name}.shape = "
-                        f"{list(src.shape)}", "head_dim")
-        head_dim = src.shape[-1]
-    if head_dim is None:
-        raise Error(f"head_dim = None must be given for {name}.shape = {list(src.shape)} "
-                    "(no head axis)", "head_dim")
-    p.head_dim = int(head_dim)
-    if layout == "bhsd":
-        x = A.contiguous(src)
-        p.batch, p.seq, p.width = B, S, H * D
-        return x, p, tokens
-    if layout == "bshd" and src.ndim == 4:
-        x = src.reshape(B, S, H * D)
-    elif layout == "thd":
-        x = src.reshape(1, src.shape[0], -1)
-    else:
-        x = src
-    x3, p.src_row_stride = A.rows_view(x, name)
-    p.batch, p.seq, p.width = x3.shape
-    return x3, p, tokens
+_ROPE_NAMES = {False: _rope_names(), True: _rope_names(x="dy")}
+_ROPE_QK_NAMES = {False: _rope_names(x="q"), True: _rope_names(x="dq_out", k="dk_out")}
 
 
-def _rope_positions(p, positions, tokens, table_rows, name):
-    """Sets p.rows (and checks positions against the token axes); returns
-    the position ids [B*S] or None."""
-    if positions is None:
-        if table_rows is None:
-            table_rows = "token" if p.table_rows == p.batch * p.seq and p.batch > 1 else \
-                "position"
-        p.rows = _choice("table_rows", table_rows, _TABLE_ROWS)
-        return None
-    if table_rows not in (None, "position_ids"):
-        raise Error(f"table_rows = {table_rows!r} must be None (or 'position_ids') when "
-                    "positions are given", "table_rows")
-    if tokens is None:
-        raise Error("layout = None is ambiguous with positions for a rank >= 4 source: give "
-                    "layout 'bshd' or 'bhsd'", "layout")
-    pos = A.as_indices(positions, "positions")
-    if tuple(pos.shape) != tokens:
-        raise Error(f"positions.shape = {list(pos.shape)} must be {name}'s token axes "
-                    f"{list(tokens)}", "positions.shape")
-    p.rows = _ext.TableRows.position_ids
-    return pos.reshape(-1)
+def _rope_source(x, view, p, name):
+    """x in its view ([B, S, W] rows or [B, H, S, D]) and its row stride:
+    the caller's memory when the kernel can read it there, else a copy."""
+    x = x.reshape(view)
+    if p.layout == _ext.RopeLayout.bhsd:
+        return A.contiguous(x), 0
+    return A.rows_view(x, name)
 
 
-def _rope_call(src, cos, sin, cos_sin_cache, name, head_dim, n_rot, style, table_rows, layout,
-               positions):
-    """(source view, RopeParams, cos, sin, positions) of one RoPE call."""
-    src = A.as_array(src, name)
-    cos, sin = _rope_tables(cos, sin, cos_sin_cache, src, name)
-    x, p, tokens = _rope_source(src, name, layout, head_dim)
+def _rope_call(sources, cos, sin, cos_sin_cache, head_dim, n_rot, style, table_rows, layout,
+               positions, names):
+    """One RoPE call: the C++ shape rules (_ext.rope_call, SPEC §4) give its
+    RopeQkParams and views; returns them with the sources (as given), their
+    views, the tables cos and sin [R, T] (contiguous) and the position ids
+    [B*S] (or None)."""
+    keys = ("x", "k")[:len(sources)]
+    src = [A.as_array(x, getattr(names, key)) for x, key in zip(sources, keys)]
+    arrays = dict(zip(keys, src))
+    for key, t in (("cos", cos), ("sin", sin), ("cos_sin_cache", cos_sin_cache)):
+        if t is not None:
+            arrays[key] = A.as_array(t, getattr(names, key))
+    for key in list(arrays)[1:]:
+        A.same_dtype(getattr(names, key), arrays[key], names.x, src[0])
+    if positions is not None:
+        arrays["positions"] = A.as_indices(positions, names.positions)
+    a = _ext.RopeAttrs()
+    if head_dim is not None:
+        a.head_dim = int(head_dim)
     if n_rot is not None:
-        p.n_rot = int(n_rot)
-    p.style = _choice("style", style, _STYLES)
-    p.table_rows, p.table_stride = cos.shape
-    pos = _rope_positions(p, positions, tokens, table_rows, name)
-    return src, x, p, cos, sin, pos
+        a.n_rot = int(n_rot)
+    a.style = _choice("style", style, _STYLES)
+    if table_rows is not None:
+        a.table_rows = _choice("table_rows", table_rows, _TABLE_ROWS)
+    if layout is not None:
+        a.layout = _choice("layout", layout, _ROPE_LAYOUTS)
+    p, views = _ext.rope_call({k: tuple(v.shape) for k, v in arrays.items()}, a, names)
+    read = [None] * len(src)
+    read[0], p.q.src_row_stride = _rope_source(src[0], views["x"], p.q, names.x)
+    if len(src) > 1:
+        read[1], p.k_src_row_stride = _rope_source(src[1], views["k"], p.q, names.k)
+    T = views["cache_split"]
+    if T:
+        cos, sin = arrays["cos_sin_cache"][:, :T], arrays["cos_sin_cache"][:, T:]
+    else:
+        cos, sin = arrays["cos"], arrays["sin"]
+    pos = arrays.get("positions")
+    return (p, src, read, A.contiguous(cos), A.contiguous(sin),
+            None if pos is None else pos.reshape(-1))
 
 
 def _rope(src, cos, sin, cos_sin_cache, head_dim, n_rot, style, table_rows, layout, positions,
           backend, backward):
-    src, x, p, cos, sin, pos = _rope_call(src, cos, sin, cos_sin_cache,
-                                          "dy" if backward else "x", head_dim, n_rot, style,
-                                          table_rows, layout, positions)
+    p, (src,), (x,), cos, sin, pos = _rope_call(
+        (src,), cos, sin, cos_sin_cache, head_dim, n_rot, style, table_rows, layout, positions,
+        _ROPE_NAMES[backward])
     out = A.empty(src, tuple(x.shape))
-    _ext.rope(backend, p, x, cos, sin, pos, out, backward)
+    _ext.rope(backend, p.q, x, cos, sin, pos, out, backward)
     return out.reshape(src.shape)
 
 
@@ -495,16 +439,9 @@ def rope_backward(dy, cos=None, sin=None, *, head_dim=None, n_rot=None, style="n
 
 def _rope_qk(q, k, cos, sin, cos_sin_cache, head_dim, n_rot, style, table_rows, layout,
              positions, backend, backward):
-    names = ("dq_out", "dk_out") if backward else ("q", "k")
-    if layout is None and getattr(q, "ndim", 0) >= 4:
-        raise Error("layout = None: give 'bshd' or 'bhsd' for rank-4 q and k", "layout")
-    q, xq, pq, cos, sin, pos = _rope_call(q, cos, sin, cos_sin_cache, names[0], head_dim, n_rot,
-                                          style, table_rows, layout, positions)
-    k = A.as_array(k, names[1])
-    A.same_dtype(names[1], k, names[0], q)
-    xk, pk, _ = _rope_source(k, names[1], layout, pq.head_dim)
-    p = _ext.RopeQkParams()
-    p.q, p.k_width, p.k_src_row_stride = pq, pk.width, pk.src_row_stride
+    p, (q, k), (xq, xk), cos, sin, pos = _rope_call(
+        (q, k), cos, sin, cos_sin_cache, head_dim, n_rot, style, table_rows, layout, positions,
+        _ROPE_QK_NAMES[backward])
     q_out, k_out = A.empty(q, tuple(xq.shape)), A.empty(k, tuple(xk.shape))
     _ext.rope_qk(backend, p, xq, xk, cos, sin, pos, q_out, k_out, backward)
     return q_out.reshape(q.shape), k_out.reshape(k.shape)

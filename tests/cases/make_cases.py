@@ -287,7 +287,7 @@ def write_bad(w):
            expect=(2, "mask.npy: inputs.mask: dtype |b1 is not allowed here"))
     # --- shapes that do not fit the op (messages from the library's plans)
     w.case("shape_head_dim_mismatch", attention_case({"num_heads": 2}), qkv(k=(1, 4, 2, 4), v=(1, 4, 2, 4)),
-           expect=(2, "k.npy: k.shape: k.shape = [1, 4, 2, 4] must have head_dim = 8"))
+           expect=(2, "k.npy: k.shape: k.shape = [1, 4, 2, 4] must have D = 8"))
     w.case("shape_kv_heads_not_dividing", attention_case({"num_heads": 4, "layout": "bshd"}),
            qkv(q=(1, 4, 4, 8), k=(1, 4, 3, 8), v=(1, 4, 3, 8)),
            expect=(2, "k.npy: k.shape: k.shape = [1, 4, 3, 8] must have a head count (3)"))

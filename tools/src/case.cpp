@@ -434,16 +434,16 @@ CaseSpec parse_case_json(std::string_view text, const std::string& case_name) {
 
 namespace {
 
-/// The input a library parameter name is about ("q.shape" → "q", "kv_heads" → "k"), if any.
+/// The input a library parameter name is about ("q.shape" → "q", "Hkv" → "k"), if any.
 std::optional<std::string> tensor_of_parameter(const CaseSpec& spec, const std::string& param) {
   const std::string head = param.substr(0, param.find('.'));
   if (spec.inputs.count(head)) return head;
   if (spec.attrs_given.count(param)) return std::nullopt;  // the attr the case sets
-  static const std::map<std::string, std::string> attention = {{"kv_heads", "k"},
-                                                               {"v_head_dim", "v"},
-                                                               {"seq_q", "q"},
-                                                               {"seq_k", "k"},
-                                                               {"batch", "q"},
+  static const std::map<std::string, std::string> attention = {{"Hkv", "k"},
+                                                               {"Dv", "v"},
+                                                               {"Sq", "q"},
+                                                               {"Sk", "k"},
+                                                               {"B", "q"},
                                                                {"q_row_stride", "q"},
                                                                {"k_row_stride", "k"},
                                                                {"v_row_stride", "v"},

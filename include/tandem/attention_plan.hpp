@@ -28,6 +28,7 @@
 
 #include "tandem/error.hpp"
 #include "tandem/indices.hpp"
+#include "tandem/rounding.hpp"
 #include "tandem/shape.hpp"
 
 namespace tandem {
@@ -100,6 +101,26 @@ inline std::vector<float> alibi_standard_slopes(std::int64_t heads) {
   return slopes;
 }
 
+/// How the keys and values of an attention call are stored (SPEC §10.4).
+enum class KvCache {
+  plain,  ///< k and v in the call's storage type T, like q
+  int8,   ///< int8 codes with one float32 scale per (key row, kv head): k = scale·code
+  e4m3,   ///< float8 e4m3fn codes with one float32 scale per kv head: k = scale·code
+};
+
+/// "plain", "int8", "e4m3".
+constexpr const char* to_string(KvCache c) {
+  switch (c) {
+    case KvCache::plain:
+      return "plain";
+    case KvCache::int8:
+      return "int8";
+    case KvCache::e4m3:
+      return "e4m3";
+  }
+  return "?";
+}
+
 /// Explicit parameters of an attention call; AttentionPlan::make validates
 /// them. Zero means "the default" where noted.
 struct AttentionParams {
@@ -131,6 +152,12 @@ struct AttentionParams {
   /// all three 0 = not paged (then Sk is 0 or max_blocks·block_size).
   std::int64_t num_blocks = 0, block_size = 0, max_blocks = 0;
   ///@}
+  /// Where a low-precision call rounds between its inputs and its outputs
+  /// (SPEC §10.2); float32 and float64 calls round nowhere in between.
+  Rounding rounding = kRoundingPytorch;
+  /// How k and v are stored: plain (type T, like q) or as 8-bit codes with
+  /// scales, read by attention_forward_quantized (SPEC §10.4).
+  KvCache kv_cache = KvCache::plain;
 };
 
 /// Where key j of a sequence lives: the (batch, seq) index of k and v through
@@ -205,6 +232,8 @@ struct AttentionPlan {
   /// `[B, max_blocks]`; 0 = not paged (SPEC §2.10). Sk = max_blocks·block_size then.
   std::int64_t num_blocks = 0, block_size = 0, max_blocks = 0;
   ///@}
+  Rounding rounding = kRoundingPytorch;  ///< rounding points of a low-precision call (SPEC §10.2)
+  KvCache kv_cache = KvCache::plain;     ///< how k and v are stored (SPEC §10.4)
 
   ///@{
   Strides q, k, v;  ///< inputs, possibly with row strides (bshd)
@@ -240,6 +269,17 @@ struct AttentionPlan {
   ///@{
   /// The outer dims `[B', S']` of k and v (and dk, dv): `[B, Sk]`, or
   /// `[num_blocks, block_size]` for a paged cache.
+  /// The scales of a quantized cache (SPEC §10.4): B'·S'·Hkv for int8 (one per key row and kv
+  /// head of k's `[B', S', Hkv, D]`, B' = kv_batch(), S' = kv_seq()), Hkv for e4m3, 0 for plain.
+  [[nodiscard]] std::int64_t kv_scale_size() const {
+    if (kv_cache == KvCache::plain) return 0;
+    return kv_cache == KvCache::e4m3 ? Hkv : kv_batch() * kv_seq() * Hkv;
+  }
+  /// Where the scale of key row (b, s) of kv head g lives: `[B', S', Hkv]` row-major for int8
+  /// (whatever the layout), g for e4m3.
+  [[nodiscard]] std::int64_t kv_scale_at(std::int64_t b, std::int64_t s, std::int64_t g) const {
+    return kv_cache == KvCache::e4m3 ? g : (b * kv_seq() + s) * Hkv + g;
+  }
   [[nodiscard]] std::int64_t kv_batch() const { return paged() ? num_blocks : B; }
   [[nodiscard]] std::int64_t kv_seq() const { return paged() ? block_size : Sk; }
   ///@}
@@ -415,6 +455,8 @@ inline AttentionPlan AttentionPlan::make(const AttentionParams& p) {
   plan.num_blocks = p.num_blocks;
   plan.block_size = p.block_size;
   plan.max_blocks = p.max_blocks;
+  plan.rounding = p.rounding;
+  plan.kv_cache = p.kv_cache;
   const Layout L = p.layout;
   const std::int64_t KB = plan.kv_batch(), KS = plan.kv_seq();
   plan.q = Strides::of(L, plan.B, plan.Sq, plan.H, plan.D, p.q_row_stride, "q");
@@ -432,6 +474,7 @@ inline AttentionPlan AttentionPlan::make(const AttentionParams& p) {
                 plan.Sk, "mask");
   }
   checked_mul(plan.B, plan.Sk, "mask");
+  checked_mul(checked_mul(KB, KS, "k_scale"), Hkv, "k_scale");
   return plan;
 }
 
@@ -455,6 +498,8 @@ inline std::string AttentionPlan::describe() const {
          " block_size=" + std::to_string(block_size) + " max_blocks=" + std::to_string(max_blocks) +
          ")";
   }
+  if (rounding != kRoundingPytorch) s += " rounding=" + std::string(rounding.name);
+  if (kv_cache != KvCache::plain) s += std::string(" kv_cache=") + to_string(kv_cache);
   if (layout == Layout::bshd) {
     s += " row_strides=" + std::to_string(q.seq) + "/" + std::to_string(k.seq) + "/" +
          std::to_string(v.seq);

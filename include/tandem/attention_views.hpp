@@ -14,6 +14,7 @@
 #include "tandem/error.hpp"
 #include "tandem/indices.hpp"
 #include "tandem/shape.hpp"
+#include "tandem/storage.hpp"
 
 namespace tandem {
 
@@ -78,8 +79,39 @@ struct AttentionGrads {
 /// `lse_i = log(exp(sink_h) + Σ_j exp(s_ij))`, sink_h for a query that sees no key.
 template <class T>
 struct AttentionSaved {
-  std::span<const T> out;  ///< the forward's output `[B,Sq,H,Dv]`
-  std::span<const T> lse;  ///< the forward's log-sum-exp `[B,H,Sq]`
+  std::span<const T> out;          ///< the forward's output `[B,Sq,H,Dv]`
+  std::span<const stat_t<T>> lse;  ///< the forward's log-sum-exp `[B,H,Sq]` (float32 for bf16, f16)
+};
+
+/// A K/V cache stored as 8-bit codes with float32 scales (SPEC §10.4), read by
+/// attention_forward_quantized for plans with kv_cache int8 or e4m3:
+/// `k_{b,s,g,d} = k_scale[plan.kv_scale_at(b, s, g)] · code(k[plan.k.at(b, s, g) + d])`, and
+/// v alike. Codes are int8 (two's complement) or float8 e4m3fn bytes, addressed through plan.k
+/// and plan.v (row strides and paged blocks as for plain k and v); scales `[kv_scale_size()]`,
+/// finite and >= 0: one per (key row, kv head) for int8, one per kv head for e4m3.
+struct QuantizedKv {
+  ///@{
+  /// codes of k `[B,Sk,Hkv,D]` and v `[B,Sk,Hkv,Dv]` (or the paged cache's blocks)
+  std::span<const std::uint8_t> k, v;
+  ///@}
+  ///@{
+  /// scales `[kv_scale_size()]`
+  std::span<const float> k_scale, v_scale;
+  ///@}
+};
+
+/// Where quantize_kv writes a cache: the codes at the addresses of plan.k and
+/// plan.v (the element addresses of the k and v it quantizes), the scales
+/// `[kv_scale_size()]` each.
+struct QuantizedKvOut {
+  ///@{
+  /// codes of k and v, plan.k.extent and plan.v.extent bytes
+  std::span<std::uint8_t> k, v;
+  ///@}
+  ///@{
+  /// scales `[kv_scale_size()]`
+  std::span<float> k_scale, v_scale;
+  ///@}
 };
 
 namespace detail {
@@ -135,6 +167,11 @@ inline void check_offsets(const Indices& cu, std::int64_t n, std::int64_t total,
 
 }  // namespace detail
 
+namespace detail {
+template <class T>
+void check_features(const AttentionPlan& plan, const AttentionInputs<T>& in);
+}  // namespace detail
+
 /// Throws Error unless the views fit the plan (SPEC §8): strided inputs hold
 /// q.extent…, the mask has mask_size() elements (none when the kind takes
 /// none); sinks `[H]` and ALiBi slopes `[slopes_size()]` are finite (empty
@@ -145,9 +182,19 @@ inline void check_offsets(const Indices& cu, std::int64_t n, std::int64_t total,
 /// hold anything). Every feature input the plan does not take must be empty.
 template <class T>
 void check_inputs(const AttentionPlan& plan, const AttentionInputs<T>& in) {
+  require(plan.kv_cache == KvCache::plain, "kv_cache", std::string(to_string(plan.kv_cache)),
+          "takes codes and scales: call attention_forward_quantized (SPEC §10.4)");
   require_extent(in.q.size(), plan.q.extent, "q");
   require_extent(in.k.size(), plan.k.extent, "k");
   require_extent(in.v.size(), plan.v.extent, "v");
+  detail::check_features(plan, in);
+}
+
+namespace detail {
+
+/// check_inputs less q, k and v: the mask and every feature input.
+template <class T>
+void check_features(const AttentionPlan& plan, const AttentionInputs<T>& in) {
   require_size(in.mask.size(), plan.mask_size(), "mask");
   detail::check_finite_values(in.sinks, plan.sinks ? plan.H : 0, "sinks");
   detail::check_finite_values(in.alibi_slopes, plan.slopes_size(), "alibi_slopes");
@@ -184,6 +231,8 @@ void check_inputs(const AttentionPlan& plan, const AttentionInputs<T>& in) {
   }
 }
 
+}  // namespace detail
+
 /// Throws Error unless the gradient views fit the plan: every non-empty one
 /// has its full size (dsinks `[H]` only for plans with sinks, dbias
 /// mask_size() only for a bias mask) and at least one is asked for. A paged
@@ -205,6 +254,50 @@ void check_grads(const AttentionPlan& plan, const AttentionGrads<T>& g) {
   require(!g.dq.empty() || !g.dk.empty() || !g.dv.empty() || !g.dsinks.empty() || !g.dbias.empty(),
           "grads", std::string("(all empty)"),
           "must ask for at least one of dq, dk, dv, dsinks, dbias");
+}
+
+/// Throws Error unless a quantized cache fits the plan: kv_cache is int8 or
+/// e4m3, the plain k and v of `in` are empty, the codes hold plan.k.extent
+/// and plan.v.extent bytes, the scales have kv_scale_size() finite values
+/// >= 0; and everything else of `in` as check_inputs (SPEC §10.4, §8).
+template <class T>
+void check_inputs(const AttentionPlan& plan, const AttentionInputs<T>& in, const QuantizedKv& kv) {
+  require(plan.kv_cache != KvCache::plain, "kv_cache", std::string("plain"),
+          "must be int8 or e4m3 for a quantized cache (plain k and v go to attention_forward)");
+  require_extent(in.q.size(), plan.q.extent, "q");
+  require_size(in.k.size(), 0, "k");
+  require_size(in.v.size(), 0, "v");
+  require_extent(kv.k.size(), plan.k.extent, "k_codes");
+  require_extent(kv.v.size(), plan.v.extent, "v_codes");
+  const auto check_scales = [&](std::span<const float> s, const std::string& name) {
+    require_size(s.size(), plan.kv_scale_size(), name);
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      require_entry(std::isfinite(s[i]) && s[i] >= 0.0f, name, static_cast<std::int64_t>(i),
+                    std::to_string(s[i]), "must be finite and >= 0");
+    }
+  };
+  check_scales(kv.k_scale, "k_scale");
+  check_scales(kv.v_scale, "v_scale");
+  AttentionInputs<T> rest = in;  // the features, checked as for plain k and v
+  rest.k = {};
+  rest.v = {};
+  detail::check_features(plan, rest);
+}
+
+/// Throws Error unless quantize_kv's views fit the plan: k and v hold
+/// plan.k.extent and plan.v.extent elements, and the output codes and scales
+/// their full sizes (SPEC §10.4).
+template <class T>
+void check_quantize(const AttentionPlan& plan, std::span<const T> k, std::span<const T> v,
+                    const QuantizedKvOut& out) {
+  require(plan.kv_cache != KvCache::plain, "kv_cache", std::string("plain"),
+          "must be int8 or e4m3 to quantize a cache");
+  require_extent(k.size(), plan.k.extent, "k");
+  require_extent(v.size(), plan.v.extent, "v");
+  require_size(out.k.size(), plan.k.extent, "k_codes");
+  require_size(out.v.size(), plan.v.extent, "v_codes");
+  require_size(out.k_scale.size(), plan.kv_scale_size(), "k_scale");
+  require_size(out.v_scale.size(), plan.kv_scale_size(), "v_scale");
 }
 
 /// Throws Error unless the saved out and lse have their full sizes.

@@ -14,15 +14,17 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "tandem/attention_block.hpp"
 #include "tandem/kernels.hpp"
 
 namespace tandem {
 
-/// The kernel entry points of one implementation, all in float32:
+/// The kernel entry points of one implementation: in float32
 /// `backend.attention_forward(plan, in, out)` and the other members of
-/// Kernels<float>, and the attention block.
+/// Kernels<float>, and the attention block; in bfloat16 and float16
+/// `backend.bf16.attention_forward(…)`, `backend.kernels<T>()`.
 struct Backend : Kernels<float> {
   /// Short name used in reports and test names ("reference", "optimized").
   std::string name;
@@ -30,6 +32,32 @@ struct Backend : Kernels<float> {
   /// out `[B,S,E]` = the attention block of SPEC §7.
   std::function<void(const AttentionBlockPlan&, const AttentionBlockInputs&, std::span<float> out)>
       attention_block;
+
+  ///@{
+  /// The same entry points with bfloat16 and float16 storage (SPEC §10); an empty member is one
+  /// the backend does not offer.
+  Kernels<bfloat16> bf16;
+  Kernels<float16> f16;
+  ///@}
+
+  /// The entry points at storage type T (float, bfloat16 or float16).
+  template <class T>
+  const Kernels<T>& kernels() const {
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      return bf16;
+    } else if constexpr (std::is_same_v<T, float16>) {
+      return f16;
+    } else {
+      static_assert(std::is_same_v<T, float>,
+                    "a Backend holds float, bfloat16 and float16 kernels");
+      return *this;
+    }
+  }
+  /// The entry points at storage type T, to bind or replace.
+  template <class T>
+  Kernels<T>& kernels() {
+    return const_cast<Kernels<T>&>(static_cast<const Backend&>(*this).kernels<T>());
+  }
 };
 
 ///@{

@@ -24,7 +24,10 @@
 
 namespace tandem {
 
-/// The kernel entry points of one implementation at element type T.
+/// The kernel entry points of one implementation at element type T: float
+/// (every backend), double and complex (the reference), and the
+/// low-precision storage types bfloat16 and float16 (SPEC §10), whose
+/// statistics (lse) are float32: stat_t<T>.
 template <class T>
 struct Kernels {
   /// out `[B,Sq,H,Dv]` (layout of q, contiguous) = attention(q, k, v, mask), with the
@@ -43,7 +46,7 @@ struct Kernels {
   /// out as attention_forward, and lse `[B,H,Sq]` (SPEC §2.5, AttentionSaved): the
   /// forward of a training step, which keeps what its backward needs.
   std::function<void(const AttentionPlan&, const AttentionInputs<T>&, std::span<T> out,
-                     std::span<T> lse)>
+                     std::span<stat_t<T>> lse)>
       attention_forward_lse;
   /// The gradients (any non-empty subset) as attention_backward, from the
   /// forward's saved out and lse: `p_ij = exp(s_ij − lse_i)` and
@@ -57,6 +60,18 @@ struct Kernels {
   OneGradient attention_backward_dq;  ///< dq `[B,Sq,H,D]` alone
   OneGradient attention_backward_dk;  ///< dk `[B,Sk,Hkv,D]` alone
   OneGradient attention_backward_dv;  ///< dv `[B,Sk,Hkv,Dv]` alone
+
+  /// out `[B,Sq,H,Dv]` = attention(q, k, v) for a plan with kv_cache int8 or e4m3, k and v read
+  /// from their codes and scales (SPEC §10.4; `in.k`, `in.v` empty): decode and paged decode
+  /// read the codes and never write a dequantized copy. Forward only.
+  std::function<void(const AttentionPlan&, const AttentionInputs<T>&, const QuantizedKv&,
+                     std::span<T> out)>
+      attention_forward_quantized;
+  /// The codes and scales of k `[B,Sk,Hkv,D]` and v `[B,Sk,Hkv,Dv]` (through plan.k and plan.v;
+  /// a paged plan's whole cache) for the plan's kv_cache int8 or e4m3 (SPEC §10.4).
+  std::function<void(const AttentionPlan&, std::span<const T> k, std::span<const T> v,
+                     const QuantizedKvOut&)>
+      quantize_kv;
 
   /// RoPE of one tensor (SPEC §4): dst contiguous, in the layout of src.
   using Rope = std::function<void(const RopePlan&, std::span<const T> src, const RopeTables<T>&,
@@ -108,6 +123,8 @@ constexpr auto entry_points() {
                     e("attention_backward_dq", &K::attention_backward_dq),
                     e("attention_backward_dk", &K::attention_backward_dk),
                     e("attention_backward_dv", &K::attention_backward_dv),
+                    e("attention_forward_quantized", &K::attention_forward_quantized),
+                    e("quantize_kv", &K::quantize_kv),
                     e("rope_forward", &K::rope_forward),
                     e("rope_backward", &K::rope_backward),
                     e("rope_forward_qk", &K::rope_forward_qk),

@@ -9,7 +9,7 @@
 namespace tandem::reference {
 
 Backend backend() {
-  return Backend{kernels<float>(), "reference", attention_block};
+  return Backend{kernels<float>(), "reference", attention_block, {}, {}};
 }
 
 }  // namespace tandem::reference

@@ -5,7 +5,8 @@
 //    (and widened tables), bit for bit: the low-precision kernels widen on
 //    load, compute exactly what the float kernel computes, and round once;
 //  - the backward is the transpose of the forward in bf16 within the bound
-//    derived at TransposeBound below.
+//    derived at transpose_bound below;
+//  - the bits do not depend on the thread count.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -440,6 +441,48 @@ TEST(OptimizedStorageOps, BackwardIsTheTransposeWithinItsBoundOnEveryTarget) {
     expect_transpose_within_bound<bfloat16>();
     expect_transpose_within_bound<float16>();
   });
+}
+
+/// Bitwise the same output of T for 1 and 3 threads: RoPE by token and by
+/// head, axial RoPE, SwiGLU forward and backward.
+template <class T>
+void expect_thread_count_invariant() {
+  const tandem::Backend one = tandem::optimized::backend(tandem::optimized::Options(1));
+  const tandem::Backend three = tandem::optimized::backend(tandem::optimized::Options(3));
+  const auto same = [](const GuardedOut<T>& a, const GuardedOut<T>& b) {
+    const std::vector<T> x = a.values(), y = b.values();
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      if (x[i].bits != y[i].bits) return false;
+    }
+    return a.guards_intact() && b.guards_intact();
+  };
+  for (const tandem::RopeParams& p : rope_cases()) {
+    const RopeCase<T> c(p, 500);
+    GuardedOut<T> a(c.plan.out_size()), b(c.plan.out_size());
+    one.kernels<T>().rope_forward(c.plan, c.x, c.tables(), a.view());
+    three.kernels<T>().rope_forward(c.plan, c.x, c.tables(), b.view());
+    EXPECT_TRUE(same(a, b)) << c.plan.describe();
+  }
+  for (const tandem::AxialRopeParams& p : axial_cases()) {
+    const tandem::AxialRopePlan plan = tandem::AxialRopePlan::make(p);
+    const std::vector<T> x = random_stored<T>(plan.src_extent(), 501);
+    GuardedOut<T> a(plan.out_size()), b(plan.out_size());
+    one.kernels<T>().axial_rope_backward(plan, x, a.view());
+    three.kernels<T>().axial_rope_backward(plan, x, b.view());
+    EXPECT_TRUE(same(a, b)) << plan.describe();
+  }
+  const tandem::SwigluPlan plan = tandem::SwigluPlan::make({7, 37, false});
+  const std::vector<T> x = random_stored<T>(plan.in_size(), 502, -20.0f, 20.0f);
+  const std::vector<T> dy = random_stored<T>(plan.out_size(), 503);
+  GuardedOut<T> a(plan.in_size()), b(plan.in_size());
+  one.kernels<T>().swiglu_backward(plan, x, dy, a.view());
+  three.kernels<T>().swiglu_backward(plan, x, dy, b.view());
+  EXPECT_TRUE(same(a, b)) << plan.describe();
+}
+
+TEST(OptimizedStorageOps, ResultsDoNotDependOnTheThreadCount) {
+  expect_thread_count_invariant<bfloat16>();
+  expect_thread_count_invariant<float16>();
 }
 
 }  // namespace

@@ -137,8 +137,8 @@ template <class T>
 Case<T> featured_case(Rounding r) {
   Case<T> c(featured_params(r));
   const auto fill = [](std::vector<T>& x, unsigned seed, float scale) {
-    const std::vector<float> r = tandem::test::random_values(x.size(), seed, -scale, scale);
-    for (std::size_t e = 0; e < x.size(); ++e) x[e] = T(r[e]);
+    const std::vector<float> u = tandem::test::random_values(x.size(), seed, -scale, scale);
+    for (std::size_t e = 0; e < x.size(); ++e) x[e] = T(u[e]);
   };
   fill(c.q, 1, 2.0f);
   fill(c.k, 2, 2.0f);

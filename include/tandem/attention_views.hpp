@@ -116,11 +116,14 @@ struct QuantizedKvOut {
 
 namespace detail {
 
-/// True when x (real, or both parts of a complex) is finite.
+/// True when x (real, a storage type of SPEC §10.1, or both parts of a
+/// complex) is finite.
 template <class T>
 bool finite_value(const T& x) {
   if constexpr (std::is_arithmetic_v<T>) {
     return std::isfinite(x);
+  } else if constexpr (is_low_precision_v<T>) {
+    return std::isfinite(static_cast<double>(x));
   } else {
     return std::isfinite(x.real()) && std::isfinite(x.imag());
   }
@@ -131,6 +134,8 @@ template <class T>
 std::string value_text(const T& x) {
   if constexpr (std::is_arithmetic_v<T>) {
     return std::to_string(x);
+  } else if constexpr (is_low_precision_v<T>) {
+    return std::to_string(static_cast<double>(x));
   } else {
     return std::to_string(x.real());
   }

@@ -177,19 +177,6 @@ void Narrow(const float* x, std::int64_t n, T* dst, int threads) {
   }
 }
 
-/// THE place where a decode-shaped call of storage type T (a few query rows
-/// against a long or paged cache) would be routed to a kernel that reads K
-/// and V in T where they lie, instead of widening the whole cache below
-/// (optimized/src/attention_decode_stored.cpp is to hold it). Returns
-/// whether it computed the call; no such kernel is bound yet, so every call
-/// takes the general path.
-template <class T>
-bool ForwardStoredDecode(const AttentionPlan& plan, const AttentionInputs<T>& in, std::span<T> out,
-                         std::span<float> lse, const Geometry& geometry, int threads) {
-  (void)plan, (void)in, (void)out, (void)lse, (void)geometry, (void)threads;
-  return false;
-}
-
 /// The forward of a bf16 or f16 call (SPEC §10.2, profiles `pytorch` and
 /// `exact`): q, k, v and the sinks widened to float scratch (exact), the
 /// float tiles run on them with the weights rounded to T before P·V where
@@ -201,11 +188,10 @@ bool ForwardStoredDecode(const AttentionPlan& plan, const AttentionInputs<T>& in
 /// target (this CPU class has no bf16 arithmetic the tiles could use; a key
 /// block is packed anyway). Only a decode step against a long cache reads
 /// each K/V element once, where widening the whole cache first costs as
-/// much as the call: ForwardStoredDecode is where such calls would leave.
+/// much as the call: detail::stored_decode is where such calls would leave.
 template <class T>
 void ForwardStored(const AttentionPlan& plan, const AttentionInputs<T>& in, std::span<T> out,
                    std::span<float> lse, const Geometry& geometry, int threads) {
-  if (ForwardStoredDecode(plan, in, out, lse, geometry, threads)) return;
   Buffer q(plan.q.extent, Buffer::Init::uninitialized);
   Buffer k(plan.k.extent, Buffer::Init::uninitialized);
   Buffer v(plan.v.extent, Buffer::Init::uninitialized);
@@ -295,6 +281,19 @@ void require_rounding(const AttentionPlan& plan) {
           "is not implemented by the optimized backend (it implements pytorch and exact)");
 }
 
+/// THE one place where a decode-shaped call of storage type T (a few query
+/// rows against a long or paged cache) is to be routed to a kernel that
+/// reads K and V in T where they lie (optimized/src/attention_decode_stored.cpp),
+/// instead of ForwardStored widening the whole cache first. Called after
+/// validation; returns whether it computed the call. No such kernel is bound
+/// yet: every call takes the general path.
+template <class T>
+bool stored_decode(const AttentionPlan& plan, const AttentionInputs<T>& in, std::span<T> out,
+                   std::span<float> lse, const Options& options) {
+  (void)plan, (void)in, (void)out, (void)lse, (void)options;
+  return false;
+}
+
 /// The low-precision forward of storage type T, validated first.
 template <class T>
 void forward_stored(const AttentionPlan& plan, const AttentionInputs<T>& in, std::span<T> out,
@@ -303,6 +302,7 @@ void forward_stored(const AttentionPlan& plan, const AttentionInputs<T>& in, std
   require_rounding(plan);
   require_size(out.size(), plan.o.extent, "out");
   if (with_lse) require_size(lse.size(), plan.lse_size(), "lse");
+  if (stored_decode(plan, in, out, lse, options)) return;
   const int threads = threads_of(options);
   if constexpr (std::is_same_v<T, bfloat16>) {
     HWY_DYNAMIC_DISPATCH(AttentionForwardBf16Target)(plan, in, out, lse, options.geometry, threads);

@@ -116,8 +116,7 @@ struct QuantizedKvOut {
 
 namespace detail {
 
-/// True when x (real, a storage type of SPEC §10.1, or both parts of a
-/// complex) is finite.
+/// True when x (real, bf16, f16, or both parts of a complex) is finite.
 template <class T>
 bool finite_value(const T& x) {
   if constexpr (std::is_arithmetic_v<T>) {

@@ -5,11 +5,11 @@
 // float result rounded once, bit for bit, and lse is the float lse; with
 // `pytorch` (the weights rounded to T before P·V) the output lies within
 // SPEC §10.5's bound of the float result, and it does round (it differs from
-// `exact`). Every feature of the forward is covered (masks, GQA, Dv != D,
-// softcap, sinks, ALiBi, packed sequences, a paged cache, row strides, bhsd,
-// a split-key decode), results are bitwise identical for 1, 2 and 3
-// threads, and the `ggml` profile is an Error naming `rounding` before
-// anything is written.
+// `exact`). Both profiles agree with the reference at T within §10.5's
+// bound (reference::attention_forward_rounding). Every feature of the forward is covered (masks,
+// GQA, Dv != D, softcap, sinks, ALiBi, packed sequences, a paged cache, row strides, bhsd, a
+// split-key decode), results are bitwise identical for 1, 2 and 3 threads, and the `ggml` profile
+// is an Error naming `rounding` before anything is written.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "support/tandem_test_support.hpp"
+#include "tandem/reference/rounding_bound.hpp"
 #include "tandem/tandem.hpp"
 
 #ifdef TANDEM_HAVE_OPTIMIZED
@@ -140,6 +141,27 @@ test::AttentionCase<float> make_case(const Feature& f, Rounding rounding, unsign
   return c;
 }
 
+/// c's inputs in storage type T (every value exact) and their view.
+template <class T>
+struct StoredInputs {
+  std::vector<T> q, k, v, sinks;
+  tandem::AttentionInputs<T> in;
+  explicit StoredInputs(const test::AttentionCase<float>& c)
+      : q(as<T>(c.q)), k(as<T>(c.k)), v(as<T>(c.v)), sinks(as<T>(c.sinks)) {
+    const tandem::AttentionInputs<float> wide = c.inputs();
+    in = {q, k, v, wide.mask};
+    in.sinks = sinks;
+    in.alibi_slopes = wide.alibi_slopes;
+    in.cu_seqlens_q = wide.cu_seqlens_q;
+    in.cu_seqlens_k = wide.cu_seqlens_k;
+    in.seqused_k = wide.seqused_k;
+    in.block_table = wide.block_table;
+    in.cache_seqlens = wide.cache_seqlens;
+  }
+  StoredInputs(const StoredInputs&) = delete;
+  StoredInputs& operator=(const StoredInputs&) = delete;
+};
+
 /// A result in T and its lse.
 template <class T>
 struct Result {
@@ -158,18 +180,9 @@ tandem::Backend backend_on(int threads) {
 template <class T>
 Result<T> run_stored(const test::AttentionCase<float>& c, int threads) {
   const tandem::Backend b = backend_on(threads);
-  const std::vector<T> q = as<T>(c.q), k = as<T>(c.k), v = as<T>(c.v), sinks = as<T>(c.sinks);
-  const tandem::AttentionInputs<float> wide = c.inputs();
-  tandem::AttentionInputs<T> in{q, k, v, wide.mask};
-  in.sinks = sinks;
-  in.alibi_slopes = wide.alibi_slopes;
-  in.cu_seqlens_q = wide.cu_seqlens_q;
-  in.cu_seqlens_k = wide.cu_seqlens_k;
-  in.seqused_k = wide.seqused_k;
-  in.block_table = wide.block_table;
-  in.cache_seqlens = wide.cache_seqlens;
+  const StoredInputs<T> stored(c);
   Result<T> r{std::vector<T>(c.plan.o.extent, T(0.0)), Vec(c.plan.lse_size(), 0.0f)};
-  b.kernels<T>().attention_forward_lse(c.plan, in, r.out, r.lse);
+  b.kernels<T>().attention_forward_lse(c.plan, stored.in, r.out, r.lse);
   return r;
 }
 
@@ -241,6 +254,42 @@ void pytorch_is_within_the_bound_and_rounds() {
   }
 }
 
+/// L of props/README.md, from above: |scale|·D·max|q|·max|k| (at least
+/// ‖q‖·‖k‖) plus the largest bias, ALiBi penalty and sink.
+double logit_bound(const test::AttentionCase<float>& c) {
+  double extra = 0.0;
+  for (const float m : c.mask) extra = std::max(extra, std::fabs(double{m}));
+  for (const float a : c.slopes) extra = std::max(extra, a * double(c.plan.Sk + c.plan.Sq));
+  for (const float s : c.sinks) extra = std::max(extra, std::fabs(double{s}));
+  return c.plan.scale * double(c.plan.D) * max_abs(c.q) * max_abs(c.k) + extra;
+}
+
+/// SPEC §10.5 against the reference at T, the same profile: |o − o*| <=
+/// ulp_T(o*)/2 + ε_i + flip_i, with ε_i the float32 tolerance of the
+/// attention properties (64·2^−23·(1+L)·(max|v| + |o*|), props/README.md),
+/// which also bounds the relative error of a float32 weight (rel_delta).
+template <class T>
+void agrees_with_the_reference(Rounding rounding) {
+  for (const Feature& f : features()) {
+    SCOPED_TRACE(f.name);
+    const auto c = make_case<T>(f, rounding, 13);
+    const double tol = 64 * 0x1p-23 * (1 + logit_bound(c));
+    const StoredInputs<T> stored(c);
+    const tandem::reference::RoundingBound bound =
+        tandem::reference::attention_forward_rounding<T>(c.plan, stored.in, tol);
+    const double vmax = max_abs(c.v);
+    test::for_each_target([&] {
+      const Result<T> got = run_stored<T>(c, 2);
+      for (std::size_t i = 0; i < got.out.size(); ++i) {
+        const double o = static_cast<double>(got.out[i]), want = bound.unrounded[i];
+        const double half_ulp = tandem::reference::ulp_of<T>(std::fabs(want)) / 2;
+        ASSERT_LE(std::fabs(o - want), half_ulp + tol * (vmax + std::fabs(want)) + bound.flip[i])
+            << "out[" << i << "] = " << o << ", reference o* " << want;
+      }
+    });
+  }
+}
+
 template <class T>
 void any_thread_count_gives_the_same_bits() {
   for (const Feature& f : features()) {
@@ -259,8 +308,8 @@ template <class T>
 void ggml_is_rejected_before_anything_is_written() {
   const auto c = make_case<T>(features().front(), tandem::kRoundingGgml, 5);
   const tandem::Backend b = opt::backend();
-  const std::vector<T> q = as<T>(c.q), k = as<T>(c.k), v = as<T>(c.v);
-  const tandem::AttentionInputs<T> in{q, k, v};
+  const StoredInputs<T> stored(c);
+  const tandem::AttentionInputs<T>& in = stored.in;
   std::vector<T> out(c.plan.o.extent, T(0.0));
   for (T& o : out) o.bits = 0x7FC1;
   const std::vector<std::uint16_t> before = bits(out);
@@ -284,6 +333,14 @@ TEST(OptimizedLowPrecisionForward, PytorchIsWithinTheBoundAndRoundsBf16) {
 }
 TEST(OptimizedLowPrecisionForward, PytorchIsWithinTheBoundAndRoundsF16) {
   pytorch_is_within_the_bound_and_rounds<float16>();
+}
+TEST(OptimizedLowPrecisionForward, AgreesWithTheReferenceBf16) {
+  agrees_with_the_reference<bfloat16>(tandem::kRoundingPytorch);
+  agrees_with_the_reference<bfloat16>(tandem::kRoundingExact);
+}
+TEST(OptimizedLowPrecisionForward, AgreesWithTheReferenceF16) {
+  agrees_with_the_reference<float16>(tandem::kRoundingPytorch);
+  agrees_with_the_reference<float16>(tandem::kRoundingExact);
 }
 TEST(OptimizedLowPrecisionForward, AnyThreadCountGivesTheSameBitsBf16) {
   any_thread_count_gives_the_same_bits<bfloat16>();

@@ -107,6 +107,12 @@ Backend backend(Options options) {
   bind_rope_swiglu(b.bf16, options);
   bind_rope_swiglu(b.f16, options);
   b.attention_block = with_options<detail::attention_block>(options);
+  b.bf16.attention_forward = with_options<detail::attention_forward_stored<bfloat16>>(options);
+  b.bf16.attention_forward_lse =
+      with_options<detail::attention_forward_lse_stored<bfloat16>>(options);
+  b.f16.attention_forward = with_options<detail::attention_forward_stored<float16>>(options);
+  b.f16.attention_forward_lse =
+      with_options<detail::attention_forward_lse_stored<float16>>(options);
   return b;
 }
 

@@ -38,6 +38,15 @@ void attention_forward(const AttentionPlan& plan, const AttentionInputs<float>& 
 /// ([B, H, Sq], contiguous), −inf for a row with no visible key.
 void attention_forward_lse(const AttentionPlan& plan, const AttentionInputs<float>& in,
                            std::span<float> out, std::span<float> lse, const Options& options);
+/// attention_forward and attention_forward_lse for storage type T = bfloat16
+/// or float16 (SPEC §10.2, profiles `pytorch` and `exact`; `ggml` is an
+/// Error naming `rounding`): out in T, lse in float.
+template <class T>
+void attention_forward_stored(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                              std::span<T> out, const Options& options);
+template <class T>
+void attention_forward_lse_stored(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                                  std::span<T> out, std::span<float> lse, const Options& options);
 /// Any non-empty subset of dq, dk, dv, dsinks (an empty view is not computed); with
 /// `saved` (the forward's out and lse) P and rowsum(dO ∘ O) come from it
 /// instead of a forward run over each query block.

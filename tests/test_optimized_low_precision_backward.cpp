@@ -410,7 +410,8 @@ void check_against_float(const Case& c, tandem::Rounding rounding, bool use_save
     expect_within("dsinks", got.dsinks, want.dsinks, bs);
   }
   if (p.mask == MaskKind::bias) {
-    const double summed = static_cast<double>((p.B / p.bias_batch) * (p.H / p.bias_heads));
+    const std::int64_t summed_rows = (p.B / p.bias_batch) * (p.H / p.bias_heads);
+    const auto summed = static_cast<double>(summed_rows);
     std::vector<double> bb(want.dbias.size());
     for (std::size_t x = 0; x < bb.size(); ++x) {
       bb[x] = bd.grad(want.dbias[x]) + 0x1p-24 * std::fabs(want.dbias[x]) +

@@ -32,6 +32,15 @@
 // (batch, head), else into a [B, H, Sq, Sk] scratch that BiasGradientSum
 // then sums over the broadcast axes in (batch, head) order. A call that does
 // not ask for dbias runs none of it.
+// Storage types (SPEC §10.2): the code is written once over the gradients'
+// type T (float, bfloat16, float16). A bf16 or f16 call's q, k, v, sinks,
+// dout and saved out are widened to float32 once at entry (WideViews, exact),
+// everything runs in float32 as for float, and each gradient is rounded once
+// at its store (attention_backward_storage-inl.h). With the pytorch profile
+// P is rounded to T after dS has taken it and before dV, and dX (dS after the
+// softcap's factor, without the scale, which dq and dk take at their store)
+// before dQ and dK; without the saved state δ takes the recomputed O rounded
+// to T. Agrees with reference::kernels<T>() within SPEC §10.5's bounds.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention_backward.cpp"

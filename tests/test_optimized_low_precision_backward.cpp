@@ -341,13 +341,14 @@ void expect_within(const char* what, const std::vector<T>& got, const Vec& want,
   EXPECT_EQ(bad, 0u) << what << ": elements beyond the bound";
 }
 
-/// The T backward against the float backward on the widened inputs, within
-/// the bound of the file's comment.
+/// The T backward against the float backward on the widened inputs (both
+/// with `options`), within the bound of the file's comment.
 template <class T>
-void check_against_float(const Case& c, tandem::Rounding rounding, bool use_saved) {
+void check_against_float(const Case& c, tandem::Rounding rounding, bool use_saved,
+                         const opt::Options& options = opt::Options()) {
   const Data<T> d(c, rounding, 77);
   const AttentionPlan& p = d.plan;
-  const tandem::Backend b = opt::backend();
+  const tandem::Backend b = opt::backend(options);
   const SavedState<T> state(d, b);
   const SavedState<T>* saved = use_saved ? &state : nullptr;
   const AllGrads<T> got = run_t(d, b, saved);
@@ -455,6 +456,26 @@ TEST_P(LowPrecisionBackward, AgreesWithTheFloatBackwardWithinTheBound) {
       }
     }
   });
+}
+
+// Blocks of 8 keys and tiles of 16 rows, three query parts: the sums run
+// over many key blocks, tiles and partials, each summed in float32 and the
+// gradient rounded once (the exact profile's bits say so).
+TEST_P(LowPrecisionBackward, SmallBlocksKeepTheBoundAndTheExactProfilesBits) {
+  opt::Geometry geo;
+  geo.key_block = 8;
+  geo.edge_block = 8;
+  geo.rows_per_tile = 16;
+  geo.rows_per_tile_banded = 16;
+  geo.backward_query_parts = 3;
+  const opt::Options options(0, geo);
+  for (const tandem::Rounding r : {tandem::kRoundingPytorch, tandem::kRoundingExact}) {
+    for (const bool saved : {true, false}) {
+      SCOPED_TRACE(std::string(r.name) + (saved ? ", saved state" : ", rerun"));
+      check_against_float<bfloat16>(GetParam(), r, saved, options);
+      check_against_float<float16>(GetParam(), r, saved, options);
+    }
+  }
 }
 
 template <class T>

@@ -21,6 +21,9 @@
 //    same magnitudes, n the longest sum.
 // With the exact profile and the saved state nothing is rounded before the
 // stores, so dq, dk and dv are the float backward's rounded once, bit for bit.
+// The bound above is norm-wise (it admits a pytorch dV summed in T); the
+// pytorch profile's dV is also checked against its emulation in double,
+// within half an ulp_T and the ambiguous weights of SPEC §10.5, which does not.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -476,6 +479,71 @@ TEST_P(LowPrecisionBackward, SmallBlocksKeepTheBoundAndTheExactProfilesBits) {
       check_against_float<float16>(GetParam(), r, saved, options);
     }
   }
+}
+
+/// ulp_T(x): the spacing of T's values at |x| (subnormal spacing below the
+/// normal range).
+template <class T>
+double ulp(double x) {
+  constexpr int kFraction = std::is_same_v<T, float16> ? 10 : 7;
+  constexpr int kMinExp = std::is_same_v<T, float16> ? -14 : -126;
+  const int e = x == 0.0 ? kMinExp : std::max(std::ilogb(x), kMinExp);
+  return std::ldexp(1.0, e - kFraction);
+}
+
+/// dV of the pytorch profile emulated in double from SPEC §10.2 (no mask, no
+/// softcap; P from the saved lse): dv*_j = Σ_i RN_T(p_ij)·dO_i, and the T
+/// backward within ulp_T(dv*)/2, float32 summation, and ulp_T(p_ij)·|dO_i|
+/// for each p_ij so near a rounding boundary of T that the kernel's float32
+/// exp may round it the other way (SPEC §10.5's ambiguous keys). A dV
+/// accumulated in T, or rounded one more time, is outside it.
+template <class T>
+void check_dv_emulated() {
+  opt::Geometry geo;
+  geo.key_block = 8;
+  geo.edge_block = 8;
+  geo.rows_per_tile = 16;
+  const Case c{"emulated", P(1, 64, 96, 2, 1, 16)};
+  const Data<T> d(c, tandem::kRoundingPytorch, 21);
+  const AttentionPlan& p = d.plan;
+  const tandem::Backend b = opt::backend(opt::Options(1, geo));
+  const SavedState<T> state(d, b);
+  const AllGrads<T> got = run_t(d, b, &state);
+  std::size_t bad = 0;
+  for (std::int64_t j = 0; j < p.Sk; ++j) {
+    for (std::int64_t x = 0; x < p.Dv; ++x) {
+      double want = 0.0, abs_sum = 0.0, ambiguous = 0.0;
+      for (std::int64_t h = 0; h < p.H; ++h) {
+        for (std::int64_t i = 0; i < p.Sq; ++i) {
+          double dot = 0.0;
+          for (std::int64_t y = 0; y < p.D; ++y) {
+            dot += static_cast<double>(d.wq[p.q.at(0, i, h) + y]) * d.wk[p.k.at(0, j, 0) + y];
+          }
+          const double pij = std::exp(p.scale * dot - state.lse[p.lse_at(0, h, i)]);
+          const double w = static_cast<double>(T(pij));
+          const double dO = d.wdout[p.o.at(0, i, h) + x];
+          want += w * dO;
+          abs_sum += std::fabs(w * dO);
+          if (T(pij * (1 + 1e-6)).bits != T(pij * (1 - 1e-6)).bits) {
+            ambiguous += ulp<T>(pij) * std::fabs(dO);
+          }
+        }
+      }
+      const double eps = static_cast<double>(p.H * p.Sq) * 0x1p-23 * abs_sum;
+      const double bound = 0.5 * ulp<T>(std::fabs(want) + eps) + eps + ambiguous;
+      const double g = static_cast<double>(got.dv[p.dv.at(0, j, 0) + x]);
+      if (!(std::fabs(g - want) <= bound) && bad++ < 5) {
+        ADD_FAILURE() << "dv[" << j << "][" << x << "] = " << g << ", emulated " << want
+                      << ", |diff| " << std::fabs(g - want) << " > " << bound;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u) << "dv elements beyond the emulation's bound";
+}
+
+TEST(LowPrecisionBackwardEmulated, PytorchProfilesDvRoundsPOnceAndTheSumOnce) {
+  check_dv_emulated<bfloat16>();
+  check_dv_emulated<float16>();
 }
 
 template <class T>

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "support/tandem_test_support.hpp"
+#include "tandem/reference/backend.hpp"
 #include "tandem/tandem.hpp"
 
 #ifdef TANDEM_HAVE_OPTIMIZED
@@ -405,6 +406,19 @@ void check_against_float(const Case& c, tandem::Rounding rounding, bool use_save
   expect_within("dq", got.dq, want.dq, bq);
   expect_within("dk", got.dk, want.dk, bk);
   expect_within("dv", got.dv, want.dv, bv);
+  // reference::backend()'s T backward (SPEC §10.2's rounding points, sums in
+  // double) lies within the same bound of the float backward (its own
+  // float32 differences are smaller; without the saved state its O_i takes
+  // RN_T(e_ij), at most u·max|v| per element more in δ_i, inside dd_coef
+  // again): within twice the bound of this backward.
+  const AllGrads<T> ref = run_t(d, tandem::reference::backend(), saved);
+  const auto twice = [](std::vector<double> x) {
+    for (double& e : x) e *= 2.0;
+    return x;
+  };
+  expect_within("dq against the reference", got.dq, widen(ref.dq), twice(bq));
+  expect_within("dk against the reference", got.dk, widen(ref.dk), twice(bk));
+  expect_within("dv against the reference", got.dv, widen(ref.dv), twice(bv));
   if (p.sinks) {
     std::vector<double> bs(want.dsinks.size());
     for (std::size_t h = 0; h < bs.size(); ++h) {

@@ -32,6 +32,15 @@
 // (batch, head), else into a [B, H, Sq, Sk] scratch that BiasGradientSum
 // then sums over the broadcast axes in (batch, head) order. A call that does
 // not ask for dbias runs none of it.
+// Storage types (SPEC §10.2): the code is written once over the gradients'
+// type T (float, bfloat16, float16). A bf16 or f16 call's q, k, v, sinks,
+// dout and saved out are widened to float32 once at entry (WideViews, exact),
+// everything runs in float32 as for float, and each gradient is rounded once
+// at its store (attention_backward_storage-inl.h). With the pytorch profile
+// P is rounded to T after dS has taken it and before dV, and dX (dS after the
+// softcap's factor, without the scale, which dq and dk take at their store)
+// before dQ and dK; without the saved state δ takes the recomputed O rounded
+// to T. Agrees with reference::kernels<T>() within SPEC §10.5's bounds.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention_backward.cpp"
@@ -44,6 +53,7 @@
 #include <memory>
 #include <vector>
 
+#include "attention_backward_storage-inl.h"
 #include "attention_forward_tile-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -55,25 +65,34 @@ using attn::Call;
 using attn::Tile;
 
 /// What the gradients of one call need besides the Call: dout, the
-/// gradients asked for, the forward's saved state (or null), and where dS
-/// rows go for dbias (see BiasRows).
+/// gradients asked for (of storage type T; the inputs are float32, widened
+/// at entry), the forward's saved state (or null), where dS rows go for
+/// dbias (see BiasRow) and where the call rounds (SPEC §10.2).
+template <class T>
 struct Backward {
   const Call& c;
   const float* dout;
-  const AttentionGrads<float>& grads;
+  const AttentionGrads<T>& grads;
   const AttentionSaved<float>* saved;
-  float* ds_rows;  ///< dS `[B, H, Sq, Sk]`: grads.dbias or a scratch (dbias only; else null)
+  T* dbias_rows;      ///< dS `[B, H, Sq, Sk]` straight into grads.dbias, else null
+  float* ds_scratch;  ///< dS `[B, H, Sq, Sk]` to sum over the broadcast axes, else null
   bool want_dq, want_dk, want_dv, want_dsinks, want_dbias;
   bool need_ds;    ///< dS, for dQ, dK or dbias
   bool need_dsum;  ///< rowsum(dO ∘ O), for dS or dsinks
   bool need_keys;  ///< a pass over the key blocks, for dQ, dK, dV or dbias
-  Backward(const Call& call, const float* dout_, const AttentionGrads<float>& g,
-           const AttentionSaved<float>* saved_, float* ds_rows_)
+  /// RN_T(p) before dV and RN_T(dx) before dQ and dK (a low-precision T and
+  /// plan.rounding.operands); dS is then rounded before the scale, which dq
+  /// and dk take at their store (grad_scale), else it is folded into dS.
+  bool round_operands;
+  float grad_scale;  ///< scale when round_operands, else 1
+  Backward(const Call& call, const float* dout_, const AttentionGrads<T>& g,
+           const AttentionSaved<float>* saved_, T* dbias_rows_, float* ds_scratch_)
       : c(call),
         dout(dout_),
         grads(g),
         saved(saved_),
-        ds_rows(ds_rows_),
+        dbias_rows(dbias_rows_),
+        ds_scratch(ds_scratch_),
         want_dq(!g.dq.empty()),
         want_dk(!g.dk.empty()),
         want_dv(!g.dv.empty()),
@@ -81,20 +100,24 @@ struct Backward {
         want_dbias(!g.dbias.empty()),
         need_ds(want_dq || want_dk || want_dbias),
         need_dsum(need_ds || want_dsinks),
-        need_keys(want_dq || want_dk || want_dv || want_dbias) {}
+        need_keys(want_dq || want_dk || want_dv || want_dbias),
+        round_operands(is_low_precision_v<T> && call.plan->rounding.operands),
+        grad_scale(round_operands ? call.scale : 1.0f) {}
 };
 
 /// Per-thread scratch of the backward: the forward's, the tile's dO and Q in
 /// both orientations, dP/dS, tanh(s/c), dQ, the rows' lse, dsum and 1/l, the
 /// dK/dV accumulators of one kv head (rows of Dp / Dvp floats, the widths
-/// rounded up to whole vectors), and dS before the cap's factor (dbias).
+/// rounded up to whole vectors), dS before the cap's factor (dbias), and the
+/// tile's dq rows before their rounding (a low-precision T).
 struct BackwardScratch {
   attn::ForwardScratch fwd;
-  Buffer Qp, dOt, dOp, dPt, tanh_s, dQt, lse, dsum, inv, dK, dV, dBt;
+  Buffer Qp, dOt, dOp, dPt, tanh_s, dQt, lse, dsum, inv, dK, dV, dBt, dQrows;
   std::int64_t Dp, Dvp;
   /// `own_sums`: dK and dV accumulate here (one part per kv head); else in
   /// the call's partial sums.
-  BackwardScratch(const Backward& bw, bool own_sums) : fwd(bw.c, true) {
+  template <class T>
+  BackwardScratch(const Backward<T>& bw, bool own_sums) : fwd(bw.c, true) {
     const AttentionPlan& p = *bw.c.plan;
     const std::int64_t R = bw.c.max_rows_p, ld = bw.c.max_stride, N = Lanes();
     const std::int64_t key_block = bw.c.key_block;
@@ -112,6 +135,7 @@ struct BackwardScratch {
     if (bw.want_dk && own_sums) dK.resize(bw.c.max_Sk * Dp);
     if (bw.want_dv && own_sums) dV.resize(bw.c.max_Sk * Dvp);
     if (bw.want_dbias) dBt.resize(key_block * ld);
+    if (bw.want_dq && is_low_precision_v<T>) dQrows.resize(R * p.D);
   }
 };
 
@@ -119,9 +143,10 @@ struct BackwardScratch {
 /// see: LoadRowStatistics, then KeyBlock for each block in key order, then
 /// WriteDq. dK and dV (rows of s.Dp / s.Dvp floats) accumulate over the
 /// tiles of a task.
+template <class T>
 class TileBackward {
  public:
-  TileBackward(const Backward& bw, const Tile& t, BackwardScratch& s)
+  TileBackward(const Backward<T>& bw, const Tile& t, BackwardScratch& s)
       : bw_(bw),
         c_(bw.c),
         t_(t),
@@ -153,6 +178,8 @@ class TileBackward {
 
   /// dV, dK (the sums over the task's rows) and the tile's dQ for the keys
   /// of block kb, by the careful path where it must (see Skip in gemm-inl.h).
+  /// dS is formed from P before P is rounded for dV (SPEC §10.2: ds_ij takes
+  /// the float32 p_ij, dV takes RN_T(p_ij)).
   void KeyBlock(const attn::KeyBlock& kb, float* dK, float* dV) {
     const AttentionPlan& p = *c_.plan;
     const std::int64_t R = t_.stride, ks = s_.fwd.Kp->stride(), vs = s_.fwd.Vp->stride();
@@ -165,18 +192,22 @@ class TileBackward {
     // S <- Q K^T (transposed: St[jj][r])
     Gemm(kb.nk, kb.hi - kb.lo, p.D, Kp, ks, 1, s_.fwd.Qt.get() + kb.lo, R, Pt + kb.lo, R, false);
     Probabilities(kb, careful);
-    // dV <- dV + P^T dO  (careful: the products P marks hidden left out)
+    float* dSt = s_.dPt.get();
+    if (bw_.need_ds) {
+      // dP <- dO V^T (transposed: dPt[jj][r])
+      Gemm(kb.nk, kb.hi - kb.lo, p.Dv, Vp, vs, 1, s_.dOt.get() + kb.lo, R, dSt + kb.lo, R, false);
+      ScoreGradient(kb, careful);
+      if (bw_.want_dbias) WriteBiasRows(kb);
+    }
+    // dV <- dV + P^T dO  (careful: the products P marks hidden left out;
+    // rounding keeps a mark −0.0)
     if (bw_.want_dv) {
+      if (bw_.round_operands) RoundProbabilities(kb);
       GemmCareful<Skip::by_a>(careful, kb.nk, s_.Dvp, active, Pt + kb.lo, R, 1,
                               s_.dOp.get() + kb.lo * s_.Dvp, s_.Dvp, dV + kb.j0 * s_.Dvp, s_.Dvp,
                               true, Pt + kb.lo);
     }
     if (!bw_.need_ds) return;
-    // dP <- dO V^T (transposed: dPt[jj][r])
-    float* dSt = s_.dPt.get();
-    Gemm(kb.nk, kb.hi - kb.lo, p.Dv, Vp, vs, 1, s_.dOt.get() + kb.lo, R, dSt + kb.lo, R, false);
-    ScoreGradient(kb, careful);
-    if (bw_.want_dbias) WriteBiasRows(kb);
     // dK <- dK + scale * dS^T Q  (careful: dS is A, P's marks say which
     // products to leave out)
     if (bw_.want_dk) {
@@ -206,18 +237,33 @@ class TileBackward {
   /// wholesale; kept so that every dS row is whole whatever the mask).
   void ClearBiasRowsOutside() const {
     if (!bw_.want_dbias) return;
+    const auto clear = [&](auto* row) {
+      using U = std::remove_pointer_t<decltype(row)>;
+      std::fill(row, row + t_.j_begin, U{});
+      std::fill(row + t_.j_end, row + t_.Sk, U{});
+    };
     for (std::int64_t r = 0; r < t_.rows; ++r) {
-      float* row = BiasRow(r);
-      std::fill(row, row + t_.j_begin, 0.0f);
-      std::fill(row + t_.j_end, row + t_.Sk, 0.0f);
+      if (bw_.dbias_rows != nullptr) clear(BiasRow(bw_.dbias_rows, r));
+      if (bw_.ds_scratch != nullptr) clear(BiasRow(bw_.ds_scratch, r));
     }
   }
 
-  /// dq of the tile's rows, in the layout of q.
+  /// dq of the tile's rows, in the layout of q: RN_T(grad_scale · the
+  /// float32 sum), through the rows of dQrows for a low-precision T.
   void WriteDq() const {
     if (!bw_.want_dq) return;
-    attn::StoreRows({s_.dQt.get(), 1, t_.stride}, t_.rows, c_.plan->D, nullptr,
-                    [&](std::int64_t r) { return bw_.grads.dq.data() + t_.dq_at(c_, r); });
+    const std::int64_t D = c_.plan->D;
+    const attn::OutputRows sums{s_.dQt.get(), 1, t_.stride};
+    if constexpr (std::is_same_v<T, float>) {
+      attn::StoreRows(sums, t_.rows, D, nullptr,
+                      [&](std::int64_t r) { return bw_.grads.dq.data() + t_.dq_at(c_, r); });
+    } else {
+      float* rows = s_.dQrows.get();
+      attn::StoreRows(sums, t_.rows, D, nullptr, [&](std::int64_t r) { return rows + r * D; });
+      for (std::int64_t r = 0; r < t_.rows; ++r) {
+        attn::StoreRow(rows + r * D, D, bw_.grad_scale, bw_.grads.dq.data() + t_.dq_at(c_, r));
+      }
+    }
   }
 
  private:
@@ -259,7 +305,9 @@ class TileBackward {
     }
   }
   /// lse <- the forward's log-sum-exp; O (unnormalized) only when dsum needs
-  /// it, then dsum <- rowsum(dO * O).
+  /// it, then dsum <- rowsum(dO * O): O = Ot·(1/l) as the forward stores it,
+  /// rounded to T first for a low-precision T (SPEC §10.2: δ_i takes O_i as
+  /// stored in T).
   void ForwardRowStatistics() {
     attn::ForwardTileTransposed(c_, t_, s_.fwd, bw_.need_dsum);
     attn::FinishRows(c_, t_, s_.fwd.m.get(), s_.fwd.l.get(), s_.inv.get(), s_.lse.get());
@@ -270,10 +318,17 @@ class TileBackward {
     const float* dOt = s_.dOt.get();
     for (std::int64_t r0 = 0; r0 < t_.rows_p; r0 += Lanes()) {
       VF acc = hn::Zero(d);
+      const VF inv = hn::LoadU(d, s_.inv.get() + r0);
       for (std::int64_t dv = 0; dv < c_.plan->Dv; ++dv) {
-        acc = hn::MulAdd(hn::LoadU(d, dOt + dv * R + r0), hn::LoadU(d, Ot + dv * R + r0), acc);
+        const VF o = hn::LoadU(d, Ot + dv * R + r0);
+        if constexpr (std::is_same_v<T, float>) {
+          acc = hn::MulAdd(hn::LoadU(d, dOt + dv * R + r0), o, acc);
+        } else {
+          acc = hn::MulAdd(hn::LoadU(d, dOt + dv * R + r0), RoundAs<T>(d, hn::Mul(o, inv)), acc);
+        }
       }
-      hn::StoreU(hn::Mul(acc, hn::LoadU(d, s_.inv.get() + r0)), d, s_.dsum.get() + r0);
+      if constexpr (std::is_same_v<T, float>) acc = hn::Mul(acc, inv);
+      hn::StoreU(acc, d, s_.dsum.get() + r0);
     }
   }
   /// Whether every row has a finite lse (or −inf: no visible key), a finite
@@ -332,7 +387,9 @@ class TileBackward {
   /// dS <- P * (dP - dsum) * (1 - tanh^2) * scale in place of dP (the
   /// softcap factor only when softcap > 0; scale folded in here for dQ and
   /// dK), and P * (dP - dsum) alone into dBt for dbias; careful: dS = 0
-  /// exactly where the key is hidden (dP and tanh may be NaN there).
+  /// exactly where the key is hidden (dP and tanh may be NaN there). When
+  /// the operands are rounded, dS <- RN_T(P * (dP - dsum) * (1 - tanh^2))
+  /// instead and the scale is left to dq's and dk's store (SPEC §10.2).
   void ScoreGradient(const attn::KeyBlock& kb, bool careful) {
     const DF d;
     const std::int64_t R = t_.stride;
@@ -341,6 +398,7 @@ class TileBackward {
     float* dBt = bw_.want_dbias ? s_.dBt.get() : nullptr;
     const float* tanh_s = c_.softcap > 0.0f ? s_.tanh_s.get() : nullptr;
     const VF scale = hn::Set(d, c_.scale);
+    const bool round = bw_.round_operands;
     for (std::int64_t r0 = kb.lo; r0 < kb.hi; r0 += Lanes()) {
       const VF dsum = hn::LoadU(d, s_.dsum.get() + r0);
       for (std::int64_t jj = 0; jj < kb.nk; ++jj) {
@@ -351,7 +409,7 @@ class TileBackward {
           const VF th = hn::LoadU(d, tanh_s + at);
           ds = hn::Mul(ds, hn::NegMulAdd(th, th, hn::Set(d, 1.0f)));
         }
-        hn::StoreU(hn::Mul(ds, scale), d, dSt + at);
+        hn::StoreU(round ? RoundAs<T>(d, ds) : hn::Mul(ds, scale), d, dSt + at);
       }
       for (std::int64_t jj = 0; careful && jj < kb.nk; ++jj) {
         const std::int64_t at = jj * R + r0;
@@ -362,25 +420,44 @@ class TileBackward {
       }
     }
   }
-  /// Row (b, h, i) of the dS rows `[B, H, Sq, Sk]` for the tile's row r.
-  float* BiasRow(std::int64_t r) const {
+  /// P <- RN_T(P) in place for the block's columns (the operand of dV;
+  /// hidden marks −0.0 stay −0.0, every other p_ij >= 0 stays >= +0).
+  void RoundProbabilities(const attn::KeyBlock& kb) {
+    const DF d;
+    const std::int64_t R = t_.stride;
+    float* Pt = s_.fwd.St.get();
+    for (std::int64_t jj = 0; jj < kb.nk; ++jj) {
+      for (std::int64_t r0 = kb.lo; r0 < kb.hi; r0 += Lanes()) {
+        float* at = Pt + jj * R + r0;
+        hn::StoreU(RoundAs<T>(d, hn::LoadU(d, at)), d, at);
+      }
+    }
+  }
+  /// Row (b, h, i) of dS rows `[B, H, Sq, Sk]` (dbias itself, or the
+  /// scratch) for the tile's row r.
+  template <class U>
+  U* BiasRow(U* rows, std::int64_t r) const {
     const AttentionPlan& p = *c_.plan;
-    return bw_.ds_rows + ((t_.b * p.H + t_.head(r)) * p.Sq + t_.query(r)) * p.Sk;
+    return rows + ((t_.b * p.H + t_.head(r)) * p.Sq + t_.query(r)) * p.Sk;
   }
   /// The block's dS (before the cap's factor and the scale, dBt) into the
-  /// dS rows of the tile's real rows:
+  /// dS rows of the tile's real rows: RN_T into dbias itself, float32 into
+  /// the scratch (rounded once after its sum, BiasGradientSum):
   ///   forward: s_ij = s_ij + bias_ij, so dbias_ij = ds_ij (reference pass 7)
   void WriteBiasRows(const attn::KeyBlock& kb) const {
     const std::int64_t R = t_.stride;
     const float* dBt = s_.dBt.get();
     for (std::int64_t r = kb.lo; r < std::min(kb.hi, t_.rows); ++r) {
-      float* row = BiasRow(r) + kb.j0;
-      for (std::int64_t jj = 0; jj < kb.nk; ++jj) row[jj] = dBt[jj * R + r];
+      if (bw_.dbias_rows != nullptr) {
+        attn::StoreColumn(dBt + r, R, kb.nk, BiasRow(bw_.dbias_rows, r) + kb.j0);
+      } else {
+        attn::StoreColumn(dBt + r, R, kb.nk, BiasRow(bw_.ds_scratch, r) + kb.j0);
+      }
     }
   }
 
   static constexpr float kInf = std::numeric_limits<float>::infinity();
-  const Backward& bw_;
+  const Backward<T>& bw_;
   const Call& c_;
   const Tile t_;
   BackwardScratch& s_;
@@ -429,14 +506,22 @@ class PartialSums {
     return data_.get() +
            ((c_.first_key[n] * c_.plan->Hkv + g * slot) * parts_ + part * slot) * width_;
   }
-  /// Σ_part partial row j of (n, g), in part order, into dst (width floats).
-  void Sum(std::int64_t n, std::int64_t g, std::int64_t j, std::int64_t width, float* dst) const {
-    const std::int64_t slot = c_.slot(n);
+  /// RN_T(factor · Σ_part partial row j of (n, g)), the sum in part order,
+  /// into dst (width elements), a vector of them at a time.
+  template <class T>
+  void Sum(std::int64_t n, std::int64_t g, std::int64_t j, std::int64_t width, float factor,
+           T* dst) const {
+    const std::int64_t slot = c_.slot(n), N = Lanes();
     const float* first = at(n, g, 0) + j * width_;
-    for (std::int64_t x = 0; x < width; ++x) {
-      float sum = first[x];
-      for (std::int64_t k = 1; k < parts_; ++k) sum += first[k * slot * width_ + x];
-      dst[x] = sum;
+    HWY_ALIGN float sums[kMaxFloatLanes];
+    for (std::int64_t x0 = 0; x0 < width; x0 += N) {
+      const std::int64_t m = std::min(N, width - x0);
+      for (std::int64_t x = x0; x < x0 + m; ++x) {
+        float sum = first[x];
+        for (std::int64_t k = 1; k < parts_; ++k) sum += first[k * slot * width_ + x];
+        sums[x - x0] = sum;
+      }
+      attn::StoreRow(sums, m, factor, dst + x0);
     }
   }
 
@@ -452,7 +537,8 @@ class PartialSums {
 /// accumulate the part's sums; with one part they are written to the
 /// gradients at the end, with dk = dv = 0 for the padding keys of the slot.
 /// dsink (G doubles) sums the sinks' gradient over the part's rows.
-void BackwardTask(const Backward& bw, std::int64_t n, std::int64_t g, std::int64_t part,
+template <class T>
+void BackwardTask(const Backward<T>& bw, std::int64_t n, std::int64_t g, std::int64_t part,
                   std::int64_t parts, BackwardScratch& s, float* dK, float* dV, double* dsink) {
   const Call& c = bw.c;
   const std::int64_t Sk = c.seqs[n].Sk;
@@ -460,7 +546,7 @@ void BackwardTask(const Backward& bw, std::int64_t n, std::int64_t g, std::int64
   if (bw.want_dv) std::fill(dV, dV + Sk * s.Dvp, 0.0f);
   for (std::int64_t qb = part; qb < c.qblocks(n); qb += parts) {
     const Tile t(c, n, g, qb);
-    TileBackward tile(bw, t, s);
+    TileBackward<T> tile(bw, t, s);
     tile.LoadRowStatistics();
     if (bw.want_dsinks) tile.SinkGradient(dsink);
     if (!bw.need_keys) continue;
@@ -471,12 +557,12 @@ void BackwardTask(const Backward& bw, std::int64_t n, std::int64_t g, std::int64
   }
   const AttentionPlan& p = *c.plan;
   for (std::int64_t j = 0; parts == 1 && j < c.slot(n); ++j) {
-    float* dk = bw.want_dk ? bw.grads.dk.data() + c.dk_at(n, j, g) : nullptr;
-    float* dv = bw.want_dv ? bw.grads.dv.data() + c.dv_at(n, j, g) : nullptr;
-    if (dk != nullptr && j < Sk) std::copy_n(dK + j * s.Dp, p.D, dk);
-    if (dv != nullptr && j < Sk) std::copy_n(dV + j * s.Dvp, p.Dv, dv);
-    if (dk != nullptr && j >= Sk) std::fill_n(dk, p.D, 0.0f);
-    if (dv != nullptr && j >= Sk) std::fill_n(dv, p.Dv, 0.0f);
+    T* dk = bw.want_dk ? bw.grads.dk.data() + c.dk_at(n, j, g) : nullptr;
+    T* dv = bw.want_dv ? bw.grads.dv.data() + c.dv_at(n, j, g) : nullptr;
+    if (dk != nullptr && j < Sk) attn::StoreRow(dK + j * s.Dp, p.D, bw.grad_scale, dk);
+    if (dv != nullptr && j < Sk) attn::StoreRow(dV + j * s.Dvp, p.Dv, 1.0f, dv);
+    if (dk != nullptr && j >= Sk) std::fill_n(dk, p.D, T{});
+    if (dv != nullptr && j >= Sk) std::fill_n(dv, p.Dv, T{});
   }
 }
 
@@ -488,7 +574,8 @@ struct TaskBuffers {
   std::vector<std::unique_ptr<BackwardScratch>> scratch;
   PartialSums part_dk, part_dv;
   std::vector<double> dsink_parts;
-  TaskBuffers(const Backward& bw, std::int64_t parts, std::int64_t n_tasks, int threads)
+  template <class T>
+  TaskBuffers(const Backward<T>& bw, std::int64_t parts, std::int64_t n_tasks, int threads)
       : scratch(ThreadScratch(bw, parts, threads)),
         part_dk(bw.c, parts, scratch[0]->Dp, parts > 1 && bw.want_dk),
         part_dv(bw.c, parts, scratch[0]->Dvp, parts > 1 && bw.want_dv),
@@ -496,7 +583,8 @@ struct TaskBuffers {
                     0.0) {}
 
  private:
-  static std::vector<std::unique_ptr<BackwardScratch>> ThreadScratch(const Backward& bw,
+  template <class T>
+  static std::vector<std::unique_ptr<BackwardScratch>> ThreadScratch(const Backward<T>& bw,
                                                                      std::int64_t parts,
                                                                      int threads) {
     std::vector<std::unique_ptr<BackwardScratch>> scratch;
@@ -511,7 +599,8 @@ struct TaskBuffers {
 /// Task `task` of a call of `parts` query parts: (sequence n, kv head g) =
 /// divmod(task / parts, Hkv), part task % parts, summing dK and dV in the
 /// thread's scratch s (one part) or in the part's partials.
-void RunTask(const Backward& bw, std::int64_t task, std::int64_t parts, BackwardScratch& s,
+template <class T>
+void RunTask(const Backward<T>& bw, std::int64_t task, std::int64_t parts, BackwardScratch& s,
              TaskBuffers& buf) {
   const AttentionPlan& plan = *bw.c.plan;
   const std::int64_t head = task / parts, part = task % parts;
@@ -524,20 +613,21 @@ void RunTask(const Backward& bw, std::int64_t task, std::int64_t parts, Backward
 }
 
 /// dk and dv row j of sequence n, kv head g, = Σ_part partial in part order
-/// (0 for a padding key of the slot).
-void AddParts(const Backward& bw, std::int64_t n, std::int64_t g, std::int64_t j,
+/// (0 for a padding key of the slot), rounded once (dk with grad_scale).
+template <class T>
+void AddParts(const Backward<T>& bw, std::int64_t n, std::int64_t g, std::int64_t j,
               const PartialSums& part_dk, const PartialSums& part_dv) {
   const AttentionPlan& plan = *bw.c.plan;
   const bool padding = j >= bw.c.seqs[n].Sk;
   if (bw.want_dk) {
-    float* dst = bw.grads.dk.data() + bw.c.dk_at(n, j, g);
-    if (padding) std::fill_n(dst, plan.D, 0.0f);
-    if (!padding) part_dk.Sum(n, g, j, plan.D, dst);
+    T* dst = bw.grads.dk.data() + bw.c.dk_at(n, j, g);
+    if (padding) std::fill_n(dst, plan.D, T{});
+    if (!padding) part_dk.Sum(n, g, j, plan.D, bw.grad_scale, dst);
   }
   if (bw.want_dv) {
-    float* dst = bw.grads.dv.data() + bw.c.dv_at(n, j, g);
-    if (padding) std::fill_n(dst, plan.Dv, 0.0f);
-    if (!padding) part_dv.Sum(n, g, j, plan.Dv, dst);
+    T* dst = bw.grads.dv.data() + bw.c.dv_at(n, j, g);
+    if (padding) std::fill_n(dst, plan.Dv, T{});
+    if (!padding) part_dv.Sum(n, g, j, plan.Dv, 1.0f, dst);
   }
 }
 
@@ -550,28 +640,33 @@ bool BiasRowsAreDbias(const AttentionPlan& plan) {
 /// dbias `[Bb, Hb, Sq, Sk]` = the dS rows `[B, H, Sq, Sk]` summed over b
 /// when Bb = 1 and over h when Hb = 1, in the order (b, h), in double:
 ///   dbias_{bb,hb,i,j} = Σ_{b ∈ bb's, h ∈ hb's} ds_{b,h,i,j}   (reference pass 7)
-/// One output row per iteration: the same sums for any thread count.
-void BiasGradientSum(const AttentionPlan& plan, const float* ds_rows, std::span<float> dbias) {
+/// One output row per iteration: the same sums for any thread count; each
+/// rounded once to T.
+template <class T>
+void BiasGradientSum(const AttentionPlan& plan, const float* ds_rows, std::span<T> dbias) {
   const std::int64_t Bb = plan.bias_batch, Hb = plan.bias_heads, Sq = plan.Sq, Sk = plan.Sk;
   const std::int64_t nb = Bb == 1 ? plan.B : 1, nh = Hb == 1 ? plan.H : 1;
 #pragma omp for schedule(static)
   for (std::int64_t row = 0; row < Bb * Hb * Sq; ++row) {
     const std::int64_t bb = row / (Hb * Sq), hb = row / Sq % Hb, i = row % Sq;
-    float* dst = dbias.data() + row * Sk;
+    T* dst = dbias.data() + row * Sk;
     for (std::int64_t j = 0; j < Sk; ++j) {
       double sum = 0.0;
       for (std::int64_t b = bb; b < bb + nb; ++b) {
         for (std::int64_t h = hb; h < hb + nh; ++h)
           sum += ds_rows[((b * plan.H + h) * Sq + i) * Sk + j];
       }
-      dst[j] = static_cast<float>(sum);
+      dst[j] = attn::RoundSum<T>(sum);
     }
   }
 }
 
 /// dsinks[h] = Σ over the tasks of h's kv head, in task order, of their
-/// partial sums (task (n·Hkv + g)·parts + part holds G of them).
-void WriteSinkGradient(const Backward& bw, std::int64_t parts, const std::vector<double>& partial) {
+/// partial sums (task (n·Hkv + g)·parts + part holds G of them), rounded
+/// once to T.
+template <class T>
+void WriteSinkGradient(const Backward<T>& bw, std::int64_t parts,
+                       const std::vector<double>& partial) {
   const AttentionPlan& plan = *bw.c.plan;
   const std::int64_t G = plan.group();
   for (std::int64_t h = 0; h < plan.H; ++h) {
@@ -582,11 +677,9 @@ void WriteSinkGradient(const Backward& bw, std::int64_t parts, const std::vector
         sum += partial[static_cast<std::size_t>(((n * plan.Hkv + g) * parts + part) * G + h % G)];
       }
     }
-    bw.grads.dsinks[static_cast<std::size_t>(h)] = static_cast<float>(sum);
+    bw.grads.dsinks[static_cast<std::size_t>(h)] = attn::RoundSum<T>(sum);
   }
 }
-
-}  // namespace
 
 /// dq, dk, dv, dsinks, dbias (those asked for): one OpenMP task per
 /// (sequence, kv head, query part) (see QueryParts), then, with several
@@ -601,11 +694,13 @@ void WriteSinkGradient(const Backward& bw, std::int64_t parts, const std::vector
 /// from the log-sum-exp (the forward's, or the saved one), dK and dV are
 /// summed over query blocks and dQ over key blocks in float multiply-add
 /// chains, and with several parts their partials are added afterwards (see
-/// the top of this file).
-void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<float>& in,
-                             std::span<const float> dout, const AttentionGrads<float>& grads,
-                             const AttentionSaved<float>* saved, const Geometry& geometry,
-                             int threads) {
+/// the top of this file). Inputs in float32 (widened at entry for a
+/// low-precision T), gradients in T, each rounded once at its store.
+template <class T>
+void AttentionBackwardCall(const AttentionPlan& plan, const AttentionInputs<float>& in,
+                           std::span<const float> dout, const AttentionGrads<T>& grads,
+                           const AttentionSaved<float>* saved, const Geometry& geometry,
+                           int threads) {
   const Call c(plan, in, geometry);
   // dS rows for dbias: dbias itself, or a zeroed [B, H, Sq, Sk] scratch to sum from
   const bool sum_ds = !grads.dbias.empty() && !BiasRowsAreDbias(plan);
@@ -614,8 +709,9 @@ void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<fl
     ds_scratch.resize(checked_mul(
         checked_mul(checked_mul(plan.B, plan.H, "dbias"), plan.Sq, "dbias"), plan.Sk, "dbias"));
   }
-  float* ds_rows = grads.dbias.empty() ? nullptr : sum_ds ? ds_scratch.get() : grads.dbias.data();
-  const Backward bw(c, dout.data(), grads, saved, ds_rows);
+  T* dbias_rows = grads.dbias.empty() || sum_ds ? nullptr : grads.dbias.data();
+  const Backward<T> bw(c, dout.data(), grads, saved, dbias_rows,
+                       sum_ds ? ds_scratch.get() : nullptr);
   const std::int64_t parts = QueryParts(c), heads = c.sequences() * plan.Hkv;
   const std::int64_t n_tasks = heads * parts;
   const int nt =
@@ -641,6 +737,51 @@ void AttentionBackwardTarget(const AttentionPlan& plan, const AttentionInputs<fl
   if (bw.want_dsinks) WriteSinkGradient(bw, parts, buf.dsink_parts);
 }
 
+/// dst[0 .. n) = src[0 .. n) widened to float32 (exact), in chunks on
+/// `threads` threads (each element copied once: no order to keep).
+template <class T>
+void WidenCall(const T* src, std::int64_t n, float* dst, int threads) {
+  constexpr std::int64_t kChunk = 16384;
+  const std::int64_t chunks = (n + kChunk - 1) / kChunk;
+  const int nt =
+      static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, chunks)));
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (std::int64_t i = 0; i < chunks; ++i) {
+    attn::WidenRange(src + i * kChunk, std::min(kChunk, n - i * kChunk), dst + i * kChunk);
+  }
+}
+
+}  // namespace
+
+///@{
+/// The backward of one storage type (AttentionBackwardCall), and the
+/// widening of its inputs: the per-target functions dispatched by name.
+void AttentionBackwardF32(const AttentionPlan& plan, const AttentionInputs<float>& in,
+                          std::span<const float> dout, const AttentionGrads<float>& grads,
+                          const AttentionSaved<float>* saved, const Geometry& geometry,
+                          int threads) {
+  AttentionBackwardCall(plan, in, dout, grads, saved, geometry, threads);
+}
+void AttentionBackwardBf16(const AttentionPlan& plan, const AttentionInputs<float>& in,
+                           std::span<const float> dout, const AttentionGrads<bfloat16>& grads,
+                           const AttentionSaved<float>* saved, const Geometry& geometry,
+                           int threads) {
+  AttentionBackwardCall(plan, in, dout, grads, saved, geometry, threads);
+}
+void AttentionBackwardF16(const AttentionPlan& plan, const AttentionInputs<float>& in,
+                          std::span<const float> dout, const AttentionGrads<float16>& grads,
+                          const AttentionSaved<float>* saved, const Geometry& geometry,
+                          int threads) {
+  AttentionBackwardCall(plan, in, dout, grads, saved, geometry, threads);
+}
+void WidenBf16(const bfloat16* src, std::int64_t n, float* dst, int threads) {
+  WidenCall(src, n, dst, threads);
+}
+void WidenF16(const float16* src, std::int64_t n, float* dst, int threads) {
+  WidenCall(src, n, dst, threads);
+}
+///@}
+
 }  // namespace tandem::optimized::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -648,27 +789,124 @@ HWY_AFTER_NAMESPACE();
 #include "entry_points.hpp"
 
 namespace tandem::optimized {
-HWY_EXPORT(AttentionBackwardTarget);
+HWY_EXPORT(AttentionBackwardF32);
+HWY_EXPORT(AttentionBackwardBf16);
+HWY_EXPORT(AttentionBackwardF16);
+HWY_EXPORT(WidenBf16);
+HWY_EXPORT(WidenF16);
+
+namespace {
+
+/// The float32 views of a backward call of storage type T: for float the
+/// caller's views, else copies widened once (exact, SPEC §10.1) of q, k, v,
+/// sinks, dout and the saved out, each as long as the caller's view (so
+/// that check_inputs and check_saved judge the caller's sizes); the mask,
+/// the slopes, the offsets and the saved lse (float32 already) as given.
+template <class T>
+class WideViews {
+ public:
+  WideViews(const AttentionInputs<T>& x, std::span<const T> dout, const AttentionSaved<T>* saved,
+            int threads) {
+    if constexpr (std::is_same_v<T, float>) {
+      in = x;
+      dout_ = dout;
+      if (saved != nullptr) saved_ = *saved;
+    } else {
+      in = {Widen(x.q, q_, threads),
+            Widen(x.k, k_, threads),
+            Widen(x.v, v_, threads),
+            x.mask,
+            Widen(x.sinks, sinks_, threads),
+            x.alibi_slopes,
+            x.cu_seqlens_q,
+            x.cu_seqlens_k,
+            x.seqused_k,
+            x.block_table,
+            x.cache_seqlens};
+      dout_ = Widen(dout, dout_buf_, threads);
+      if (saved != nullptr) saved_ = {Widen(saved->out, out_, threads), saved->lse};
+    }
+  }
+  AttentionInputs<float> in;
+  std::span<const float> dout() const { return dout_; }
+  const AttentionSaved<float>* saved(const AttentionSaved<T>* given) const {
+    return given != nullptr ? &saved_ : nullptr;
+  }
+
+ private:
+  static std::span<const float> Widen(std::span<const T> x, Buffer& buf, int threads) {
+    if (x.empty()) return {};
+    const auto n = static_cast<std::int64_t>(x.size());
+    buf.resize(n, Buffer::Init::uninitialized);
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      HWY_DYNAMIC_DISPATCH(WidenBf16)(x.data(), n, buf.get(), threads);
+    } else {
+      HWY_DYNAMIC_DISPATCH(WidenF16)(x.data(), n, buf.get(), threads);
+    }
+    return {buf.get(), x.size()};
+  }
+  Buffer q_, k_, v_, sinks_, dout_buf_, out_;
+  std::span<const float> dout_;
+  AttentionSaved<float> saved_;
+};
+
+/// The per-target backward of storage type T.
+template <class T>
+void Dispatch(const AttentionPlan& plan, const AttentionInputs<float>& in,
+              std::span<const float> dout, const AttentionGrads<T>& grads,
+              const AttentionSaved<float>* saved, const Options& options) {
+  const int threads = detail::threads_of(options);
+  if constexpr (std::is_same_v<T, float>) {
+    HWY_DYNAMIC_DISPATCH(AttentionBackwardF32)
+    (plan, in, dout, grads, saved, options.geometry, threads);
+  } else if constexpr (std::is_same_v<T, bfloat16>) {
+    HWY_DYNAMIC_DISPATCH(AttentionBackwardBf16)
+    (plan, in, dout, grads, saved, options.geometry, threads);
+  } else {
+    HWY_DYNAMIC_DISPATCH(AttentionBackwardF16)
+    (plan, in, dout, grads, saved, options.geometry, threads);
+  }
+}
+
+/// Throws Error naming `rounding` for a profile the optimized backward does
+/// not implement at a low-precision T (SPEC §10.2: pytorch and exact; ggml's
+/// output accumulator in T and its q rounded to K's type are not), before
+/// anything is read or written.
+template <class T>
+void require_rounding(const AttentionPlan& plan) {
+  if constexpr (is_low_precision_v<T>) {
+    const Rounding& r = plan.rounding;
+    require(!r.output_accumulator && !r.q_as_k, "rounding", std::string(r.name),
+            "is not implemented by the optimized backend (it implements pytorch and exact)");
+  }
+}
+
+}  // namespace
 
 namespace detail {
 
-void attention_backward(const AttentionPlan& plan, const AttentionInputs<float>& in,
-                        std::span<const float> dout, const AttentionGrads<float>& grads,
-                        const AttentionSaved<float>* saved, const Options& options) {
-  check_inputs(plan, in);
+template <class T>
+void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                        std::span<const T> dout, const AttentionGrads<T>& grads,
+                        const AttentionSaved<T>* saved, const Options& options) {
+  require_rounding<T>(plan);
+  const WideViews<T> wide(in, dout, saved, threads_of(options));
+  check_inputs(plan, wide.in);
   require_size(dout.size(), plan.o.extent, "dout");
   check_grads(plan, grads);
   if (saved != nullptr) check_saved(plan, *saved);
-  HWY_DYNAMIC_DISPATCH(AttentionBackwardTarget)
-  (plan, in, dout, grads, saved, options.geometry, threads_of(options));
+  Dispatch(plan, wide.in, wide.dout(), grads, wide.saved(saved), options);
 }
 
-void attention_backward_one(const AttentionPlan& plan, const AttentionInputs<float>& in,
-                            std::span<const float> dout, Gradient which, std::span<float> grad,
+template <class T>
+void attention_backward_one(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                            std::span<const T> dout, Gradient which, std::span<T> grad,
                             const Options& options) {
-  check_inputs(plan, in);
+  require_rounding<T>(plan);
+  const WideViews<T> wide(in, dout, nullptr, threads_of(options));
+  check_inputs(plan, wide.in);
   require_size(dout.size(), plan.o.extent, "dout");
-  AttentionGrads<float> grads;
+  AttentionGrads<T> grads;
   switch (which) {
     case Gradient::dq:
       require_size(grad.size(), plan.dq.extent, "dq");
@@ -683,9 +921,20 @@ void attention_backward_one(const AttentionPlan& plan, const AttentionInputs<flo
       grads.dv = grad;
       break;
   }
-  HWY_DYNAMIC_DISPATCH(AttentionBackwardTarget)
-  (plan, in, dout, grads, nullptr, options.geometry, threads_of(options));
+  Dispatch(plan, wide.in, wide.dout(), grads, nullptr, options);
 }
+
+#define TANDEM_OPTIMIZED_BACKWARD(T)                                                       \
+  template void attention_backward<T>(const AttentionPlan&, const AttentionInputs<T>&,     \
+                                      std::span<const T>, const AttentionGrads<T>&,        \
+                                      const AttentionSaved<T>*, const Options&);           \
+  template void attention_backward_one<T>(const AttentionPlan&, const AttentionInputs<T>&, \
+                                          std::span<const T>, Gradient, std::span<T>,      \
+                                          const Options&);
+TANDEM_OPTIMIZED_BACKWARD(float)
+TANDEM_OPTIMIZED_BACKWARD(bfloat16)
+TANDEM_OPTIMIZED_BACKWARD(float16)
+#undef TANDEM_OPTIMIZED_BACKWARD
 
 }  // namespace detail
 }  // namespace tandem::optimized

@@ -50,12 +50,30 @@ auto with_options(const Options& options) {
   return [options](const auto&... args) { kernel(args..., options); };
 }
 
-/// The dq, dk or dv alone entry point.
+/// The dq, dk or dv alone entry point at storage type T.
+template <class T>
 auto one_gradient(const Options& options, Gradient which) {
-  return [options, which](const AttentionPlan& plan, const AttentionInputs<float>& in,
-                          std::span<const float> dout, std::span<float> grad) {
-    detail::attention_backward_one(plan, in, dout, which, grad, options);
+  return [options, which](const AttentionPlan& plan, const AttentionInputs<T>& in,
+                          std::span<const T> dout, std::span<T> grad) {
+    detail::attention_backward_one<T>(plan, in, dout, which, grad, options);
   };
+}
+
+/// The five backward entry points of storage type T (float, bf16, f16).
+template <class T>
+void bind_backward(Kernels<T>& k, const Options& options) {
+  k.attention_backward = [options](const AttentionPlan& plan, const AttentionInputs<T>& in,
+                                   std::span<const T> dout, const AttentionGrads<T>& g) {
+    detail::attention_backward<T>(plan, in, dout, g, nullptr, options);
+  };
+  k.attention_backward_saved = [options](const AttentionPlan& plan, const AttentionInputs<T>& in,
+                                         const AttentionSaved<T>& saved, std::span<const T> dout,
+                                         const AttentionGrads<T>& g) {
+    detail::attention_backward<T>(plan, in, dout, g, &saved, options);
+  };
+  k.attention_backward_dq = one_gradient<T>(options, Gradient::dq);
+  k.attention_backward_dk = one_gradient<T>(options, Gradient::dk);
+  k.attention_backward_dv = one_gradient<T>(options, Gradient::dv);
 }
 
 /// RoPE of q and k in one call (`transpose`: the backward).
@@ -90,19 +108,9 @@ Backend backend(Options options) {
   b.name = "optimized";
   b.attention_forward = with_options<detail::attention_forward>(options);
   b.attention_forward_lse = with_options<detail::attention_forward_lse>(options);
-  b.attention_backward = [options](const AttentionPlan& plan, const AttentionInputs<float>& in,
-                                   std::span<const float> dout, const AttentionGrads<float>& g) {
-    detail::attention_backward(plan, in, dout, g, nullptr, options);
-  };
-  b.attention_backward_saved = [options](
-                                   const AttentionPlan& plan, const AttentionInputs<float>& in,
-                                   const AttentionSaved<float>& saved, std::span<const float> dout,
-                                   const AttentionGrads<float>& g) {
-    detail::attention_backward(plan, in, dout, g, &saved, options);
-  };
-  b.attention_backward_dq = one_gradient(options, Gradient::dq);
-  b.attention_backward_dk = one_gradient(options, Gradient::dk);
-  b.attention_backward_dv = one_gradient(options, Gradient::dv);
+  bind_backward<float>(b, options);
+  bind_backward<bfloat16>(b.bf16, options);
+  bind_backward<float16>(b.f16, options);
   bind_rope_swiglu(b.kernels<float>(), options);
   bind_rope_swiglu(b.bf16, options);
   bind_rope_swiglu(b.f16, options);

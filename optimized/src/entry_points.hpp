@@ -47,17 +47,20 @@ void attention_forward_stored(const AttentionPlan& plan, const AttentionInputs<T
 template <class T>
 void attention_forward_lse_stored(const AttentionPlan& plan, const AttentionInputs<T>& in,
                                   std::span<T> out, std::span<float> lse, const Options& options);
-/// Any non-empty subset of dq, dk, dv, dsinks (an empty view is not computed); with
+/// Any non-empty subset of dq, dk, dv, dsinks, dbias (an empty view is not computed); with
 /// `saved` (the forward's out and lse) P and rowsum(dO ∘ O) come from it
-/// instead of a forward run over each query block.
-void attention_backward(const AttentionPlan& plan, const AttentionInputs<float>& in,
-                        std::span<const float> dout, const AttentionGrads<float>& grads,
-                        const AttentionSaved<float>* saved, const Options& options);
+/// instead of a forward run over each query block. T: float, bfloat16 or
+/// float16 (SPEC §10.2: the pytorch and exact profiles; ggml's is an Error).
+template <class T>
+void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                        std::span<const T> dout, const AttentionGrads<T>& grads,
+                        const AttentionSaved<T>* saved, const Options& options);
 /// One gradient alone.
 enum class Gradient { dq, dk, dv };
 /// dq, dk or dv alone (`which`) into `grad`, as attention_backward.
-void attention_backward_one(const AttentionPlan& plan, const AttentionInputs<float>& in,
-                            std::span<const float> dout, Gradient which, std::span<float> grad,
+template <class T>
+void attention_backward_one(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                            std::span<const T> dout, Gradient which, std::span<T> grad,
                             const Options& options);
 
 /// out = rope(x) (SPEC §4); x read through plan.src, out contiguous (plan.out).

@@ -39,8 +39,9 @@
 // at its store (attention_backward_storage-inl.h). With the pytorch profile
 // P is rounded to T after dS has taken it and before dV, and dX (dS after the
 // softcap's factor, without the scale, which dq and dk take at their store)
-// before dQ and dK; without the saved state δ takes the recomputed O rounded
-// to T. Agrees with reference::kernels<T>() within SPEC §10.5's bounds.
+// before dQ and dK; without the saved state the forward runs first
+// (ForwardRun) and its stored out and lse are the saved state. Agrees with reference::kernels<T>()
+// within SPEC §10.5's bounds.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention_backward.cpp"
@@ -881,6 +882,27 @@ void require_rounding(const AttentionPlan& plan) {
   }
 }
 
+/// The saved state that a low-precision backward without one computes first
+/// (SPEC §10.2): the forward's out as stored in T and its float lse, so that
+/// δ takes O exactly as the forward stores it and both paths give the same
+/// bits, as the reference's backward does.
+template <class T>
+class ForwardRun {
+ public:
+  ForwardRun(const AttentionPlan& plan, const AttentionInputs<T>& in, const Options& options)
+      : out_(static_cast<std::size_t>(plan.o.extent)),
+        lse_(static_cast<std::size_t>(plan.lse_size())) {
+    detail::attention_forward_lse_stored<T>(plan, in, out_, lse_, options);
+    saved_ = {out_, lse_};
+  }
+  const AttentionSaved<T>* saved() const { return &saved_; }
+
+ private:
+  std::vector<T> out_;
+  std::vector<float> lse_;
+  AttentionSaved<T> saved_;
+};
+
 }  // namespace
 
 namespace detail {
@@ -895,6 +917,14 @@ void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
   require_size(dout.size(), plan.o.extent, "dout");
   check_grads(plan, grads);
   if (saved != nullptr) check_saved(plan, *saved);
+  if constexpr (is_low_precision_v<T>) {
+    if (saved == nullptr) {  // validated above: the forward first, then the saved path
+      const ForwardRun<T> run(plan, in, options);
+      const WideViews<T> wide_run(in, dout, run.saved(), threads_of(options));
+      Dispatch(plan, wide_run.in, wide_run.dout(), grads, wide_run.saved(run.saved()), options);
+      return;
+    }
+  }
   Dispatch(plan, wide.in, wide.dout(), grads, wide.saved(saved), options);
 }
 
@@ -921,7 +951,13 @@ void attention_backward_one(const AttentionPlan& plan, const AttentionInputs<T>&
       grads.dv = grad;
       break;
   }
-  Dispatch(plan, wide.in, wide.dout(), grads, nullptr, options);
+  if constexpr (is_low_precision_v<T>) {  // the forward first, as attention_backward
+    const ForwardRun<T> run(plan, in, options);
+    const WideViews<T> wide_run(in, dout, run.saved(), threads_of(options));
+    Dispatch(plan, wide_run.in, wide_run.dout(), grads, wide_run.saved(run.saved()), options);
+  } else {
+    Dispatch(plan, wide.in, wide.dout(), grads, nullptr, options);
+  }
 }
 
 #define TANDEM_OPTIMIZED_BACKWARD(T)                                                       \

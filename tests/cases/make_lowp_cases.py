@@ -12,8 +12,8 @@ PyTorch computes in the storage type on the CPU (SPEC §9.4, §10):
                 expected output the exact attention of the dequantized cache
 
 bf16 tensors are stored as their bits, `<u2`, beside `"dtype": "bf16"` in
-case.json (NumPy has no bfloat16; ml_dtypes' arrays save as an anonymous
-`|V2` that names no type); f16 tensors are NumPy's own `<f2`. No case sets a
+case.json (NumPy has no bfloat16, and a .npy header cannot name ml_dtypes'
+type); f16 tensors are NumPy's own `<f2`. No case sets a
 tolerance: `tandem check` derives each dtype's default from SPEC §10.5.
 
 Run it from a virtual environment with torch and numpy; the files are

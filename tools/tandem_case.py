@@ -18,10 +18,21 @@ attention_block) keeps a boolean or integer dtype, and index inputs (RoPE's
 cache_seqlens) are saved as integers: `<i4` when their dtype fits in int32,
 else `<i8`. Anything with `.detach().cpu().numpy()` (a PyTorch tensor) or
 `__array__` is accepted.
+
+With dtype="bf16" or "f16" (SPEC §9.4) the storage tensors — every input but
+the mask, the ALiBi slopes, index inputs and a quantized cache's codes and
+scales — and the expected outputs are saved in that type: f16 as `<f2`, bf16
+as its bits in `<u2` (NumPy has no bfloat16), and case.json says
+`"dtype"`. Their values must already be of that type (a bf16 torch tensor,
+or an array rounded to it): a value the type cannot hold exactly is an
+error, never rounded here. With kv_cache int8 or e4m3, k and v are the
+codes: integer arrays saved as `|i1` (int8) or `|u1` (e4m3 bits; a torch
+float8_e4m3fn tensor is taken by its bits).
 """
 
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -30,7 +41,13 @@ __all__ = ["write_case"]
 
 def _to_numpy(name, value):
     if hasattr(value, "detach"):  # a torch.Tensor, without importing torch
-        value = value.detach().cpu().numpy()
+        value = value.detach().cpu()
+        kind = str(value.dtype)
+        if kind == "torch.bfloat16":
+            value = value.float()  # exact
+        elif kind.startswith("torch.float8"):
+            value = value.view(sys.modules["torch"].uint8)  # the code bytes
+        value = value.numpy()
     array = np.asarray(value)
     if array.dtype == object:
         raise TypeError(f"tensor {name!r}: cannot convert {type(value).__name__} to an array")
@@ -81,7 +98,50 @@ def _save(directory, filename, array, keep_dtype):
     np.save(os.path.join(directory, filename), array, allow_pickle=False)
 
 
-def write_case(directory, op, attrs=None, inputs=None, expected=None, tolerance=None):
+FLOAT32_INPUTS = {"mask", "alibi_slopes", "k_scale", "v_scale"}
+
+
+def _exactly(array, stored, filename, dtype):
+    back = stored.astype(np.float64)
+    same = (back == array) | (np.isnan(back) & np.isnan(array))
+    if not np.all(same):
+        raise ValueError(f"{filename}: values that {dtype} cannot hold exactly; round the "
+                         f"tensor to {dtype} first (the case stores, never rounds)")
+
+
+def _save_storage(directory, filename, array, dtype):
+    """A storage tensor of a bf16 (<u2 bits) or f16 (<f2) case."""
+    if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
+        raise TypeError(f"{filename}: dtype {array.dtype} is not a real number type")
+    wide = np.asarray(array, dtype=np.float64)
+    if dtype == "f16":
+        stored = np.ascontiguousarray(wide.astype("<f2"))
+        _exactly(wide, stored, filename, dtype)
+    else:
+        f32 = np.ascontiguousarray(wide.astype("<f4"))
+        bits = f32.view("<u4")
+        if np.any(bits & 0xFFFF) or not np.array_equal(f32.astype(np.float64), wide,
+                                                       equal_nan=True):
+            raise ValueError(f"{filename}: values that bf16 cannot hold exactly; round the "
+                             f"tensor to bf16 first (the case stores, never rounds)")
+        stored = np.ascontiguousarray((bits >> 16).astype("<u2"))
+    np.save(os.path.join(directory, filename), stored, allow_pickle=False)
+
+
+def _save_codes(directory, filename, array, kv_cache):
+    if not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"{filename}: kv_cache {kv_cache} codes must be integers "
+                        f"(int8 codes, or e4m3 bits as uint8), not {array.dtype}")
+    lo, hi = (-128, 127) if kv_cache == "int8" else (0, 255)
+    if array.size and (array.min() < lo or array.max() > hi):
+        raise ValueError(f"{filename}: codes outside [{lo}, {hi}]")
+    width = "|i1" if kv_cache == "int8" else "|u1"
+    np.save(os.path.join(directory, filename), np.ascontiguousarray(array, dtype=width),
+            allow_pickle=False)
+
+
+def write_case(directory, op, attrs=None, inputs=None, expected=None, tolerance=None,
+               dtype=None, rounding=None):
     """Writes `directory`/case.json and one .npy file per tensor.
 
     directory: created if missing; existing files of the same names are replaced.
@@ -92,6 +152,8 @@ def write_case(directory, op, attrs=None, inputs=None, expected=None, tolerance=
     inputs:    {name: array}; written as <name>.npy.
     expected:  {output name: array} or None; written as expected_<name>.npy.
     tolerance: None (the op's default), or {"rtol": float, "atol": float}.
+    dtype:     None or "f32", "bf16", "f16": the call's storage type (SPEC §9.4).
+    rounding:  None, or attention's profile "pytorch", "exact" or "ggml" (SPEC §10.3).
 
     Returns the path of case.json.
     """
@@ -101,12 +163,24 @@ def write_case(directory, op, attrs=None, inputs=None, expected=None, tolerance=
     if not isinstance(op, str):
         raise TypeError("op must be a string")
     os.makedirs(directory, exist_ok=True)
+    if dtype not in (None, "f32", "bf16", "f16"):
+        raise ValueError(f"dtype: {dtype!r} is not f32, bf16 or f16")
+    low = dtype in ("bf16", "f16")
+    kv_cache = attrs.get("kv_cache", "plain")
     case = {"op": op, "attrs": {k: _plain(v, f"attrs[{k!r}]") for k, v in attrs.items()},
             "inputs": {}}
+    if dtype is not None:
+        case["dtype"] = dtype
+    if rounding is not None:
+        case["rounding"] = _plain(rounding, "rounding")
     for name, value in inputs.items():
         filename = f"{name}.npy"
         if name in INDEX_INPUTS:
             _save_indices(directory, filename, _to_numpy(name, value))
+        elif name in ("k", "v") and kv_cache != "plain":
+            _save_codes(directory, filename, _to_numpy(name, value), kv_cache)
+        elif low and name not in FLOAT32_INPUTS:
+            _save_storage(directory, filename, _to_numpy(name, value), dtype)
         else:
             _save(directory, filename, _to_numpy(name, value), _keeps_dtype(op, attrs, name))
         case["inputs"][name] = filename
@@ -114,7 +188,10 @@ def write_case(directory, op, attrs=None, inputs=None, expected=None, tolerance=
         case["expected"] = {}
         for name, value in expected.items():
             filename = f"expected_{name}.npy"
-            _save(directory, filename, _to_numpy(name, value), False)
+            if low:
+                _save_storage(directory, filename, _to_numpy(name, value), dtype)
+            else:
+                _save(directory, filename, _to_numpy(name, value), False)
             case["expected"][name] = filename
     if tolerance is not None:
         unknown = set(tolerance) - {"rtol", "atol"}

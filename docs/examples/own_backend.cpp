@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <iostream>
 #include <limits>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -78,13 +79,25 @@ void my_attention_forward(const tandem::AttentionPlan& plan,
 // [my-kernel]
 
 // [visit]
-/// The names of the entry points `backend` leaves empty.
-std::vector<std::string> missing_entry_points(const tandem::Backend& backend) {
-  std::vector<std::string> missing;
-  tandem::for_each_entry_point(backend, [&missing](std::string_view name, const auto& entry) {
-    if (!entry) missing.emplace_back(name);
+/// What is wrong with the entry points of `backend`, given those it says it
+/// does not offer: an empty entry not in `not_offered`, a bound one that is
+/// in it, and a name in it that is no entry point. An empty list: each entry
+/// point is bound or declared not offered.
+std::vector<std::string> entry_point_problems(const tandem::Backend& backend,
+                                              const std::set<std::string>& not_offered) {
+  std::vector<std::string> problems;
+  std::set<std::string> seen;
+  tandem::for_each_entry_point(backend, [&](std::string_view name, const auto& entry) {
+    const std::string n(name);
+    seen.insert(n);
+    const bool declared = not_offered.count(n) != 0;
+    if (!entry && !declared) problems.push_back("no " + n + " entry point");
+    if (entry && declared) problems.push_back(n + " is bound but declared not offered");
   });
-  return missing;
+  for (const std::string& n : not_offered) {
+    if (!seen.count(n)) problems.push_back(n + " is not an entry point");
+  }
+  return problems;
 }
 // [visit]
 
@@ -95,6 +108,11 @@ int main() {
   tandem::Backend mine = tandem::reference::backend();  // every entry point...
   mine.name = "mine";
   mine.attention_forward = my_attention_forward;  // ...but the one under test
+  // This backend has no quantized KV cache (SPEC §10.4): it says so, and
+  // leaves those entry points empty rather than borrowing the reference's.
+  const std::set<std::string> not_offered = {"attention_forward_quantized", "quantize_kv"};
+  mine.attention_forward_quantized = nullptr;
+  mine.quantize_kv = nullptr;
 
   tandem::props::Subject subject;
   subject.name = "mine";
@@ -102,10 +120,11 @@ int main() {
   subject.thread_variants = {mine};  // the same kernel at every "thread count"
 
   int failed = 0;
-  for (const std::string& name : missing_entry_points(mine)) {
-    std::cout << "FAIL  no " << name << " entry point\n";
+  for (const std::string& problem : entry_point_problems(mine, not_offered)) {
+    std::cout << "FAIL  " << problem << "\n";
     ++failed;
   }
+  for (const std::string& name : not_offered) std::cout << "not offered  " << name << "\n";
   for (const char* name :
        {"agree_attention_forward", "attention_layouts_equivalent",
         "attention_strided_rows_equal_contiguous", "gqa_equals_repeated_mha",

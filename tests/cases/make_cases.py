@@ -446,10 +446,10 @@ def write_bad(w):
                               "(npy fortran_order): array is stored in Fortran order"),
         "npy_big_endian": (npy_bytes("{'descr': '>f4', 'fortran_order': False, 'shape': (2, 8), }", good),
                            "(npy descr): descr '>f4' is big-endian"),
-        "npy_float16": (npy_bytes("{'descr': '<f2', 'fortran_order': False, 'shape': (2, 8), }", good[:32]),
-                        "(npy descr): unsupported dtype descr '<f2'"),
         "npy_complex": (npy_bytes("{'descr': '<c8', 'fortran_order': False, 'shape': (2, 8), }", good * 2),
                         "(npy descr): unsupported dtype descr '<c8'"),
+        "npy_uint32": (npy_bytes("{'descr': '<u4', 'fortran_order': False, 'shape': (2, 8), }", good),
+                       "(npy descr): unsupported dtype descr '<u4'"),
         "npy_structured": (npy_bytes("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (2, 8), }", good),
                            "(npy descr): value of 'descr' is a list"),
         "npy_truncated_data": (npy_bytes(hdr, good[:40]),
@@ -484,6 +484,69 @@ def write_bad(w):
     for name, (data, fragment) in npy_cases.items():
         w.case(name, swiglu_case(), raw={"x.npy": data}, expect=(2, "x.npy: inputs.x " + fragment))
     write_bad_rope(w)
+    write_bad_storage(w)
+
+
+def write_bad_storage(w):
+    """Storage types, rounding profiles and quantized caches (SPEC §9.4, §10), drawing
+    from their own stream so that every earlier case keeps its bytes."""
+    storage_rng = np.random.default_rng(20261202)
+
+    def s32(*shape):
+        return storage_rng.standard_normal(shape).astype(np.float32)
+
+    def sqkv():
+        return {"q.npy": s32(1, 4, 2, 8), "k.npy": s32(1, 4, 2, 8), "v.npy": s32(1, 4, 2, 8)}
+
+    x16 = {"x.npy": s32(2, 8).astype("<f2")}
+    bits = {"x.npy": s32(2, 16).view("<u2")[:, 1::2].copy()}  # the top halves: bf16
+    w.case("npy_float16", swiglu_case(), x16,
+           expect=(2, 'x.npy: inputs.x: dtype <f2 is not allowed here: float tensors are <f4 or '
+                      '<f8 (<f2 needs "dtype": "f16"'))
+    w.case("bf16_bits_without_dtype", swiglu_case(), bits,
+           expect=(2, 'x.npy: inputs.x: dtype <u2 is not allowed here'))
+    w.case("dtype_unknown", swiglu_case(dtype="fp8"), x16,
+           expect=(2, 'case.json: dtype: must be one of "f32", "bf16", "f16", got "fp8"'))
+    mixed = {"q.npy": s32(1, 4, 2, 8).view("<u2")[..., 1::2].copy(), "k.npy": s32(1, 4, 2, 8),
+             "v.npy": s32(1, 4, 2, 8).view("<u2")[..., 1::2].copy()}
+    w.case("dtype_mix_f32_k_in_bf16", attention_case({"num_heads": 2}, dtype="bf16"), mixed,
+           expect=(2, 'k.npy: inputs.k: dtype <f4 is not allowed here: the case\'s "dtype" is '
+                      '"bf16": every storage tensor is bfloat16 bits (<u2)'))
+    w.case("dtype_on_attention_block",
+           {"op": "attention_block", "dtype": "f16", "attrs": {"num_heads": 2},
+            "inputs": {"x": "x.npy", "w_qkv": "w.npy", "w_out": "o.npy"}},
+           {"x.npy": s32(1, 3, 4), "w.npy": s32(12, 4), "o.npy": s32(4, 4)},
+           expect=(2, 'case.json: dtype: = "f16" is not offered for op attention_block'))
+    w.case("rounding_unknown", attention_case({"num_heads": 2}, rounding="fast"), sqkv(),
+           expect=(2, "case.json: rounding: must be one of pytorch, exact, ggml"))
+    w.case("rounding_on_swiglu", swiglu_case(rounding="exact"), {"x.npy": s32(2, 8)},
+           expect=(2, "case.json: rounding: applies to attention only"))
+    codes = {"q.npy": s32(1, 4, 2, 8), "k.npy": np.zeros((1, 4, 2, 8), "|i1"),
+             "v.npy": np.zeros((1, 4, 2, 8), "|i1"), "ks.npy": np.ones((1, 4, 2), "<f4"),
+             "vs.npy": np.ones((1, 4, 2), "<f4")}
+    qin = {"q": "q.npy", "k": "k.npy", "v": "v.npy", "k_scale": "ks.npy", "v_scale": "vs.npy"}
+    w.case("kv_cache_unknown", attention_case({"num_heads": 2, "kv_cache": "int4"}, qin), codes,
+           expect=(2, 'case.json: attrs.kv_cache: must be one of "plain", "int8", "e4m3"'))
+    w.case("kv_cache_codes_as_float", attention_case({"num_heads": 2, "kv_cache": "int8"}, qin),
+           dict(codes, **{"v.npy": s32(1, 4, 2, 8)}),
+           expect=(2, "v.npy: inputs.v: dtype <f4 is not allowed here: attrs.kv_cache = int8 "
+                      "reads v as int8 codes (|i1)"))
+    w.case("kv_cache_e4m3_given_int8", attention_case({"num_heads": 2, "kv_cache": "e4m3"}, qin),
+           dict(codes, **{"ks.npy": np.ones((2,), "<f4"), "vs.npy": np.ones((2,), "<f4")}),
+           expect=(2, "k.npy: inputs.k: dtype |i1 is not allowed here: attrs.kv_cache = e4m3 "
+                      "reads k as e4m3 code bytes (|u1)"))
+    w.case("kv_scale_without_kv_cache", attention_case({"num_heads": 2}, qin),
+           dict(codes, **{"k.npy": s32(1, 4, 2, 8), "v.npy": s32(1, 4, 2, 8)}),
+           expect=(2, "case.json: inputs.k_scale: is the scale of a quantized cache"))
+    w.case("kv_scale_missing", attention_case({"num_heads": 2, "kv_cache": "int8"},
+                                              {"q": "q.npy", "k": "k.npy", "v": "v.npy"}),
+           codes, expect=(2, "case.json: inputs.k_scale: missing input (attrs.kv_cache = int8"))
+    w.case("kv_scale_wrong_size", attention_case({"num_heads": 2, "kv_cache": "int8"}, qin),
+           dict(codes, **{"vs.npy": np.ones((2,), "<f4")}),
+           expect=(2, "vs.npy: inputs.v_scale: v_scale.size() = 2 must be 8"))
+    w.case("kv_scale_negative", attention_case({"num_heads": 2, "kv_cache": "int8"}, qin),
+           dict(codes, **{"ks.npy": -np.ones((1, 4, 2), "<f4")}),
+           expect=(2, "ks.npy: inputs.k_scale: k_scale[0] = -1.000000 must be finite and >= 0"))
 
 
 def silu(g):

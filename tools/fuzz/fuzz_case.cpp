@@ -8,7 +8,9 @@
 // hang, overflow or throw anything else. When every tensor is small, the
 // reference backend then runs the plan on the remaining bytes as data (index
 // inputs — positions, cu_seqlens, seqused_k, block tables, cache lengths — as
-// integers in [−16, 15], valid or not), so a plan that admits a shape the
+// integers in [−16, 15], valid or not; a quantized cache's codes as bytes and
+// its scales >= 0; every value exact in the case's storage type, SPEC §9.4),
+// so a plan that admits a shape the
 // kernel cannot handle, or an index the validation lets through, shows up
 // under ASan.
 #include <cstddef>
@@ -69,7 +71,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           a.integers[i] = static_cast<std::int8_t>(next()) / 8;
           a.values[i] = static_cast<float>(a.integers[i]);
         }
+      } else if ((name == "k" || name == "v") && c.spec.kv_cache != tandem::KvCache::plain) {
+        // a quantized cache's codes: any byte (int8, or e4m3 bits with its NaNs)
+        a.dtype = c.spec.kv_cache == tandem::KvCache::int8 ? NpyDtype::i1 : NpyDtype::u1;
+        a.integers.resize(a.values.size());
+        for (std::size_t i = 0; i < a.values.size(); ++i) {
+          const std::uint8_t b = next();
+          a.integers[i] = a.dtype == NpyDtype::i1 ? static_cast<std::int8_t>(b) : b;
+          a.values[i] = static_cast<float>(a.integers[i]);
+        }
+      } else if (name == "k_scale" || name == "v_scale") {
+        for (auto& v : a.values) v = static_cast<float>(next()) / 64.0f;  // >= 0, finite
       } else {
+        // int8/16: exact in bf16 and f16 as in float32, so every storage type reads it
         for (auto& v : a.values) v = static_cast<float>(static_cast<std::int8_t>(next())) / 16.0f;
       }
       c.inputs[name] = CaseTensor{c.spec.inputs.at(name), std::move(a)};

@@ -32,7 +32,8 @@ build_target() {
 }
 build_target fuzz_npy "$root/tools/fuzz/fuzz_npy.cpp" "$root/tools/src/npy.cpp"
 build_target fuzz_case "$root/tools/fuzz/fuzz_case.cpp" "$root/tools/src/npy.cpp" \
-  "$root/tools/src/case.cpp" "$root"/reference/src/*.cpp
+  "$root/tools/src/case.cpp" "$root/tools/src/case_run.cpp" "$root/tools/src/tolerance.cpp" \
+  "$root"/reference/src/*.cpp
 
 status=0
 for target in fuzz_npy fuzz_case; do

@@ -41,6 +41,13 @@ class CaseError : public std::runtime_error {
   std::string case_, file_, field_, detail_;
 };
 
+/// A backend that does not offer the entry point a case needs (an empty
+/// std::function in its Kernels<T>).
+class NotOffered : public CaseError {
+ public:
+  using CaseError::CaseError;
+};
+
 /// The ops a case can name.
 enum class Op {
   attention,
@@ -72,6 +79,7 @@ struct OpInfo {
   std::vector<std::string> outputs;
   std::vector<std::string> attrs;  ///< every attr the op accepts
   Tolerance tolerance;             ///< the default for float32 results
+  bool low_precision = true;       ///< has bf16 and f16 kernels (Kernels<T>, SPEC §10.1)
 };
 
 /// All ops, in the order of SPEC §9's table.
@@ -85,7 +93,14 @@ const OpInfo& op_info(Op op);
 
 /// case.json, checked: the op, its typed attrs, file names and tolerance.
 struct CaseSpec {
-  std::string name;  ///< the case directory as given by the user
+  /// `"dtype"`: the call's storage type T (SPEC §9.4, §10.1): f32 (the default),
+  /// bf16 or f16.
+  DType dtype = DType::f32;
+  Rounding rounding = kRoundingPytorch;  ///< `"rounding"` (SPEC §10.3)
+  bool rounding_given = false;
+  KvCache kv_cache = KvCache::plain;     ///< `attrs.kv_cache` of attention (SPEC §10.4)
+  std::set<std::string> tolerance_keys;  ///< the keys the case's "tolerance" gives
+  std::string name;                      ///< the case directory as given by the user
   Op op = Op::attention;
   std::map<std::string, std::string> inputs;    ///< input name → file
   std::map<std::string, std::string> expected;  ///< output name → file
@@ -143,13 +158,21 @@ struct Case {
 Case load_case(const std::string& dir);
 
 /// The attention inputs of a loaded case as views into its tensors (index
-/// inputs through their exact integers).
+/// inputs through their exact integers), in float32: what the library's
+/// value checks read.
 AttentionInputs<float> attention_inputs(const Case& c);
 
-/// Runs the case on `backend`; returns every output of the op, contiguous,
-/// by name. Throws CaseError when the backend lacks the entry point or
-/// rejects the call.
-std::map<std::string, std::vector<float>> run_case(const Case& c, const Backend& backend);
+/// The default tolerance of a case of storage type bf16 or f16, derived
+/// from SPEC §10.5 (the derivation is SPEC §9.5), for the inputs of `c`.
+Tolerance low_precision_tolerance(const Case& c);
+
+/// Runs the case on `backend` at the case's storage type (and, when given,
+/// with `rounding` instead of the case's profile); returns every output of
+/// the op, contiguous, by name, as float32 (exact for bf16 and f16). Throws
+/// CaseError when the backend does not offer the entry point or rejects the
+/// call.
+std::map<std::string, std::vector<float>> run_case(const Case& c, const Backend& backend,
+                                                   std::optional<Rounding> rounding = {});
 
 /// The result of comparing one output with its expected values.
 struct Comparison {

@@ -6,10 +6,13 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <iostream>
+#include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -91,6 +94,10 @@ std::string help_footer() {
        "sinks [H], alibi_slopes [H] or [n, H], cu_seqlens_q/k [n+1] (+ seqused_k [n])\n"
        "for packed q [total_q, H, D], block_table [B, max_blocks] + cache_seqlens [B] for\n"
        "paged k, v [num_blocks, block_size, Hkv, D]; index inputs are <i4 or <i8.\n"
+       "\nStorage (SPEC section 9.4, 10): \"dtype\": f32 (default), bf16 (tensors as <u2 bits)\n"
+       "or f16 (<f2); attention's \"rounding\": pytorch (default), exact or ggml; attention's\n"
+       "attrs.kv_cache int8|e4m3 reads k, v as codes (|i1, |u1) with k_scale, v_scale (<f4).\n"
+       "bf16/f16 tolerances are derived from SPEC section 10.5 (section 9.5).\n"
        "\nExit status: 0 all pass, 1 any mismatch, 2 any case could not be run.\n";
   return s;
 }
@@ -104,6 +111,10 @@ struct Row {
   Tolerance tol;
   bool has_numbers = false;
 };
+
+double inf() {
+  return std::numeric_limits<double>::infinity();
+}
 
 std::string num(double v) {
   if (v == std::numeric_limits<double>::infinity()) return "inf";
@@ -123,10 +134,11 @@ nlohmann::json row_json(const Row& r) {
     j["rtol"] = r.tol.rtol;
     j["atol"] = r.tol.atol;
   }
-  j["verdict"] = r.verdict == "pass"    ? "pass"
-                 : r.verdict == "FAIL"  ? "fail"
-                 : r.verdict == "ERROR" ? "error"
-                                        : "no_expected";
+  j["verdict"] = r.verdict == "pass"          ? "pass"
+                 : r.verdict == "FAIL"        ? "fail"
+                 : r.verdict == "ERROR"       ? "error"
+                 : r.verdict == "not offered" ? "not_offered"
+                                              : "no_expected";
   if (!r.detail.empty()) j[r.verdict == "ERROR" ? "error" : "detail"] = r.detail;
   return j;
 }
@@ -163,7 +175,113 @@ void print_table(const std::vector<Row>& rows) {
   for (const auto& c : cells) line(c);
 }
 
-int check(const std::vector<std::string>& cases, const std::string& which, bool json) {
+/// How far one profile's reference output is from the expected one.
+struct Distance {
+  std::string profile;
+  double max_abs = 0.0, mean_abs = 0.0;
+  std::string error;
+};
+
+/// The reference's outputs of `c` under every rounding profile against the
+/// expected outputs, and which profile is nearest (SPEC §10.3): by max abs
+/// err, ties by mean abs err; equal distances are all named.
+void explain(const Case& c, bool json) {
+  const std::string& dir = c.spec.name;
+  const bool attention = c.spec.op == Op::attention || c.spec.op == Op::attention_backward;
+  if (!attention || c.spec.dtype == tandem::DType::f32 || c.expected.empty()) {
+    const std::string why = c.spec.dtype == tandem::DType::f32
+                                ? "dtype f32: no profile rounds between input and output"
+                            : !attention ? std::string(op_info(c.spec.op).name) +
+                                               " rounds each output once: profiles do not apply"
+                                         : "no expected output to compare with";
+    if (json) {
+      fmt::print("{}\n",
+                 nlohmann::json{{"case", dir}, {"explain", nullptr}, {"detail", why}}.dump());
+    } else {
+      fmt::print("explain: {}: {} (SPEC section 10.2)\n", dir, why);
+    }
+    return;
+  }
+  const Backend ref = tandem::reference::backend();
+  std::map<std::string, std::vector<Distance>> by_output;
+  for (const tandem::Rounding& r : tandem::kRoundingProfiles) {
+    std::map<std::string, std::vector<float>> got;
+    std::string error;
+    try {
+      got = run_case(c, ref, r);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    for (const auto& [name, t] : c.expected) {
+      Distance d;
+      d.profile = std::string(r.name);
+      d.error = error;
+      if (error.empty()) {
+        const auto& g = got.at(name);
+        const auto& e = t.array.values;
+        d.max_abs = compare(g, e, c.spec.tolerance).max_abs;
+        double sum = 0.0;
+        for (std::size_t i = 0; i < e.size(); ++i) {
+          const double diff = std::fabs(double(g[i]) - double(e[i]));
+          sum += std::isnan(diff) ? (std::isnan(g[i]) && std::isnan(e[i]) ? 0.0 : inf()) : diff;
+        }
+        d.mean_abs = e.empty() ? 0.0 : sum / static_cast<double>(e.size());
+      }
+      by_output[name].push_back(d);
+    }
+  }
+  for (auto& [name, ds] : by_output) {
+    std::vector<Distance> ok;
+    for (const auto& d : ds) {
+      if (d.error.empty()) ok.push_back(d);
+    }
+    std::stable_sort(ok.begin(), ok.end(), [](const Distance& a, const Distance& b) {
+      return a.max_abs != b.max_abs ? a.max_abs < b.max_abs : a.mean_abs < b.mean_abs;
+    });
+    std::vector<std::string> nearest;
+    for (const auto& d : ok) {
+      if (d.max_abs == ok.front().max_abs && d.mean_abs == ok.front().mean_abs) {
+        nearest.push_back(d.profile);
+      }
+    }
+    const Distance* next = nullptr;
+    for (const auto& d : ok) {
+      if (std::find(nearest.begin(), nearest.end(), d.profile) == nearest.end()) {
+        next = &d;
+        break;
+      }
+    }
+    if (json) {
+      nlohmann::json j = {{"case", dir}, {"explain", name}, {"nearest", nearest}};
+      for (const auto& d : ds) {
+        j["profiles"][d.profile] = d.error.empty() ? nlohmann::json{{"max_abs_err", d.max_abs},
+                                                                    {"mean_abs_err", d.mean_abs}}
+                                                   : nlohmann::json{{"error", d.error}};
+      }
+      fmt::print("{}\n", j.dump());
+      continue;
+    }
+    std::string names;
+    for (const auto& n : nearest) names += (names.empty() ? "" : " = ") + n;
+    std::string line =
+        fmt::format("explain: {}: {}: nearest {}", dir, name, names.empty() ? "(none ran)" : names);
+    if (!ok.empty()) {
+      line += fmt::format(" (max abs err {}, mean {})", num(ok.front().max_abs),
+                          num(ok.front().mean_abs));
+    }
+    if (next != nullptr) {
+      line += fmt::format("; next {} (max abs err {}, mean {})", next->profile, num(next->max_abs),
+                          num(next->mean_abs));
+    }
+    for (const auto& d : ds) {
+      if (!d.error.empty()) line += fmt::format("; {}: error: {}", d.profile, d.error);
+    }
+    fmt::print("{}\n", line);
+  }
+}
+
+int check(const std::vector<std::string>& cases, const std::string& which, bool json,
+          bool explain_cases) {
   std::vector<Backend> backends;
   try {
     backends = make_backends(which);
@@ -212,6 +330,24 @@ int check(const std::vector<std::string>& cases, const std::string& which, bool 
       std::map<std::string, std::vector<float>> outputs;
       try {
         outputs = run_case(c, backend);
+      } catch (const NotOffered& e) {
+        // The reference defines every op and must run it; another backend
+        // may leave a low-precision entry point or profile out when all
+        // backends are checked (SPEC §9.6); float32 entry points stay required.
+        const bool low_precision =
+            c.spec.dtype != tandem::DType::f32 || c.spec.kv_cache != tandem::KvCache::plain;
+        if (which != "all" || &backend == &backends.front() || !low_precision) {
+          error_row(dir, backend.name, e.what());
+        } else {
+          Row r;
+          r.case_name = dir;
+          r.backend = backend.name;
+          r.output = "-";
+          r.verdict = "not offered";
+          r.detail = e.detail();
+          emit(std::move(r));
+        }
+        continue;
       } catch (const CaseError& e) {
         error_row(dir, backend.name, e.what());
         continue;
@@ -255,14 +391,18 @@ int check(const std::vector<std::string>& cases, const std::string& which, bool 
         emit(std::move(r));
       }
     }
+    if (explain_cases) explain(c, json);
   }
   if (!json) {
     print_table(rows);
     const auto count = [&](const char* v) {
       return std::count_if(rows.begin(), rows.end(), [&](const Row& r) { return r.verdict == v; });
     };
-    fmt::print("{} case(s): {} pass, {} fail, {} error(s)\n", cases.size(), count("pass"),
+    fmt::print("{} case(s): {} pass, {} fail, {} error(s)", cases.size(), count("pass"),
                count("FAIL"), count("ERROR"));
+    const auto skipped = count("not offered");
+    if (skipped > 0) fmt::print(", {} not offered", skipped);
+    fmt::print("\n");
   }
   return status;
 }
@@ -301,6 +441,10 @@ int run_cli(int argc, char** argv) {
       ->check(CLI::IsMember({"reference", "optimized", "all"}))
       ->capture_default_str();
   check_cmd->add_flag("--json", json, "One JSON object per line per case/backend/output");
+  bool explain_flag = false;
+  check_cmd->add_flag("--explain", explain_flag,
+                      "Rerun each bf16/f16 attention case on the reference under every rounding "
+                      "profile and name the one nearest to the expected output");
   check_cmd->add_option("CASE", cases, "Case directories")->required();
   check_cmd->footer(help_footer());
 
@@ -320,7 +464,7 @@ int run_cli(int argc, char** argv) {
     return code == 0 ? 0 : kCannotRun;
   }
   try {
-    if (check_cmd->parsed()) return check(cases, check_backend, json);
+    if (check_cmd->parsed()) return check(cases, check_backend, json, explain_flag);
     if (run_cmd->parsed()) return run(run_case_dir, run_backend, out_dir);
   } catch (const std::exception& e) {
     fmt::print(stderr, "tandem: error: {}\n", e.what());

@@ -14,6 +14,8 @@
 #include <map>
 #include <sstream>
 
+#include "tandem/storage.hpp"
+
 namespace tandem::tool {
 namespace {
 
@@ -188,13 +190,18 @@ NpyDtype parse_descr(const std::string& d) {
   if (d == "|b1") return NpyDtype::b1;
   if (d == "<i4") return NpyDtype::i4;
   if (d == "<i8") return NpyDtype::i8;
+  if (d == "<f2") return NpyDtype::f2;
+  if (d == "<u2") return NpyDtype::u2;
+  if (d == "|i1") return NpyDtype::i1;
+  if (d == "|u1") return NpyDtype::u1;
   if (!d.empty() && d[0] == '>') {
     fail("descr", "descr '" + d +
                       "' is big-endian; only little-endian data is read "
                       "(convert with a.astype(a.dtype.newbyteorder('<')))");
   }
   fail("descr", "unsupported dtype descr '" + excerpt(d) +
-                    "'; supported: <f4, <f8 (any tensor), |b1, <i4, <i8 (keep masks)");
+                    "'; supported: <f4, <f8, <f2 (float16), <u2 (bfloat16 bits), |b1, <i4, <i8, "
+                    "|i1 and |u1 (8-bit cache codes)");
 }
 
 std::size_t item_size(NpyDtype t) {
@@ -209,6 +216,12 @@ std::size_t item_size(NpyDtype t) {
       return 4;
     case NpyDtype::i8:
       return 8;
+    case NpyDtype::f2:
+    case NpyDtype::u2:
+      return 2;
+    case NpyDtype::i1:
+    case NpyDtype::u1:
+      return 1;
   }
   return 1;
 }
@@ -239,6 +252,14 @@ const char* to_string(NpyDtype dtype) {
       return "<i4";
     case NpyDtype::i8:
       return "<i8";
+    case NpyDtype::f2:
+      return "<f2";
+    case NpyDtype::u2:
+      return "<u2";
+    case NpyDtype::i1:
+      return "|i1";
+    case NpyDtype::u1:
+      return "|u1";
   }
   return "?";
 }
@@ -352,6 +373,25 @@ NpyArray parse_npy(std::string_view bytes) {
       for (std::size_t i = 0; i < n; ++i) {
         a.integers[i] = std::bit_cast<std::int64_t>(load_le(p + 8 * i, 8));
       }
+      break;
+    case NpyDtype::f2:  // every float16 is a float: exact
+      for (std::size_t i = 0; i < n; ++i) {
+        const auto half = float16::from_bits(static_cast<std::uint16_t>(load_le(p + 2 * i, 2)));
+        a.values[i] = static_cast<float>(static_cast<double>(half));
+      }
+      break;
+    case NpyDtype::u2:  // bit patterns (bfloat16 when the case says so): kept as integers
+      a.integers.resize(n);
+      for (std::size_t i = 0; i < n; ++i)
+        a.integers[i] = static_cast<std::int64_t>(load_le(p + 2 * i, 2));
+      break;
+    case NpyDtype::i1:
+      a.integers.resize(n);
+      for (std::size_t i = 0; i < n; ++i) a.integers[i] = static_cast<std::int8_t>(p[i]);
+      break;
+    case NpyDtype::u1:
+      a.integers.resize(n);
+      for (std::size_t i = 0; i < n; ++i) a.integers[i] = p[i];
       break;
   }
   for (std::size_t i = 0; i < a.integers.size(); ++i) {

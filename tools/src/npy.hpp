@@ -3,8 +3,10 @@
 /// @brief A small, strict reader and writer of NumPy's `.npy` format.
 ///
 /// Reads format versions 1.0, 2.0 and 3.0, C order, little-endian
-/// `<f4`, `<f8`, `<i4`, `<i8` and `|b1` arrays of any rank; every value is
-/// converted to float32 (the backends' type). Writes `<f4`, C order,
+/// `<f4`, `<f8`, `<f2`, `<u2`, `<i4`, `<i8`, `|i1`, `|u1` and `|b1` arrays of
+/// any rank; every value is converted to float32 (exactly, but for `<f8`).
+/// `<u2` holds bit patterns (bfloat16's, when a case declares it, SPEC §9.4)
+/// and `|i1`/`|u1` the codes of a quantized cache (int8, e4m3 bits). Writes `<f4`, C order,
 /// version 1.0 (2.0 only when the header does not fit 1.0's 16-bit length).
 /// A malformed file raises NpyError; nothing a file says is trusted: the
 /// header is parsed by a strict grammar, sizes are overflow-checked 64-bit
@@ -35,9 +37,9 @@ class NpyError : public std::runtime_error {
 };
 
 /// The element types tandem reads.
-enum class NpyDtype { f4, f8, b1, i4, i8 };
+enum class NpyDtype { f4, f8, b1, i4, i8, f2, u2, i1, u1 };
 
-/// "<f4", "<f8", "|b1", "<i4" or "<i8".
+/// "<f4", "<f8", "|b1", "<i4", "<i8", "<f2", "<u2", "|i1" or "|u1".
 const char* to_string(NpyDtype dtype);
 using tandem::to_string;  // shapes, layouts and mask kinds, alongside the dtype overload
 
@@ -49,13 +51,14 @@ inline bool is_float(NpyDtype dtype) {
 /// An array read from a `.npy` file: its shape (C order), the dtype it was
 /// stored in and its values converted to float32 (`<f8` rounds to nearest;
 /// integers and booleans convert exactly up to 2^24, and non-zero stays
-/// non-zero). `<i4` and `<i8` arrays also keep their exact values in
-/// `integers` (index inputs: sequence offsets, block tables, lengths).
+/// non-zero). `<i4`, `<i8`, `<u2`, `|i1` and `|u1` arrays also keep their
+/// exact values in `integers` (index inputs: sequence offsets, block tables,
+/// lengths; bfloat16 bits; cache codes).
 struct NpyArray {
   Shape shape;
   NpyDtype dtype = NpyDtype::f4;
   std::vector<float> values;
-  std::vector<std::int64_t> integers = {};  ///< exact values of `<i4`/`<i8` arrays; empty otherwise
+  std::vector<std::int64_t> integers = {};  ///< exact values of integer arrays; empty otherwise
 };
 
 /// True for `<i4` and `<i8`.

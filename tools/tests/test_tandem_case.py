@@ -290,10 +290,68 @@ def main():
     code, text = tandem("check", d)
     expect("non-finite data", code, 0, text)
 
+    storage_cases(root)
+
     if failures:
         print("FAILED:", ", ".join(failures))
         return 1
     return 0
+
+
+def to_bf16(x):
+    """x rounded to bfloat16 (nearest, ties to even), as float32."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def storage_cases(root):
+    """bf16 and f16 cases (SPEC §9.4): the files' dtypes, the values they hold,
+    and that the command loads them (it then runs them, or says the backend
+    does not offer the entry point: never a load error)."""
+    x = to_bf16(f32(3, 8))
+    d = os.path.join(root, "swiglu_bf16")
+    want = to_bf16(silu(x[:, :4].astype(np.float64)) * x[:, 4:])
+    write_case(d, "swiglu", {}, {"x": x}, {"out": want}, dtype="bf16")
+    stored = np.load(os.path.join(d, "x.npy"))
+    ok = stored.dtype == np.dtype("<u2") and np.array_equal(
+        (stored.astype(np.uint32) << 16).view(np.float32), x)
+    expect("bf16 stored as its bits", 0 if ok else 1, 0, str(stored.dtype))
+    code, text = tandem("check", "--backend", "reference", d)
+    loaded = code == 0 or (code == 2 and "does not offer swiglu_forward for dtype bf16" in text)
+    expect("bf16 case loads", 0 if loaded else code, 0, text)
+
+    h = f32(3, 8).astype(np.float16)
+    d = os.path.join(root, "swiglu_f16")
+    write_case(d, "swiglu", {}, {"x": h}, dtype="f16")
+    ok = np.load(os.path.join(d, "x.npy")).dtype == np.dtype("<f2")
+    expect("f16 stored as <f2", 0 if ok else 1, 0, "")
+
+    for dtype, value in [("bf16", np.float32(1.0 + 2.0 ** -10)), ("f16", np.float32(0.1))]:
+        try:
+            write_case(os.path.join(root, "inexact"), "swiglu", {},
+                       {"x": np.full((1, 2), value)}, dtype=dtype)
+            expect(f"{dtype} value it cannot hold is refused", 1, 0, "no error")
+        except ValueError as e:
+            expect(f"{dtype} value it cannot hold is refused", 0, 0, str(e))
+
+    # A float32 file in a bf16 case is an error naming the input.
+    q = to_bf16(f32(1, 4, 2, 8))
+    d = os.path.join(root, "attention_mixed")
+    write_case(d, "attention", {"num_heads": 2}, {"q": q, "k": q, "v": q}, dtype="bf16")
+    np.save(os.path.join(d, "k.npy"), q)
+    code, text = tandem("check", "--backend", "reference", d)
+    expect("f32 k in a bf16 case", code, 2, text)
+    expect("the error names inputs.k", 0 if "k.npy: inputs.k: dtype <f4" in text else 1, 0, text)
+
+    # Quantized codes keep their 8 bits.
+    codes = rng.integers(-127, 128, size=(1, 4, 2, 8))
+    d = os.path.join(root, "attention_int8")
+    ones = np.ones((1, 4, 2), np.float32)
+    write_case(d, "attention", {"num_heads": 2, "kv_cache": "int8"},
+               {"q": f32(1, 4, 2, 8), "k": codes, "v": codes, "k_scale": ones, "v_scale": ones})
+    ok = np.load(os.path.join(d, "k.npy")).dtype == np.dtype("|i1")
+    expect("int8 codes stored as |i1", 0 if ok else 1, 0, "")
 
 
 if __name__ == "__main__":

@@ -475,7 +475,8 @@ TEST(CaseRun, CallsTheBackendAndReportsMissingEntryPoints) {
     run_case(c, empty);
     FAIL();
   } catch (const CaseError& e) {
-    EXPECT_NE(std::string(e.what()).find("has no swiglu_forward entry point"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("does not offer swiglu_forward for dtype f32"),
+              std::string::npos);
   }
   Backend throwing;
   throwing.name = "strict";
@@ -489,6 +490,105 @@ TEST(CaseRun, CallsTheBackendAndReportsMissingEntryPoints) {
     EXPECT_EQ(e.field(), "out.size()");
     EXPECT_NE(std::string(e.what()).find("rejected the call"), std::string::npos);
   }
+}
+
+// ---- storage types (SPEC §9.4, §10) ----------------------------------------------
+
+TEST(CaseStorage, ParsesDtypeRoundingAndKvCache) {
+  const CaseSpec spec = parse_case_json(
+      R"({"op": "attention", "dtype": "bf16", "rounding": "ggml",
+          "attrs": {"num_heads": 2, "kv_cache": "e4m3"},
+          "inputs": {"q": "q", "k": "k", "v": "v", "k_scale": "a", "v_scale": "b"}})",
+      "c");
+  EXPECT_EQ(spec.dtype, DType::bf16);
+  EXPECT_EQ(spec.rounding, kRoundingGgml);
+  EXPECT_EQ(spec.kv_cache, KvCache::e4m3);
+  const CaseSpec plain = parse_case_json(kAttention, "c");
+  EXPECT_EQ(plain.dtype, DType::f32);
+  EXPECT_EQ(plain.rounding, kRoundingPytorch);
+  EXPECT_EQ(error_of(R"({"op": "swiglu", "dtype": "bf8", "inputs": {"x": "x"}})").field(), "dtype");
+  EXPECT_EQ(error_of(R"({"op": "rope", "rounding": "exact",
+                         "inputs": {"x": "x", "cos": "c", "sin": "s"}})")
+                .field(),
+            "rounding");
+}
+
+TEST(CaseStorage, PlanCarriesTheProfileAndTheCache) {
+  const CaseSpec spec = parse_case_json(
+      R"({"op": "attention", "dtype": "f16", "rounding": "exact",
+          "attrs": {"num_heads": 2, "kv_cache": "int8"},
+          "inputs": {"q": "q", "k": "k", "v": "v", "k_scale": "a", "v_scale": "b"}})",
+      "c");
+  const auto pc = plan_case(spec, {{"q", {1, 3, 2, 8}},
+                                   {"k", {1, 5, 1, 8}},
+                                   {"v", {1, 5, 1, 8}},
+                                   {"k_scale", {1, 5, 1}},
+                                   {"v_scale", {1, 5, 1}}});
+  const auto& plan = std::get<AttentionPlan>(pc.plan);
+  EXPECT_EQ(plan.rounding, kRoundingExact);
+  EXPECT_EQ(plan.kv_cache, KvCache::int8);
+  EXPECT_EQ(plan.kv_scale_size(), 5);
+}
+
+TEST(CaseStorage, Bf16CaseReadsItsBitsAndRunsAtBf16) {
+  const Case c = load_case(std::string(TANDEM_CASES_DIR) + "/lowp/swiglu_bf16");
+  EXPECT_EQ(c.spec.dtype, DType::bf16);
+  // The bits became their values: every one is a bfloat16.
+  for (float x : c.inputs.at("x").array.values) {
+    EXPECT_EQ(static_cast<float>(static_cast<double>(bfloat16(static_cast<double>(x)))), x);
+  }
+  Backend fake;
+  fake.name = "fake";
+  std::vector<double> seen;
+  fake.bf16.swiglu_forward = [&](const SwigluPlan& plan, std::span<const bfloat16> x,
+                                 std::span<bfloat16> out) {
+    for (const bfloat16& v : x) seen.push_back(static_cast<double>(v));
+    for (std::int64_t i = 0; i < plan.rows * plan.n; ++i) out[i] = bfloat16(0.5 * i);
+  };
+  const auto out = run_case(c, fake);
+  ASSERT_EQ(seen.size(), c.inputs.at("x").array.values.size());
+  EXPECT_EQ(seen[3], c.inputs.at("x").array.values[3]);
+  EXPECT_EQ(out.at("out")[5], 2.5f);
+  // The float32 entry point is not the bf16 one.
+  Backend f32_only;
+  f32_only.name = "f32";
+  f32_only.swiglu_forward = [](const SwigluPlan&, std::span<const float>, std::span<float>) {};
+  try {
+    run_case(c, f32_only);
+    FAIL();
+  } catch (const NotOffered& e) {
+    EXPECT_NE(std::string(e.what()).find("does not offer swiglu_forward for dtype bf16"),
+              std::string::npos);
+  }
+}
+
+TEST(CaseStorage, ToleranceIsDerivedPerDtype) {
+  const Case bf = load_case(std::string(TANDEM_CASES_DIR) + "/lowp/swiglu_bf16");
+  EXPECT_EQ(bf.spec.tolerance.rtol, 3.0 / 256);  // 3 u, u = 2^-8 (SPEC §9.5)
+  const Case h = load_case(std::string(TANDEM_CASES_DIR) + "/lowp/attention_f16");
+  double vmax = 0;
+  for (float x : h.inputs.at("v").array.values) vmax = std::max(vmax, std::fabs(double(x)));
+  EXPECT_EQ(h.spec.tolerance.rtol, 2.0 / 2048);
+  EXPECT_DOUBLE_EQ(h.spec.tolerance.atol, 2.0 / 2048 * vmax + 2 * std::ldexp(1.0, -25) + 2e-5);
+}
+
+TEST(CaseStorage, QuantizedCaseRunsTheQuantizedEntryPoint) {
+  const Case c = load_case(std::string(TANDEM_CASES_DIR) + "/lowp/attention_int8_cache_f32");
+  Backend fake;
+  fake.name = "fake";
+  std::size_t codes = 0, scales = 0;
+  fake.attention_forward_quantized = [&](const AttentionPlan& plan,
+                                         const AttentionInputs<float>& in, const QuantizedKv& kv,
+                                         std::span<float> out) {
+    check_inputs(plan, in, kv);
+    codes = kv.k.size();
+    scales = kv.k_scale.size();
+    std::fill(out.begin(), out.end(), 1.0f);
+  };
+  const auto out = run_case(c, fake);
+  EXPECT_EQ(codes, c.inputs.at("k").array.integers.size());
+  EXPECT_EQ(scales, c.inputs.at("k_scale").array.values.size());
+  EXPECT_EQ(out.at("out").size(), c.expected.at("out").array.values.size());
 }
 
 }  // namespace

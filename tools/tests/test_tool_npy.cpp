@@ -184,7 +184,7 @@ TEST(Npy, RejectsBigEndianAndUnsupportedDtypes) {
   const std::string be = npy("{'descr': '>f4', 'fortran_order': False, 'shape': (2, 3), }", data);
   EXPECT_EQ(field_of(be), "descr");
   EXPECT_NE(message_of(be).find("big-endian"), std::string::npos);
-  for (const char* d : {"<f2", "<c8", "|u1", "<u4", "|O", "<U3", "=f4", ""}) {
+  for (const char* d : {"<c8", "<i2", "<u4", "<f16", "|O", "<U3", "=f4", ""}) {
     const std::string f =
         npy(std::string("{'descr': '") + d + "', 'fortran_order': False, 'shape': (2, 3), }", data);
     EXPECT_EQ(field_of(f), "descr") << d;
@@ -193,6 +193,25 @@ TEST(Npy, RejectsBigEndianAndUnsupportedDtypes) {
   const std::string rec =
       npy("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (2, 3), }", data);
   EXPECT_EQ(field_of(rec), "descr");
+}
+
+TEST(Npy, ReadsHalfBitsAndCodesExactly) {
+  // float16 1.5, -2^-24 (the smallest subnormal), 65504 (the largest finite)
+  const std::string half = npy("{'descr': '<f2', 'fortran_order': False, 'shape': (3,), }",
+                               std::string("\x00\x3e\x01\x80\xff\x7b", 6));
+  const NpyArray h = parse_npy(half);
+  EXPECT_EQ(h.dtype, NpyDtype::f2);
+  EXPECT_EQ(h.values, (std::vector<float>{1.5f, -std::ldexp(1.0f, -24), 65504.0f}));
+  // <u2 keeps bit patterns; |i1 two's complement codes; |u1 bytes
+  const NpyArray bits = parse_npy(npy("{'descr': '<u2', 'fortran_order': False, 'shape': (2,), }",
+                                      std::string("\x80\x3f\xff\xff", 4)));
+  EXPECT_EQ(bits.integers, (std::vector<std::int64_t>{0x3f80, 0xffff}));
+  const NpyArray i8 = parse_npy(
+      npy("{'descr': '|i1', 'fortran_order': False, 'shape': (2,), }", std::string("\x81\x7f", 2)));
+  EXPECT_EQ(i8.integers, (std::vector<std::int64_t>{-127, 127}));
+  const NpyArray u8 = parse_npy(
+      npy("{'descr': '|u1', 'fortran_order': False, 'shape': (1,), }", std::string("\xfe", 1)));
+  EXPECT_EQ(u8.integers, (std::vector<std::int64_t>{254}));
 }
 
 TEST(Npy, RejectsDataOfTheWrongLength) {

@@ -103,7 +103,7 @@ HWY_INLINE VU32 RoundBits(DF d, VF v) {
 template <class T>
 HWY_INLINE VF LoadWideN(DF d, const T* p, std::int64_t n) {
   if constexpr (std::is_same_v<T, float>) {
-    return LoadN(d, p, n);
+    return LoadN(d, p, static_cast<std::size_t>(n));
   } else {
     const DU32 du;
     HWY_ALIGN std::uint32_t buf[kMaxFloatLanes] = {};
@@ -142,7 +142,7 @@ HWY_INLINE void StoreRounded(DF d, VF v, T* p) {
 template <class T>
 HWY_INLINE void StoreRoundedN(DF d, VF v, T* p, std::int64_t n) {
   if constexpr (std::is_same_v<T, float>) {
-    StoreN(d, v, p, n);
+    StoreN(v, d, p, static_cast<std::size_t>(n));
   } else {
     const DU32 du;
     HWY_ALIGN std::uint32_t buf[kMaxFloatLanes];

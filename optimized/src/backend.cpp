@@ -67,6 +67,19 @@ auto rope_qk(const Options& options, bool transpose) {
   };
 }
 
+/// The quantized-cache entry points of Kernels<T> (SPEC §10.4).
+template <class T>
+void bind_quantized(Kernels<T>& k, const Options& options) {
+  k.attention_forward_quantized = [options](const AttentionPlan& plan, const AttentionInputs<T>& in,
+                                            const QuantizedKv& kv, std::span<T> out) {
+    detail::attention_forward_quantized<T>(plan, in, kv, out, options);
+  };
+  k.quantize_kv = [options](const AttentionPlan& plan, std::span<const T> kk, std::span<const T> v,
+                            const QuantizedKvOut& out) {
+    detail::quantize_kv<T>(plan, kk, v, out, options);
+  };
+}
+
 }  // namespace
 
 Backend backend(Options options) {
@@ -98,6 +111,9 @@ Backend backend(Options options) {
   b.swiglu_forward = with_options<detail::swiglu_forward>(options);
   b.swiglu_backward = with_options<detail::swiglu_backward>(options);
   b.attention_block = with_options<detail::attention_block>(options);
+  bind_quantized<float>(b, options);
+  bind_quantized<bfloat16>(b.bf16, options);
+  bind_quantized<float16>(b.f16, options);
   return b;
 }
 

@@ -20,11 +20,13 @@
 // A rescale of the running sums when μ moves is a whole power of two, exact,
 // so the weights' bits do not depend on which key block moved the maximum.
 //
-// Work: one task per (sequence, kv head, query block, key chunk); the rows
-// of a task are the G heads × the block's queries, so one pass over the
-// head's K and V rows serves all of them. Long caches of few (sequence, kv
-// head) pairs are split into key chunks at fixed boundaries (multiples of
-// the chunk from key 0, depending on the shape only); every task writes its
+// Work: one task per (sequence, query block, key chunk); the rows of each
+// kv head g are its G query heads × the block's queries, so one pass over
+// the head's K and V rows serves all of them, and the kv heads take each
+// block of keys in turn, so that whole K and V rows are read in order.
+// Long caches of few (sequence, query block) pairs are split into key
+// chunks at fixed boundaries (multiples of the chunk from key 0, depending
+// on the shape only); every task writes its
 // partial (o, μ, l) and the partials of a row are merged in chunk order with
 // the exact factors 2^(μ_c − μ): bitwise identical for any thread count.
 
@@ -56,10 +58,10 @@ namespace tandem::optimized::detail {
 /// Query rows per task at most (more when one query's G heads are more).
 inline constexpr std::int64_t kDecodeRows = 16;
 /// Keys per block of the online softmax inside a task.
-inline constexpr std::int64_t kDecodeKeyBlock = 64;
+inline constexpr std::int64_t kDecodeKeyBlock = 16;
 /// Keys per chunk of a split call, unless Geometry::split_keys_chunk says.
 inline constexpr std::int64_t kDecodeChunk = 512;
-/// Calls with fewer (sequence, kv head) pairs than this split their keys.
+/// Calls with fewer (sequence, query block) pairs than this split their keys.
 inline constexpr std::int64_t kDecodeSplitBelow = 64;
 
 /// One call after validation, whatever its element types: q, out of type
@@ -108,7 +110,7 @@ struct DecodeTask {
 /// padding), the scores then weights of one key block, the output
 /// accumulators, the running μ and l, and which rows see each key.
 struct DecodeScratch {
-  Buffer Qn, S, On, m, l;
+  Buffer Qn, S, W, On, m, l;
   std::vector<unsigned char> seen;
   std::int64_t Dp = 0, Dvp = 0, R = 0;
   DecodeScratch(const AttentionPlan& p, std::int64_t rows) {
@@ -117,6 +119,7 @@ struct DecodeScratch {
     R = RoundUp(rows, 4);
     Qn.resize(R * Dp);
     S.resize(R * RoundUp(kDecodeKeyBlock, Lanes()));
+    W.resize(R * kDecodeKeyBlock);
     On.resize(R * Dvp);
     m.resize(R);
     l.resize(R);
@@ -142,28 +145,41 @@ class DecodeKernel {
         softcap_ > 0.0f ? 1.0f : static_cast<float>(p_.scale * static_cast<double>(attn::kLog2e));
   }
 
-  /// The task's partial: for every row r (= qi·G + gi), Dvp floats of the
-  /// unnormalized output, then μ and l.
-  void Run(const DecodeTask& t, DecodeScratch& s, float* partial) const {
-    const AttentionSeq& seq = a_.seqs[t.n];
-    const std::int64_t rows = t.nq * G_;
-    PackQueries(t, seq, s, rows);
-    std::fill(s.On.get(), s.On.get() + s.R * s.Dvp, 0.0f);
-    std::fill(s.m.get(), s.m.get() + s.R, -std::numeric_limits<float>::infinity());
-    std::fill(s.l.get(), s.l.get() + s.R, 0.0f);
-    std::int64_t j_lo = t.k0, j_hi = t.k1;
-    KeyBand(t, seq, j_lo, j_hi);
+  /// The task's partials: for every kv head g and row r (= qi·G + gi) of
+  /// it, record g·rows + r: Dvp floats of the unnormalized output, then μ
+  /// and l. The keys go by blocks, each block through every kv head in
+  /// turn, so that whole K and V rows (all heads) are read one after the
+  /// other, as the split-key forward does (attention_split_keys-inl.h).
+  void Run(const DecodeTask& task, std::vector<DecodeScratch>& heads, float* partial) const {
+    const AttentionSeq& seq = a_.seqs[task.n];
+    const std::int64_t rows = task.nq * G_;
+    std::int64_t j_lo = task.k0, j_hi = task.k1;
+    KeyBand(task, seq, j_lo, j_hi);
+    DecodeTask t = task;
+    for (t.g = 0; t.g < p_.Hkv; ++t.g) {
+      DecodeScratch& s = heads[static_cast<std::size_t>(t.g)];
+      PackQueries(t, seq, s, rows);
+      std::fill(s.On.get(), s.On.get() + s.R * s.Dvp, 0.0f);
+      std::fill(s.m.get(), s.m.get() + s.R, -std::numeric_limits<float>::infinity());
+      std::fill(s.l.get(), s.l.get() + s.R, 0.0f);
+    }
     for (std::int64_t j0 = j_lo; j0 < j_hi; j0 += kDecodeKeyBlock) {
       const std::int64_t nk = std::min(kDecodeKeyBlock, j_hi - j0);
-      Scores(t, seq, s, rows, j0, nk);
-      Softmax(s, rows, nk);
-      Values(t, seq, s, rows, j0, nk);
+      for (t.g = 0; t.g < p_.Hkv; ++t.g) {
+        DecodeScratch& s = heads[static_cast<std::size_t>(t.g)];
+        Scores(t, seq, s, rows, j0, nk);
+        Softmax(s, rows, nk);
+        Values(t, seq, s, rows, j0, nk);
+      }
     }
-    for (std::int64_t r = 0; r < rows; ++r) {
-      float* dst = partial + r * (s.Dvp + 2);
-      std::copy(s.On.get() + r * s.Dvp, s.On.get() + (r + 1) * s.Dvp, dst);
-      dst[s.Dvp] = s.m.get()[r];
-      dst[s.Dvp + 1] = s.l.get()[r];
+    for (t.g = 0; t.g < p_.Hkv; ++t.g) {
+      const DecodeScratch& s = heads[static_cast<std::size_t>(t.g)];
+      for (std::int64_t r = 0; r < rows; ++r) {
+        float* dst = partial + (t.g * rows + r) * (s.Dvp + 2);
+        std::copy(s.On.get() + r * s.Dvp, s.On.get() + (r + 1) * s.Dvp, dst);
+        dst[s.Dvp] = s.m.get()[r];
+        dst[s.Dvp + 1] = s.l.get()[r];
+      }
     }
   }
 
@@ -331,30 +347,86 @@ class DecodeKernel {
     }
   }
 
-  /// On[r] += Σ_jj (w_rj·σ^v_j)·c^v_j over the keys some row sees; a row
-  /// that does not see a key never touches its values (they may be NaN).
+  /// On[r] += Σ_jj (w_rj·σ^v_j)·c^v_j over the keys some row sees, in key
+  /// order. When every such key is seen by all rows, the weights are
+  /// scaled once (W) and each vector of On stays in registers for four rows
+  /// across the block (ValuesSeenByAll); otherwise a row that does not see a
+  /// key never touches its values (they may be NaN).
   void Values(const DecodeTask& t, const AttentionSeq& seq, DecodeScratch& s, std::int64_t rows,
               std::int64_t j0, std::int64_t nk) const {
     const DF d;
     const std::int64_t N = Lanes(), ld = RoundUp(kDecodeKeyBlock, N), Dv = p_.Dv;
+    const E* vals[kDecodeKeyBlock];
+    float sv[kDecodeKeyBlock];
+    std::int64_t keys[kDecodeKeyBlock];
+    std::int64_t n_active = 0;
+    bool all = true;
     for (std::int64_t jj = 0; jj < nk; ++jj) {
       const unsigned char* seen = s.seen.data() + jj * s.R;
       std::int64_t n_seen = 0;
       for (std::int64_t r = 0; r < rows; ++r) n_seen += seen[r];
       if (n_seen == 0) continue;
-      const std::int64_t j = j0 + jj;
-      const KeyRow at = seq.key_row(j);
-      const E* val = v_ + p_.v.at(at.batch, at.seq, t.g);
-      const float sv =
+      all = all && n_seen == rows;
+      const KeyRow at = seq.key_row(j0 + jj);
+      vals[n_active] = v_ + p_.v.at(at.batch, at.seq, t.g);
+      sv[n_active] =
           a_.v_scale != nullptr ? a_.v_scale[p_.kv_scale_at(at.batch, at.seq, t.g)] : 1.0f;
+      keys[n_active++] = jj;
+    }
+    if (all) {
+      ValuesSeenByAll(s, rows, vals, sv, keys, n_active);
+      return;
+    }
+    for (std::int64_t a = 0; a < n_active; ++a) {
+      const unsigned char* seen = s.seen.data() + keys[a] * s.R;
       for (std::int64_t x = 0; x < Dv; x += N) {
-        const VF vv = x + N <= Dv ? LoadStored<E>(d, val + x) : LoadStoredN<E>(d, val + x, Dv - x);
+        const VF vv =
+            x + N <= Dv ? LoadStored<E>(d, vals[a] + x) : LoadStoredN<E>(d, vals[a] + x, Dv - x);
         for (std::int64_t r = 0; r < rows; ++r) {
           if (!seen[r]) continue;
           float* o = s.On.get() + r * s.Dvp + x;
-          const VF w = hn::Set(d, s.S.get()[r * ld + jj] * sv);
+          const VF w = hn::Set(d, s.S.get()[r * ld + keys[a]] * sv[a]);
           hn::Store(hn::MulAdd(w, vv, hn::Load(d, o)), d, o);
         }
+      }
+    }
+  }
+
+  /// Values' common case: W[r][a] = w_r,key(a)·σ^v (0 for the padding rows),
+  /// then per vector of On and four rows, the block's keys in order with
+  /// the four accumulators in registers (the same products and sums as the
+  /// key-by-key loop, so the same bits).
+  void ValuesSeenByAll(DecodeScratch& s, std::int64_t rows, const E* const* vals, const float* sv,
+                       const std::int64_t* keys, std::int64_t n_active) const {
+    const DF d;
+    const std::int64_t N = Lanes(), ld = RoundUp(kDecodeKeyBlock, N), Dv = p_.Dv;
+    float* W = s.W.get();
+    for (std::int64_t r = 0; r < s.R; ++r) {
+      for (std::int64_t a = 0; a < n_active; ++a) {
+        W[r * kDecodeKeyBlock + a] = r < rows ? s.S.get()[r * ld + keys[a]] * sv[a] : 0.0f;
+      }
+    }
+    for (std::int64_t r0 = 0; r0 < rows; r0 += 4) {
+      const float* w0 = W + r0 * kDecodeKeyBlock;
+      const float *w1 = w0 + kDecodeKeyBlock, *w2 = w1 + kDecodeKeyBlock,
+                  *w3 = w2 + kDecodeKeyBlock;
+      float* o0 = s.On.get() + r0 * s.Dvp;
+      for (std::int64_t x = 0; x < Dv; x += N) {
+        VF a0 = hn::Load(d, o0 + x), a1 = hn::Load(d, o0 + s.Dvp + x);
+        VF a2 = hn::Load(d, o0 + 2 * s.Dvp + x), a3 = hn::Load(d, o0 + 3 * s.Dvp + x);
+        const bool full = x + N <= Dv;
+        for (std::int64_t a = 0; a < n_active; ++a) {
+          const VF vv =
+              full ? LoadStored<E>(d, vals[a] + x) : LoadStoredN<E>(d, vals[a] + x, Dv - x);
+          a0 = hn::MulAdd(hn::Set(d, w0[a]), vv, a0);
+          a1 = hn::MulAdd(hn::Set(d, w1[a]), vv, a1);
+          a2 = hn::MulAdd(hn::Set(d, w2[a]), vv, a2);
+          a3 = hn::MulAdd(hn::Set(d, w3[a]), vv, a3);
+        }
+        hn::Store(a0, d, o0 + x);
+        hn::Store(a1, d, o0 + s.Dvp + x);
+        hn::Store(a2, d, o0 + 2 * s.Dvp + x);
+        hn::Store(a3, d, o0 + 3 * s.Dvp + x);
       }
     }
   }
@@ -369,9 +441,9 @@ class DecodeKernel {
   float scale_ = 1.0f, softcap_ = 0.0f, q_scale_ = 1.0f;
 };
 
-/// Where each task's partial lies: tasks in the order (sequence, kv head,
-/// query block, key chunk), chunk innermost; a group = the chunks of one
-/// (sequence, kv head, query block), merged together.
+/// Where each task's partials lie: tasks in the order (sequence, query
+/// block, key chunk), chunk innermost, each covering every kv head; a group
+/// = the chunks of one (sequence, query block), merged together.
 struct DecodeLayout {
   std::vector<DecodeTask> tasks;
   std::vector<std::int64_t> first;        ///< `[tasks + 1]` float offset of each partial
@@ -384,39 +456,37 @@ struct DecodeLayout {
     group_first.assign(1, 0);
     for (std::int64_t n = 0; n < static_cast<std::int64_t>(a.seqs.size()); ++n) {
       const AttentionSeq& seq = a.seqs[n];
-      for (std::int64_t g = 0; g < p.Hkv; ++g) {
-        for (std::int64_t i0 = 0; i0 < seq.Sq; i0 += a.block_q) {
-          DecodeTask t{n, g, i0, std::min(a.block_q, seq.Sq - i0), 0, 0};
-          groups.push_back(t);
-          for (std::int64_t k0 = 0; k0 < seq.Sk; k0 += a.chunk) {
-            t.k0 = k0;
-            t.k1 = std::min(seq.Sk, k0 + a.chunk);
-            tasks.push_back(t);
-            first.push_back(first.back() + t.nq * p.group() * (Dvp + 2));
-          }
-          group_first.push_back(static_cast<std::int64_t>(tasks.size()));
+      for (std::int64_t i0 = 0; i0 < seq.Sq; i0 += a.block_q) {
+        DecodeTask t{n, 0, i0, std::min(a.block_q, seq.Sq - i0), 0, 0};
+        groups.push_back(t);
+        for (std::int64_t k0 = 0; k0 < seq.Sk; k0 += a.chunk) {
+          t.k0 = k0;
+          t.k1 = std::min(seq.Sk, k0 + a.chunk);
+          tasks.push_back(t);
+          first.push_back(first.back() + p.Hkv * t.nq * p.group() * (Dvp + 2));
         }
+        group_first.push_back(static_cast<std::int64_t>(tasks.size()));
       }
     }
   }
 };
 
-/// Merges row r of a group's chunk partials in chunk order (μ = max of the
+/// Merges row r of kv head g of a group's chunk partials in chunk order (μ = max of the
 /// sink's ⌈·⌉ and the μ_c; o = Σ o_c·2^(μ_c − μ), l likewise, exact factors),
 /// adds the sink's weight to l and stores RN_Q(o / l) and the lse.
 template <class Q>
 void MergeRow(const DecodeArgs& a, const DecodeLayout& lay, const float* partials, std::int64_t grp,
-              std::int64_t r, std::int64_t Dvp, float* acc) {
+              std::int64_t g, std::int64_t r, std::int64_t Dvp, float* acc) {
   const AttentionPlan& p = *a.plan;
   const DF d;
   const std::int64_t N = Lanes(), G = p.group();
   const DecodeTask& t = lay.groups[grp];
   const AttentionSeq& seq = a.seqs[t.n];
-  const std::int64_t h = t.g * G + r % G, i = t.i0 + r / G;
+  const std::int64_t h = g * G + r % G, i = t.i0 + r / G, rows = t.nq * G;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const float sink = a.sinks.empty() ? neg_inf : a.sinks[h] * attn::kLog2e;
   const std::int64_t c0 = lay.group_first[grp], c1 = lay.group_first[grp + 1];
-  const auto part = [&](std::int64_t c) { return lay.first[c] + r * (Dvp + 2); };
+  const auto part = [&](std::int64_t c) { return lay.first[c] + (g * rows + r) * (Dvp + 2); };
   float m = std::ceil(sink);
   for (std::int64_t c = c0; c < c1; ++c) m = std::max(m, partials[part(c) + Dvp]);
   std::fill(acc, acc + Dvp, 0.0f);
@@ -468,17 +538,21 @@ void Decode(const DecodeArgs& a) {
       std::max<std::int64_t>(1, std::min<std::int64_t>(a.threads, std::max(n_tasks, n_groups))));
 #pragma omp parallel num_threads(nt)
   {
-    DecodeScratch s(p, rows);
+    std::vector<DecodeScratch> heads;
+    heads.reserve(static_cast<std::size_t>(p.Hkv));
+    for (std::int64_t g = 0; g < p.Hkv; ++g) heads.emplace_back(p, rows);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t i = 0; i < n_tasks; ++i) {
-      kernel.Run(lay.tasks[static_cast<std::size_t>(i)], s, partials.get() + lay.first[i]);
+      kernel.Run(lay.tasks[static_cast<std::size_t>(i)], heads, partials.get() + lay.first[i]);
     }
     // (the implicit barrier above: every partial is written)
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t grp = 0; grp < n_groups; ++grp) {
       const std::int64_t grp_rows = lay.groups[static_cast<std::size_t>(grp)].nq * p.group();
-      for (std::int64_t r = 0; r < grp_rows; ++r) {
-        MergeRow<Q>(a, lay, partials.get(), grp, r, Dvp, s.On.get());
+      for (std::int64_t g = 0; g < p.Hkv; ++g) {
+        for (std::int64_t r = 0; r < grp_rows; ++r) {
+          MergeRow<Q>(a, lay, partials.get(), grp, g, r, Dvp, heads[0].On.get());
+        }
       }
     }
   }
@@ -529,7 +603,7 @@ namespace detail {
 namespace {
 
 /// The arguments every call shares: the sequences, the sinks widened, the
-/// chunk (splitting only calls with few (sequence, kv head) pairs and long
+/// chunk (splitting only calls with few (sequence, query block) pairs and long
 /// caches; Geometry::split_keys_chunk, when set, fixes it), the query block.
 template <class T>
 DecodeArgs common_args(const AttentionPlan& plan, const AttentionInputs<T>& in, T* out, float* lse,
@@ -546,17 +620,18 @@ DecodeArgs common_args(const AttentionPlan& plan, const AttentionInputs<T>& in, 
   if (plan.sinks) {
     for (const T& x : in.sinks) a.sinks.push_back(static_cast<float>(x));
   }
-  std::int64_t max_Sk = 0;
+  a.block_q = std::max<std::int64_t>(1, kDecodeRows / plan.group());
+  std::int64_t max_Sk = 0, qblocks = 0;
   for (std::int64_t n = 0; n < plan.sequences(); ++n) {
     a.seqs.push_back(plan.sequence(in, n));
     max_Sk = std::max(max_Sk, a.seqs.back().Sk);
+    qblocks += (a.seqs.back().Sq + a.block_q - 1) / a.block_q;
   }
   const Geometry& geo = options.geometry;
   const std::int64_t chunk = geo.split_keys_chunk > 0 ? geo.split_keys_chunk : kDecodeChunk;
   const bool split = geo.split_keys_min_chunks > 0 && max_Sk >= geo.split_keys_min_chunks * chunk &&
-                     (plan.sequences() * plan.Hkv < kDecodeSplitBelow || geo.split_keys_chunk > 0);
+                     (qblocks < kDecodeSplitBelow || geo.split_keys_chunk > 0);
   a.chunk = split ? chunk : std::max<std::int64_t>(1, max_Sk);
-  a.block_q = std::max<std::int64_t>(1, kDecodeRows / plan.group());
   a.out = out;
   a.lse = lse;
   a.threads = threads_of(options);

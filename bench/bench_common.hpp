@@ -256,5 +256,7 @@ void register_attention();
 void register_features();
 void register_streaming();
 void register_block();
+/// Decode over K/V stored as f32, bf16, f16, int8, e4m3 (bench_decode_stored.cpp).
+void register_decode_stored();
 
 }  // namespace tandem::bench

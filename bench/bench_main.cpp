@@ -288,6 +288,7 @@ int main(int argc, char** argv) {
   register_features();
   register_streaming();
   register_block();
+  register_decode_stored();
   if (config().print_plan) {
     print_plan();
     return 0;

@@ -145,8 +145,8 @@ template <class T>
 void check_finite_values(std::span<const T> x, std::int64_t size, const std::string& name) {
   require_size(x.size(), size, name);
   for (std::size_t i = 0; i < x.size(); ++i) {
-    require_entry(finite_value(x[i]), name, static_cast<std::int64_t>(i), value_text(x[i]),
-                  "must be finite");
+    if (finite_value(x[i])) continue;  // the value's text only for the message
+    require_entry(false, name, static_cast<std::int64_t>(i), value_text(x[i]), "must be finite");
   }
 }
 
@@ -276,8 +276,9 @@ void check_inputs(const AttentionPlan& plan, const AttentionInputs<T>& in, const
   const auto check_scales = [&](std::span<const float> s, const std::string& name) {
     require_size(s.size(), plan.kv_scale_size(), name);
     for (std::size_t i = 0; i < s.size(); ++i) {
-      require_entry(std::isfinite(s[i]) && s[i] >= 0.0f, name, static_cast<std::int64_t>(i),
-                    std::to_string(s[i]), "must be finite and >= 0");
+      if (std::isfinite(s[i]) && s[i] >= 0.0f) continue;  // the value's text only for the message
+      require_entry(false, name, static_cast<std::int64_t>(i), std::to_string(s[i]),
+                    "must be finite and >= 0");
     }
   };
   check_scales(kv.k_scale, "k_scale");

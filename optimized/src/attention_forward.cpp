@@ -188,7 +188,7 @@ void Narrow(const float* x, std::int64_t n, T* dst, int threads) {
 /// target (this CPU class has no bf16 arithmetic the tiles could use; a key
 /// block is packed anyway). Only a decode step against a long cache reads
 /// each K/V element once, where widening the whole cache first costs as
-/// much as the call: detail::stored_decode is where such calls would leave.
+/// much as the call: detail::stored_decode is where such calls leave.
 template <class T>
 void ForwardStored(const AttentionPlan& plan, const AttentionInputs<T>& in, std::span<T> out,
                    std::span<float> lse, const Geometry& geometry, int threads) {
@@ -281,17 +281,16 @@ void require_rounding(const AttentionPlan& plan) {
           "is not implemented by the optimized backend (it implements pytorch and exact)");
 }
 
-/// THE one place where a decode-shaped call of storage type T (a few query
-/// rows against a long or paged cache) is to be routed to a kernel that
-/// reads K and V in T where they lie (optimized/src/attention_decode_stored.cpp),
-/// instead of ForwardStored widening the whole cache first. Called after
-/// validation; returns whether it computed the call. No such kernel is bound
-/// yet: every call takes the general path.
+/// The one place where a decode-shaped call of storage type T (a few query
+/// rows against a long or paged cache) leaves for the kernel that reads K
+/// and V in T where they lie (attention_decode_stored.cpp), instead of
+/// ForwardStored widening the whole cache first. Called after validation;
+/// returns whether it computed the call (false: not decode-shaped, nothing
+/// written).
 template <class T>
 bool stored_decode(const AttentionPlan& plan, const AttentionInputs<T>& in, std::span<T> out,
                    std::span<float> lse, const Options& options) {
-  (void)plan, (void)in, (void)out, (void)lse, (void)options;
-  return false;
+  return detail::attention_decode_stored<T>(plan, in, out, lse, options);
 }
 
 /// The low-precision forward of storage type T, validated first.

@@ -99,6 +99,19 @@ void bind_rope_swiglu(Kernels<T>& k, const Options& options) {
   k.swiglu_backward = with_options<detail::swiglu_backward<T>>(options);
 }
 
+/// The quantized-cache entry points of Kernels<T> (SPEC §10.4).
+template <class T>
+void bind_quantized(Kernels<T>& k, const Options& options) {
+  k.attention_forward_quantized = [options](const AttentionPlan& plan, const AttentionInputs<T>& in,
+                                            const QuantizedKv& kv, std::span<T> out) {
+    detail::attention_forward_quantized<T>(plan, in, kv, out, options);
+  };
+  k.quantize_kv = [options](const AttentionPlan& plan, std::span<const T> kk, std::span<const T> v,
+                            const QuantizedKvOut& out) {
+    detail::quantize_kv<T>(plan, kk, v, out, options);
+  };
+}
+
 }  // namespace
 
 Backend backend(Options options) {
@@ -121,6 +134,9 @@ Backend backend(Options options) {
   b.f16.attention_forward = with_options<detail::attention_forward_stored<float16>>(options);
   b.f16.attention_forward_lse =
       with_options<detail::attention_forward_lse_stored<float16>>(options);
+  bind_quantized<float>(b, options);
+  bind_quantized<bfloat16>(b.bf16, options);
+  bind_quantized<float16>(b.f16, options);
   return b;
 }
 

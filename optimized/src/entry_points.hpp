@@ -47,6 +47,27 @@ void attention_forward_stored(const AttentionPlan& plan, const AttentionInputs<T
 template <class T>
 void attention_forward_lse_stored(const AttentionPlan& plan, const AttentionInputs<T>& in,
                                   std::span<T> out, std::span<float> lse, const Options& options);
+/// The forward of a decode step with K and V read as stored (bf16, f16; SPEC
+/// §10.2): out = RN_T(attention), lse (float, [B, H, Sq]; empty: not
+/// written) as attention_forward_lse. Validates the views first; returns
+/// false, writing nothing, when the call is not decode-shaped (a sequence
+/// with more queries than one task's rows, attention_decode_stored.cpp),
+/// for the caller to take another path.
+template <class T>
+bool attention_decode_stored(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                             std::span<T> out, std::span<float> lse, const Options& options);
+/// out = RN_T(attention) with k and v read as int8 or e4m3 codes times their
+/// scales (SPEC §10.4), T = float, bfloat16 or float16; any shape (decode
+/// steps run fastest).
+template <class T>
+void attention_forward_quantized(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                                 const QuantizedKv& kv, std::span<T> out, const Options& options);
+/// The codes and scales of k and v (SPEC §10.4's definition, bitwise), T =
+/// float, bfloat16 or float16.
+template <class T>
+void quantize_kv(const AttentionPlan& plan, std::span<const T> k, std::span<const T> v,
+                 const QuantizedKvOut& out, const Options& options);
+
 /// Any non-empty subset of dq, dk, dv, dsinks, dbias (an empty view is not computed); with
 /// `saved` (the forward's out and lse) P and rowsum(dO ∘ O) come from it
 /// instead of a forward run over each query block. T: float, bfloat16 or

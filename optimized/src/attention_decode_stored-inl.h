@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0
+// Per-target loads of K and V rows in their stored element type (SPEC
+// §10.1, §10.4), widened to float32 in registers: bf16 and f16 through
+// LoadWide (convert-inl.h), int8 codes by sign extension, e4m3 codes by bit
+// arithmetic. Nothing is written back: the decode kernel
+// (attention_decode_stored.cpp) multiplies the widened codes into its dot
+// products and accumulators directly.
+//
+// e4m3 by bit arithmetic rather than a 256-entry table: a table needs a
+// gather per vector (16 loads on AVX3, none at all on SSE4), while the
+// code's 7 magnitude bits shifted into float's exponent and fraction fields
+// and scaled by 2^(127 − 7) give every normal and subnormal value in four
+// vector operations (as WidenBits does for f16); 0x7F (NaN) is caught by one
+// compare. Included once per Highway target (the toggle guard below), after
+// <hwy/highway.h>.
+#if defined(TANDEM_OPTIMIZED_ATTENTION_DECODE_STORED_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef TANDEM_OPTIMIZED_ATTENTION_DECODE_STORED_INL_H_
+#undef TANDEM_OPTIMIZED_ATTENTION_DECODE_STORED_INL_H_
+#else
+#define TANDEM_OPTIMIZED_ATTENTION_DECODE_STORED_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "convert-inl.h"
+#include "simd-inl.h"
+#include "tandem/storage.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace tandem::optimized::HWY_NAMESPACE {
+
+/// Bytes of one stored element: 1 for codes, 2 for bf16/f16.
+template <class E>
+inline constexpr bool kIsCode = std::is_same_v<E, std::int8_t> || std::is_same_v<E, float8_e4m3>;
+
+/// The float32 values of e4m3 codes held in the low 8 bits of u32 lanes:
+/// sign · 2^(e − 7) · 1.f (e > 0), sign · 2^−6 · 0.f (e = 0); 0x7F and 0xFF
+/// are NaN (e4m3fn has no infinity). Exact: every e4m3 value is a float32.
+HWY_INLINE VF WidenE4m3(DF d, VU32 b) {
+  const DU32 du;
+  const VU32 mag = hn::And(b, hn::Set(du, 0x7Fu));
+  const VF value = hn::Mul(hn::BitCast(d, hn::ShiftLeft<20>(mag)), hn::Set(d, 0x1p120f));
+  const auto nan = hn::RebindMask(d, hn::Eq(mag, hn::Set(du, 0x7Fu)));
+  const VF with_nan =
+      hn::IfThenElse(nan, hn::Set(d, std::numeric_limits<float>::quiet_NaN()), value);
+  const VU32 sign = hn::ShiftLeft<24>(hn::And(b, hn::Set(du, 0x80u)));
+  return hn::BitCast(d, hn::Or(hn::BitCast(du, with_nan), sign));
+}
+
+/// A full vector of stored elements from p as floats: the values of bf16
+/// and f16, the codes c of int8 and e4m3 (the scale is applied by the
+/// caller, SPEC §10.4).
+template <class E>
+HWY_INLINE VF LoadStored(DF d, const E* p) {
+  if constexpr (std::is_same_v<E, std::int8_t>) {
+    const hn::Rebind<std::int8_t, DF> d8;
+    return hn::ConvertTo(d, hn::PromoteTo(DI32(), hn::LoadU(d8, p)));
+  } else if constexpr (std::is_same_v<E, float8_e4m3>) {
+    const hn::Rebind<std::uint8_t, DF> d8;
+    return WidenE4m3(
+        d, hn::PromoteTo(DU32(), hn::LoadU(d8, reinterpret_cast<const std::uint8_t*>(p))));
+  } else {
+    return LoadWide<E>(d, p);
+  }
+}
+
+/// Elements p[0 .. n) as floats (n <= Lanes(); the rest 0); reads exactly
+/// those.
+template <class E>
+HWY_INLINE VF LoadStoredN(DF d, const E* p, std::int64_t n) {
+  if constexpr (kIsCode<E>) {
+    HWY_ALIGN E buf[kMaxFloatLanes] = {};
+    std::memcpy(buf, p, static_cast<std::size_t>(n));
+    return LoadStored<E>(d, buf);
+  } else {
+    return LoadWideN<E>(d, p, n);
+  }
+}
+
+}  // namespace tandem::optimized::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // toggle guard

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "tandem/reference/attention.hpp"
+#include "tandem/reference/rounding_bound.hpp"
 
 namespace tandem::props {
 namespace {
@@ -267,6 +268,25 @@ std::string rounded_close(const std::string& what, std::span<const double> got,
 }
 
 template <class T>
+RoundedForward reference_rounding(const AttentionData& d, double rel_delta, const Codes* codes) {
+  const AttentionPlan& p = d.plan;
+  const PlacedAt<T> m(d, cspan(d.q), cspan(d.k), cspan(d.v));
+  reference::RoundingBound b;
+  if (codes != nullptr) {
+    AttentionInputs<T> in = m.in();
+    in.k = {};
+    in.v = {};
+    b = reference::attention_forward_quantized_rounding<T>(p, in, codes->view(), rel_delta);
+  } else {
+    b = reference::attention_forward_rounding<T>(p, m.in(), rel_delta);
+  }
+  RoundedForward o;
+  o.unrounded = gather<double>(p.o, p.B, p.Sq, p.H, p.Dv, cspan(b.unrounded));
+  o.flip = gather<double>(p.o, p.B, p.Sq, p.H, p.Dv, cspan(b.flip));
+  return o;
+}
+
+template <class T>
 RoundedBackward rounded_backward(const AttentionData& d, const AttentionScales& sc) {
   const AttentionPlan& p = d.plan;
   const bool operands = is_low_precision_v<T> && p.rounding.operands;
@@ -510,6 +530,7 @@ std::vector<double> run_quantized_t(const Kernels<T>& kt, const AttentionData& d
   template std::string rounded_grads_close<T>(const Grads&, const RoundedBackward&,            \
                                               const AttentionScales&);                         \
   template Grads run_backward_t<T>(const Kernels<T>&, const AttentionData&);                   \
+  template RoundedForward reference_rounding<T>(const AttentionData&, double, const Codes*);   \
   template struct GuardedT<T>;                                                                 \
   template std::vector<double> run_forward_t<T>(const Kernels<T>&, const AttentionData&,       \
                                                 std::vector<double>*);                         \

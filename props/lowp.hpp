@@ -60,6 +60,15 @@ RoundedForward rounded_forward(const AttentionData& d, const Rounding& r, std::s
                                std::span<const double> k, std::span<const double> v,
                                double rel_delta);
 
+struct Codes;  // below
+
+/// The reference's own bound of the same call (reference/rounding_bound.hpp:
+/// attention_forward_rounding, or attention_forward_quantized_rounding with
+/// `codes`), as logical unrounded and flip; lse is left empty.
+template <class T>
+RoundedForward reference_rounding(const AttentionData& d, double rel_delta,
+                                  const Codes* codes = nullptr);
+
 /// SPEC §10.2's backward oracle (the one-call backward, no sinks): the
 /// gradients g* before their final RN_T (logical, shapes of q, k, v) with the
 /// weights RN_T(p_ij) (dv) and RN_T(dx_ij) (dq, dk) of the profile, and for

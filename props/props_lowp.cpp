@@ -93,11 +93,16 @@ struct AgreeForward {
     const AttentionScales sc = scales(d);
     const auto q = to_double(d.q), k = to_double(d.k), v = to_double(d.v);
     const RoundedForward o = rounded_forward<T>(d, d.plan.rounding, q, k, v, weight_rel_delta(sc));
-    TANDEM_REQUIRE_EMPTY(rounded_close<T>("out", run_forward_t(kt, d), o, sc));
+    // the reference's bound (reference/rounding_bound.hpp) and this suite's must both hold
+    const RoundedForward r = reference_rounding<T>(d, weight_rel_delta(sc));
+    const auto got = run_forward_t(kt, d);
+    TANDEM_REQUIRE_EMPTY(rounded_close<T>("out", got, o, sc));
+    TANDEM_REQUIRE_EMPTY(rounded_close<T>("out (the reference's bound)", got, r, sc));
     if (!kt.attention_forward_lse) return;
     std::vector<double> lse;
     const auto out = run_forward_t(kt, d, &lse);
     TANDEM_REQUIRE_EMPTY(rounded_close<T>("forward_lse out", out, o, sc));
+    TANDEM_REQUIRE_EMPTY(rounded_close<T>("forward_lse out (the reference's bound)", out, r, sc));
     const double lse_scale = 1 + sc.L + std::log(double(d.plan.Sk));
     TANDEM_REQUIRE_EMPTY(attention_close("lse", lse, o.lse, lse_scale, sc));
   }
@@ -257,7 +262,10 @@ struct QuantizedAgree {
     const auto q = to_double(d.q);
     const RoundedForward o =
         rounded_forward<T>(plain, d.plan.rounding, q, k, v, weight_rel_delta(sc));
-    TANDEM_REQUIRE_EMPTY(rounded_close<T>("quantized out", run_quantized_t(kt, d, codes), o, sc));
+    const auto got = run_quantized_t(kt, d, codes);
+    TANDEM_REQUIRE_EMPTY(rounded_close<T>("quantized out", got, o, sc));
+    const RoundedForward r = reference_rounding<T>(d, weight_rel_delta(sc), &codes);
+    TANDEM_REQUIRE_EMPTY(rounded_close<T>("quantized out (the reference's bound)", got, r, sc));
   }
 };
 

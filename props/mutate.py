@@ -164,6 +164,16 @@ MUTATIONS = [
              [("x1 = full ? LoadWide(d, x + m + i) : LoadWideN(d, x + m + i, n);",
                "x1 = full ? LoadWide(d, x + m + i) : LoadWideN(d, x + m + i, n - 1);")],
              "RoPE (NeoX): the last partial vector loses its last pair's second element"),
+    # bf16/f16 storage (SPEC §10.2): each is a no-op at float, so only the
+    # low-precision properties (props_lowp.cpp) can reject it
+    Mutation("swiglu_silu_rounded", "swiglu.cpp",
+             [("const V y = hn::Mul(silu, u);              // y = silu·u",
+               "const V y = hn::Mul(RoundAs<T>(d, silu), u);")],
+             "SwiGLU forward in bf16/f16: silu(g) rounded to T before the product (two roundings)"),
+    Mutation("rope_product_rounded", "rotate_pairs-inl.h",
+             [("const VF y0 = hn::MulSub(x0, cv, hn::Mul(x1, sv));  // x0·c − x1·s",
+               "const VF y0 = hn::MulSub(x0, cv, RoundAs<T>(d, hn::Mul(x1, sv)));")],
+             "RoPE and axial RoPE in bf16/f16: x1·s rounded to T before the difference"),
 ]
 
 

@@ -158,6 +158,7 @@ void register_feature_properties(std::vector<Property>& out);
 void register_bias_properties(std::vector<Property>& out);
 void register_rope_properties(std::vector<Property>& out);
 void register_other_properties(std::vector<Property>& out);
+void register_lowp_properties(std::vector<Property>& out);
 
 const std::vector<Property>& properties() {
   static const std::vector<Property> all = [] {
@@ -167,6 +168,7 @@ const std::vector<Property>& properties() {
     register_bias_properties(v);
     register_rope_properties(v);
     register_other_properties(v);
+    register_lowp_properties(v);
     return v;
   }();
   return all;

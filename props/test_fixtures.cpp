@@ -192,6 +192,20 @@ const std::vector<Expectation>& expectations() {
         "paged_unused_blocks_never_read"}},
       {Bug::features_write_before_check, {"attention_features_invalid_rejected_before_writes"}},
       {Bug::dsinks_one_past, {"attention_features_memory"}},
+      // low precision (SPEC §10): each bug against the properties of props_lowp.cpp
+      {Bug::weights_rounded_twice, {"lowp_agree_attention_forward"}},
+      {Bug::output_accumulated_in_t, {"lowp_agree_attention_forward"}},
+      {Bug::weights_non_integer_max, {"lowp_agree_attention_forward"}},
+      {Bug::weights_three_bits,
+       {"lowp_agree_attention_forward", "lowp_error_within_2x_naive",
+        "lowp_exact_profile_rounds_once", "lowp_agree_attention_quantized"}},
+      {Bug::store_truncates,
+       {"lowp_agree_attention_forward", "lowp_exact_profile_rounds_once", "lowp_agree_rope",
+        "lowp_agree_axial_rope", "lowp_agree_swiglu"}},
+      {Bug::quantize_truncates, {"lowp_quantize_kv_bitwise"}},
+      {Bug::decode_drops_v_scale, {"lowp_agree_attention_quantized"}},
+      {Bug::quantized_plan_unchecked, {"lowp_invalid_rejected_before_writes"}},
+      {Bug::dv_weights_unrounded, {"lowp_agree_attention_backward"}},
   };
   return table;
 }

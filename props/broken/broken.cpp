@@ -609,6 +609,24 @@ const char* to_string(Bug bug) {
       return "dbias_capped";
     case Bug::dbias_sum_thread_dependent:
       return "dbias_sum_thread_dependent";
+    case Bug::weights_rounded_twice:
+      return "weights_rounded_twice";
+    case Bug::output_accumulated_in_t:
+      return "output_accumulated_in_t";
+    case Bug::weights_non_integer_max:
+      return "weights_non_integer_max";
+    case Bug::weights_three_bits:
+      return "weights_three_bits";
+    case Bug::store_truncates:
+      return "store_truncates";
+    case Bug::quantize_truncates:
+      return "quantize_truncates";
+    case Bug::decode_drops_v_scale:
+      return "decode_drops_v_scale";
+    case Bug::quantized_plan_unchecked:
+      return "quantized_plan_unchecked";
+    case Bug::dv_weights_unrounded:
+      return "dv_weights_unrounded";
     case Bug::dsinks_one_past:
       return "dsinks_one_past";
   }
@@ -618,7 +636,7 @@ const char* to_string(Bug bug) {
 std::vector<Bug> all_bugs() {
   std::vector<Bug> v;
   for (int b = static_cast<int>(Bug::rope_table_stride_half_nrot);
-       b <= static_cast<int>(Bug::dbias_sum_thread_dependent); ++b) {
+       b <= static_cast<int>(Bug::dv_weights_unrounded); ++b) {
     v.push_back(static_cast<Bug>(b));
   }
   return v;
@@ -725,6 +743,7 @@ Backend backend(Bug bug, int threads) {
                              std::span<float> dx) { swiglu(p, x, dy, dx, true, bug); };
   be.attention_block = [bug](const AttentionBlockPlan& p, const AttentionBlockInputs& in,
                              std::span<float> out) { block(p, in, out, bug); };
+  attach_low_precision(be, bug);
   return be;
 }
 

@@ -66,6 +66,16 @@ enum class Bug {
   dbias_is_p,                   ///< dbias takes P instead of dS = P·(dP − delta)
   dbias_capped,                ///< dbias takes dS·(1 − tanh²(x/c)), the gradient before the cap
   dbias_sum_thread_dependent,  ///< dbias summed in float at more than one "thread", else double
+  // low precision (SPEC §10; broken_lowp.cpp)
+  weights_rounded_twice,     ///< bf16/f16: P = RN_T(RN_T(e_ij) / l_i) before P·V (two roundings)
+  output_accumulated_in_t,   ///< bf16/f16: Σ_j w_ij v_j rounded to T after every key
+  weights_non_integer_max,   ///< bf16/f16: w_ij = RN_T(2^(x_ij − m_i)), m_i not a whole number
+  weights_three_bits,        ///< weights kept to 3 fraction bits (an e4m3's precision)
+  store_truncates,           ///< bf16/f16 outputs truncated towards zero, not RN_T
+  quantize_truncates,        ///< quantize_kv truncates k/σ instead of rounding to nearest even
+  decode_drops_v_scale,      ///< quantized attention: the weights never take v's scale
+  quantized_plan_unchecked,  ///< bf16/f16 attention_forward writes out for a quantized plan
+  dv_weights_unrounded,      ///< bf16/f16 backward (pytorch): dV from p_ij, not RN_T(p_ij)
 };
 
 /// The bug's name, e.g. "gqa_mod".
@@ -78,5 +88,10 @@ std::vector<Bug> all_bugs();
 /// for Bug::thread_dependent_sum and Bug::sink_sum_thread_dependent (it stands
 /// for the OpenMP thread count).
 Backend backend(Bug bug, int threads = 1);
+
+/// Sets be's bf16 and f16 kernels (attention forward, the quantized cache,
+/// RoPE, axial RoPE, SwiGLU) and its float quantized entry points, with the
+/// low-precision bugs of `bug` planted (broken_lowp.cpp).
+void attach_low_precision(Backend& be, Bug bug);
 
 }  // namespace tandem::props::broken

@@ -1,0 +1,413 @@
+// SPDX-License-Identifier: Apache-2.0
+// The fixture's low-precision entry points (SPEC §10): attention at bf16 and
+// f16 storage computed as a float32 kernel would (scores, weights and sums in
+// float, rounded to T at SPEC §10.2's points), the quantized cache (§10.4) at
+// f32, bf16 and f16, and RoPE, axial RoPE and SwiGLU at bf16 and f16 as the
+// float fixture's result rounded once. Each low-precision bug of Bug is
+// planted here; the correct version follows the spec's formulas line by line.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "broken.hpp"
+#include "tandem/tandem.hpp"
+
+namespace tandem::props::broken {
+namespace {
+
+using i64 = std::int64_t;
+constexpr float kLog2e = 1.44269504088896340736f;
+constexpr float kLn2 = 0.69314718055994530942f;
+
+/// The value of T next to x towards zero (x itself when it is 0 or not finite).
+template <class T>
+T toward_zero(T x) {
+  if ((x.bits & 0x7FFF) == 0) return x;
+  x.bits = static_cast<std::uint16_t>(x.bits - 1);
+  return x;
+}
+
+/// y stored as T: RN_T, or truncated towards zero with Bug::store_truncates.
+template <class T>
+T store(double y, Bug bug) {
+  T r(y);
+  if constexpr (!std::is_same_v<T, float>) {
+    if (bug == Bug::store_truncates && std::isfinite(y) &&
+        std::abs(static_cast<double>(r)) > std::abs(y)) {
+      r = toward_zero(r);
+    }
+  }
+  return r;
+}
+
+/// RN_T(x) as a float (T = float: x).
+template <class T>
+float round_t(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    return static_cast<float>(T(static_cast<double>(x)));
+  }
+}
+
+/// x rounded to 3 fraction bits (an e4m3's precision without its range).
+float three_bits(float x) {
+  if (x == 0.0f || !std::isfinite(x)) return x;
+  int e = 0;
+  const float f = std::frexp(x, &e);  // x = f·2^e, 0.5 <= |f| < 1
+  return std::ldexp(std::nearbyint(f * 16.0f) / 16.0f, e);
+}
+
+/// SPEC §2's visibility of key j to query (b, h, i) of a dense plan.
+bool sees(const AttentionPlan& p, std::span<const float> mask, i64 b, i64 h, i64 i, i64 j) {
+  const i64 a = std::max<i64>(p.Sk - p.Sq, 0) + i;
+  switch (p.mask) {
+    case MaskKind::none:
+      return true;
+    case MaskKind::causal:
+      return j <= a;
+    case MaskKind::sliding_window:
+      return j <= a && j >= a - p.window;
+    case MaskKind::key_padding:
+      return mask[b * p.Sk + j] != 0.0f;
+    case MaskKind::bias:
+      return mask[p.mask_row(b, h, i) + j] != -std::numeric_limits<float>::infinity();
+  }
+  return false;
+}
+
+/// How one call reads its keys and values: plain rows of T, or codes and scales.
+template <class T>
+struct KeyValues {
+  const AttentionPlan& p;
+  const AttentionInputs<T>& in;
+  const QuantizedKv* kv = nullptr;
+  Bug bug;
+
+  [[nodiscard]] float code(std::span<const std::uint8_t> c, i64 at) const {
+    if (p.kv_cache == KvCache::int8) return static_cast<float>(static_cast<std::int8_t>(c[at]));
+    return static_cast<float>(float8_e4m3::from_bits(c[at]));
+  }
+  /// <q_i, k_j> in float, with k_j's scale.
+  [[nodiscard]] float dot(i64 b, i64 i, i64 h, i64 j) const {
+    const i64 g = p.kv_head(h), qa = p.q.at(b, i, h), ka = p.k.at(b, j, g);
+    float s = 0.0f;
+    for (i64 d = 0; d < p.D; ++d) {
+      const float kd = kv ? code(kv->k, ka + d) : static_cast<float>(in.k[ka + d]);
+      s += static_cast<float>(in.q[qa + d]) * kd;
+    }
+    return kv ? s * kv->k_scale[p.kv_scale_at(b, j, g)] : s;
+  }
+  /// The scale that multiplies key j's weight (1 for plain values).
+  [[nodiscard]] float v_scale(i64 b, i64 h, i64 j) const {
+    if (!kv || bug == Bug::decode_drops_v_scale) return 1.0f;
+    return kv->v_scale[p.kv_scale_at(b, j, p.kv_head(h))];
+  }
+  [[nodiscard]] float value(i64 b, i64 h, i64 j, i64 d) const {
+    const i64 at = p.v.at(b, j, p.kv_head(h)) + d;
+    return kv ? code(kv->v, at) : static_cast<float>(in.v[at]);
+  }
+};
+
+/// SPEC §10.2's forward for one dense plan: μ_i = ⌈m_i·log2 e⌉,
+/// e_ij = 2^(x_ij − μ_i), w_ij = RN_T(e_ij) (operands), o_i = RN_T(Σ_j w_ij v_j / l_i),
+/// every sum in float32.
+template <class T>
+void forward(const KeyValues<T>& kvs, std::span<T> out, std::span<stat_t<T>> lse) {
+  const AttentionPlan& p = kvs.p;
+  const Bug bug = kvs.bug;
+  const bool operands = is_low_precision_v<T> && p.rounding.operands;
+  std::vector<float> s(p.Sk), w(p.Sk), acc(p.Dv);
+  std::vector<bool> vis(p.Sk);
+  for (i64 b = 0; b < p.B; ++b) {
+    for (i64 h = 0; h < p.H; ++h) {
+      for (i64 i = 0; i < p.Sq; ++i) {
+        float m = p.sinks ? static_cast<float>(kvs.in.sinks[h]) : -INFINITY;
+        i64 n = 0;
+        for (i64 j = 0; j < p.Sk; ++j) {
+          vis[j] = sees(p, kvs.in.mask, b, h, i, j);
+          if (!vis[j]) continue;
+          ++n;
+          float x = static_cast<float>(p.scale) * kvs.dot(b, i, h, j);
+          if (p.softcap > 0) x = static_cast<float>(p.softcap) * std::tanh(x / float(p.softcap));
+          if (p.mask == MaskKind::bias) x += kvs.in.mask[p.mask_row(b, h, i) + j];
+          s[j] = x;
+          m = std::max(m, x);
+        }
+        const i64 o_at = p.o.at(b, i, h);
+        if (!lse.empty()) lse[(b * p.H + h) * p.Sq + i] = -INFINITY;
+        if (n == 0 && !p.sinks) {
+          for (i64 d = 0; d < p.Dv; ++d) out[o_at + d] = T(0.0);
+          continue;
+        }
+        // Bug::weights_non_integer_max: the running max itself, not a whole power of two
+        const float mu = bug == Bug::weights_non_integer_max ? m * kLog2e : std::ceil(m * kLog2e);
+        float l = p.sinks ? std::exp2(static_cast<float>(kvs.in.sinks[h]) * kLog2e - mu) : 0.0f;
+        for (i64 j = 0; j < p.Sk; ++j) {
+          if (!vis[j]) continue;
+          const float e = std::exp2(s[j] * kLog2e - mu);
+          l += e;
+          w[j] = operands ? round_t<T>(e) : e;
+          if (bug == Bug::weights_three_bits) w[j] = three_bits(e);
+          w[j] *= kvs.v_scale(b, h, j);
+        }
+        if (bug == Bug::weights_rounded_twice && operands) {  // P = RN_T(RN_T(e) / l), o = P·V
+          for (i64 j = 0; j < p.Sk; ++j) w[j] = vis[j] ? round_t<T>(w[j] / l) * l : 0.0f;
+        }
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (i64 j = 0; j < p.Sk; ++j) {
+          if (!vis[j]) continue;
+          for (i64 d = 0; d < p.Dv; ++d) {
+            acc[d] += w[j] * kvs.value(b, h, j, d);
+            if (bug == Bug::output_accumulated_in_t) acc[d] = round_t<T>(acc[d]);
+          }
+        }
+        for (i64 d = 0; d < p.Dv; ++d) out[o_at + d] = store<T>(acc[d] / l, bug);
+        if (!lse.empty()) lse[(b * p.H + h) * p.Sq + i] = mu * kLn2 + std::log(l);
+      }
+    }
+  }
+}
+
+/// What the fixture implements at low precision: dense plans (sinks allowed),
+/// the pytorch and exact profiles.
+void require_supported(const AttentionPlan& p, bool low_precision) {
+  require(!p.varlen() && !p.paged() && p.alibi == AlibiKind::none, "plan", p.describe(),
+          "uses a feature the low-precision fixture does not implement");
+  require(!low_precision || !p.rounding.output_accumulator, "rounding",
+          std::string(p.rounding.name), "is not implemented (pytorch and exact are)");
+}
+
+template <class T>
+void attention_forward_t(const AttentionPlan& p, const AttentionInputs<T>& in, std::span<T> out,
+                         std::span<stat_t<T>> lse, Bug bug) {
+  if (bug == Bug::quantized_plan_unchecked && p.kv_cache != KvCache::plain) {
+    std::fill(out.begin(), out.end(), T(0.0));  // writes, then validates
+  }
+  check_inputs(p, in);
+  require_supported(p, true);
+  require_size(out.size(), p.o.extent, "out");
+  if (!lse.empty()) require_size(lse.size(), p.lse_size(), "lse");
+  forward<T>(KeyValues<T>{p, in, nullptr, bug}, out, lse);
+}
+
+template <class T>
+void attention_quantized_t(const AttentionPlan& p, const AttentionInputs<T>& in,
+                           const QuantizedKv& kv, std::span<T> out, Bug bug) {
+  check_inputs(p, in, kv);
+  require_supported(p, is_low_precision_v<T>);
+  require_size(out.size(), p.o.extent, "out");
+  forward<T>(KeyValues<T>{p, in, &kv, bug}, out, {});
+}
+
+/// SPEC §10.2's backward (pytorch: RN_T(p_ij) before dV, RN_T(dx_ij) before
+/// dQ and dK; exact: neither), every sum in float32, from the fixture's own
+/// forward: lse in float32 and O stored in T.
+template <class T>
+void attention_backward_t(const AttentionPlan& p, const AttentionInputs<T>& in,
+                          std::span<const T> dout, const AttentionGrads<T>& g, Bug bug) {
+  check_inputs(p, in);
+  require_supported(p, true);
+  require(!p.sinks && g.dsinks.empty() && g.dbias.empty(), "grads", p.describe(),
+          "asks for what the low-precision fixture does not implement (sinks, dbias)");
+  check_grads(p, g);
+  const bool operands = p.rounding.operands;
+  const auto rnd = [operands](float x) { return operands ? round_t<T>(x) : x; };
+  std::vector<T> o(static_cast<std::size_t>(p.o.extent));
+  std::vector<float> lse(static_cast<std::size_t>(p.lse_size()));
+  const KeyValues<T> kvs{p, in, nullptr, Bug::none};
+  forward<T>(kvs, o, lse);
+  std::vector<float> dq(p.B * p.Sq * p.H * p.D), dk(p.B * p.Sk * p.Hkv * p.D),
+      dv(p.B * p.Sk * p.Hkv * p.Dv);
+  for (i64 b = 0; b < p.B; ++b)
+    for (i64 h = 0; h < p.H; ++h)
+      for (i64 i = 0; i < p.Sq; ++i) {
+        const float l = lse[(b * p.H + h) * p.Sq + i];
+        if (l == -INFINITY) continue;
+        const i64 oa = p.o.at(b, i, h), qa = p.q.at(b, i, h), gk = p.kv_head(h);
+        float delta = 0;
+        for (i64 e = 0; e < p.Dv; ++e) delta += float(dout[oa + e]) * float(o[oa + e]);
+        for (i64 j = 0; j < p.Sk; ++j) {
+          if (!sees(p, in.mask, b, h, i, j)) continue;
+          float x = static_cast<float>(p.scale) * kvs.dot(b, i, h, j), cap = 1.0f;
+          if (p.softcap > 0) {
+            const float t = std::tanh(x / float(p.softcap));
+            x = float(p.softcap) * t;
+            cap = 1 - t * t;
+          }
+          if (p.mask == MaskKind::bias) x += in.mask[p.mask_row(b, h, i) + j];
+          const float pij = std::exp(x - l);
+          const i64 va = p.v.at(b, j, gk), ka = p.k.at(b, j, gk);
+          float dp = 0;
+          for (i64 e = 0; e < p.Dv; ++e) dp += float(dout[oa + e]) * float(in.v[va + e]);
+          const float dx = rnd(pij * (dp - delta) * cap);
+          // Bug::dv_weights_unrounded: dV from p_ij itself under the pytorch profile
+          const float wp = bug == Bug::dv_weights_unrounded ? pij : rnd(pij);
+          const i64 kv_row = (b * p.Sk + j) * p.Hkv + gk;
+          for (i64 e = 0; e < p.D; ++e) {
+            dq[((b * p.Sq + i) * p.H + h) * p.D + e] += dx * float(in.k[ka + e]);
+            dk[kv_row * p.D + e] += dx * float(in.q[qa + e]);
+          }
+          for (i64 e = 0; e < p.Dv; ++e) dv[kv_row * p.Dv + e] += wp * float(dout[oa + e]);
+        }
+      }
+  const float scale = static_cast<float>(p.scale);
+  for (i64 b = 0; b < p.B; ++b) {
+    for (i64 i = 0; i < p.Sq; ++i)
+      for (i64 h = 0; h < p.H; ++h)
+        for (i64 e = 0; e < p.D && !g.dq.empty(); ++e)
+          g.dq[p.dq.at(b, i, h) + e] =
+              store<T>(scale * dq[((b * p.Sq + i) * p.H + h) * p.D + e], bug);
+    for (i64 j = 0; j < p.Sk; ++j)
+      for (i64 gk = 0; gk < p.Hkv; ++gk) {
+        const i64 kv_row = (b * p.Sk + j) * p.Hkv + gk;
+        for (i64 e = 0; e < p.D && !g.dk.empty(); ++e)
+          g.dk[p.dk.at(b, j, gk) + e] = store<T>(scale * dk[kv_row * p.D + e], bug);
+        for (i64 e = 0; e < p.Dv && !g.dv.empty(); ++e)
+          g.dv[p.dv.at(b, j, gk) + e] = store<T>(dv[kv_row * p.Dv + e], bug);
+      }
+  }
+}
+
+/// round_even(y) clamped to ±127, or (Bug::quantize_truncates) truncated.
+std::uint8_t int8_code(float y, Bug bug) {
+  const float r = bug == Bug::quantize_truncates ? std::trunc(y) : std::nearbyint(y);
+  return static_cast<std::uint8_t>(static_cast<std::int8_t>(std::clamp(r, -127.0f, 127.0f)));
+}
+std::uint8_t e4m3_code(float y, Bug bug) {
+  float8_e4m3 c(static_cast<double>(y));
+  if (bug == Bug::quantize_truncates && std::abs(static_cast<double>(c)) > std::abs(y) &&
+      (c.bits & 0x7F) != 0) {
+    c.bits = static_cast<std::uint8_t>(c.bits - 1);
+  }
+  return c.bits;
+}
+
+/// SPEC §10.4: the codes and scales of one of k, v (width W, through st).
+template <class T>
+void quantize_one(const AttentionPlan& p, const Strides& st, i64 W, std::span<const T> x,
+                  std::span<std::uint8_t> codes, std::span<float> scales, Bug bug) {
+  const bool e4m3 = p.kv_cache == KvCache::e4m3;
+  const float top = e4m3 ? 448.0f : 127.0f;
+  std::fill(scales.begin(), scales.end(), 0.0f);
+  for (i64 b = 0; b < p.kv_batch(); ++b)
+    for (i64 s = 0; s < p.kv_seq(); ++s)
+      for (i64 g = 0; g < p.Hkv; ++g)
+        for (i64 d = 0; d < W; ++d) {
+          float& sc = scales[p.kv_scale_at(b, s, g)];
+          sc = std::max(sc, std::abs(static_cast<float>(x[st.at(b, s, g) + d])));
+        }
+  for (float& sc : scales) sc /= top;  // RN_f32(max / top)
+  for (i64 b = 0; b < p.kv_batch(); ++b)
+    for (i64 s = 0; s < p.kv_seq(); ++s)
+      for (i64 g = 0; g < p.Hkv; ++g) {
+        const float sc = scales[p.kv_scale_at(b, s, g)];
+        for (i64 d = 0; d < W; ++d) {
+          const i64 at = st.at(b, s, g) + d;
+          const float y = sc == 0.0f ? 0.0f : static_cast<float>(x[at]) / sc;
+          codes[at] = e4m3 ? e4m3_code(y, bug) : int8_code(y, bug);
+        }
+      }
+}
+
+template <class T>
+void quantize_kv_t(const AttentionPlan& p, std::span<const T> k, std::span<const T> v,
+                   const QuantizedKvOut& out, Bug bug) {
+  check_quantize(p, k, v, out);
+  quantize_one<T>(p, p.k, p.D, k, out.k, out.k_scale, bug);
+  quantize_one<T>(p, p.v, p.Dv, v, out.v, out.v_scale, bug);
+}
+
+template <class T>
+std::vector<float> widen(std::span<const T> x) {
+  std::vector<float> r(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) r[i] = static_cast<float>(x[i]);
+  return r;
+}
+template <class T>
+void narrow(const std::vector<float>& y, std::span<T> out, Bug bug) {
+  for (std::size_t i = 0; i < y.size(); ++i) out[i] = store<T>(y[i], bug);
+}
+
+/// RoPE, axial RoPE and SwiGLU at T: the float fixture's result (every
+/// element from the exact inputs, sums in double) rounded once.
+template <class T>
+void elementwise_ops(Kernels<T>& kt, const Backend& f, Bug bug) {
+  const auto tables = [](const RopeTables<T>& t, std::vector<float>& c, std::vector<float>& s) {
+    c = widen<T>(t.cos);
+    s = widen<T>(t.sin);
+    return RopeTables<float>{c, s, t.positions};
+  };
+  const auto rope = [bug, tables](const Kernels<float>::Rope& fn) {
+    return [fn, bug, tables](const RopePlan& p, std::span<const T> src, const RopeTables<T>& t,
+                             std::span<T> dst) {
+      std::vector<float> c, s, y(dst.size());
+      fn(p, widen<T>(src), tables(t, c, s), y);
+      narrow<T>(y, dst, bug);
+    };
+  };
+  kt.rope_forward = rope(f.rope_forward);
+  kt.rope_backward = rope(f.rope_backward);
+  const auto axial = [bug](const Kernels<float>::AxialRope& fn) {
+    return [fn, bug](const AxialRopePlan& p, std::span<const T> src, std::span<T> dst) {
+      std::vector<float> y(dst.size());
+      fn(p, widen<T>(src), y);
+      narrow<T>(y, dst, bug);
+    };
+  };
+  kt.axial_rope_forward = axial(f.axial_rope_forward);
+  kt.axial_rope_backward = axial(f.axial_rope_backward);
+  kt.swiglu_forward = [fn = f.swiglu_forward, bug](const SwigluPlan& p, std::span<const T> x,
+                                                   std::span<T> out) {
+    std::vector<float> y(out.size());
+    fn(p, widen<T>(x), y);
+    narrow<T>(y, out, bug);
+  };
+  kt.swiglu_backward = [fn = f.swiglu_backward, bug](const SwigluPlan& p, std::span<const T> x,
+                                                     std::span<const T> dy, std::span<T> dx) {
+    std::vector<float> y(dx.size());
+    fn(p, widen<T>(x), widen<T>(dy), y);
+    narrow<T>(y, dx, bug);
+  };
+}
+
+template <class T>
+void quantized_entries(Kernels<T>& kt, Bug bug) {
+  kt.attention_forward_quantized = [bug](const AttentionPlan& p, const AttentionInputs<T>& in,
+                                         const QuantizedKv& kv, std::span<T> out) {
+    attention_quantized_t<T>(p, in, kv, out, bug);
+  };
+  kt.quantize_kv = [bug](const AttentionPlan& p, std::span<const T> k, std::span<const T> v,
+                         const QuantizedKvOut& out) { quantize_kv_t<T>(p, k, v, out, bug); };
+}
+
+template <class T>
+Kernels<T> low_precision_kernels(const Backend& f, Bug bug) {
+  Kernels<T> kt;
+  kt.attention_forward = [bug](const AttentionPlan& p, const AttentionInputs<T>& in,
+                               std::span<T> out) { attention_forward_t<T>(p, in, out, {}, bug); };
+  kt.attention_forward_lse = [bug](const AttentionPlan& p, const AttentionInputs<T>& in,
+                                   std::span<T> out, std::span<float> lse) {
+    require_size(lse.size(), p.lse_size(), "lse");
+    attention_forward_t<T>(p, in, out, lse, bug);
+  };
+  kt.attention_backward = [bug](const AttentionPlan& p, const AttentionInputs<T>& in,
+                                std::span<const T> dout, const AttentionGrads<T>& g) {
+    attention_backward_t<T>(p, in, dout, g, bug);
+  };
+  quantized_entries<T>(kt, bug);
+  elementwise_ops<T>(kt, f, bug);
+  return kt;
+}
+
+}  // namespace
+
+void attach_low_precision(Backend& be, Bug bug) {
+  quantized_entries<float>(be, bug);
+  be.bf16 = low_precision_kernels<bfloat16>(be, bug);
+  be.f16 = low_precision_kernels<float16>(be, bug);
+}
+
+}  // namespace tandem::props::broken

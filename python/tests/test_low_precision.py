@@ -414,3 +414,91 @@ def test_quantized_cache_errors_name_the_argument():
         tandem.attention(q, codes, codes, kv_cache="e4m3", k_scale=np.ones(2),
                          v_scale=np.ones(2))
     assert info.value.parameter == "k.dtype"  # int8 codes for an e4m3 cache
+
+
+# ---------------------------------------------------------------------------
+# tandem.testing in bfloat16 and float16
+
+
+def test_configurations_draw_every_storage_type():
+    from hypothesis import given, settings
+    from tandem import testing as T
+
+    seen = set()
+
+    @settings(max_examples=60, database=None, deadline=None)
+    @given(T.attention_configs(dtypes=T.DTYPES))
+    def run(config):
+        a = config.arrays()
+        assert a["q"].dtype.name == config.dtype and a["dout"].dtype.name == config.dtype \
+            if "dout" in a else a["q"].dtype.name == config.dtype
+        if a["bias"] is not None:
+            assert a["bias"].dtype == np.float32  # masks stay float32
+        seen.add(config.dtype)
+
+    run()
+    assert seen == set(T.DTYPES)
+
+
+LOWP_SPACE = dict(masks=("none", "causal"), softcap=False, alibi=(), max_examples=40,
+                  time_budget=20.0, seed=0)
+
+
+@pytest.mark.parametrize("array", ("numpy", "torch"))
+@pytest.mark.parametrize("profile", ("pytorch", "exact"))
+def test_a_correct_low_precision_kernel_passes(array, profile):
+    from tandem import testing as T
+    from kernels import lowp_attention
+
+    def kernel(q, k, v, **kw):
+        if array == "torch":
+            import tandem.testing as T_
+            got = lowp_attention(*(T_._numpy(x) for x in (q, k, v)), profile=profile, **kw)
+            return T_._to_torch(np.ascontiguousarray(got))
+        return lowp_attention(q, k, v, profile=profile, **kw)
+
+    T.check_attention(kernel, array=array, dtypes=("bfloat16", "float16"), **LOWP_SPACE)
+
+
+def test_scores_rounded_to_the_storage_type_are_caught():
+    from tandem import testing as T
+    from kernels import lowp_attention
+
+    def scores_bug(q, k, v, **kw):
+        return lowp_attention(q, k, v, bug="scores", **kw)
+
+    with pytest.raises(T.CheckFailure) as info:
+        T.check_attention(scores_bug, dtypes=("bfloat16",), **LOWP_SPACE)
+    report = str(info.value)
+    assert "SPEC §10.5's bound" in report and "dtype='bfloat16'" in report
+
+
+def test_a_float32_output_for_bfloat16_inputs_is_caught():
+    from tandem import testing as T
+    from kernels import lowp_attention
+
+    def float32_out(q, k, v, **kw):
+        return lowp_attention(q, k, v, **kw).astype(np.float32)
+
+    with pytest.raises(T.CheckFailure) as info:
+        T.check_attention(float32_out, dtypes=("bfloat16",), **LOWP_SPACE)
+    assert "expected bfloat16" in str(info.value)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("profile", ("pytorch", "exact", "ggml"))
+def test_explain_rounding_names_the_profile_of_a_kernel(dtype, profile):
+    """A kernel that is tandem's reference with one profile is explained by
+    that profile, at distance 0."""
+    offered("attention_forward", dtype, "reference")
+    from tandem import testing as T
+
+    config = T.AttentionConfig(B=1, H=2, Hkv=1, Sq=6, Sk=40, D=16, Dv=16, dtype=dtype, seed=3,
+                               amplitude=4.0)
+
+    def kernel(q, k, v, **kw):
+        return tandem.attention(q, k, v, rounding=profile, backend="reference", **kw)
+
+    best, errors = T.explain_rounding(kernel, config)
+    assert best == profile and errors[profile] == 0.0, errors
+    assert set(errors) == set(T.ROUNDINGS)

@@ -78,7 +78,9 @@ TEST(EntryPoints, EveryImplementationBindsEveryEntryPoint) {
   std::vector<std::pair<std::string, Bound>> impls{
       {"reference", bound(tandem::reference::backend())},
       {"reference<double>", bound(tandem::reference::kernels<double>())},
-      {"reference<float, float>", bound(tandem::reference::kernels<float, float>())}};
+      {"reference<float, float>", bound(tandem::reference::kernels<float, float>())},
+      {"reference bf16", bound(tandem::reference::backend().bf16)},
+      {"reference f16", bound(tandem::reference::backend().f16)}};
 #ifdef TANDEM_HAVE_OPTIMIZED
   impls.emplace_back("optimized", bound(tandem::optimized::backend()));
 #endif

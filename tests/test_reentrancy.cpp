@@ -78,10 +78,39 @@ std::vector<float> zeros(std::int64_t n) {
   return std::vector<float>(static_cast<std::size_t>(n), 0.0f);
 }
 
+/// scales ++ codes ++ out of quantize_kv and attention_forward_quantized with
+/// `a`'s plan as an int8 and an e4m3 cache (SPEC §10.4), where `b` offers them.
+void add_quantized_jobs(const Backend& b, const std::string& tag, const AttentionCase& a,
+                        std::vector<Job>& jobs) {
+  if (!b.quantize_kv || !b.attention_forward_quantized) return;
+  for (const tandem::KvCache kind : {tandem::KvCache::int8, tandem::KvCache::e4m3}) {
+    AttentionPlan p = a.plan;
+    p.kv_cache = kind;
+    jobs.push_back(
+        {tag + " quantize_kv + attention_forward_quantized " + to_string(kind), [b, &a, p] {
+           std::vector<std::uint8_t> kc(static_cast<std::size_t>(p.k.extent)),
+               vc(static_cast<std::size_t>(p.v.extent));
+           std::vector<float> ks = zeros(p.kv_scale_size()), vs = zeros(p.kv_scale_size()),
+                              out = zeros(p.o.extent);
+           b.quantize_kv(p, a.k, a.v, {kc, vc, ks, vs});
+           tandem::AttentionInputs<float> in = a.inputs();
+           in.k = {};
+           in.v = {};
+           b.attention_forward_quantized(p, in, {kc, vc, ks, vs}, out);
+           for (const auto* c : {&kc, &vc}) ks.insert(ks.end(), c->begin(), c->end());
+           ks.insert(ks.end(), vs.begin(), vs.end());
+           ks.insert(ks.end(), out.begin(), out.end());
+           return ks;
+         }});
+  }
+}
+
 /// out ++ lse ++ dq ++ dk ++ dv (++ dsinks) of every attention entry point of
-/// `b`: the forward ones alone for a paged cache (which has no backward).
+/// `b`: the forward ones alone for a paged cache (which has no backward); and
+/// the quantized cache's (add_quantized_jobs).
 void add_attention_jobs(const Backend& b, const std::string& tag, const AttentionCase& a,
                         std::vector<Job>& jobs) {
+  add_quantized_jobs(b, tag, a, jobs);
   const AttentionPlan& p = a.plan;
   jobs.push_back({tag + " attention_forward", [b, &a, p] {
                     std::vector<float> out = zeros(p.o.extent);

@@ -116,11 +116,13 @@ struct QuantizedKvOut {
 
 namespace detail {
 
-/// True when x (real, or both parts of a complex) is finite.
+/// True when x (real, bf16, f16, or both parts of a complex) is finite.
 template <class T>
 bool finite_value(const T& x) {
   if constexpr (std::is_arithmetic_v<T>) {
     return std::isfinite(x);
+  } else if constexpr (is_low_precision_v<T>) {
+    return std::isfinite(static_cast<double>(x));
   } else {
     return std::isfinite(x.real()) && std::isfinite(x.imag());
   }
@@ -131,6 +133,8 @@ template <class T>
 std::string value_text(const T& x) {
   if constexpr (std::is_arithmetic_v<T>) {
     return std::to_string(x);
+  } else if constexpr (is_low_precision_v<T>) {
+    return std::to_string(static_cast<double>(x));
   } else {
     return std::to_string(x.real());
   }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The float32 reference backend: the templated reference kernels at
-// T = float (sums in double) and the attention block.
+// The reference backend: the templated reference kernels at T = float,
+// bfloat16 and float16 (sums in double) and the attention block.
 #include "tandem/reference/backend.hpp"
 
 #include "tandem/reference/attention_block.hpp"
@@ -9,7 +9,8 @@
 namespace tandem::reference {
 
 Backend backend() {
-  return Backend{kernels<float>(), "reference", attention_block, {}, {}};
+  return Backend{kernels<float>(), "reference", attention_block, kernels<bfloat16>(),
+                 kernels<float16>()};
 }
 
 }  // namespace tandem::reference

@@ -47,22 +47,37 @@
 /// sum: there is no "large negative score" anywhere, so a hidden key's k and
 /// v are never read.
 ///
-/// Templated on the scalar type T (float, double, std::complex<double>);
-/// every sum runs in Acc (double for float). Comparisons (the running
-/// maximum) look at the real part, so a complex-step derivative rides along
-/// in the imaginary part.
+/// Templated on the scalar type T (float, double, std::complex<double>, and
+/// the storage types bfloat16, float16); every sum runs in Acc (double for
+/// float, bf16 and f16). Comparisons (the running maximum) look at the real
+/// part, so a complex-step derivative rides along in the imaginary part.
+///
+/// Storage in bf16 or f16 (SPEC §10.2) reads every stored value exactly and
+/// rounds at the profile's points (plan.rounding) and nowhere else, each
+/// marked `round_as<T>(…)` (an identity for float, double and complex, whose
+/// results these rounding points leave bit for bit unchanged):
+///
+///     forward    μ_i = ⌈m_i·log2 e⌉, e_ij = 2^(s_ij·log2 e − μ_i), l_i unrounded
+///                w_ij = RN_T(e_ij)                      (operands; else e_ij)
+///                a_i = Σ_j w_ij v_j, in T after every key (output_accumulator)
+///                o_i = RN_T(a_i / l_i),  lse_i = RN_f32(μ_i·ln 2 + ln l_i)
+///     backward   p_ij = exp(s_ij − lse_i), delta_i = <dO_i, O_i> from the stored lse and O
+///                dv_j = RN_T(Σ RN_T(p_ij)·dO_i), dq_i, dk_j from RN_T(dx_ij) (operands)
+///                dsinks, dbias: their sums rounded once
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <numbers>
 #include <span>
 #include <utility>
 #include <vector>
 
 #include "tandem/attention.hpp"
 #include "tandem/reference/scalar.hpp"
+#include "tandem/storage.hpp"
 
 namespace tandem::reference {
 
@@ -105,22 +120,67 @@ struct AttentionRow {
   Acc lse = Acc(0);
   Acc p_sink = Acc(0);         ///< p_sink,i = exp(sink_h − lse_i) (sinks only; else 0)
   std::int64_t n_visible = 0;  ///< number of visible keys; 0 means o_i = 0 and no gradient
+  ///@{
+  /// Low-precision storage only (SPEC §10.2): the whole exponent μ_i = ⌈m_i·log2 e⌉, the
+  /// unrounded weights e_ij = 2^(s_ij·log2 e − μ_i) `[Sk]` and l_i = 2^(sink_h·log2 e − μ_i) +
+  /// Σ_j e_ij, so that p_ij = e_ij / l_i. Empty (0) for float, double and complex.
+  Acc mu = Acc(0);
+  std::vector<Acc> e;
+  Acc l = Acc(0);
+  ///@}
 };
 
-/// Forward passes 1–4 for query i of sequence `seq`, head h:
-/// `x_ij = scale·<q_i,k_j>`, `s_ij = c·tanh(x_ij/c)` (c > 0; else x_ij),
-/// `s_ij −= m_h·abs(i + Sk − Sq − j)` (ALiBi), `s_ij += bias_ij`, then
+/// Forward passes 3–4 of a low-precision call (SPEC §10.2), in base 2 from a
+/// whole exponent so that the weights' bits do not depend on where the
+/// maximum is found (`RN_T(2^k·x) = 2^k·RN_T(x)` for normal values):
+/// `μ_i = ⌈m_i·log2 e⌉`, `e_ij = 2^(s_ij·log2 e − μ_i)`,
+/// `l_i = 2^(sink_h·log2 e − μ_i) + Σ_j e_ij` (the sink with sinks only),
+/// `lse_i = μ_i·ln 2 + ln l_i`, `p_ij = e_ij / l_i`. Nothing here is rounded
+/// to T: the weights are rounded where they are used (attention_output_row_from).
+template <class Acc>
+void attention_softmax_base2(bool sinks, const Acc& sink_h, const Acc& m_i,
+                             AttentionRow<Acc>& row) {
+  const Acc log2e = std::numbers::log2e_v<Acc>;
+  const auto Sk = static_cast<std::int64_t>(row.s.size());
+  // μ_i = ⌈m_i · log2 e⌉, an integer
+  row.mu = std::ceil(m_i * log2e);
+
+  // pass 3: e_ij = 2^(s_ij·log2 e − μ_i),  l_i = 2^(sink_h·log2 e − μ_i) + Σ_j e_ij
+  row.e.assign(Sk, Acc(0));
+  row.l = sinks ? std::exp2(sink_h * log2e - row.mu) : Acc(0);
+  for (std::int64_t j = 0; j < Sk; ++j) {
+    if (!row.visible[j]) continue;
+    row.e[j] = std::exp2(row.s[j] * log2e - row.mu);
+    row.l += row.e[j];
+  }
+
+  // lse_i = μ_i·ln 2 + ln l_i, what a forward saves (rounded to float32 when stored)
+  row.lse = row.mu * std::numbers::ln2_v<Acc> + std::log(row.l);
+
+  // pass 4: p_ij = e_ij / l_i, and the sink's share p_sink,i = 2^(sink_h·log2 e − μ_i) / l_i
+  for (std::int64_t j = 0; j < Sk; ++j) {
+    if (row.visible[j]) row.p[j] = row.e[j] / row.l;
+  }
+  if (sinks) row.p_sink = std::exp2(sink_h * log2e - row.mu) / row.l;
+}
+
+/// Forward passes 1–4 for query i of sequence `seq`, head h, with the keys'
+/// dot products given: `key_dot(key)` is `<q_i, k_j>` for key j at KeyRow
+/// `key` (plain k, or a quantized cache's σ^k_j·<q_i, c^k_j>, SPEC §10.4).
+/// Then `x_ij = scale·key_dot`, `s_ij = c·tanh(x_ij/c)` (c > 0; else x_ij),
+/// `s_ij −= m_h·abs(i + Sk − Sq − j)` (ALiBi), `s_ij += bias_ij`, and
 /// `p_ij = exp(s_ij − m_i) / (exp(sink_h − m_i) + sum_k exp(s_ik − m_i))`
-/// over visible keys j, k (the sink term with sinks only). q_i `[D]` and k_j `[D]`
-/// are read through plan.q / plan.k at the sequence's rows. `bias_step`, when
-/// given, is added to the bias `[Bb, Hb, Sq, Sk]` at scalar T (a complex step's
-/// `t·u`, so that its derivative reaches the bias). Inputs must be checked.
-template <class T, class Acc = accumulator_t<T>>
-AttentionRow<Acc> attention_row(const AttentionPlan& plan, const AttentionInputs<T>& in,
-                                const AttentionSeq& seq, std::int64_t h, std::int64_t i,
-                                std::span<const T> bias_step = {}) {
+/// over visible keys j, k (the sink term with sinks only). For a
+/// low-precision T the softmax runs in base 2 from a whole exponent μ_i
+/// (SPEC §10.2), keeping e_ij and l_i for the rounded weights; see
+/// attention_softmax_base2. `bias_step`, when given, is added to the bias
+/// `[Bb, Hb, Sq, Sk]` at scalar T (a complex step's `t·u`, so that its
+/// derivative reaches the bias). Inputs must be checked.
+template <class T, class Acc, class KeyDot>
+AttentionRow<Acc> attention_row_from(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                                     const AttentionSeq& seq, std::int64_t h, std::int64_t i,
+                                     const KeyDot& key_dot, std::span<const T> bias_step = {}) {
   using Real = decltype(real_part(std::declval<Acc>()));
-  const std::int64_t kv_head = plan.kv_head(h);
   const Acc scale = static_cast<Acc>(plan.scale);
   const Acc c = static_cast<Acc>(plan.softcap);
   const std::int64_t Sk = seq.Sk;
@@ -137,17 +197,12 @@ AttentionRow<Acc> attention_row(const AttentionPlan& plan, const AttentionInputs
   //   s_ij = c * tanh(x_ij / c)                 (softcap c > 0; otherwise s_ij = x_ij)
   //   s_ij = s_ij - m_h * |i + Sk - Sq - j|     (ALiBi only)
   //   s_ij = s_ij + bias_ij                     (mask kind bias only)
+  // (no score is rounded to T, whatever the profile: SPEC §10.2)
   for (std::int64_t j = 0; j < Sk; ++j) {
     row.visible[j] = key_visible(plan, seq, in.mask, h, i, j);
     if (!row.visible[j]) continue;  // hidden keys are excluded, not scored
     ++row.n_visible;
-    const KeyRow key = seq.key_row(j);
-    Acc dot = Acc(0);
-    for (std::int64_t d = 0; d < plan.D; ++d) {
-      dot += static_cast<Acc>(in.q[plan.q.at(seq.b, seq.q_row(i), h) + d]) *
-             static_cast<Acc>(in.k[plan.k.at(key.batch, key.seq, kv_head) + d]);
-    }
-    const Acc x_ij = scale * dot;
+    const Acc x_ij = scale * key_dot(seq.key_row(j));
     Acc s_ij = x_ij;
     if (plan.softcap > 0) {
       row.cap_tanh[j] = std::tanh(x_ij / c);
@@ -177,6 +232,10 @@ AttentionRow<Acc> attention_row(const AttentionPlan& plan, const AttentionInputs
   for (std::int64_t j = 0; j < Sk; ++j) {
     if (row.visible[j] && real_part(s[j]) > m_i) m_i = real_part(s[j]);
   }
+  if constexpr (is_low_precision_v<T>) {
+    attention_softmax_base2(plan.sinks, sink_h, m_i, row);
+    return row;
+  }
 
   // pass 3: l_i = exp(sink_h - m_i) + sum_j exp(s_ij - m_i) over the visible keys
   Acc l_i = plan.sinks ? std::exp(sink_h - m_i) : Acc(0);
@@ -195,24 +254,85 @@ AttentionRow<Acc> attention_row(const AttentionPlan& plan, const AttentionInputs
   return row;
 }
 
+/// Forward passes 1–4 for query i of sequence `seq`, head h (attention_row_from
+/// with `<q_i, k_j>` of the plain k): q_i `[D]` and k_j `[D]` are read through
+/// plan.q / plan.k at the sequence's rows. (ggml's profile rounds q to K's
+/// type, SPEC §10.2: with plain k that is q's own type T, so q is read as it
+/// is.) Inputs must be checked.
+template <class T, class Acc = accumulator_t<T>>
+AttentionRow<Acc> attention_row(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                                const AttentionSeq& seq, std::int64_t h, std::int64_t i,
+                                std::span<const T> bias_step = {}) {
+  const std::int64_t kv_head = plan.kv_head(h);
+  const std::int64_t q_at = plan.q.at(seq.b, seq.q_row(i), h);
+  // <q_i, k_j> = sum_d q_id * k_jd
+  const auto dot = [&](const KeyRow& key) {
+    Acc dot_ij = Acc(0);
+    for (std::int64_t d = 0; d < plan.D; ++d) {
+      dot_ij += static_cast<Acc>(in.q[q_at + d]) *
+                static_cast<Acc>(in.k[plan.k.at(key.batch, key.seq, kv_head) + d]);
+    }
+    return dot_ij;
+  };
+  return attention_row_from<T, Acc>(plan, in, seq, h, i, dot, bias_step);
+}
+
+/// Forward pass 5 for query i of sequence `seq`, head h, with the values
+/// given: `value(key, d)` is v_jd for key j at KeyRow `key`. Returns o_i
+/// `[Dv]` in Acc before its final rounding (all 0 when no key is visible):
+///
+///     float, double, complex:  o_i = Σ_j p_ij · v_j
+///     bf16, f16 (SPEC §10.2):  o_i = Σ_j w_ij · v_j / l_i,  w_ij = RN_T(e_ij)
+///                              (w_ij = e_ij when !plan.rounding.operands)
+///     ... output_accumulator:  a ← RN_T(a + w_ij · v_j) over j increasing, o_i = a / l_i
+///
+/// The caller rounds o_i to T once (RN_T).
+template <class T, class Acc, class Value>
+std::vector<Acc> attention_output_row_from(const AttentionPlan& plan, const AttentionSeq& seq,
+                                           const AttentionRow<Acc>& row, const Value& value) {
+  std::vector<Acc> o_i(plan.Dv, Acc(0));
+  if constexpr (is_low_precision_v<T>) {
+    if (row.n_visible == 0 && !plan.sinks) return o_i;
+    // the weights as the second product takes them: w_ij = RN_T(e_ij) (profiles pytorch, ggml)
+    std::vector<Acc> w(row.e);
+    for (std::int64_t j = 0; plan.rounding.operands && j < seq.Sk; ++j) {
+      w[j] = round_as<T>(row.e[j]);
+    }
+    // pass 5: a_i = Σ_j w_ij · v_j (in Acc, or in T after every key: ggml), o_i = a_i / l_i
+    for (std::int64_t d = 0; d < plan.Dv; ++d) {
+      Acc a_id = Acc(0);
+      for (std::int64_t j = 0; j < seq.Sk; ++j) {
+        if (!row.visible[j]) continue;
+        a_id += w[j] * value(seq.key_row(j), d);
+        if (plan.rounding.output_accumulator) a_id = round_as<T>(a_id);
+      }
+      o_i[d] = a_id / row.l;
+    }
+    return o_i;
+  }
+  // pass 5: o_i = sum_j p_ij * v_j   (the sink has no value)
+  for (std::int64_t d = 0; d < plan.Dv; ++d) {
+    for (std::int64_t j = 0; j < seq.Sk; ++j) {
+      if (!row.visible[j]) continue;
+      o_i[d] += row.p[j] * value(seq.key_row(j), d);
+    }
+  }
+  return o_i;
+}
+
 /// Forward pass 5 for query i of sequence `seq`, head h: `o_i = sum_j p_ij v_j`
-/// over the visible keys, v_j `[Dv]` read through plan.v at kv head
-/// h/(H/Hkv). Returns o_i `[Dv]` in Acc (all 0 when no key is visible).
+/// over the visible keys (attention_output_row_from), v_j `[Dv]` read through
+/// plan.v at kv head h/(H/Hkv). Returns o_i `[Dv]` in Acc (all 0 when no key
+/// is visible), before its rounding to T.
 template <class T, class Acc = accumulator_t<T>>
 std::vector<Acc> attention_output_row(const AttentionPlan& plan, const AttentionInputs<T>& in,
                                       const AttentionSeq& seq, const AttentionRow<Acc>& row,
                                       std::int64_t h) {
   const std::int64_t kv_head = plan.kv_head(h);
-  std::vector<Acc> o_i(plan.Dv, Acc(0));
-  // pass 5: o_i = sum_j p_ij * v_j   (the sink has no value)
-  for (std::int64_t d = 0; d < plan.Dv; ++d) {
-    for (std::int64_t j = 0; j < seq.Sk; ++j) {
-      if (!row.visible[j]) continue;
-      const KeyRow key = seq.key_row(j);
-      o_i[d] += row.p[j] * static_cast<Acc>(in.v[plan.v.at(key.batch, key.seq, kv_head) + d]);
-    }
-  }
-  return o_i;
+  const auto v_jd = [&](const KeyRow& key, std::int64_t d) {
+    return static_cast<Acc>(in.v[plan.v.at(key.batch, key.seq, kv_head) + d]);
+  };
+  return attention_output_row_from<T, Acc>(plan, seq, row, v_jd);
 }
 
 /// The softmax row of query i rebuilt from a saved log-sum-exp: the scores of
@@ -315,12 +435,14 @@ ScoreGrad<Acc> attention_score_grad_row(const AttentionPlan& plan, const Attenti
 /// (through plan.q/k/v, row strides allowed; packed or paged as the plan
 /// says), out `[B,Sq,H,Dv]` contiguous in q's layout (plan.o); when lse
 /// `[B,H,Sq]` is given it receives `lse_i = m_i + log l_i` (see
-/// AttentionSaved). `bias_step` (mask kind bias only) is added to the bias at
-/// scalar T, see attention_row. Throws tandem::Error before writing anything
-/// when a view does not fit the plan.
+/// AttentionSaved; in stat_t<T>, float32 for bf16 and f16). `bias_step` (mask kind bias only)
+/// is added to the bias at scalar T, see attention_row. For bf16 and f16 the rounding points
+/// are SPEC §10.2's, per plan.rounding (attention_output_row_from): o_i = RN_T(Σ_j w_ij v_j / l_i),
+/// lse_i = RN_f32(μ_i·ln 2 + ln l_i). Throws tandem::Error before writing anything when a view
+/// does not fit the plan.
 template <class T, class Acc = accumulator_t<T>>
 void attention_forward(const AttentionPlan& plan, const AttentionInputs<T>& in, std::span<T> out,
-                       std::span<T> lse = {}, std::span<const T> bias_step = {}) {
+                       std::span<stat_t<T>> lse = {}, std::span<const T> bias_step = {}) {
   check_inputs(plan, in);
   require_size(out.size(), plan.o.extent, "out");
   if (!lse.empty()) require_size(lse.size(), plan.lse_size(), "lse");
@@ -332,13 +454,16 @@ void attention_forward(const AttentionPlan& plan, const AttentionInputs<T>& in, 
       for (std::int64_t i = 0; i < seq.Sq; ++i) {
         // passes 1–4: p_ij = softmax_j(s_ij) over the visible keys (and the sink)
         const AttentionRow<Acc> row = attention_row<T, Acc>(plan, in, seq, h, i, bias_step);
-        // pass 5: o_i = sum_j p_ij * v_j
+        // pass 5: o_i = sum_j p_ij * v_j, rounded once to T: RN_T(o_i)
         const std::vector<Acc> o_i = attention_output_row<T, Acc>(plan, in, seq, row, h);
         for (std::int64_t d = 0; d < plan.Dv; ++d) {
           out[plan.o.at(seq.b, seq.q_row(i), h) + d] = static_cast<T>(o_i[d]);
         }
-        // lse_i, kept for a backward from the saved state (attention_backward_saved)
-        if (!lse.empty()) lse[plan.lse_at(seq.b, h, seq.q_row(i))] = static_cast<T>(row.lse);
+        // lse_i, kept for a backward from the saved state (attention_backward_saved): RN_f32
+        // for bf16 and f16
+        if (!lse.empty()) {
+          lse[plan.lse_at(seq.b, h, seq.q_row(i))] = static_cast<stat_t<T>>(row.lse);
+        }
       }
     }
   }
@@ -355,7 +480,9 @@ void attention_forward(const AttentionPlan& plan, const AttentionInputs<T>& in, 
 /// non-empty subset of them, an empty view is neither computed nor written (check_grads). With
 /// `saved` (the forward's out and lse) P and delta come from it instead of a second forward; see
 /// attention_backward_saved. A paged plan has no backward. Throws tandem::Error before writing
-/// anything.
+/// anything. For bf16 and f16 (SPEC §10.2): p_ij from lse_i and delta_i from O_i as stored
+/// (without `saved` the forward is run to store them), RN_T(p_ij) before dV and RN_T(dx_ij)
+/// before dQ and dK (plan.rounding.operands), every gradient rounded once.
 template <class T, class Acc = accumulator_t<T>>
 void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
                         std::span<const T> dout, const AttentionGrads<T>& grads,
@@ -364,6 +491,18 @@ void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
   require_size(dout.size(), plan.o.extent, "dout");
   check_grads(plan, grads);
   if (saved != nullptr) check_saved(plan, *saved);
+  if constexpr (is_low_precision_v<T>) {
+    // SPEC §10.2: a bf16 or f16 backward takes p_ij from lse_i and delta_i from O_i as the
+    // forward stores them (lse in float32, O in T), so without a saved state it makes one.
+    if (saved == nullptr) {
+      std::vector<T> out(static_cast<std::size_t>(plan.o.extent));
+      std::vector<stat_t<T>> lse(static_cast<std::size_t>(plan.lse_size()));
+      attention_forward<T, Acc>(plan, in, out, lse);
+      const AttentionSaved<T> stored{out, lse};
+      attention_backward<T, Acc>(plan, in, dout, grads, &stored);
+      return;
+    }
+  }
   const Acc scale = static_cast<Acc>(plan.scale);
 
   // dk_j, dv_j and dsink_h sum over queries (and query heads): accumulate in Acc.
@@ -384,7 +523,13 @@ void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
         // backward passes 1–4: dx_ij and delta_i (from the saved o_i when given)
         const ScoreGrad<Acc> g =
             attention_score_grad_row<T, Acc>(plan, in, dout, seq, row, h, i, saved);
-        const std::vector<Acc>& dx = g.dx;
+        // the operands of the second products (SPEC §10.2): RN_T(p_ij) before dV and
+        // RN_T(dx_ij) before dQ and dK when plan.rounding.operands (identities for float)
+        std::vector<Acc> p = row.p, dx = g.dx;
+        for (std::int64_t j = 0; plan.rounding.operands && j < seq.Sk; ++j) {
+          p[j] = round_as<T>(row.p[j]);
+          dx[j] = round_as<T>(g.dx[j]);
+        }
 
         // pass 5a: dq_i = scale * sum_j dx_ij * k_j
         //   forward: x_ij = scale * <q_i, k_j>
@@ -416,7 +561,7 @@ void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
           const KeyRow key = seq.key_row(j);
           for (std::int64_t d = 0; d < plan.Dv; ++d) {
             dv_sum[plan.dv.at(key.batch, key.seq, kv_head) + d] +=
-                row.p[j] * static_cast<Acc>(dout[plan.o.at(seq.b, seq.q_row(i), h) + d]);
+                p[j] * static_cast<Acc>(dout[plan.o.at(seq.b, seq.q_row(i), h) + d]);
           }
         }
 
@@ -479,7 +624,7 @@ void attention_backward_dv(const AttentionPlan& plan, const AttentionInputs<T>& 
 /// visible key and no sink.
 template <class T, class Acc = accumulator_t<T>>
 void attention_forward_lse(const AttentionPlan& plan, const AttentionInputs<T>& in,
-                           std::span<T> out, std::span<T> lse) {
+                           std::span<T> out, std::span<stat_t<T>> lse) {
   require_size(lse.size(), plan.lse_size(), "lse");
   attention_forward<T, Acc>(plan, in, out, lse);
 }

@@ -3,15 +3,17 @@
 /// @brief The templated reference as a tandem::Kernels<T>: every entry point
 ///        at element type T, every sum in Acc.
 ///
-/// kernels<float>() is what the reference Backend holds (sums in double);
-/// kernels<double>() and the single-precision baseline kernels<float, float>()
-/// are what the Python package runs for float64 inputs and for
+/// kernels<float>(), kernels<bfloat16>() and kernels<float16>() are what the
+/// reference Backend holds (sums in double; bf16 and f16 round at SPEC
+/// §10.2's points and nowhere else); kernels<double>() and the single-precision baseline
+/// kernels<float, float>() are what the Python package runs for float64 inputs and for
 /// `reference_fp32acc` (SPEC, general rules).
 #pragma once
 
 #include "tandem/kernels.hpp"
 #include "tandem/reference/attention.hpp"
 #include "tandem/reference/axial_rope.hpp"
+#include "tandem/reference/quantized.hpp"
 #include "tandem/reference/rope.hpp"
 #include "tandem/reference/scalar.hpp"
 #include "tandem/reference/swiglu.hpp"
@@ -30,6 +32,8 @@ Kernels<T> kernels() {
   k.attention_backward_dq = attention_backward_dq<T, Acc>;
   k.attention_backward_dk = attention_backward_dk<T, Acc>;
   k.attention_backward_dv = attention_backward_dv<T, Acc>;
+  k.attention_forward_quantized = attention_forward_quantized<T, Acc>;
+  k.quantize_kv = quantize_kv<T, Acc>;
   k.rope_forward = rope_forward<T, Acc>;
   k.rope_backward = rope_backward<T, Acc>;
   k.rope_forward_qk = rope_forward_qk<T, Acc>;

@@ -13,6 +13,8 @@
 #include <complex>
 #include <type_traits>
 
+#include "tandem/storage.hpp"
+
 namespace tandem::reference {
 
 /// The default accumulator of scalar type T: double for float, T otherwise.
@@ -24,6 +26,16 @@ struct accumulator {
 template <>
 struct accumulator<float> {
   using type = double;  ///< sums of float run in double
+};
+/// bfloat16 sums run in double: the rest is rounded only at SPEC §10.2's points.
+template <>
+struct accumulator<bfloat16> {
+  using type = double;  ///< sums of bfloat16 run in double
+};
+/// float16 sums run in double, as bfloat16's.
+template <>
+struct accumulator<float16> {
+  using type = double;  ///< sums of float16 run in double
 };
 /// Shorthand for accumulator<T>::type.
 template <class T>

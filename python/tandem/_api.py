@@ -27,7 +27,8 @@ from ._errors import Error
 
 __all__ = [
     "attention", "attention_backward", "attention_forward_lse", "attention_backward_saved",
-    "attention_with_kvcache", "quantize_kv", "QuantizedKv", "alibi_slopes", "rope", "rope_backward", "rope_qk",
+    "attention_with_kvcache", "quantize_kv", "QuantizedKv", "alibi_slopes", "rope",
+    "rope_backward", "rope_qk",
     "rope_qk_backward", "axial_rope", "axial_rope_backward", "swiglu", "swiglu_backward",
     "attention_block",
 ]

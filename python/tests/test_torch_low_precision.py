@@ -148,17 +148,19 @@ def llama(impl):
     return AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=impl)
 
 
-def test_a_bf16_llama_with_tandem_matches_sdpa():
+@pytest.mark.parametrize("impl,backend", [("tandem", "optimized"),
+                                          ("tandem_reference", "reference")])
+def test_a_bf16_llama_with_tandem_matches_sdpa(impl, backend):
     """SPEC §10.5 bounds tandem's bf16 attention by the error of the naive
     computation in bf16 (FlashAttention's rule): so the bf16 model's logits
     and gradients with "tandem" lie within twice the distance of the bf16
     "sdpa" model to the float32 one, plus one rounding of the largest value;
     greedy tokens agree until a step whose top two logits lie within that."""
-    offered("attention_forward_lse", torch.bfloat16, "optimized")
-    offered("attention_backward_saved", torch.bfloat16, "optimized")
-    import tandem.transformers  # noqa: F401  (registers "tandem")
+    for entry in ("attention_forward", "attention_forward_lse", "attention_backward_saved"):
+        offered(entry, torch.bfloat16, backend)
+    import tandem.transformers  # noqa: F401  (registers "tandem" and "tandem_reference")
     f32 = llama("sdpa")
-    models = {"sdpa": llama("sdpa"), "tandem": llama("tandem")}
+    models = {"sdpa": llama("sdpa"), "tandem": llama(impl)}
     for m in models.values():
         m.load_state_dict(f32.state_dict())
         m.to(torch.bfloat16)

@@ -160,8 +160,9 @@ MUTATIONS = [
     Mutation("finite_check_tail", "gemm-inl.h",
              [("for (; x < width; ++x) finite = finite && std::isfinite(row[x]);", "")],
              "RowsFinite ignores the last partial vector of a row (the careful path's test)"),
-    Mutation("rope_tail_pairs", "simd-inl.h",
-             [("x1 = LoadN(d, x + m + i, n);", "x1 = LoadN(d, x + m + i, n - 1);")],
+    Mutation("rope_tail_pairs", "rotate_pairs-inl.h",
+             [("x1 = full ? LoadWide(d, x + m + i) : LoadWideN(d, x + m + i, n);",
+               "x1 = full ? LoadWide(d, x + m + i) : LoadWideN(d, x + m + i, n - 1);")],
              "RoPE (NeoX): the last partial vector loses its last pair's second element"),
 ]
 

@@ -16,7 +16,9 @@
 #include "support/tandem_test_support.hpp"
 #include "tandem/reference/attention.hpp"
 #include "tandem/reference/backend.hpp"
+#include "tandem/reference/rope.hpp"
 #include "tandem/reference/rounding_bound.hpp"
+#include "tandem/reference/swiglu.hpp"
 
 namespace {
 
@@ -135,8 +137,8 @@ template <class T>
 Case<T> featured_case(Rounding r) {
   Case<T> c(featured_params(r));
   const auto fill = [](std::vector<T>& x, unsigned seed, float scale) {
-    const std::vector<float> r = tandem::test::random_values(x.size(), seed, -scale, scale);
-    for (std::size_t e = 0; e < x.size(); ++e) x[e] = T(r[e]);
+    const std::vector<float> u = tandem::test::random_values(x.size(), seed, -scale, scale);
+    for (std::size_t e = 0; e < x.size(); ++e) x[e] = T(u[e]);
   };
   fill(c.q, 1, 2.0f);
   fill(c.k, 2, 2.0f);
@@ -153,6 +155,7 @@ Case<double> as_double(const Case<T>& c, Rounding r) {
   Case<double> d(featured_params(r));
   const auto widen = [](const std::vector<T>& x) {
     std::vector<double> y;
+    y.reserve(x.size());
     for (const T& e : x) y.push_back(static_cast<double>(e));
     return y;
   };
@@ -291,6 +294,70 @@ TEST(ReferenceLowPrecision, TheBackwardGradientsAreTheirBoundsRoundedOnce) {
       EXPECT_EQ(flips, 0.0);
     }
   }
+}
+
+/// x's values in T, and the same values in double.
+template <class T>
+std::pair<std::vector<T>, std::vector<double>> stored(std::size_t n, unsigned seed, float lo,
+                                                      float hi) {
+  std::vector<T> t;
+  std::vector<double> d;
+  t.reserve(n);
+  d.reserve(n);
+  for (const float e : tandem::test::random_values(n, seed, lo, hi)) {
+    t.emplace_back(e);
+    d.push_back(static_cast<double>(t.back()));
+  }
+  return {t, d};
+}
+
+/// Every element of `got` is RN_T of the element of `exact`.
+template <class T>
+void expect_rounded_once(const std::vector<T>& got, const std::vector<double>& exact) {
+  ASSERT_EQ(got.size(), exact.size());
+  int inexact = 0;
+  for (std::size_t e = 0; e < got.size(); ++e) {
+    EXPECT_EQ(got[e].bits, T(exact[e]).bits) << e;
+    inexact += static_cast<double>(got[e]) != exact[e] ? 1 : 0;
+  }
+  EXPECT_GT(inexact, 0);  // the results are not all values of T: the rounding is seen
+}
+
+template <class T>
+void expect_swiglu_rope_round_once() {
+  // SwiGLU: RN_T(silu(g)·u) and its backward, from the double computation on the stored values
+  const tandem::SwigluPlan sp = tandem::SwigluPlan::from_shapes({3, 8}, true);
+  const auto [x, xd] = stored<T>(sp.in_size(), 41, -3.0f, 3.0f);
+  const auto [dy, dyd] = stored<T>(sp.out_size(), 42, -1.0f, 1.0f);
+  std::vector<T> y(sp.out_size()), dx(sp.in_size());
+  std::vector<double> yd(sp.out_size()), dxd(sp.in_size());
+  ref::swiglu_forward<T>(sp, x, std::span<T>(y));
+  ref::swiglu_forward<double>(sp, xd, std::span<double>(yd));
+  expect_rounded_once(y, yd);
+  ref::swiglu_backward<T>(sp, x, dy, std::span<T>(dx));
+  ref::swiglu_backward<double>(sp, xd, dyd, std::span<double>(dxd));
+  expect_rounded_once(dx, dxd);
+  // RoPE: RN_T(x_1·c − x_2·s) with the tables in T
+  tandem::RopeParams rp;
+  rp.seq = 2;
+  rp.width = 16;
+  rp.head_dim = 8;
+  rp.n_rot = 8;
+  rp.table_rows = 2;
+  const tandem::RopePlan plan = tandem::RopePlan::make(rp);
+  const auto [rx, rxd] = stored<T>(plan.out_size(), 43, -2.0f, 2.0f);
+  const auto [c, cd] = stored<T>(2 * 4, 44, -1.0f, 1.0f);
+  const auto [sn, snd] = stored<T>(2 * 4, 45, -1.0f, 1.0f);
+  std::vector<T> ry(plan.out_size());
+  std::vector<double> ryd(plan.out_size());
+  ref::rope_forward<T>(plan, rx, tandem::RopeTables<T>{c, sn}, std::span<T>(ry));
+  ref::rope_forward<double>(plan, rxd, tandem::RopeTables<double>{cd, snd}, std::span<double>(ryd));
+  expect_rounded_once(ry, ryd);
+}
+
+TEST(ReferenceLowPrecision, SwigluAndRopeRoundEachOutputOnce) {
+  expect_swiglu_rope_round_once<bfloat16>();
+  expect_swiglu_rope_round_once<float16>();
 }
 
 }  // namespace

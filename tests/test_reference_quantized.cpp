@@ -43,6 +43,7 @@ struct Cache {
 template <class T>
 std::vector<T> values(const std::vector<double>& x) {
   std::vector<T> y;
+  y.reserve(x.size());
   for (const double e : x) y.push_back(T(e));
   return y;
 }

@@ -164,8 +164,8 @@ void attention_block(const AttentionBlockPlan& plan, const AttentionBlockInputs&
     // q and k rotated out of the qkv rows (row stride 3E) into contiguous [B·S, E].
     const RopeTables<float> tables{in.cos, in.sin};
     const std::int64_t src = plan.rope.src_extent();
-    rope_forward(plan.rope, all.subspan(0, src), tables, q_rot.span(), options);
-    rope_forward(plan.rope, all.subspan(E, src), tables, k_rot.span(), options);
+    rope_forward<float>(plan.rope, all.subspan(0, src), tables, q_rot.span(), options);
+    rope_forward<float>(plan.rope, all.subspan(E, src), tables, k_rot.span(), options);
     ai.q = q_rot.span();
     ai.k = k_rot.span();
   } else {

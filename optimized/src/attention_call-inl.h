@@ -104,6 +104,11 @@ inline std::int64_t SequenceOf(const std::vector<std::int64_t>& start, std::int6
   return std::upper_bound(start.begin(), start.end(), x) - start.begin() - 1;
 }
 
+/// Whether, and to which storage type, a call rounds the weights of its
+/// softmax before the product with V (SPEC §10.2: the `pytorch` profile of a
+/// bf16 or f16 call); none for float and the `exact` profile.
+enum class WeightRounding { none, bf16, f16 };
+
 /// Sizes of one call, derived from the plan, the inputs and the geometry
 /// once, and the addresses of its rows: every q, out, dout, dq, dk and dv
 /// row, lse entry and K or V row is found through the accessors below. The
@@ -149,6 +154,9 @@ struct Call {
   /// so that a raw dot product is already the score in log2 units (see
   /// ScoreTransform); 1 with one (tanh needs scale·<q, k> itself).
   float q_scale = 1.0f;
+  /// Whether the softmax rounds P before P·V (set by a low-precision call
+  /// after construction; OnlineSoftmax).
+  WeightRounding weights = WeightRounding::none;
 
   Call(const AttentionPlan& p, const AttentionInputs<float>& in, const Geometry& geo)
       : plan(&p), geometry(&geo), key_block(geo.key_block), edge_block(geo.edge_block) {

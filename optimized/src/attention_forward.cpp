@@ -41,10 +41,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attention_forward_tile-inl.h"
 #include "attention_split_keys-inl.h"
+#include "buffer.hpp"
+#include "convert-inl.h"
+#include "tandem/storage.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace tandem::optimized::HWY_NAMESPACE {
@@ -127,6 +133,96 @@ void ForwardTiles(const Call& c, float* out, float* lse_out, int threads) {
   }
 }
 
+/// The forward of a call whose rows the Call finds: split-key or tiled.
+void Forward(const Call& c, float* out, float* lse_out, int threads) {
+  if (const std::int64_t chunk = attn::SplitKeysChunk(c); chunk > 0) {
+    attn::ForwardSplitKeys(c, chunk, out, lse_out, threads);
+  } else {
+    ForwardTiles(c, out, lse_out, threads);
+  }
+}
+
+/// Elements per task of the conversions below: whole vectors on every
+/// target, and large enough that a task outweighs its scheduling.
+constexpr std::int64_t kConvertChunk = 1 << 14;
+
+/// dst[0 .. n) = x[0 .. n) widened from T to float (exact, SPEC §10.1), in
+/// fixed chunks on `threads` threads (each element is converted alone: the
+/// result does not depend on the thread count).
+template <class T>
+void Widen(const T* x, std::int64_t n, float* dst, int threads) {
+  const std::int64_t tasks = (n + kConvertChunk - 1) / kConvertChunk;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (std::int64_t task = 0; task < tasks; ++task) {
+    const DF d;
+    const std::int64_t N = Lanes(), hi = std::min(n, (task + 1) * kConvertChunk);
+    std::int64_t i = task * kConvertChunk;
+    for (; i + N <= hi; i += N) hn::StoreU(LoadWide<T>(d, x + i), d, dst + i);
+    for (; i < hi; ++i) dst[i] = static_cast<float>(static_cast<double>(x[i]));
+  }
+}
+
+/// dst[0 .. n) = RN_T(x[0 .. n)), as Widen (the tail by storage.hpp's
+/// scalar RN_T, which StoreRounded equals bit for bit).
+template <class T>
+void Narrow(const float* x, std::int64_t n, T* dst, int threads) {
+  const std::int64_t tasks = (n + kConvertChunk - 1) / kConvertChunk;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (std::int64_t task = 0; task < tasks; ++task) {
+    const DF d;
+    const std::int64_t N = Lanes(), hi = std::min(n, (task + 1) * kConvertChunk);
+    std::int64_t i = task * kConvertChunk;
+    for (; i + N <= hi; i += N) StoreRounded<T>(d, hn::LoadU(d, x + i), dst + i);
+    for (; i < hi; ++i) dst[i] = T(static_cast<double>(x[i]));  // the same RN_T
+  }
+}
+
+/// The forward of a bf16 or f16 call (SPEC §10.2, profiles `pytorch` and
+/// `exact`): q, k, v and the sinks widened to float scratch (exact), the
+/// float tiles run on them with the weights rounded to T before P·V where
+/// the profile says (Call::weights, OnlineSoftmax), the output accumulated
+/// in float and rounded to T once at the store; lse stays float.
+///
+/// Why widen first: the conversion is O(B·S·H·D) against the tiles'
+/// O(B·Sq·Sk·H·D), and the float micro-kernels then run unchanged on every
+/// target (this CPU class has no bf16 arithmetic the tiles could use; a key
+/// block is packed anyway). Only a decode step against a long cache reads
+/// each K/V element once, where widening the whole cache first costs as
+/// much as the call: detail::stored_decode is where such calls would leave.
+template <class T>
+void ForwardStored(const AttentionPlan& plan, const AttentionInputs<T>& in, std::span<T> out,
+                   std::span<float> lse, const Geometry& geometry, int threads) {
+  Buffer q(plan.q.extent, Buffer::Init::uninitialized);
+  Buffer k(plan.k.extent, Buffer::Init::uninitialized);
+  Buffer v(plan.v.extent, Buffer::Init::uninitialized);
+  Buffer sinks(static_cast<std::int64_t>(in.sinks.size()), Buffer::Init::uninitialized);
+  Buffer wide_out(plan.o.extent);  // every element is written; zero keeps it defined regardless
+  Widen(in.q.data(), plan.q.extent, q.get(), threads);
+  Widen(in.k.data(), plan.k.extent, k.get(), threads);
+  Widen(in.v.data(), plan.v.extent, v.get(), threads);
+  for (std::size_t h = 0; h < in.sinks.size(); ++h) {
+    sinks.get()[h] = static_cast<float>(static_cast<double>(in.sinks[h]));
+  }
+  AttentionInputs<float> wide{{q.get(), static_cast<std::size_t>(plan.q.extent)},
+                              {k.get(), static_cast<std::size_t>(plan.k.extent)},
+                              {v.get(), static_cast<std::size_t>(plan.v.extent)},
+                              in.mask};
+  wide.sinks = {sinks.get(), in.sinks.size()};
+  wide.alibi_slopes = in.alibi_slopes;
+  wide.cu_seqlens_q = in.cu_seqlens_q;
+  wide.cu_seqlens_k = in.cu_seqlens_k;
+  wide.seqused_k = in.seqused_k;
+  wide.block_table = in.block_table;
+  wide.cache_seqlens = in.cache_seqlens;
+  Call c(plan, wide, geometry);
+  if (plan.rounding.operands) {
+    c.weights =
+        std::is_same_v<T, bfloat16> ? attn::WeightRounding::bf16 : attn::WeightRounding::f16;
+  }
+  Forward(c, wide_out.get(), lse.empty() ? nullptr : lse.data(), threads);
+  Narrow(wide_out.get(), plan.o.extent, out.data(), threads);
+}
+
 }  // namespace
 
 /// out (and lse when non-empty) for every (b, h, i): one OpenMP task per
@@ -146,12 +242,20 @@ void AttentionForwardTarget(const AttentionPlan& plan, const AttentionInputs<flo
                             std::span<float> out, std::span<float> lse, const Geometry& geometry,
                             int threads) {
   const Call c(plan, in, geometry);
-  float* lse_out = lse.empty() ? nullptr : lse.data();
-  if (const std::int64_t chunk = attn::SplitKeysChunk(c); chunk > 0) {
-    attn::ForwardSplitKeys(c, chunk, out.data(), lse_out, threads);
-  } else {
-    ForwardTiles(c, out.data(), lse_out, threads);
-  }
+  Forward(c, out.data(), lse.empty() ? nullptr : lse.data(), threads);
+}
+
+/// The forward of bf16 and f16 calls (ForwardStored): out rounded to T,
+/// lse in float.
+void AttentionForwardBf16Target(const AttentionPlan& plan, const AttentionInputs<bfloat16>& in,
+                                std::span<bfloat16> out, std::span<float> lse,
+                                const Geometry& geometry, int threads) {
+  ForwardStored(plan, in, out, lse, geometry, threads);
+}
+void AttentionForwardF16Target(const AttentionPlan& plan, const AttentionInputs<float16>& in,
+                               std::span<float16> out, std::span<float> lse,
+                               const Geometry& geometry, int threads) {
+  ForwardStored(plan, in, out, lse, geometry, threads);
 }
 
 }  // namespace tandem::optimized::HWY_NAMESPACE
@@ -162,8 +266,73 @@ HWY_AFTER_NAMESPACE();
 
 namespace tandem::optimized {
 HWY_EXPORT(AttentionForwardTarget);
+HWY_EXPORT(AttentionForwardBf16Target);
+HWY_EXPORT(AttentionForwardF16Target);
 
 namespace detail {
+namespace {
+
+/// The profiles the optimized forward implements (SPEC §10.2): every one
+/// whose rounding points are the weights at most (`pytorch`, `exact`);
+/// `ggml`'s q rounded to K's type and T accumulator are rejected.
+void require_rounding(const AttentionPlan& plan) {
+  const Rounding& r = plan.rounding;
+  require(!r.q_as_k && !r.output_accumulator, "rounding", std::string(r.name),
+          "is not implemented by the optimized backend (it implements pytorch and exact)");
+}
+
+/// THE one place where a decode-shaped call of storage type T (a few query
+/// rows against a long or paged cache) is to be routed to a kernel that
+/// reads K and V in T where they lie (optimized/src/attention_decode_stored.cpp),
+/// instead of ForwardStored widening the whole cache first. Called after
+/// validation; returns whether it computed the call. No such kernel is bound
+/// yet: every call takes the general path.
+template <class T>
+bool stored_decode(const AttentionPlan& plan, const AttentionInputs<T>& in, std::span<T> out,
+                   std::span<float> lse, const Options& options) {
+  (void)plan, (void)in, (void)out, (void)lse, (void)options;
+  return false;
+}
+
+/// The low-precision forward of storage type T, validated first.
+template <class T>
+void forward_stored(const AttentionPlan& plan, const AttentionInputs<T>& in, std::span<T> out,
+                    std::span<float> lse, bool with_lse, const Options& options) {
+  check_inputs(plan, in);
+  require_rounding(plan);
+  require_size(out.size(), plan.o.extent, "out");
+  if (with_lse) require_size(lse.size(), plan.lse_size(), "lse");
+  if (stored_decode(plan, in, out, lse, options)) return;
+  const int threads = threads_of(options);
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    HWY_DYNAMIC_DISPATCH(AttentionForwardBf16Target)(plan, in, out, lse, options.geometry, threads);
+  } else {
+    HWY_DYNAMIC_DISPATCH(AttentionForwardF16Target)(plan, in, out, lse, options.geometry, threads);
+  }
+}
+
+}  // namespace
+
+template <class T>
+void attention_forward_stored(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                              std::span<T> out, const Options& options) {
+  forward_stored(plan, in, out, {}, false, options);
+}
+
+template <class T>
+void attention_forward_lse_stored(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                                  std::span<T> out, std::span<float> lse, const Options& options) {
+  forward_stored(plan, in, out, lse, true, options);
+}
+
+template void attention_forward_stored(const AttentionPlan&, const AttentionInputs<bfloat16>&,
+                                       std::span<bfloat16>, const Options&);
+template void attention_forward_stored(const AttentionPlan&, const AttentionInputs<float16>&,
+                                       std::span<float16>, const Options&);
+template void attention_forward_lse_stored(const AttentionPlan&, const AttentionInputs<bfloat16>&,
+                                           std::span<bfloat16>, std::span<float>, const Options&);
+template void attention_forward_lse_stored(const AttentionPlan&, const AttentionInputs<float16>&,
+                                           std::span<float16>, std::span<float>, const Options&);
 
 void attention_forward(const AttentionPlan& plan, const AttentionInputs<float>& in,
                        std::span<float> out, const Options& options) {

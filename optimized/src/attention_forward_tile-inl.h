@@ -122,7 +122,7 @@ class WideTile {
         values_(c.values(t.n, t.g)),
         head_(t.kv_index(c)),
         score_(c, t_, s.score),
-        softmax_(s.m.get(), s.l.get(), s.alpha.get(), t.rows_p, t.stride),
+        softmax_(s.m.get(), s.l.get(), s.alpha.get(), t.rows_p, t.stride, c.weights),
         prefetched_(t.j_begin + c.key_block) {
     if (with_pv) std::fill(s.Ot.get(), s.Ot.get() + c.plan->Dv * t.stride, 0.0f);
   }
@@ -253,7 +253,7 @@ class DecodeTile {
         keys_(c.keys(t.n, t.g)),
         values_(c.values(t.n, t.g)),
         score_(c, t_, s.score),
-        softmax_(s.m.get(), s.l.get(), s.alpha.get(), t.rows_p, t.stride) {
+        softmax_(s.m.get(), s.l.get(), s.alpha.get(), t.rows_p, t.stride, c.weights) {
     if (with_pv) std::fill(s.On.get(), s.On.get() + t.rows_p * Dvp_, 0.0f);
   }
   DecodeTile(const DecodeTile&) = delete;

@@ -18,6 +18,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -26,6 +27,7 @@
 #include "attention_call-inl.h"
 #include "attention_exp2-inl.h"
 #include "attention_score-inl.h"
+#include "convert-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tandem::optimized::HWY_NAMESPACE::attn {
@@ -45,17 +47,30 @@ namespace hn = hwy::HWY_NAMESPACE;
 /// m stay below 2^kRescaleAbove, far from overflow, and since l and the
 /// output are sums of 2^(x − m) with one and the same m, out = O/l and
 /// lse = m + log2 l are exact whatever m is.
+///
+/// A call that rounds its weights to a storage type T (Call::weights, the
+/// `pytorch` profile of SPEC §10.2) stores RN_T(2^(x − m)) into P for the
+/// product with V, while l sums the unrounded 2^(x − m). Its m is moved to
+/// ⌈row max⌉, a whole number (μ_i of §10.2): every alpha is then a power of
+/// two, and since RN_T(2^k·y) = 2^k·RN_T(y), the rounded weights are those
+/// against the row's final μ_i whichever block moved m last. Calls that
+/// keep their weights in float keep m at the row max itself, so that a
+/// row's own maximum gets weight 2^0 = 1 exactly (a row with one visible key
+/// reproduces v).
 class OnlineSoftmax {
  public:
   static constexpr float kRescaleAbove = 8.0f;
 
   /// For rows_p rows whose scores lie `stride` apart from one key to the next;
-  /// m, l and alpha: rows_p floats each (ForwardScratch).
-  OnlineSoftmax(float* m, float* l, float* alpha, std::int64_t rows_p, std::int64_t stride)
+  /// m, l and alpha: rows_p floats each (ForwardScratch); `weights`: whether
+  /// and to which storage type P is rounded (Call::weights).
+  OnlineSoftmax(float* m, float* l, float* alpha, std::int64_t rows_p, std::int64_t stride,
+                WeightRounding weights)
       : m_(m),
         l_(l),
         alpha_(alpha),
         R_(stride),
+        weights_(weights),
         rescaled_(static_cast<std::size_t>(rows_p / Lanes()), 0) {
     const DF d;
     for (std::int64_t r = 0; r < rows_p; r += Lanes()) {
@@ -77,23 +92,30 @@ class OnlineSoftmax {
     const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
     bool any = false;
     for (std::int64_t r0 = lo; r0 < hi; r0 += Lanes()) {
-      // m_new <- rowmax(S) where it exceeds m by more than kRescaleAbove, else
-      // m (masked keys at −inf)
+      // m_new <- rowmax(S) (⌈rowmax(S)⌉ when P is rounded) where it exceeds m
+      // by more than kRescaleAbove, else m (masked keys at −inf)
       const VF m_old = hn::LoadU(d, m_ + r0);
       const VF mx = Scores(St, nk, r0, score);
       const auto grow = hn::Gt(mx, hn::Add(m_old, hn::Set(d, kRescaleAbove)));
-      const VF m_new = hn::IfThenElse(grow, mx, m_old);
+      const bool whole = weights_ != WeightRounding::none;
+      const VF m_new = hn::IfThenElse(grow, whole ? hn::Ceil(mx) : mx, m_old);
       // A row that has seen no visible key yet keeps m = −inf; subtract 0
       // there so that 2^(−inf − (−inf)) is never formed.
       const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
       // P <- 2^(S − m_new); l <- 2^(m − m_new)·l + rowsum(P)
       const bool moved = !hn::AllFalse(d, grow);
       const VF a = moved ? SoftmaxExp2(d, hn::Sub(m_old, m_use)) : hn::Set(d, 1.0f);
-      VF sum = hn::Zero(d);
-      for (std::int64_t jj = 0; jj < nk; ++jj) {
-        const VF pr = SoftmaxExp2(d, hn::Sub(hn::LoadU(d, St + jj * R_ + r0), m_use));
-        hn::StoreU(pr, d, St + jj * R_ + r0);
-        sum = hn::Add(sum, pr);
+      VF sum;
+      switch (weights_) {
+        case WeightRounding::none:
+          sum = Exponentiate<float>(St, nk, r0, m_use);
+          break;
+        case WeightRounding::bf16:
+          sum = Exponentiate<bfloat16>(St, nk, r0, m_use);
+          break;
+        case WeightRounding::f16:
+          sum = Exponentiate<float16>(St, nk, r0, m_use);
+          break;
       }
       hn::StoreU(hn::MulAdd(hn::LoadU(d, l_ + r0), a, sum), d, l_ + r0);
       hn::StoreU(m_new, d, m_ + r0);
@@ -113,6 +135,19 @@ class OnlineSoftmax {
   bool rescaled(std::int64_t r0) const { return rescaled_[static_cast<std::size_t>(r0 / Lanes())]; }
 
  private:
+  /// P <- RN_T(2^(S − m)) in place for rows r0 .. r0+N−1 (2^(S − m) itself
+  /// for T = float); returns rowsum(2^(S − m)), the unrounded weights.
+  template <class T>
+  HWY_INLINE VF Exponentiate(float* St, std::int64_t nk, std::int64_t r0, VF m_use) const {
+    const DF d;
+    VF sum = hn::Zero(d);
+    for (std::int64_t jj = 0; jj < nk; ++jj) {
+      const VF pr = SoftmaxExp2(d, hn::Sub(hn::LoadU(d, St + jj * R_ + r0), m_use));
+      hn::StoreU(RoundAs<T>(d, pr), d, St + jj * R_ + r0);
+      sum = hn::Add(sum, pr);
+    }
+    return sum;
+  }
   /// S <- the scores of rows r0 .. r0+N−1 in place (the cheapest transform
   /// the block allows: none, the band, or the whole transform); returns
   /// their row max.
@@ -156,6 +191,7 @@ class OnlineSoftmax {
   float* l_;
   float* alpha_;
   std::int64_t R_;
+  WeightRounding weights_;
   std::vector<char> rescaled_;  ///< per vector of rows, for the last block
 };
 
@@ -198,6 +234,12 @@ HWY_INLINE float MulAdd(float a, float b, float c) {
 HWY_INLINE VF MulAdd(VF a, VF b, VF c) {
   return hn::MulAdd(a, b, c);
 }
+HWY_INLINE float Ceil(float x) {
+  return std::ceil(x);
+}
+HWY_INLINE VF Ceil(VF x) {
+  return hn::Ceil(x);
+}
 HWY_INLINE float Exp2(float x) {
   return hn::GetLane(SoftmaxExp2(DF(), hn::Set(DF(), x)));
 }
@@ -219,11 +261,13 @@ HWY_INLINE VF Log2(VF x) {
 /// unnormalized output must be scaled by a. A row with no visible key gets
 /// m = s, l = 1, a = 0; where m >= s already (the split-key merge takes the
 /// sink into its max) a = 2^0 = 1 exactly. Lanes with s = −inf (padding
-/// rows) keep their m, l and a. V: VF or float.
+/// rows) keep their m, l and a. With `whole` (a whole-number m, see
+/// OnlineSoftmax) m <- max(m, ⌈s⌉), so that a stays a power of two. V: VF
+/// or float.
 template <class V>
-HWY_INLINE void MergeSink(V s, V& m, V& l, V& a) {
+HWY_INLINE void MergeSink(V s, V& m, V& l, V& a, bool whole) {
   const auto real = s != lane::Splat<V>(-std::numeric_limits<float>::infinity());
-  const V m_new = lane::Max(m, s);
+  const V m_new = lane::Max(m, whole ? lane::Ceil(s) : s);
   const V a_new = lane::Exp2(m - m_new);  // m = −inf: 0
   l = lane::IfThenElse(real, lane::MulAdd(l, a_new, lane::Exp2(s - m_new)), l);
   a = lane::IfThenElse(real, a_new, a);
@@ -273,7 +317,7 @@ inline void FinishRows(const Call& c, const Tile& t, const float* m_rows, const 
         sinks[n] =
             r < t.rows ? c.sinks[t.head(r)] * kLog2e : -std::numeric_limits<float>::infinity();
       }
-      MergeSink(hn::Load(d, sinks), m, l, a);
+      MergeSink(hn::Load(d, sinks), m, l, a, c.weights != WeightRounding::none);
     }
     hn::StoreU(FinishFactor(l, a), d, inv + r0);
     if (lse != nullptr) hn::StoreU(FinishLse(m, l), d, lse + r0);

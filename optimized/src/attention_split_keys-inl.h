@@ -19,6 +19,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -164,7 +165,11 @@ inline void MergeRow(const Call& c, const SplitPartials& part, std::int64_t n, s
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const float sink = c.sinks != nullptr ? c.sinks[h] * kLog2e : neg_inf;  // log2 units
   // A NaN max (a NaN score) comes with a NaN sum, which reaches l below.
-  float m = sink;
+  // With rounded weights every m_c is a whole number (OnlineSoftmax), and so
+  // is m with ⌈sink⌉: every factor 2^(m_c − m) is a power of two and the
+  // merge changes no weight's bits.
+  const bool whole = c.weights != WeightRounding::none;
+  float m = whole ? std::ceil(sink) : sink;
   for (std::int64_t ch = 0; ch < n_chunks; ++ch) m = std::max(m, part.at(n, ch, row)[Dvp]);
   // No visible key anywhere: subtract 0, never form −inf − (−inf).
   const float m_use = m == neg_inf ? 0.0f : m;
@@ -181,7 +186,7 @@ inline void MergeRow(const Call& c, const SplitPartials& part, std::int64_t n, s
     }
   }
   float a = 1.0f;
-  if (c.sinks != nullptr) MergeSink(sink, m, l, a);
+  if (c.sinks != nullptr) MergeSink(sink, m, l, a, whole);
   const float inv = FinishFactor(l, a);
   float* dst = out + c.o_at(n, i, h);
   for (std::int64_t dv = 0; dv < plan.Dv; ++dv) dst[dv] = acc[dv] * inv;

@@ -59,12 +59,26 @@ auto one_gradient(const Options& options, Gradient which) {
 }
 
 /// RoPE of q and k in one call (`transpose`: the backward).
+template <class T>
 auto rope_qk(const Options& options, bool transpose) {
-  return [options, transpose](const RopeQkPlan& plan, std::span<const float> q,
-                              std::span<const float> k, const RopeTables<float>& tables,
-                              std::span<float> q_dst, std::span<float> k_dst) {
+  return [options, transpose](const RopeQkPlan& plan, std::span<const T> q, std::span<const T> k,
+                              const RopeTables<T>& tables, std::span<T> q_dst, std::span<T> k_dst) {
     detail::rope_qk(plan, q, k, tables, q_dst, k_dst, transpose, options);
   };
+}
+
+/// Binds RoPE, axial RoPE and SwiGLU at storage type T (float, bfloat16,
+/// float16; SPEC §10.2).
+template <class T>
+void bind_rope_swiglu(Kernels<T>& k, const Options& options) {
+  k.rope_forward = with_options<detail::rope_forward<T>>(options);
+  k.rope_backward = with_options<detail::rope_backward<T>>(options);
+  k.rope_forward_qk = rope_qk<T>(options, false);
+  k.rope_backward_qk = rope_qk<T>(options, true);
+  k.axial_rope_forward = with_options<detail::axial_rope_forward<T>>(options);
+  k.axial_rope_backward = with_options<detail::axial_rope_backward<T>>(options);
+  k.swiglu_forward = with_options<detail::swiglu_forward<T>>(options);
+  k.swiglu_backward = with_options<detail::swiglu_backward<T>>(options);
 }
 
 }  // namespace
@@ -89,15 +103,16 @@ Backend backend(Options options) {
   b.attention_backward_dq = one_gradient(options, Gradient::dq);
   b.attention_backward_dk = one_gradient(options, Gradient::dk);
   b.attention_backward_dv = one_gradient(options, Gradient::dv);
-  b.rope_forward = with_options<detail::rope_forward>(options);
-  b.rope_backward = with_options<detail::rope_backward>(options);
-  b.rope_forward_qk = rope_qk(options, false);
-  b.rope_backward_qk = rope_qk(options, true);
-  b.axial_rope_forward = with_options<detail::axial_rope_forward>(options);
-  b.axial_rope_backward = with_options<detail::axial_rope_backward>(options);
-  b.swiglu_forward = with_options<detail::swiglu_forward>(options);
-  b.swiglu_backward = with_options<detail::swiglu_backward>(options);
+  bind_rope_swiglu(b.kernels<float>(), options);
+  bind_rope_swiglu(b.bf16, options);
+  bind_rope_swiglu(b.f16, options);
   b.attention_block = with_options<detail::attention_block>(options);
+  b.bf16.attention_forward = with_options<detail::attention_forward_stored<bfloat16>>(options);
+  b.bf16.attention_forward_lse =
+      with_options<detail::attention_forward_lse_stored<bfloat16>>(options);
+  b.f16.attention_forward = with_options<detail::attention_forward_stored<float16>>(options);
+  b.f16.attention_forward_lse =
+      with_options<detail::attention_forward_lse_stored<float16>>(options);
   return b;
 }
 

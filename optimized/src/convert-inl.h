@@ -22,6 +22,7 @@
 
 #include <hwy/highway.h>
 
+#include <bit>
 #include <cstdint>
 #include <type_traits>
 
@@ -103,7 +104,7 @@ HWY_INLINE VU32 RoundBits(DF d, VF v) {
 template <class T>
 HWY_INLINE VF LoadWideN(DF d, const T* p, std::int64_t n) {
   if constexpr (std::is_same_v<T, float>) {
-    return LoadN(d, p, n);
+    return LoadN(d, p, static_cast<std::size_t>(n));
   } else {
     const DU32 du;
     HWY_ALIGN std::uint32_t buf[kMaxFloatLanes] = {};
@@ -142,12 +143,42 @@ HWY_INLINE void StoreRounded(DF d, VF v, T* p) {
 template <class T>
 HWY_INLINE void StoreRoundedN(DF d, VF v, T* p, std::int64_t n) {
   if constexpr (std::is_same_v<T, float>) {
-    StoreN(d, v, p, n);
+    StoreN(v, d, p, static_cast<std::size_t>(n));
   } else {
     const DU32 du;
-    HWY_ALIGN std::uint32_t buf[kMaxFloatLanes];
+    HWY_ALIGN std::uint32_t buf[kMaxFloatLanes] = {};  // (lanes above Lanes() are never read)
     hn::Store(RoundBits<T>(d, v), du, buf);
     for (std::int64_t i = 0; i < n; ++i) p[i].bits = static_cast<std::uint16_t>(buf[i]);
+  }
+}
+
+/// Pairs (p[2i], p[2i+1]), i < Lanes(), of storage type T as two float
+/// vectors x0[i] = p[2i], x1[i] = p[2i+1] (hn::LoadInterleaved2 for float).
+/// For bf16 and f16 each pair is one little-endian u32 lane: p[2i] in its
+/// low 16 bits, p[2i+1] in its high 16 bits.
+template <class T>
+HWY_INLINE void LoadWideInterleaved2(DF d, const T* p, VF& x0, VF& x1) {
+  if constexpr (std::is_same_v<T, float>) {
+    hn::LoadInterleaved2(d, p, x0, x1);
+  } else {
+    static_assert(std::endian::native == std::endian::little);
+    const DU32 du;
+    const VU32 pairs = hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(p));
+    x0 = WidenBits<T>(d, hn::And(pairs, hn::Set(du, 0xFFFFu)));
+    x1 = WidenBits<T>(d, hn::ShiftRight<16>(pairs));
+  }
+}
+
+/// RN_T(y0[i]), RN_T(y1[i]) stored to p[2i], p[2i+1], i < Lanes() (the
+/// inverse of LoadWideInterleaved2; hn::StoreInterleaved2 for float).
+template <class T>
+HWY_INLINE void StoreRoundedInterleaved2(DF d, VF y0, VF y1, T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    hn::StoreInterleaved2(y0, y1, d, p);
+  } else {
+    const DU32 du;
+    const VU32 pairs = hn::Or(RoundBits<T>(d, y0), hn::ShiftLeft<16>(RoundBits<T>(d, y1)));
+    hn::StoreU(pairs, du, reinterpret_cast<std::uint32_t*>(p));
   }
 }
 

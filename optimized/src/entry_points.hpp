@@ -38,6 +38,15 @@ void attention_forward(const AttentionPlan& plan, const AttentionInputs<float>& 
 /// ([B, H, Sq], contiguous), −inf for a row with no visible key.
 void attention_forward_lse(const AttentionPlan& plan, const AttentionInputs<float>& in,
                            std::span<float> out, std::span<float> lse, const Options& options);
+/// attention_forward and attention_forward_lse for storage type T = bfloat16
+/// or float16 (SPEC §10.2, profiles `pytorch` and `exact`; `ggml` is an
+/// Error naming `rounding`): out in T, lse in float.
+template <class T>
+void attention_forward_stored(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                              std::span<T> out, const Options& options);
+template <class T>
+void attention_forward_lse_stored(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                                  std::span<T> out, std::span<float> lse, const Options& options);
 /// Any non-empty subset of dq, dk, dv, dsinks (an empty view is not computed); with
 /// `saved` (the forward's out and lse) P and rowsum(dO ∘ O) come from it
 /// instead of a forward run over each query block.
@@ -52,31 +61,40 @@ void attention_backward_one(const AttentionPlan& plan, const AttentionInputs<flo
                             const Options& options);
 
 /// out = rope(x) (SPEC §4); x read through plan.src, out contiguous (plan.out).
-void rope_forward(const RopePlan& plan, std::span<const float> x, const RopeTables<float>& tables,
-                  std::span<float> out, const Options& options);
+/// T is float, bfloat16 or float16 (x, the tables and out; SPEC §10.2).
+template <class T>
+void rope_forward(const RopePlan& plan, std::span<const T> x, const RopeTables<T>& tables,
+                  std::span<T> out, const Options& options);
 /// dx = rope_backward(dy), the transpose of rope_forward.
-void rope_backward(const RopePlan& plan, std::span<const float> dy, const RopeTables<float>& tables,
-                   std::span<float> dx, const Options& options);
+template <class T>
+void rope_backward(const RopePlan& plan, std::span<const T> dy, const RopeTables<T>& tables,
+                   std::span<T> dx, const Options& options);
 /// q_dst, k_dst = rope(q), rope(k) (or the backward when `transpose`), in one
 /// pass over the tokens: both validated first, then each token's table row
 /// found once for the heads of q and of k.
-void rope_qk(const RopeQkPlan& plan, std::span<const float> q, std::span<const float> k,
-             const RopeTables<float>& tables, std::span<float> q_dst, std::span<float> k_dst,
-             bool transpose, const Options& options);
+template <class T>
+void rope_qk(const RopeQkPlan& plan, std::span<const T> q, std::span<const T> k,
+             const RopeTables<T>& tables, std::span<T> q_dst, std::span<T> k_dst, bool transpose,
+             const Options& options);
 
-/// out `[B', S, W]` = axial_rope(x) (SPEC §5).
-void axial_rope_forward(const AxialRopePlan& plan, std::span<const float> x, std::span<float> out,
+/// out `[B', S, W]` = axial_rope(x) (SPEC §5); T float, bfloat16 or float16.
+template <class T>
+void axial_rope_forward(const AxialRopePlan& plan, std::span<const T> x, std::span<T> out,
                         const Options& options);
 /// dx `[B', S, W]` = axial_rope_backward(dy), the transpose of axial_rope_forward.
-void axial_rope_backward(const AxialRopePlan& plan, std::span<const float> dy, std::span<float> dx,
+template <class T>
+void axial_rope_backward(const AxialRopePlan& plan, std::span<const T> dy, std::span<T> dx,
                          const Options& options);
 
-/// out `[rows, n]` = silu(g)·u for x `[rows, 2n]` (SPEC §6).
-void swiglu_forward(const SwigluPlan& plan, std::span<const float> x, std::span<float> out,
+/// out `[rows, n]` = silu(g)·u for x `[rows, 2n]` (SPEC §6); T float,
+/// bfloat16 or float16.
+template <class T>
+void swiglu_forward(const SwigluPlan& plan, std::span<const T> x, std::span<T> out,
                     const Options& options);
 /// dx `[rows, 2n]` from x `[rows, 2n]` and dy `[rows, n]` (SPEC §6).
-void swiglu_backward(const SwigluPlan& plan, std::span<const float> x, std::span<const float> dy,
-                     std::span<float> dx, const Options& options);
+template <class T>
+void swiglu_backward(const SwigluPlan& plan, std::span<const T> x, std::span<const T> dy,
+                     std::span<T> dx, const Options& options);
 
 /// out `[B, S, E]` = the attention block of SPEC §7.
 void attention_block(const AttentionBlockPlan& plan, const AttentionBlockInputs& in,

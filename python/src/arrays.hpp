@@ -88,8 +88,7 @@ const char* const kDtypes = "float32, float64, bfloat16 or float16";
 template <class A>
 Dtype dtype_of(const A& a, const std::string& name) {
   if (const std::optional<Dtype> d = dtype_code(a.dtype())) return *d;
-  throw Error(name + ".dtype",
-              name + ".dtype = " + dtype_name(a.dtype()) + " must be " + kDtypes);
+  throw Error(name + ".dtype", name + ".dtype = " + dtype_name(a.dtype()) + " must be " + kDtypes);
 }
 
 /// The Dtype of a scalar type.
@@ -202,14 +201,16 @@ std::span<T> out_span(const std::optional<Out>& a, const std::string& name, cons
 /// §10.1) with the shape and strides of `e`.
 inline std::span<const float> float_span(const In& a, const std::string& name, const Expect& e,
                                          std::int64_t extent) {
-  if (a.dtype() != nb::dtype<float>()) fail(name + ".dtype", dtype_name(a.dtype()), "must be float32");
+  if (a.dtype() != nb::dtype<float>())
+    fail(name + ".dtype", dtype_name(a.dtype()), "must be float32");
   require_shape(a, name, e);
   return {static_cast<const float*>(a.data()), static_cast<std::size_t>(extent)};
 }
 
 /// The writable float32 span of `a` (lse, scales), contiguous with shape `shape`.
 inline std::span<float> float_out_span(const Out& a, const std::string& name, const Shape& shape) {
-  if (a.dtype() != nb::dtype<float>()) fail(name + ".dtype", dtype_name(a.dtype()), "must be float32");
+  if (a.dtype() != nb::dtype<float>())
+    fail(name + ".dtype", dtype_name(a.dtype()), "must be float32");
   require_shape(a, name, contiguous(shape));
   return {static_cast<float*>(a.data()), static_cast<std::size_t>(count(shape))};
 }
@@ -226,7 +227,8 @@ inline std::span<const float> mask_span(const std::optional<In>& a, const Shape&
 template <class A>
 std::span<const std::uint8_t> code_span(const A& a, const std::string& name, const Expect& e,
                                         std::int64_t extent, bool int8) {
-  const bool ok = int8 ? a.dtype() == nb::dtype<std::int8_t>() : a.dtype() == nb::dtype<std::uint8_t>();
+  const bool ok =
+      int8 ? a.dtype() == nb::dtype<std::int8_t>() : a.dtype() == nb::dtype<std::uint8_t>();
   if (!ok) {
     fail(name + ".dtype", dtype_name(a.dtype()),
          int8 ? "must be int8 (the codes of an int8 cache)"

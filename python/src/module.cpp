@@ -437,9 +437,8 @@ void attention_backward_saved(const std::string& backend, const AttentionParams&
     const Kernels<T>& k = kernels<T>(backend);
     const AttentionInputs<T> in = attention_inputs<T>(plan, inputs);
     const Expect o = contiguous(out_shape(plan));
-    const AttentionSaved<T> saved{
-        in_span<T>(out, "out", o, plan.o.extent),
-        lse_in<T>(lse, {plan.B, plan.H, plan.Sq})};
+    const AttentionSaved<T> saved{in_span<T>(out, "out", o, plan.o.extent),
+                                  lse_in<T>(lse, {plan.B, plan.H, plan.Sq})};
     const std::span<const T> d = in_span<T>(dout, "dout", o, plan.o.extent);
     const AttentionGrads<T> g = attention_grads<T>(plan, {dq, dk, dv, dsinks, dbias});
     const auto& f = offered<T>(k.attention_backward_saved, "attention_backward_saved", backend);
@@ -501,8 +500,7 @@ void quantize_kv(const std::string& backend, const AttentionParams& params, cons
                  const In& v, const Out& k_codes, const Out& v_codes, const Out& k_scale,
                  const Out& v_scale) {
   const AttentionPlan plan = AttentionPlan::make(params);
-  require(plan.kv_cache != KvCache::plain, "kind", std::string("plain"),
-          "must be int8 or e4m3");
+  require(plan.kv_cache != KvCache::plain, "kind", std::string("plain"), "must be int8 or e4m3");
   with_dtype(k, "k", [&](auto tag) {
     using T = decltype(tag);
     const Kernels<T>& kernel = kernels<T>(backend);
@@ -517,10 +515,9 @@ void quantize_kv(const std::string& backend, const AttentionParams& params, cons
       return std::span<std::uint8_t>(const_cast<std::uint8_t*>(c.data()), c.size());
     };
     const Shape s = scale_shape(plan);
-    const QuantizedKvOut out{codes(k_codes, "k_codes", ek, plan.k.extent),
-                             codes(v_codes, "v_codes", ev, plan.v.extent),
-                             float_out_span(k_scale, "k_scale", s),
-                             float_out_span(v_scale, "v_scale", s)};
+    const QuantizedKvOut out{
+        codes(k_codes, "k_codes", ek, plan.k.extent), codes(v_codes, "v_codes", ev, plan.v.extent),
+        float_out_span(k_scale, "k_scale", s), float_out_span(v_scale, "v_scale", s)};
     const auto& f = offered<T>(kernel.quantize_kv, "quantize_kv", backend);
     nb::gil_scoped_release release;
     f(plan, ks, vs, out);
@@ -829,8 +826,8 @@ NB_MODULE(_ext, m) {
           [](AttentionParams& p, const std::string& name) {
             const std::optional<Rounding> r = rounding_profile(name);
             if (!r) {
-              throw Error("rounding", "rounding = '" + name + "' must be one of " +
-                                          rounding_profile_names());
+              throw Error("rounding",
+                          "rounding = '" + name + "' must be one of " + rounding_profile_names());
             }
             p.rounding = *r;
           })

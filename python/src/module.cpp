@@ -7,8 +7,9 @@
 /// rules for the op's Params and the shapes its arrays are read in
 /// (attention_call, SPEC §1), and allocates the outputs; each kernel function
 /// here makes the op's plan (which validates the call), checks every array
-/// against it without copying it, releases the GIL and runs the kernel. Element type: float32 runs
-/// the named backend; float64 runs the reference templated in double.
+/// against it without copying it, releases the GIL and runs the kernel. Element type (the
+/// storage type of the call, SPEC §10.1): float32, bfloat16 and float16 run the named backend
+/// (`backend.kernels<T>()`); float64 runs the reference templated in double.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -79,11 +80,19 @@ const Backend& backend_named(const std::string& name) {
 }
 
 /// The kernels that run a call with element type T on backend `name`:
-/// float32 on the named backend, float64 on the reference in double.
+/// float32, bfloat16 and float16 on the named backend (`backend.kernels<T>()`,
+/// SPEC §10), float64 on the reference in double.
 template <class T>
 const Kernels<T>& kernels(const std::string& name) {
   Implementations& impl = implementations();
-  if constexpr (std::is_same_v<T, double>) {
+  if constexpr (is_low_precision_v<T>) {
+    if (name == "optimized" && impl.optimized) return impl.optimized->template kernels<T>();
+    if (name == "reference") return impl.reference.template kernels<T>();
+    throw Error("backend", "backend = '" + name + "' must be optimized or reference for " +
+                               dtype_name(dtype_v<T>) +
+                               (name == "optimized" ? " (built without the optimized backend)"
+                                                    : " (reference_fp32acc runs float32 only)"));
+  } else if constexpr (std::is_same_v<T, double>) {
     if (name == "optimized" || name == "reference") return impl.reference_f64;
     throw Error("backend", "backend = '" + name + "' must be optimized or reference for float64 " +
                                "(both run the reference in double)");
@@ -95,13 +104,58 @@ const Kernels<T>& kernels(const std::string& name) {
   }
 }
 
-/// Calls f(T{}) with T the element type of `a` (float or double).
+/// Calls f(T{}) with T the element type of `a` (float, double, bfloat16 or
+/// float16): the call's storage type, which every other input of T must have
+/// (require_layout names the one that differs before anything is written).
 template <class F>
 void with_dtype(const In& a, const std::string& name, F&& f) {
-  if (dtype_of(a, name) == Dtype::float32) {
-    f(float{});
+  const Dtype t = dtype_of(a, name);
+  first_input = name;
+  switch (t) {
+    case Dtype::float32:
+      f(float{});
+      break;
+    case Dtype::float64:
+      f(double{});
+      break;
+    case Dtype::bfloat16:
+      f(bfloat16{});
+      break;
+    case Dtype::float16:
+      f(float16{});
+      break;
+  }
+}
+
+/// `entry` of backend `backend` at storage type T; throws Error naming the
+/// backend when it does not offer it there (an empty std::function, SPEC §10.1).
+template <class T, class F>
+const F& offered(const F& entry, const char* name, const std::string& backend) {
+  if (!entry) {
+    throw Error("backend", "backend = '" + backend + "' does not offer " + name + " at " +
+                               dtype_name(dtype_v<T>) + " storage (SPEC §10)");
+  }
+  return entry;
+}
+
+/// lse `[B,H,Sq]` of storage type T: stat_t<T>, float32 for bfloat16 and
+/// float16 (SPEC §10.1), T otherwise; writable.
+template <class T>
+std::span<stat_t<T>> lse_out(const std::optional<Out>& a, const Shape& shape) {
+  if constexpr (std::is_same_v<stat_t<T>, T>) {
+    return out_span<T>(a, "lse", shape);
   } else {
-    f(double{});
+    return a ? float_out_span(*a, "lse", shape) : std::span<float>{};
+  }
+}
+
+/// lse `[B,H,Sq]` of storage type T, read-only (as lse_out).
+template <class T>
+std::span<const stat_t<T>> lse_in(const In& a, const Shape& shape) {
+  if constexpr (std::is_same_v<stat_t<T>, T>) {
+    return in_span<T>(a, "lse", contiguous(shape), count(shape));
+  } else {
+    return float_span(a, "lse", contiguous(shape), count(shape));
   }
 }
 
@@ -152,7 +206,7 @@ void feature_inputs(const AttentionPlan& p, const nb::dict& inputs, AttentionInp
   }
   if (const std::optional<In> slopes = taken("alibi_slopes", p.alibi != AlibiKind::none)) {
     const Shape s = p.alibi == AlibiKind::per_head ? Shape{p.H} : Shape{p.sequences(), p.H};
-    in.alibi_slopes = in_span<float>(*slopes, "alibi_slopes", contiguous(s), count(s));
+    in.alibi_slopes = float_span(*slopes, "alibi_slopes", contiguous(s), count(s));
   }
   const std::int64_t n = p.num_seqs;
   in.cu_seqlens_q = index_view(taken("cu_seqlens_q", p.varlen()), "cu_seqlens_q", {n + 1});
@@ -165,7 +219,8 @@ void feature_inputs(const AttentionPlan& p, const nb::dict& inputs, AttentionInp
 }
 
 /// The one place where the arrays of an attention call become its views:
-/// q, k, v (read through the plan's strides), the mask and the feature inputs.
+/// q, k, v (read through the plan's strides; k and v not for a quantized
+/// cache, whose codes are quantized_kv's), the mask and the feature inputs.
 template <class T>
 AttentionInputs<T> attention_inputs(const AttentionPlan& p, const nb::dict& inputs) {
   const auto need = [&](const char* name) {
@@ -176,8 +231,10 @@ AttentionInputs<T> attention_inputs(const AttentionPlan& p, const nb::dict& inpu
   AttentionInputs<T> in;
   const std::int64_t KB = p.kv_batch(), KS = p.kv_seq();
   in.q = in_span<T>(need("q"), "q", heads_layout(p, p.q, p.B, p.Sq, p.H, p.D), p.q.extent);
-  in.k = in_span<T>(need("k"), "k", heads_layout(p, p.k, KB, KS, p.Hkv, p.D), p.k.extent);
-  in.v = in_span<T>(need("v"), "v", heads_layout(p, p.v, KB, KS, p.Hkv, p.Dv), p.v.extent);
+  if (p.kv_cache == KvCache::plain) {
+    in.k = in_span<T>(need("k"), "k", heads_layout(p, p.k, KB, KS, p.Hkv, p.D), p.k.extent);
+    in.v = in_span<T>(need("v"), "v", heads_layout(p, p.v, KB, KS, p.Hkv, p.Dv), p.v.extent);
+  }
   const std::optional<In> mask = input(inputs, "mask");
   const std::optional<Shape> shape = mask_shape(p);
   if (mask && !shape) {
@@ -262,25 +319,28 @@ void attention_forward(const std::string& backend, const AttentionParams& params
     const Kernels<T>& k = kernels<T>(backend);
     const AttentionInputs<T> in = attention_inputs<T>(plan, inputs);
     const std::span<T> o = out_span<T>(out, "out", out_shape(plan));
-    const std::span<T> l = out_span<T>(lse, "lse", {plan.B, plan.H, plan.Sq});
-    nb::gil_scoped_release release;
+    const std::span<stat_t<T>> l = lse_out<T>(lse, {plan.B, plan.H, plan.Sq});
     if (lse) {
-      k.attention_forward_lse(plan, in, o, l);
+      const auto& f = offered<T>(k.attention_forward_lse, "attention_forward_lse", backend);
+      nb::gil_scoped_release release;
+      f(plan, in, o, l);
     } else {
-      k.attention_forward(plan, in, o);
+      const auto& f = offered<T>(k.attention_forward, "attention_forward", backend);
+      nb::gil_scoped_release release;
+      f(plan, in, o);
     }
   });
 }
 
 /// attention_forward on raw addresses, with a plan made beforehand: q, k, v
 /// and out contiguous in the plan's layout, of the plan's sizes, element
-/// type float64 or float32. The caller vouches for all of that
+/// type `dtype`. The caller vouches for all of that
 /// (tandem.torch's inference fast path checks it on the tensors and keeps
 /// one plan per shape; anything else takes the DLPack path): it spares the
 /// DLPack exports and the plan's validation on every call.
 void attention_forward_contiguous(const std::string& backend, const AttentionPlan& plan,
                                   std::uintptr_t q, std::uintptr_t k, std::uintptr_t v,
-                                  std::uintptr_t out, bool float64) {
+                                  std::uintptr_t out, Dtype dtype) {
   const auto run = [&](auto tag) {
     using T = decltype(tag);
     const Kernels<T>& kernel = kernels<T>(backend);
@@ -293,13 +353,23 @@ void attention_forward_contiguous(const std::string& backend, const AttentionPla
                                     in(v, plan.v.extent)};
     const std::span<T> o(reinterpret_cast<T*>(out),  // NOLINT(performance-no-int-to-ptr)
                          static_cast<std::size_t>(plan.o.extent));
+    const auto& f = offered<T>(kernel.attention_forward, "attention_forward", backend);
     nb::gil_scoped_release release;
-    kernel.attention_forward(plan, inputs, o);
+    f(plan, inputs, o);
   };
-  if (float64) {
-    run(double{});
-  } else {
-    run(float{});
+  switch (dtype) {
+    case Dtype::float32:
+      run(float{});
+      break;
+    case Dtype::float64:
+      run(double{});
+      break;
+    case Dtype::bfloat16:
+      run(bfloat16{});
+      break;
+    case Dtype::float16:
+      run(float16{});
+      break;
   }
 }
 
@@ -341,11 +411,16 @@ void attention_backward(const std::string& backend, const AttentionParams& param
     const std::span<const T> d =
         in_span<T>(dout, "dout", contiguous(out_shape(plan)), plan.o.extent);
     const AttentionGrads<T> g = attention_grads<T>(plan, {dq, dk, dv, dsinks, dbias});
-    nb::gil_scoped_release release;
     if ((dq && dk && dv) || dsinks || dbias) {
-      k.attention_backward(plan, in, d, g);
+      const auto& f = offered<T>(k.attention_backward, "attention_backward", backend);
+      nb::gil_scoped_release release;
+      f(plan, in, d, g);
       return;
     }
+    if (dq) offered<T>(k.attention_backward_dq, "attention_backward_dq", backend);
+    if (dk) offered<T>(k.attention_backward_dk, "attention_backward_dk", backend);
+    if (dv) offered<T>(k.attention_backward_dv, "attention_backward_dv", backend);
+    nb::gil_scoped_release release;
     if (dq) k.attention_backward_dq(plan, in, d, g.dq);
     if (dk) k.attention_backward_dk(plan, in, d, g.dk);
     if (dv) k.attention_backward_dv(plan, in, d, g.dv);
@@ -362,13 +437,90 @@ void attention_backward_saved(const std::string& backend, const AttentionParams&
     const Kernels<T>& k = kernels<T>(backend);
     const AttentionInputs<T> in = attention_inputs<T>(plan, inputs);
     const Expect o = contiguous(out_shape(plan));
-    const AttentionSaved<T> saved{
-        in_span<T>(out, "out", o, plan.o.extent),
-        in_span<T>(lse, "lse", contiguous({plan.B, plan.H, plan.Sq}), plan.lse_size())};
+    const AttentionSaved<T> saved{in_span<T>(out, "out", o, plan.o.extent),
+                                  lse_in<T>(lse, {plan.B, plan.H, plan.Sq})};
     const std::span<const T> d = in_span<T>(dout, "dout", o, plan.o.extent);
     const AttentionGrads<T> g = attention_grads<T>(plan, {dq, dk, dv, dsinks, dbias});
+    const auto& f = offered<T>(k.attention_backward_saved, "attention_backward_saved", backend);
     nb::gil_scoped_release release;
-    k.attention_backward_saved(plan, in, saved, d, g);
+    f(plan, in, saved, d, g);
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Quantized KV caches (SPEC §10.4)
+
+/// The shape of a quantized cache's scales: `[B', S', Hkv]` for int8 (one per
+/// key row and kv head), `[Hkv]` for e4m3 (one per kv head).
+Shape scale_shape(const AttentionPlan& p) {
+  if (p.kv_cache == KvCache::e4m3) return {p.Hkv};
+  return {p.kv_batch(), p.kv_seq(), p.Hkv};
+}
+
+/// The codes (inputs "k", "v", read through the plan's strides) and float32
+/// scales ("k_scale", "v_scale") of a quantized cache.
+QuantizedKv quantized_inputs(const AttentionPlan& p, const nb::dict& inputs) {
+  const auto need = [&](const char* name) {
+    std::optional<In> a = input(inputs, name);
+    if (!a) throw Error(name, std::string(name) + " = (absent) is required");
+    return *a;
+  };
+  const bool int8 = p.kv_cache == KvCache::int8;
+  const std::int64_t KB = p.kv_batch(), KS = p.kv_seq();
+  const Shape s = scale_shape(p);
+  return {code_span(need("k"), "k", heads_layout(p, p.k, KB, KS, p.Hkv, p.D), p.k.extent, int8),
+          code_span(need("v"), "v", heads_layout(p, p.v, KB, KS, p.Hkv, p.Dv), p.v.extent, int8),
+          float_span(need("k_scale"), "k_scale", contiguous(s), count(s)),
+          float_span(need("v_scale"), "v_scale", contiguous(s), count(s))};
+}
+
+/// out = attention of q over a quantized cache (params.kv_cache int8 or e4m3):
+/// the codes in inputs "k" and "v", their scales in "k_scale" and "v_scale".
+void attention_forward_quantized(const std::string& backend, const AttentionParams& params,
+                                 const nb::dict& inputs, const Out& out) {
+  const AttentionPlan plan = AttentionPlan::make(params);
+  require(plan.kv_cache != KvCache::plain, "kv_cache", std::string("plain"),
+          "must be int8 or e4m3 for a quantized cache");
+  with_dtype(nb::cast<In>(inputs["q"]), "q", [&](auto tag) {
+    using T = decltype(tag);
+    const Kernels<T>& k = kernels<T>(backend);
+    const AttentionInputs<T> in = attention_inputs<T>(plan, inputs);
+    const QuantizedKv kv = quantized_inputs(plan, inputs);
+    const std::span<T> o = out_span<T>(out, "out", out_shape(plan));
+    const auto& f =
+        offered<T>(k.attention_forward_quantized, "attention_forward_quantized", backend);
+    nb::gil_scoped_release release;
+    f(plan, in, kv, o);
+  });
+}
+
+/// The codes (contiguous, the shapes of k and v) and scales of k and v for
+/// params.kv_cache (SPEC §10.4); k and v contiguous in the plan's layout.
+void quantize_kv(const std::string& backend, const AttentionParams& params, const In& k,
+                 const In& v, const Out& k_codes, const Out& v_codes, const Out& k_scale,
+                 const Out& v_scale) {
+  const AttentionPlan plan = AttentionPlan::make(params);
+  require(plan.kv_cache != KvCache::plain, "kind", std::string("plain"), "must be int8 or e4m3");
+  with_dtype(k, "k", [&](auto tag) {
+    using T = decltype(tag);
+    const Kernels<T>& kernel = kernels<T>(backend);
+    const std::int64_t KB = plan.kv_batch(), KS = plan.kv_seq();
+    const Expect ek = heads_layout(plan, plan.k, KB, KS, plan.Hkv, plan.D);
+    const Expect ev = heads_layout(plan, plan.v, KB, KS, plan.Hkv, plan.Dv);
+    const std::span<const T> ks = in_span<T>(k, "k", ek, plan.k.extent);
+    const std::span<const T> vs = in_span<T>(v, "v", ev, plan.v.extent);
+    const bool int8 = plan.kv_cache == KvCache::int8;
+    const auto codes = [&](const Out& a, const char* name, const Expect& e, std::int64_t n) {
+      const std::span<const std::uint8_t> c = code_span(a, name, e, n, int8);
+      return std::span<std::uint8_t>(const_cast<std::uint8_t*>(c.data()), c.size());
+    };
+    const Shape s = scale_shape(plan);
+    const QuantizedKvOut out{
+        codes(k_codes, "k_codes", ek, plan.k.extent), codes(v_codes, "v_codes", ev, plan.v.extent),
+        float_out_span(k_scale, "k_scale", s), float_out_span(v_scale, "v_scale", s)};
+    const auto& f = offered<T>(kernel.quantize_kv, "quantize_kv", backend);
+    nb::gil_scoped_release release;
+    f(plan, ks, vs, out);
   });
 }
 
@@ -436,8 +588,10 @@ void rope(const std::string& backend, const RopeParams& params, const In& x, con
     const std::span<const T> s = in_span<T>(x, src, rope_source(plan), plan.src_extent());
     const RopeTables<T> tables = rope_tables<T>(plan, cos, sin, positions);
     const std::span<T> o = out_span<T>(out, backward ? "dx" : "out", rope_out_shape(plan));
+    const auto& f = backward ? offered<T>(k.rope_backward, "rope_backward", backend)
+                             : offered<T>(k.rope_forward, "rope_forward", backend);
     nb::gil_scoped_release release;
-    (backward ? k.rope_backward : k.rope_forward)(plan, s, tables, o);
+    f(plan, s, tables, o);
   });
 }
 
@@ -454,8 +608,10 @@ void rope_qk(const std::string& backend, const RopeQkParams& params, const In& q
     const RopeTables<T> tables = rope_tables<T>(plan.q, cos, sin, positions);
     const std::span<T> qo = out_span<T>(q_out, names.q_out, rope_out_shape(plan.q));
     const std::span<T> ko = out_span<T>(k_out, names.k_out, rope_out_shape(plan.k));
+    const auto& f = backward ? offered<T>(kernel.rope_backward_qk, "rope_backward_qk", backend)
+                             : offered<T>(kernel.rope_forward_qk, "rope_forward_qk", backend);
     nb::gil_scoped_release release;
-    (backward ? kernel.rope_backward_qk : kernel.rope_forward_qk)(plan, qs, ks, tables, qo, ko);
+    f(plan, qs, ks, tables, qo, ko);
   });
 }
 
@@ -469,8 +625,10 @@ void axial_rope(const std::string& backend, const AxialRopeParams& params, const
     const std::span<const T> s = in_span<T>(
         x, src, rows_layout(plan.B, plan.S, plan.W, plan.src_row_stride), plan.src_extent());
     const std::span<T> o = out_span<T>(out, backward ? "dx" : "out", {plan.B, plan.S, plan.W});
+    const auto& f = backward ? offered<T>(k.axial_rope_backward, "axial_rope_backward", backend)
+                             : offered<T>(k.axial_rope_forward, "axial_rope_forward", backend);
     nb::gil_scoped_release release;
-    (backward ? k.axial_rope_backward : k.axial_rope_forward)(plan, s, o);
+    f(plan, s, o);
   });
 }
 
@@ -483,8 +641,9 @@ void swiglu_forward(const std::string& backend, const SwigluParams& params, cons
     const std::span<const T> s =
         in_span<T>(x, "x", contiguous({plan.rows, 2 * plan.n}), plan.in_size());
     const std::span<T> o = out_span<T>(out, "out", {plan.rows, plan.n});
+    const auto& f = offered<T>(k.swiglu_forward, "swiglu_forward", backend);
     nb::gil_scoped_release release;
-    k.swiglu_forward(plan, s, o);
+    f(plan, s, o);
   });
 }
 
@@ -499,8 +658,9 @@ void swiglu_backward(const std::string& backend, const SwigluParams& params, con
     const std::span<const T> d =
         in_span<T>(dy, "dy", contiguous({plan.rows, plan.n}), plan.out_size());
     const std::span<T> o = out_span<T>(dx, "dx", {plan.rows, 2 * plan.n});
+    const auto& f = offered<T>(k.swiglu_backward, "swiglu_backward", backend);
     nb::gil_scoped_release release;
-    k.swiglu_backward(plan, s, d, o);
+    f(plan, s, d, o);
   });
 }
 
@@ -510,6 +670,7 @@ void attention_block(const std::string& backend, std::int64_t num_heads, const n
                      const Out& out) {
   const std::optional<In> x = input(inputs, "x");
   if (!x) fail("x", "(absent)", "is required");
+  first_input = "x";
   if (dtype_of(*x, "x") != Dtype::float32) {
     fail("x.dtype", dtype_name(x->dtype()),
          "must be float32 (the attention block runs in float32 only)");
@@ -534,6 +695,35 @@ void attention_block(const std::string& backend, std::int64_t num_heads, const n
   const Backend& be = backend_named(backend);
   nb::gil_scoped_release release;
   be.attention_block(plan, in, o);
+}
+
+/// Whether backend `backend` offers entry point `entry` at storage type `dtype`.
+bool offers(const std::string& backend, Dtype dtype, const std::string& entry) {
+  bool found = false, offered = false;
+  const auto visit = [&](auto tag) {
+    for_each_entry_point(kernels<decltype(tag)>(backend),
+                         [&](std::string_view name, const auto& f) {
+                           if (name != entry) return;
+                           found = true;
+                           offered = static_cast<bool>(f);
+                         });
+  };
+  switch (dtype) {
+    case Dtype::float32:
+      visit(float{});
+      break;
+    case Dtype::float64:
+      visit(double{});
+      break;
+    case Dtype::bfloat16:
+      visit(bfloat16{});
+      break;
+    case Dtype::float16:
+      visit(float16{});
+      break;
+  }
+  if (!found) throw Error("entry", "entry = '" + entry + "' is not an entry point");
+  return offered;
 }
 
 // ---------------------------------------------------------------------------
@@ -569,6 +759,15 @@ NB_MODULE(_ext, m) {
   // at shutdown; nanobind would report them as leaks on every exit.
   nb::set_leak_warnings(false);
 
+  nb::enum_<Dtype>(m, "Dtype")
+      .value("float32", Dtype::float32)
+      .value("float64", Dtype::float64)
+      .value("bfloat16", Dtype::bfloat16)
+      .value("float16", Dtype::float16);
+  nb::enum_<KvCache>(m, "KvCache")
+      .value("plain", KvCache::plain)
+      .value("int8", KvCache::int8)
+      .value("e4m3", KvCache::e4m3);
   nb::enum_<Layout>(m, "Layout").value("bshd", Layout::bshd).value("bhsd", Layout::bhsd);
   nb::enum_<MaskKind>(m, "MaskKind")
       .value("none", MaskKind::none)
@@ -620,6 +819,18 @@ NB_MODULE(_ext, m) {
       .def_rw("num_blocks", &AttentionParams::num_blocks)
       .def_rw("block_size", &AttentionParams::block_size)
       .def_rw("max_blocks", &AttentionParams::max_blocks)
+      .def_rw("kv_cache", &AttentionParams::kv_cache)
+      // the rounding profile by name (SPEC §10.2): "pytorch", "exact", "ggml"
+      .def_prop_rw(
+          "rounding", [](const AttentionParams& p) { return std::string(p.rounding.name); },
+          [](AttentionParams& p, const std::string& name) {
+            const std::optional<Rounding> r = rounding_profile(name);
+            if (!r) {
+              throw Error("rounding",
+                          "rounding = '" + name + "' must be one of " + rounding_profile_names());
+            }
+            p.rounding = *r;
+          })
       .def("describe", [](const AttentionParams& p) { return AttentionPlan::make(p).describe(); });
   nb::enum_<QkvLayout>(m, "QkvLayout")
       .value("bshd", QkvLayout::bshd)
@@ -706,7 +917,11 @@ NB_MODULE(_ext, m) {
   m.def("attention_forward", &attention_forward, "backend"_a, "params"_a, "inputs"_a, "out"_a,
         "lse"_a.none());
   m.def("attention_forward_contiguous", &attention_forward_contiguous, "backend"_a, "plan"_a, "q"_a,
-        "k"_a, "v"_a, "out"_a, "float64"_a);
+        "k"_a, "v"_a, "out"_a, "dtype"_a);
+  m.def("attention_forward_quantized", &attention_forward_quantized, "backend"_a, "params"_a,
+        "inputs"_a, "out"_a);
+  m.def("quantize_kv", &quantize_kv, "backend"_a, "params"_a, "k"_a, "v"_a, "k_codes"_a,
+        "v_codes"_a, "k_scale"_a, "v_scale"_a);
   m.def("attention_backward", &attention_backward, "backend"_a, "params"_a, "inputs"_a, "dout"_a,
         "dq"_a.none(), "dk"_a.none(), "dv"_a.none(), "dsinks"_a.none(), "dbias"_a.none());
   m.def("attention_backward_saved", &attention_backward_saved, "backend"_a, "params"_a, "inputs"_a,
@@ -728,6 +943,7 @@ NB_MODULE(_ext, m) {
   m.def("swiglu_backward", &swiglu_backward, "backend"_a, "params"_a, "x"_a, "dy"_a, "dx"_a);
   m.def("attention_block", &attention_block, "backend"_a, "num_heads"_a, "inputs"_a, "out"_a);
 
+  m.def("offers", &offers, "backend"_a, "dtype"_a, "entry"_a);
   m.def("set_threads", [](int n) {
     require(n >= 0, "threads", n, "must be >= 0 (0 = every core)");
     implementations().set_threads(n);

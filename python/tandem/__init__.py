@@ -18,8 +18,8 @@ they raise tandem.MissingExtra (a ModuleNotFoundError) naming it.
 from . import _ext
 from ._api import (alibi_slopes, attention, attention_backward, attention_backward_saved,
                    attention_block, attention_forward_lse, attention_with_kvcache, axial_rope,
-                   axial_rope_backward, rope, rope_backward, rope_qk, rope_qk_backward, swiglu,
-                   swiglu_backward)
+                   axial_rope_backward, QuantizedKv, quantize_kv, rope, rope_backward, rope_qk,
+                   rope_qk_backward, swiglu, swiglu_backward)
 from ._errors import Error, MissingExtra
 
 __version__ = _ext.version()
@@ -28,8 +28,22 @@ __all__ = [
     "Error", "MissingExtra", "attention", "attention_backward", "attention_forward_lse",
     "attention_backward_saved", "attention_with_kvcache", "alibi_slopes", "rope",
     "rope_backward", "rope_qk", "rope_qk_backward", "axial_rope", "axial_rope_backward",
-    "swiglu", "swiglu_backward", "attention_block", "set_threads", "threads", "simd_target",
+    "swiglu", "swiglu_backward", "attention_block", "quantize_kv", "QuantizedKv", "offers",
+    "set_threads", "threads", "simd_target",
 ]
+
+
+def offers(entry, dtype="float32", backend="optimized"):
+    """Whether `backend` offers the kernel entry point `entry` (a member of
+    tandem::Kernels: "attention_forward", "quantize_kv", ...) at storage type
+    `dtype` ("float32", "float64", "bfloat16", "float16"; SPEC §10.1); a
+    call to one it does not offer raises tandem.Error naming the backend."""
+    try:
+        t = getattr(_ext.Dtype, str(dtype).replace("torch.", ""))
+    except AttributeError:
+        raise Error(f"dtype = {dtype!r} must be float32, float64, bfloat16 or float16",
+                    "dtype") from None
+    return _ext.offers(backend, t, entry)
 
 
 def set_threads(n):

@@ -8,9 +8,14 @@ and the shapes to view the arrays in, their errors naming this module's
 arguments. It allocates
 outputs of the caller's kind and calls tandem._ext, which makes the plan
 (validating the call), checks every array against it without copying, and
-runs the kernel with the GIL released. float32 runs `backend`; float64 runs the
+runs the kernel with the GIL released. float32, bfloat16 and float16 run
+`backend` (SPEC §10: one storage type per call, which the extension checks
+every floating input against, naming the one that differs; lse, masks, ALiBi
+slopes and the scales of a quantized cache are float32); float64 runs the
 reference in double whatever `backend` says.
 """
+
+import collections
 
 import atexit
 
@@ -22,7 +27,8 @@ from ._errors import Error
 
 __all__ = [
     "attention", "attention_backward", "attention_forward_lse", "attention_backward_saved",
-    "attention_with_kvcache", "alibi_slopes", "rope", "rope_backward", "rope_qk",
+    "attention_with_kvcache", "quantize_kv", "QuantizedKv", "alibi_slopes", "rope",
+    "rope_backward", "rope_qk",
     "rope_qk_backward", "axial_rope", "axial_rope_backward", "swiglu", "swiglu_backward",
     "attention_block",
 ]
@@ -36,6 +42,15 @@ _TABLE_ROWS = {"position": _ext.TableRows.position, "token": _ext.TableRows.toke
                "position_ids": _ext.TableRows.position_ids}
 _ROPE_LAYOUTS = {"bshd": _ext.RopeLayout.bshd, "bhsd": _ext.RopeLayout.bhsd,
                  "thd": _ext.RopeLayout.thd}
+
+
+_KV_CACHES = {"int8": _ext.KvCache.int8, "e4m3": _ext.KvCache.e4m3}
+
+
+def _run(kernel, *args):
+    """Calls an extension kernel with its arrays as the extension takes them
+    (A.crossing; the arrays of an input dict were crossed when it was made)."""
+    return kernel(*map(A.crossing, args))
 
 
 def _choice(name, value, table):
@@ -91,10 +106,14 @@ class _AttentionCall:
     def __init__(self, q, k, v, layout="bshd", num_heads=None, mask=None, window=None,
                  scale=None, softcap=0.0, bias=None, key_padding=None, sinks=None,
                  alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
-                 block_table=None, cache_seqlens=None, names=_NAMES):
-        q, k, v = A.as_array(q, names.q), A.as_array(k, names.k), A.as_array(v, names.v)
-        A.same_dtype(names.k, k, names.q, q)
-        A.same_dtype(names.v, v, names.q, q)
+                 block_table=None, cache_seqlens=None, names=_NAMES, rounding=None,
+                 kv_cache=None, k_scale=None, v_scale=None):
+        q = A.as_array(q, names.q)
+        if kv_cache is None:
+            k, v = A.as_array(k, names.k), A.as_array(v, names.v)
+        else:
+            _choice("kv_cache", kv_cache, _KV_CACHES)
+            k, v = A.as_codes(k, names.k, kv_cache), A.as_codes(v, names.v, kv_cache)
         self.like = q
         a = _ext.AttentionAttrs()
         a.layout = _choice("layout", layout, _QKV_LAYOUTS)
@@ -106,9 +125,7 @@ class _AttentionCall:
         inputs = {"q": q, "k": k, "v": v,
                   "mask": self._mask(a, mask, window, bias, key_padding, names)}
         if sinks is not None:
-            sinks = A.as_array(sinks, names.sinks)
-            A.same_dtype(names.sinks, sinks, names.q, q)
-            inputs["sinks"] = A.contiguous(sinks)
+            inputs["sinks"] = A.contiguous(A.as_array(sinks, names.sinks))
         if alibi_slopes is not None:
             inputs["alibi_slopes"] = A.to_float32(alibi_slopes, names.alibi_slopes)
         for name, x in zip(_INDEX_INPUTS, (cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
@@ -120,13 +137,21 @@ class _AttentionCall:
                id(names))
         p, self.views = _attention_call(key, self.shapes, a, names)
         self.params, self.names = p, names
+        if rounding is not None:
+            p.rounding = rounding  # the extension names the profiles (SPEC §10.2)
+        if kv_cache is not None:
+            p.kv_cache = _KV_CACHES[kv_cache]
+            for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+                if x is None:
+                    raise Error(f"{name} = (absent) is required by kv_cache={kv_cache!r}", name)
+                inputs[name] = A.to_float32(x, name)
         q, p.q_row_stride = self._view(q, "q", p.H, p.D)
         k, p.k_row_stride = self._view(k, "k", p.Hkv, p.D)
         v, p.v_row_stride = self._view(v, "v", p.Hkv, p.Dv)
         inputs.update(q=q, k=k, v=v)
         if inputs["mask"] is not None:
             inputs["mask"] = inputs["mask"].reshape(self.views["mask"])
-        self.inputs = inputs
+        self.inputs = {name: A.crossing(x) for name, x in inputs.items()}
 
     def _view(self, x, name, heads, width):
         """x in the shape the kernels read it in, and its row stride: the
@@ -164,8 +189,10 @@ class _AttentionCall:
         return None
 
     def empty(self, name):
-        """A new output of the shape the kernels write `name` in."""
-        return A.empty(self.like, self.views[name])
+        """A new output of the shape the kernels write `name` in (lse: float32
+        for a bfloat16 or float16 call, SPEC §10.1)."""
+        dtype = A.stat_dtype(self.like) if name == "lse" else None
+        return A.empty(self.like, self.views[name], dtype)
 
     def back(self, x, name):
         """A gradient in the shape of the caller's input `name`."""
@@ -178,7 +205,6 @@ class _AttentionCall:
     def dout(self, dout, name="dout"):
         """dout (or the saved out) in the shape the kernels read it in."""
         d = A.as_array(dout, name)
-        A.same_dtype(name, d, self.names.q, self.like)
         if tuple(d.shape) == tuple(self.views["given_out"]):
             d = d.reshape(self.views["out"])
         return d if A.is_contiguous(d) else A.contiguous(d)
@@ -186,7 +212,8 @@ class _AttentionCall:
 
 def attention(q, k, v, *, layout="bshd", num_heads=None, mask=None, window=None, scale=None,
               softcap=0.0, bias=None, key_padding=None, sinks=None, alibi_slopes=None,
-              cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, backend="optimized"):
+              cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, rounding=None,
+              kv_cache=None, k_scale=None, v_scale=None, backend="optimized"):
     """Scaled dot-product attention (SPEC §2): out [B, Sq, H, Dv] (bshd) or
     [B, H, Sq, Dv] (bhsd).
 
@@ -211,12 +238,25 @@ def attention(q, k, v, *, layout="bshd", num_heads=None, mask=None, window=None,
     [total_q, H, Dv]; sequence s owns rows cu_seqlens[s]:cu_seqlens[s+1]
     and masks apply within it; `seqused_k` [n] keeps only the first
     seqused_k[s] keys of each slot (FlashAttention's flash_attn_varlen_func;
-    max_seqlen is not needed)."""
+    max_seqlen is not needed).
+
+    Storage (SPEC §10): q, k, v (and sinks, dout, the gradients, out) share
+    one dtype: float32, float64, bfloat16 (torch.bfloat16, ml_dtypes.bfloat16)
+    or float16; a call that mixes them is refused naming the input that
+    differs. `rounding` ("pytorch", the default; "exact"; "ggml") says where a
+    bfloat16 or float16 call rounds besides its outputs (SPEC §10.2; nothing
+    for float32 and float64). `kv_cache` "int8" or "e4m3": k and v are the
+    codes of a quantized cache with their float32 scales `k_scale`, `v_scale`
+    (quantize_kv; SPEC §10.4): `attention(q, **quantize_kv(k, v)._asdict())`."""
     call = _AttentionCall(q, k, v, layout, num_heads, mask, window, scale, softcap, bias,
                           key_padding, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                          seqused_k)
+                          seqused_k, rounding=rounding, kv_cache=kv_cache, k_scale=k_scale,
+                          v_scale=v_scale)
     out = call.empty("out")
-    _ext.attention_forward(backend, call.params, call.inputs, out, None)
+    if kv_cache is None:
+        _run(_ext.attention_forward, backend, call.params, call.inputs, out, None)
+    else:
+        _run(_ext.attention_forward_quantized, backend, call.params, call.inputs, out)
     return call.out_back(out)
 
 
@@ -228,7 +268,7 @@ def attention_forward_lse(q, k, v, **kwargs):
     backend = kwargs.pop("backend", "optimized")
     call = _AttentionCall(q, k, v, **kwargs)
     out, lse = call.empty("out"), call.empty("lse")
-    _ext.attention_forward(backend, call.params, call.inputs, out, lse)
+    _run(_ext.attention_forward, backend, call.params, call.inputs, out, lse)
     return call.out_back(out), lse
 
 
@@ -280,8 +320,8 @@ def attention_backward(q, k, v, dout, *, grads=None, backend="optimized", **kwar
     None). Keyword arguments as for attention()."""
     call = _AttentionCall(q, k, v, **kwargs)
     g = _grads(call, grads)
-    _ext.attention_backward(backend, call.params, call.inputs, call.dout(dout), g["dq"], g["dk"],
-                            g["dv"], g["dsinks"], g["dbias"])
+    _run(_ext.attention_backward, backend, call.params, call.inputs, call.dout(dout), g["dq"],
+         g["dk"], g["dv"], g["dsinks"], g["dbias"])
     return _grads_back(call, g, grads)
 
 
@@ -298,16 +338,16 @@ def attention_backward_saved(q, k, v, out, lse, dout, *, grads=None, backend="op
     g = _grads(call, grads)
     saved_out = call.dout(out, "out")
     lse = A.as_array(lse, "lse")
-    _ext.attention_backward_saved(backend, call.params, call.inputs, saved_out,
-                                  lse if A.is_contiguous(lse) else A.contiguous(lse),
-                                  call.dout(dout), g["dq"], g["dk"], g["dv"], g["dsinks"],
-                                  g["dbias"])
+    _run(_ext.attention_backward_saved, backend, call.params, call.inputs, saved_out,
+         lse if A.is_contiguous(lse) else A.contiguous(lse), call.dout(dout), g["dq"], g["dk"],
+         g["dv"], g["dsinks"], g["dbias"])
     return _grads_back(call, g, grads)
 
 
 def attention_with_kvcache(q, k_cache, v_cache, block_table, cache_seqlens, *, mask=None,
                            window=None, scale=None, softcap=0.0, sinks=None, alibi_slopes=None,
-                           return_lse=False, backend="optimized"):
+                           return_lse=False, rounding=None, kv_cache=None, k_scale=None,
+                           v_scale=None, backend="optimized"):
     """Attention of new queries over a paged KV cache (SPEC §2.10; forward
     only): q [B, Sq, H, D]; k_cache [num_blocks, block_size, Hkv, D] and
     v_cache [num_blocks, block_size, Hkv, Dv]; block_table [B, max_blocks]
@@ -317,14 +357,78 @@ def attention_with_kvcache(q, k_cache, v_cache, block_table, cache_seqlens, *, m
     (mask="causal" aligns them bottom-right). Returns out [B, Sq, H, Dv],
     and lse [B, H, Sq] too with return_lse. As FlashAttention's
     flash_attn_with_kvcache with block_table (causal=True is mask="causal";
-    new keys are appended to the cache by the caller)."""
+    new keys are appended to the cache by the caller). `rounding`, and a
+    quantized cache (`kv_cache`, `k_scale`, `v_scale`: quantize_kv of the
+    whole cache; no lse), as for attention()."""
     call = _AttentionCall(q, k_cache, v_cache, "bshd", None, mask, window, scale, softcap,
                           None, None, sinks, alibi_slopes, block_table=block_table,
-                          cache_seqlens=cache_seqlens, names=_KVCACHE_NAMES)
+                          cache_seqlens=cache_seqlens, names=_KVCACHE_NAMES, rounding=rounding,
+                          kv_cache=kv_cache, k_scale=k_scale, v_scale=v_scale)
     out = call.empty("out")
+    if kv_cache is not None:
+        if return_lse:
+            raise Error("return_lse: a quantized cache's attention returns no lse",
+                        "return_lse")
+        _run(_ext.attention_forward_quantized, backend, call.params, call.inputs, out)
+        return out
     lse = call.empty("lse") if return_lse else None
-    _ext.attention_forward(backend, call.params, call.inputs, out, lse)
+    _run(_ext.attention_forward, backend, call.params, call.inputs, out, lse)
     return (out, lse) if return_lse else out
+
+
+QuantizedKv = collections.namedtuple("QuantizedKv", "k v k_scale v_scale kv_cache")
+QuantizedKv.__doc__ = """A quantized K/V cache (SPEC §10.4), from quantize_kv: the codes k, v
+(the shapes of the k, v quantized; int8, or float8_e4m3fn: torch's, ml_dtypes', else uint8
+bits), their float32 scales k_scale, v_scale ([B', S', Hkv] for int8, [Hkv] for e4m3) and
+the kind kv_cache ("int8", "e4m3"); attention(q, **cache._asdict()) reads it."""
+
+
+def _quantize_query_shape(k, layout):
+    """The shape of a one-query q that fits k (its heads: the kv heads), by
+    which the shape rules read k and v: [B, 1, Hkv, D] (bshd), [B, 1, Hkv*D]
+    (bshd folded), [1, Hkv*D] ([S, Hkv*D]), [B, Hkv, 1, D] (bhsd)."""
+    s = list(k.shape)
+    if layout == "bhsd":
+        return tuple(s[:2] + [1] + s[3:]) if len(s) == 4 else tuple(s)
+    if len(s) >= 3:
+        return tuple(s[:1] + [1] + s[2:])
+    return tuple([1] + s[1:])
+
+
+def quantize_kv(k, v, *, kind="int8", layout="bshd", num_heads=None, backend="optimized"):
+    """The codes and scales of a quantized K/V cache (SPEC §10.4): k
+    [B, Sk, Hkv, D] and v [B, Sk, Hkv, Dv] in `layout` ("bshd", "bhsd";
+    [B, Sk, Hkv*D] with num_heads = Hkv; a paged cache [num_blocks,
+    block_size, Hkv, D] is quantized as bshd), float32, bfloat16 or float16.
+    kind "int8": one scale per key row and kv head, sigma = max|k_d|/127,
+    codes round_even(k/sigma) in [-127, 127]; "e4m3": one scale per kv head,
+    sigma = max|k|/448, codes RN_e4m3(k/sigma). Returns a QuantizedKv."""
+    _choice("kind", kind, _KV_CACHES)
+    name = kind
+    k, v = A.as_array(k, "k"), A.as_array(v, "v")
+    a = _ext.AttentionAttrs()
+    a.layout = _choice("layout", layout, {n: _QKV_LAYOUTS[n] for n in ("bshd", "bhsd")})
+    if num_heads is not None:
+        a.num_heads = int(num_heads)
+    shapes = {"q": _quantize_query_shape(k, layout), "k": tuple(k.shape), "v": tuple(v.shape)}
+    p, views = _ext.attention_call(shapes, a, _NAMES)
+    p.kv_cache = _KV_CACHES[name]
+    kc = A.contiguous(k.reshape(views["k"]))
+    vc = A.contiguous(v.reshape(views["v"]))
+    if name == "int8":
+        int8 = A._torch().int8 if A.is_torch(k) else np.int8
+        codes = [A.empty(k, views[n], int8) for n in ("k", "v")]
+        B, S = views["k"][0], views["k"][1 if layout == "bshd" else 2]
+        scale_shape = (B, S, p.Hkv)
+    else:
+        codes = [A.e4m3_codes(k, views[n]) for n in ("k", "v")]
+        scale_shape = (p.Hkv,)
+    f32 = A._torch().float32 if A.is_torch(k) else np.float32
+    scales = [A.empty(k, scale_shape, f32) for _ in range(2)]
+    _run(_ext.quantize_kv, backend, p, kc, vc, *codes, *scales)
+    return QuantizedKv(codes[0].reshape(k.shape), codes[1].reshape(v.shape), scales[0],
+                       scales[1], name)
+
 
 
 def alibi_slopes(num_heads):
@@ -371,8 +475,6 @@ def _rope_call(sources, cos, sin, cos_sin_cache, head_dim, n_rot, style, table_r
     for key, t in (("cos", cos), ("sin", sin), ("cos_sin_cache", cos_sin_cache)):
         if t is not None:
             arrays[key] = A.as_array(t, getattr(names, key))
-    for key in list(arrays)[1:]:
-        A.same_dtype(getattr(names, key), arrays[key], names.x, src[0])
     if positions is not None:
         arrays["positions"] = A.as_indices(positions, names.positions)
     a = _ext.RopeAttrs()
@@ -406,7 +508,7 @@ def _rope(src, cos, sin, cos_sin_cache, head_dim, n_rot, style, table_rows, layo
         (src,), cos, sin, cos_sin_cache, head_dim, n_rot, style, table_rows, layout, positions,
         _ROPE_NAMES[backward])
     out = A.empty(src, tuple(x.shape))
-    _ext.rope(backend, p.q, x, cos, sin, pos, out, backward)
+    _run(_ext.rope, backend, p.q, x, cos, sin, pos, out, backward)
     return out.reshape(src.shape)
 
 
@@ -443,7 +545,7 @@ def _rope_qk(q, k, cos, sin, cos_sin_cache, head_dim, n_rot, style, table_rows, 
         (q, k), cos, sin, cos_sin_cache, head_dim, n_rot, style, table_rows, layout, positions,
         _ROPE_QK_NAMES[backward])
     q_out, k_out = A.empty(q, tuple(xq.shape)), A.empty(k, tuple(xk.shape))
-    _ext.rope_qk(backend, p, xq, xk, cos, sin, pos, q_out, k_out, backward)
+    _run(_ext.rope_qk, backend, p, xq, xk, cos, sin, pos, q_out, k_out, backward)
     return q_out.reshape(q.shape), k_out.reshape(k.shape)
 
 
@@ -475,7 +577,7 @@ def _axial_rope(src, num_heads, end_x, end_y, theta, repeat_factor, backend, bac
     p.num_heads, p.end_x, p.end_y = int(num_heads), int(end_x), int(end_y)
     p.theta, p.repeat_factor, p.src_row_stride = float(theta), int(repeat_factor), rs
     out = A.empty(src, x3.shape)
-    _ext.axial_rope(backend, p, x3, out, backward)
+    _run(_ext.axial_rope, backend, p, x3, out, backward)
     return out.reshape(src.shape)
 
 
@@ -503,19 +605,18 @@ def swiglu(x, *, gate_first=True, backend="optimized"):
     x = A.as_array(x, "x")
     p = _swiglu_params(x, gate_first)
     out = A.empty(x, (p.rows, p.n))
-    _ext.swiglu_forward(backend, p, A.contiguous(x).reshape(p.rows, 2 * p.n), out)
+    _run(_ext.swiglu_forward, backend, p, A.contiguous(x).reshape(p.rows, 2 * p.n), out)
     return out.reshape(*x.shape[:-1], p.n)
 
 
 def swiglu_backward(x, dy, *, gate_first=True, backend="optimized"):
     """dx [..., 2n], the gradient of swiglu() at x for dy [..., n]."""
     x, dy = A.as_array(x, "x"), A.as_array(dy, "dy")
-    A.same_dtype("dy", dy, "x", x)
     p = _swiglu_params(x, gate_first)
     dx = A.empty(x, (p.rows, 2 * p.n))
     if tuple(dy.shape) == (*x.shape[:-1], p.n):  # out's shape: the kernel's rows
         dy = A.contiguous(dy).reshape(p.rows, p.n)
-    _ext.swiglu_backward(backend, p, A.contiguous(x).reshape(p.rows, 2 * p.n), dy, dx)
+    _run(_ext.swiglu_backward, backend, p, A.contiguous(x).reshape(p.rows, 2 * p.n), dy, dx)
     return dx.reshape(x.shape)
 
 
@@ -530,9 +631,7 @@ def attention_block(x, w_qkv, w_out, *, num_heads, b_qkv=None, b_out=None, key_p
     for name, a in (("w_qkv", w_qkv), ("w_out", w_out), ("b_qkv", b_qkv), ("b_out", b_out),
                     ("cos", cos), ("sin", sin)):
         if a is not None:
-            a = A.as_array(a, name)
-            A.same_dtype(name, a, "x", x)
-            inputs[name] = A.contiguous(a)
+            inputs[name] = A.contiguous(A.as_array(a, name))
     if key_padding is not None:
         inputs["mask"] = A.to_float32(key_padding, "key_padding")
     out = A.empty(x, tuple(x.shape))

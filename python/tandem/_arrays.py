@@ -1,6 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """NumPy arrays and PyTorch tensors alike: element strides, views, new
 outputs of the caller's kind. torch is imported only when a tensor is passed.
+
+Storage types (SPEC §10.1): float32, float64, bfloat16 and float16. NumPy
+has no bfloat16: a NumPy bf16 array is an `ml_dtypes.bfloat16` array, which
+neither DLPack nor the buffer protocol carries, so `crossing` hands the
+extension its uint16 view (the same memory; the extension reads uint16 as
+bf16 bits, and only this module ever passes it one for a float input).
 """
 
 import sys
@@ -9,7 +15,9 @@ import numpy as np
 
 from ._errors import Error
 
-FLOATS = ("float32", "float64")
+FLOATS = ("float32", "float64", "bfloat16", "float16")
+LOW_PRECISION = ("bfloat16", "float16")
+_E4M3 = "float8_e4m3fn"
 
 
 def _torch():
@@ -32,9 +40,10 @@ def dtype_name(x):
 
 def as_array(x, name):
     """x as a NumPy array or a CPU torch tensor (detached), checked to be
-    float32 or float64; anything else that NumPy takes becomes a NumPy array."""
+    float32, float64, bfloat16 or float16; anything else that NumPy takes
+    becomes a NumPy array."""
     if isinstance(x, np.ndarray):
-        if x.dtype.char in "fd":
+        if x.dtype.char in "fde" or x.dtype.name == "bfloat16":
             return x
     elif is_torch(x):
         if x.device.type != "cpu":
@@ -44,8 +53,65 @@ def as_array(x, name):
     else:
         x = np.asarray(x)
     if dtype_name(x) not in FLOATS:
-        raise Error(f"{name}.dtype = {dtype_name(x)} must be float32 or float64", f"{name}.dtype")
+        raise Error(f"{name}.dtype = {dtype_name(x)} must be float32, float64, bfloat16 or "
+                    "float16", f"{name}.dtype")
     return x
+
+
+def is_low_precision(x):
+    """Whether x is stored in bfloat16 or float16."""
+    return dtype_name(x) in LOW_PRECISION
+
+
+def stat_dtype(x):
+    """The dtype of the statistics (lse) of a call whose storage is x's:
+    float32 for bfloat16 and float16 (SPEC §10.1), x's own otherwise."""
+    if not is_low_precision(x):
+        return x.dtype
+    return _torch().float32 if is_torch(x) else np.float32
+
+
+def crossing(x):
+    """x as the extension takes it: a NumPy bfloat16 array as its uint16
+    view, float8 e4m3fn codes (NumPy or torch) as their uint8 view, both the
+    same memory; anything else as it is."""
+    if isinstance(x, np.ndarray):
+        n = x.dtype.name
+        if n == "bfloat16":
+            return x.view(np.uint16)
+        if n == _E4M3:
+            return x.view(np.uint8)
+    elif is_torch(x) and dtype_name(x) == _E4M3:
+        return x.view(_torch().uint8)
+    return x
+
+
+def as_codes(x, name, kind):
+    """The codes of a quantized cache (SPEC §10.4): int8 for kind "int8";
+    float8_e4m3fn (torch, ml_dtypes) or its bits as uint8 for "e4m3"."""
+    if is_torch(x):
+        if x.device.type != "cpu":
+            raise Error(f"{name}.device = {x.device} must be cpu", f"{name}.device")
+        x = x.detach()
+    elif not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+    ok = ("int8",) if kind == "int8" else (_E4M3, "uint8")
+    if dtype_name(x) not in ok:
+        raise Error(f"{name}.dtype = {dtype_name(x)} must be {' or '.join(ok)} (the codes of "
+                    f"an {kind} cache)", f"{name}.dtype")
+    return x
+
+
+def e4m3_codes(like, shape):
+    """New e4m3 codes for a cache of `like`'s kind: torch.float8_e4m3fn, or
+    ml_dtypes.float8_e4m3fn for NumPy (uint8 without ml_dtypes)."""
+    if is_torch(like):
+        return _torch().empty(shape, dtype=_torch().float8_e4m3fn)
+    try:
+        import ml_dtypes
+    except ImportError:
+        return np.empty(shape, dtype=np.uint8)
+    return np.empty(shape, dtype=ml_dtypes.float8_e4m3fn)
 
 
 def strides(x):
@@ -108,12 +174,6 @@ def as_indices(x, name):
     if dtype_name(x) not in INDICES:
         raise Error(f"{name}.dtype = {dtype_name(x)} must be int32 or int64", f"{name}.dtype")
     return x if is_contiguous(x) else contiguous(x)
-
-
-def same_dtype(name, x, ref_name, ref):
-    if x.dtype != ref.dtype:
-        raise Error(f"{name}.dtype = {dtype_name(x)} must equal {ref_name}.dtype = "
-                    f"{dtype_name(ref)}", f"{name}.dtype")
 
 
 def row_stride(x, heads, width):

@@ -20,6 +20,17 @@ a query that sees no key must give 0 (masked_rows_policy="zero", tandem's
 and PyTorch's rule; "any" skips those rows); and, with deterministic=True,
 two calls on the same inputs must agree bit for bit.
 
+Storage types (SPEC §10): `dtypes=("float32", "bfloat16", "float16")` draws
+the configuration's storage type too; q, k, v, sinks and dout are then drawn
+in float32 and rounded to it (NumPy: ml_dtypes.bfloat16, np.float16; torch:
+torch.bfloat16, torch.float16; masks and ALiBi slopes stay float32) and the
+function must return that type. A bfloat16 or float16 output is held to SPEC
+§10.5's bound against the exact attention of the stored inputs,
+`u_T |o| + u_T sum_j p_ij |v_j|` (u_T = 2^-8 for bf16, 2^-11 for f16) plus the
+float32 allowance above; a failure says which rounding profile's reference
+("pytorch", "exact", "ggml"; tandem's reference in T) is nearest to the
+output, and explain_rounding(fn, config) says it for any configuration.
+
 A failure raises CheckFailure with the minimal configuration, its seed and
 a pytest test to paste. Exploration stops after `time_budget` seconds
 (Hypothesis' per-example deadline is off); shrinking a failure always runs
@@ -49,12 +60,18 @@ __all__ = [
     "attention_configs", "rope_configs", "swiglu_configs",
     "check_attention", "check_attention_backward", "check_rope", "check_swiglu",
     "check_attention_config", "check_attention_backward_config", "check_rope_config",
-    "check_swiglu_config", "MASKS", "LAYOUTS", "ALIBI",
+    "check_swiglu_config", "explain_rounding", "MASKS", "LAYOUTS", "ALIBI", "DTYPES",
+    "ROUNDINGS",
 ]
 
 MASKS = ("none", "causal", "sliding_window", "key_padding", "bias")
 LAYOUTS = ("bshd", "bhsd")
 ALIBI = ("none", "per_head", "per_batch_head")
+#: The storage types a configuration may have (SPEC §10.1), and their unit roundoffs.
+DTYPES = ("float32", "bfloat16", "float16")
+UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+#: The rounding profiles of a bfloat16 or float16 call (SPEC §10.2).
+ROUNDINGS = ("pytorch", "exact", "ggml")
 #: The optional inputs of an attention call, passed as keyword arguments
 #: when a configuration has them.
 _OPTIONAL = ("bias", "key_padding", "sinks", "alibi_slopes")
@@ -77,20 +94,42 @@ def _rng(seed):
     return np.random.default_rng(seed)
 
 
+def _storage(x, dtype):
+    """float32 values x rounded to the storage type `dtype` (NumPy; bfloat16
+    is ml_dtypes')."""
+    if dtype == "float32":
+        return x
+    if dtype == "float16":
+        return x.astype(np.float16)
+    import ml_dtypes
+    return x.astype(ml_dtypes.bfloat16)
+
+
+def _to_torch(a):
+    """A NumPy array as a torch tensor, the same memory (bf16 through its bits)."""
+    import torch
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
 def _framework(arrays, array):
-    """The arrays as float32 NumPy arrays or torch tensors (same memory)."""
+    """The arrays as NumPy arrays or torch tensors (same memory)."""
     if array == "numpy":
         return arrays
     if array == "torch":
-        import torch
-        return {n: None if a is None else torch.from_numpy(a) for n, a in arrays.items()}
+        return {n: None if a is None else _to_torch(a) for n, a in arrays.items()}
     raise ValueError(f"array = {array!r} must be 'numpy' or 'torch'")
 
 
 def _numpy(x):
     """A result of the function under test as a NumPy array."""
     if hasattr(x, "detach"):
-        x = x.detach().cpu().numpy()
+        x = x.detach().cpu()
+        if str(x.dtype) == "torch.bfloat16":
+            import ml_dtypes
+            return x.view(dtype=__import__("torch").int16).numpy().view(ml_dtypes.bfloat16)
+        x = x.numpy()
     return np.asarray(x)
 
 
@@ -104,7 +143,8 @@ class AttentionConfig:
     transposed views (bhsd); q and k scaled by `amplitude` (large scores);
     sinks: a logit per query head [H] (scaled by `amplitude` too); alibi:
     ALiBi slopes [H] ("per_head") or [B, H] ("per_batch_head") in [0, 1);
-    contents from `seed`."""
+    dtype: the storage type of q, k, v, sinks and dout (SPEC §10.1); contents
+    from `seed`."""
     B: int = 1
     H: int = 1
     Hkv: int = 1
@@ -125,18 +165,20 @@ class AttentionConfig:
     sinks: bool = False
     alibi: str = "none"
     seed: int = 0
+    dtype: str = "float32"
 
     def _heads(self, rng, S, heads, width, amplitude):
         """A [B, S, heads, width] tensor in the config's layout (a strided view
         when `strided`)."""
         x = (amplitude * rng.standard_normal((self.B, S, heads, width))).astype(np.float32)
+        x = _storage(x, self.dtype)
         if self.layout == "bhsd":
             x = np.ascontiguousarray(x.transpose(0, 2, 1, 3))
             if self.strided:  # a transposed view of a bshd buffer
                 x = np.ascontiguousarray(x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
             return x
         if self.strided:  # rows padded by 3 elements: a row-strided view
-            parent = np.zeros((self.B, S, heads * width + 3), np.float32)
+            parent = np.zeros((self.B, S, heads * width + 3), x.dtype)
             parent[:, :, :heads * width] = x.reshape(self.B, S, heads * width)
             x = parent[:, :, :heads * width].reshape(self.B, S, heads, width)
         return x
@@ -162,8 +204,8 @@ class AttentionConfig:
             keep[:, rng.integers(self.Sk)] = 1.0
             if self.masked_rows:
                 keep[rng.integers(self.B)] = 0.0
-        sinks = (self.amplitude * rng.standard_normal(self.H)).astype(np.float32) \
-            if self.sinks else None
+        sinks = _storage((self.amplitude * rng.standard_normal(self.H)).astype(np.float32),
+                         self.dtype) if self.sinks else None
         slopes = None if self.alibi == "none" else rng.uniform(
             0, 1, (self.H,) if self.alibi == "per_head" else (self.B, self.H)).astype(np.float32)
         return {"q": q, "k": k, "v": v, "bias": bias, "key_padding": keep, "sinks": sinks,
@@ -181,19 +223,20 @@ class AttentionConfig:
         x = _rng(self.seed + 1).standard_normal((self.B, self.Sq, self.H, self.Dv))
         if self.layout == "bhsd":
             x = x.transpose(0, 2, 1, 3)
-        return np.ascontiguousarray(x, dtype=np.float32)
+        return _storage(np.ascontiguousarray(x, dtype=np.float32), self.dtype)
 
 
 @st.composite
 def attention_configs(draw, masks=MASKS, layouts=LAYOUTS, gqa=True, v_head_dim=True,
                       softcap=True, scale=True, bias_broadcast=True, masked_rows=True,
                       strided=True, large_scores=True, sinks=False, alibi=(), max_batch=2,
-                      max_heads=4, max_seq=12, max_dim=12):
+                      max_heads=4, max_seq=12, max_dim=12, dtypes=("float32",)):
     """AttentionConfigs; each switch off (False, or a shorter tuple) leaves
     that feature out; the features off by default (sinks=True, alibi=ALIBI
     or a part of it) pass `sinks` and `alibi_slopes` to the function under
-    test. Every choice lists its simplest option first, so a failure shrinks
-    to B = H = Sq = Sk = D = 1, no mask, contiguous, unless it needs more."""
+    test; `dtypes` (a part of DTYPES) the storage types drawn. Every choice
+    lists its simplest option first, so a failure shrinks to B = H = Sq = Sk
+    = D = 1, no mask, contiguous, unless it needs more."""
     B = draw(st.integers(1, max_batch))
     Hkv = draw(st.integers(1, max_heads))
     group = draw(st.integers(1, max(1, max_heads // Hkv))) if gqa else 1
@@ -215,7 +258,7 @@ def attention_configs(draw, masks=MASKS, layouts=LAYOUTS, gqa=True, v_head_dim=T
         amplitude=draw(st.sampled_from((1.0, 4.0, 32.0))) if large_scores else 1.0,
         sinks=sinks and draw(st.booleans()),
         alibi=draw(st.sampled_from(("none",) + tuple(a for a in alibi if a != "none"))),
-        seed=draw(st.integers(0, 2**32 - 1)))
+        seed=draw(st.integers(0, 2**32 - 1)), dtype=draw(st.sampled_from(tuple(dtypes))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -429,6 +472,8 @@ def _attention_problem(fn, config, array, policy):
         got = _call(fn, arrays, ("q", "k", "v"), config.kwargs(), array)
     except Exception as e:  # the kernel under test raised: a failure too
         return f"out: the function raised {type(e).__name__}: {e}"
+    if config.dtype != "float32":
+        return _low_precision_problem(fn, config, arrays, got, array, policy)
     a64 = _f64(arrays)
     ref64 = _api.attention(a64["q"], a64["k"], a64["v"], backend="reference",
                            **_ref_kwargs(config, a64))
@@ -439,6 +484,81 @@ def _attention_problem(fn, config, array, policy):
     return _compare("out", got, ref64, ref32, policy, skip, _score_bound(config, arrays)) or \
         _deterministic(
         "out", fn, lambda: _call(fn, arrays, ("q", "k", "v"), config.kwargs(), array), policy)
+
+
+def _low_precision_problem(fn, config, arrays, got, array, policy):
+    """SPEC §10.5 for a bfloat16 or float16 output: |o - o_exact| <= u_T |o_exact|
+    + u_T sum_j p_ij |v_j| + the float32 allowance of _compare, o_exact the
+    attention in double of the stored inputs."""
+    out = _numpy(got)
+    if out.dtype.name != config.dtype:
+        return f"out: dtype {out.dtype.name}, expected {config.dtype} (q's storage type)"
+    a64 = _f64(arrays)
+    kw = _ref_kwargs(config, a64)
+    ref64 = _api.attention(a64["q"], a64["k"], a64["v"], backend="reference", **kw)
+    mags = _api.attention(a64["q"], a64["k"], np.abs(a64["v"]), backend="reference", **kw)
+    a32 = {n: a if a is None or a.dtype == np.float32 else a.astype(np.float32)
+           for n, a in arrays.items()}
+    ref32 = _api.attention(a32["q"], a32["k"], a32["v"], backend="reference_fp32acc",
+                           **_ref_kwargs(config, a32))
+    masked = np.broadcast_to(_masked_rows(config, arrays)[..., None], ref64.shape)
+    skip = masked if policy.masked_rows == "any" else np.zeros(ref64.shape, bool)
+    o = out.astype(np.float64)
+    if (~skip & ~np.isfinite(o)).any():
+        idx = tuple(int(i) for i in np.argwhere(~skip & ~np.isfinite(o))[0])
+        return f"out: non-finite value {o[idx]} at index {idx}: NaN/inf policy broken"
+    u = UNIT_ROUNDOFF[config.dtype]
+    err32 = float(np.max(np.abs(ref32.astype(np.float64) - ref64), initial=0.0))
+    allowance = policy.k * (err32 + EPS32 * _score_bound(config, a32) *
+                            float(np.max(np.abs(ref64), initial=0.0))) + policy.floor
+    tol = u * np.abs(ref64) + u * mags + allowance
+    err = np.where(skip, 0.0, np.abs(o - ref64))
+    if err.size and (err > tol).any():
+        idx = tuple(int(i) for i in np.unravel_index(np.argmax(err - tol), err.shape))
+        return (f"out ({config.dtype}): error {err[idx]:.3e} at index {idx} (got {o[idx]:.6g}, "
+                f"exact {ref64[idx]:.6g}) > SPEC §10.5's bound {tol[idx]:.3e} = u_T |o| "
+                f"{u * abs(ref64[idx]):.2e} + u_T sum p|v| {u * mags[idx]:.2e} + float32 "
+                f"allowance {allowance:.1e}; {_explanation(out, config, arrays)}")
+    return _deterministic(
+        "out", fn, lambda: _call(fn, arrays, ("q", "k", "v"), config.kwargs(), array), policy)
+
+
+def _profile_errors(out, config, arrays):
+    """{profile: max |out - tandem's reference in T with that profile|}."""
+    kw = _ref_kwargs(config, arrays)
+    o = out.astype(np.float64)
+    errs = {}
+    for r in ROUNDINGS:
+        ref = _api.attention(arrays["q"], arrays["k"], arrays["v"], backend="reference",
+                             rounding=r, **kw)
+        errs[r] = float(np.max(np.abs(o - ref.astype(np.float64)), initial=0.0))
+    return errs
+
+
+def _explanation(out, config, arrays):
+    """Which profile's reference is nearest to `out`, as text."""
+    try:
+        errs = _profile_errors(out, config, arrays)
+    except Exception as e:  # the reference does not offer T yet
+        return f"no rounding profile to compare with ({e})"
+    best = min(errs, key=errs.get)
+    listed = ", ".join(f"{r} {e:.2e}" for r, e in errs.items())
+    return f"nearest rounding profile: {best} (max |out - reference|: {listed})"
+
+
+def explain_rounding(fn, config, array="numpy"):
+    """Runs `fn` on one bfloat16 or float16 AttentionConfig and returns
+    (profile, errors): the rounding profile (SPEC §10.2: "pytorch", "exact",
+    "ggml") whose reference in the config's storage type is nearest to fn's
+    output, and the largest distance to each, so that a kernel's error can be
+    told apart from another library's rounding (SPEC §10.3)."""
+    if config.dtype == "float32":
+        raise ValueError("explain_rounding needs a bfloat16 or float16 configuration "
+                         "(float32 rounds nothing in between)")
+    arrays = config.arrays()
+    out = _numpy(_call(fn, arrays, ("q", "k", "v"), config.kwargs(), array))
+    errs = _profile_errors(out, config, arrays)
+    return min(errs, key=errs.get), errs
 
 
 def check_attention_backward_config(fn, config, array="numpy", policy=Policy()):

@@ -6,8 +6,10 @@ each with a fake (meta) implementation for torch.compile and export, and,
 where the kernel has a backward, an autograd formula: attention saves its out
 and log-sum-exp and its backward starts from them (attention_backward_saved);
 a float bias (attn_mask) that requires grad gets dbias (SPEC §3).
-float32 tensors run `backend`; float64 tensors run the reference in double,
-so torch.autograd.gradcheck applies.
+float32, bfloat16 and float16 tensors run `backend` (SPEC §10: one storage
+type per call; lse float32 for bfloat16 and float16; `rounding` says where a
+low-precision call rounds); float64 tensors run the reference in double, so
+torch.autograd.gradcheck applies.
 
     import tandem.torch as tt
     out = tt.scaled_dot_product_attention(q, k, v, is_causal=True)   # as torch's F.sdpa
@@ -30,6 +32,8 @@ if not hasattr(torch.library, "custom_op"):  # added in torch 2.4
                       f"found {torch.__version__}")
 
 from . import _api, _ext
+
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 __all__ = ["attention", "attention_with_kvcache", "rope", "axial_rope", "swiglu",
            "attention_block", "scaled_dot_product_attention"]
@@ -56,30 +60,35 @@ def _feature_kwargs(sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k):
 # The features are the ops' last arguments, with defaults, so that a call
 # without them reads as before: sinks [H] (differentiable), alibi_slopes
 # [H] or [n, H], cu_seqlens_q, cu_seqlens_k [n+1] and seqused_k [n] (packed
-# q [total_q, H, D], k, v [total_k, Hkv, D]).
+# q [total_q, H, D], k, v [total_k, Hkv, D]); then the rounding profile of a
+# bfloat16 or float16 call (SPEC §10.2).
 @torch.library.custom_op("tandem::attention", mutates_args=())
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], layout: str,
                   mask_kind: str, window: int, scale: Optional[float], softcap: float,
                   backend: str, sinks: Optional[Tensor] = None,
                   alibi_slopes: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
                   cu_seqlens_k: Optional[Tensor] = None,
-                  seqused_k: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                  seqused_k: Optional[Tensor] = None,
+                  rounding: str = "pytorch") -> tuple[Tensor, Tensor]:
     return _api.attention_forward_lse(
         q, k, v, layout=layout, scale=scale, softcap=softcap, backend=backend,
-        **_mask_kwargs(mask, mask_kind, window),
+        rounding=rounding, **_mask_kwargs(mask, mask_kind, window),
         **_feature_kwargs(sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k))
 
 
 @_attention_op.register_fake
 def _(q, k, v, mask, layout, mask_kind, window, scale, softcap, backend, sinks=None,
-      alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None):
-    # out [B,Sq,H,Dv] (bshd) or [B,H,Sq,Dv] (bhsd), packed [T,H,Dv]: q's axes and v's width
+      alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
+      rounding="pytorch"):
+    # out [B,Sq,H,Dv] (bshd) or [B,H,Sq,Dv] (bhsd), packed [T,H,Dv]: q's axes and v's width;
+    # lse float32 for bfloat16 and float16 (SPEC §10.1)
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    stat = torch.float32 if q.dtype in _LOW_PRECISION else q.dtype
     if q.dim() == 3:  # packed: lse [1, H, total_q]
-        return out, q.new_empty((1, q.shape[1], q.shape[0]))
+        return out, q.new_empty((1, q.shape[1], q.shape[0]), dtype=stat)
     B, S, H = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bshd" else \
         (q.shape[0], q.shape[2], q.shape[1])
-    return out, q.new_empty((B, H, S))
+    return out, q.new_empty((B, H, S), dtype=stat)
 
 
 @torch.library.custom_op("tandem::attention_backward", mutates_args=())
@@ -90,13 +99,15 @@ def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tenso
                            alibi_slopes: Optional[Tensor] = None,
                            cu_seqlens_q: Optional[Tensor] = None,
                            cu_seqlens_k: Optional[Tensor] = None,
-                           seqused_k: Optional[Tensor] = None, dbias: bool = False
+                           seqused_k: Optional[Tensor] = None, dbias: bool = False,
+                           rounding: str = "pytorch"
                            ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dsinks, dbias); dsinks is empty ([0]) without sinks, dbias
     (the bias's shape) unless `dbias` asks for it."""
     grads = _api.attention_backward_saved(
         q, k, v, out, lse, dout, layout=layout, scale=scale, softcap=softcap, backend=backend,
-        grads=("dbias",) if dbias else None, **_mask_kwargs(mask, mask_kind, window),
+        grads=("dbias",) if dbias else None, rounding=rounding,
+        **_mask_kwargs(mask, mask_kind, window),
         **_feature_kwargs(sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k))
     dq, dk, dv = grads[:3]
     dsinks = grads[3] if sinks is not None else q.new_empty((0,))
@@ -106,22 +117,25 @@ def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tenso
 @_attention_backward_op.register_fake
 def _(q, k, v, mask, out, lse, dout, layout, mask_kind, window, scale, softcap, backend,
       sinks=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
-      dbias=False):
+      dbias=False, rounding="pytorch"):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             q.new_empty((0,) if sinks is None else sinks.shape),
             q.new_empty(mask.shape if dbias else (0,)))
 
 
 _ATTENTION_ATTRS = 6  # layout, mask_kind, window, scale, softcap, backend
+_FEATURES = 5  # sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k
 
 
 def _attention_setup(ctx, inputs, output):
     q, k, v, mask = inputs[:4]
-    features = tuple(inputs[4 + _ATTENTION_ATTRS:])
-    features += (None,) * (5 - len(features))  # sinks, alibi_slopes, cu_seqlens_q/k, seqused_k
+    first = 4 + _ATTENTION_ATTRS
+    features = tuple(inputs[first:first + _FEATURES])
+    features += (None,) * (_FEATURES - len(features))
     out, lse = output
     ctx.save_for_backward(q, k, v, mask, out, lse, *features)
-    ctx.attrs = tuple(inputs[4:4 + _ATTENTION_ATTRS])
+    ctx.attrs = tuple(inputs[4:first])
+    ctx.rounding = inputs[first + _FEATURES] if len(inputs) > first + _FEATURES else "pytorch"
     ctx.mark_non_differentiable(lse)
 
 
@@ -130,10 +144,13 @@ def _attention_grad(ctx, dout, _dlse):
     # a bias (mask kind "bias", attrs[1]) that requires grad gets dbias, in its own shape
     want_dbias = ctx.attrs[1] == "bias" and ctx.needs_input_grad[3]
     dq, dk, dv, dsinks, dbias = _attention_backward_op(q, k, v, mask, out, lse, dout, *ctx.attrs,
-                                                       sinks, *features, dbias=want_dbias)
-    # a keep mask, the ALiBi slopes and index inputs get no gradient; neither do the attributes
+                                                       sinks, *features, dbias=want_dbias,
+                                                       rounding=ctx.rounding)
+    # a keep mask, the ALiBi slopes and index inputs get no gradient; neither do the
+    # attributes and the rounding profile
     return (dq, dk, dv, dbias.to(mask.dtype) if want_dbias else None) + \
-        (None,) * _ATTENTION_ATTRS + (None if sinks is None else dsinks, None, None, None, None)
+        (None,) * _ATTENTION_ATTRS + (None if sinks is None else dsinks, None, None, None, None,
+                                      None)
 
 
 _attention_op.register_autograd(_attention_grad, setup_context=_attention_setup)
@@ -156,16 +173,19 @@ def _mask_args(mask, window, bias, key_padding):
 
 def attention(q, k, v, *, layout="bshd", mask=None, window=None, scale=None, softcap=0.0,
               bias=None, key_padding=None, sinks=None, alibi_slopes=None, cu_seqlens_q=None,
-              cu_seqlens_k=None, seqused_k=None, backend="optimized"):
+              cu_seqlens_k=None, seqused_k=None, rounding="pytorch", backend="optimized"):
     """tandem.attention on torch tensors (rank 4, or packed [total, H, D]
     with cu_seqlens), differentiable in q, k, v, sinks and the bias (dbias,
-    SPEC §3; key_padding, ALiBi slopes and index tensors get no gradient)."""
+    SPEC §3; key_padding, ALiBi slopes and index tensors get no gradient);
+    float32, float64, bfloat16 or float16, with `rounding` for the latter
+    two (SPEC §10.2)."""
     m, kind, w = _mask_args(mask, window, bias, key_padding)
     if alibi_slopes is not None:
         alibi_slopes = torch.as_tensor(alibi_slopes).to(torch.float32)
     out, _ = _attention_op(q, k, v, m, layout, kind, w, None if scale is None else float(scale),
                            float(softcap or 0.0), backend, sinks, alibi_slopes,
-                           _index(cu_seqlens_q), _index(cu_seqlens_k), _index(seqused_k))
+                           _index(cu_seqlens_q), _index(cu_seqlens_k), _index(seqused_k),
+                           str(rounding))
     return out
 
 
@@ -446,8 +466,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     to the scores), broadcastable to (N, ..., Hq, L, S); is_causal: PyTorch's
     top-left alignment (query i sees keys j <= i); scale defaults to
     1/sqrt(E); enable_gqa: Hq a multiple of H. Only dropout_p = 0 is
-    supported. A query that sees no key gets 0, as in PyTorch. float32 runs
-    the optimized backend, float64 the reference in double."""
+    supported. A query that sees no key gets 0, as in PyTorch. float32,
+    bfloat16 and float16 run the optimized backend, float64 the reference in
+    double."""
     if attn_mask is None and dropout_p == 0.0:
         out = _fast_sdpa(query, key, value, is_causal, scale, enable_gqa, "optimized")
         if out is not None:
@@ -455,7 +476,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return sdpa_softcap(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
-_FLOATS = (torch.float32, torch.float64)
+_DTYPES = {torch.float32: _ext.Dtype.float32, torch.float64: _ext.Dtype.float64,
+           torch.bfloat16: _ext.Dtype.bfloat16, torch.float16: _ext.Dtype.float16}
 _PLANS = {}  # (q, k, v shapes, is_causal, scale, enable_gqa) -> AttentionPlan, or None: no fast path
 atexit.register(_PLANS.clear)  # before the extension is torn down
 
@@ -490,7 +512,7 @@ def _fast_sdpa(q, k, v, is_causal, scale, enable_gqa, backend):
     shape); None when the call needs the general path (autograd, a
     compiler, another layout, ...)."""
     dtype = q.dtype
-    if k.dtype != dtype or v.dtype != dtype or dtype not in _FLOATS or _needs_op(q, k, v) or \
+    if k.dtype != dtype or v.dtype != dtype or dtype not in _DTYPES or _needs_op(q, k, v) or \
             not (q.is_cpu and k.is_cpu and v.is_cpu) or \
             not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
         return None
@@ -505,7 +527,7 @@ def _fast_sdpa(q, k, v, is_causal, scale, enable_gqa, backend):
         return None
     out = torch.empty((*key[0][:3], key[2][3]), dtype=dtype)
     _ext.attention_forward_contiguous(backend, plan, q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                      out.data_ptr(), dtype == torch.float64)
+                                      out.data_ptr(), _DTYPES[dtype])
     return out
 
 

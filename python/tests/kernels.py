@@ -66,14 +66,16 @@ def sdpa_attention_backward(q, k, v, dout, *, bug=None, **kwargs):
 
 
 def numpy_attention(q, k, v, *, layout, mask, window, scale, softcap, bias=None,
-                    key_padding=None, sinks=None, alibi_slopes=None, bug=None):
+                    key_padding=None, sinks=None, alibi_slopes=None, bug=None, round_to=None):
     """Attention in NumPy (float32, or float64 inputs in float64), written
     plainly: s_ij = scale <q_i, k_j> (softcapped) - m_h |i + Sk - Sq - j|
     (ALiBi slopes m [H] or [B, H]) + bias_ij; p_ij = e^s_ij / (e^sink_h +
     sum_j e^s_ij) (sinks [H]). bug: "gqa" (query head h reads kv head
     h % Hkv), "causal_offset" (causal without the Sk - Sq offset), "no_max"
     (softmax without subtracting the row maximum), "sink_numerator" (the
-    sink's e^sink_h added to every p_ij's numerator as well)."""
+    sink's e^sink_h added to every p_ij's numerator as well), "scores" (the
+    scores rounded to `round_to`). round_to: a storage type the weights are
+    rounded to before P·V (SPEC §10.2's pytorch profile)."""
     if layout == "bshd":
         q, k, v = (np.asarray(x).transpose(0, 2, 1, 3) for x in (q, k, v))
     B, H, Sq, D = q.shape
@@ -84,6 +86,8 @@ def numpy_attention(q, k, v, *, layout, mask, window, scale, softcap, bias=None,
     s = f(scale if scale is not None else 1 / np.sqrt(D)) * (q @ k.transpose(0, 1, 3, 2))
     if softcap > 0:
         s = f(softcap) * np.tanh(s / f(softcap))
+    if bug == "scores":
+        s = s.astype(round_to).astype(q.dtype)
     if alibi_slopes is not None:
         slopes = np.asarray(alibi_slopes, np.float32).astype(q.dtype)
         slopes = slopes.reshape((1, H) if slopes.ndim == 1 else slopes.shape)[:, :, None, None]
@@ -105,6 +109,8 @@ def numpy_attention(q, k, v, *, layout, mask, window, scale, softcap, bias=None,
     with np.errstate(over="ignore", invalid="ignore"):
         p = np.where(visible, np.exp(s - m), 0).astype(q.dtype)
         l = p.sum(-1, keepdims=True)
+        if round_to is not None:
+            p = p.astype(round_to).astype(q.dtype)
         if sink is not None:
             l = l + np.exp(sink - m)
             if bug == "sink_numerator":
@@ -142,3 +148,17 @@ def torch_swiglu(x, *, gate_first):
 def my_attention(q, k, v, **kwargs):
     """The docs' example: a user's attention with a GQA bug (head h % Hkv)."""
     return numpy_attention(q, k, v, bug="gqa", **kwargs)
+
+
+def lowp_attention(q, k, v, *, profile="pytorch", bug=None, sinks=None, **kwargs):
+    """A bfloat16 or float16 attention in NumPy: the stored values read
+    exactly into float32, computed there (the weights rounded to the storage
+    type before P·V with profile "pytorch", not with "exact") and the output
+    rounded once. bug "scores": the scores rounded to the storage type too."""
+    dt = q.dtype
+    q, k, v = (np.asarray(x).astype(np.float32) for x in (q, k, v))
+    if sinks is not None:
+        sinks = np.asarray(sinks).astype(np.float32)
+    out = numpy_attention(q, k, v, sinks=sinks, bug=bug,
+                          round_to=dt if profile == "pytorch" or bug else None, **kwargs)
+    return out.astype(dt)

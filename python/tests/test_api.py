@@ -220,7 +220,9 @@ ERRORS = [
      "key_padding.shape"),
     (lambda q, k, v: tandem.attention(q, k, v, mask="causal", bias=np.zeros((5, 7))), "bias"),
     (lambda q, k, v: tandem.attention(q, k.astype(np.float64), v), "k.dtype"),
-    (lambda q, k, v: tandem.attention(q.astype(np.float16), k, v), "q.dtype"),
+    (lambda q, k, v: tandem.attention(q.astype(np.int32), k, v), "q.dtype"),
+    # q's dtype is the call's storage type: the input that differs is named (SPEC §10.1)
+    (lambda q, k, v: tandem.attention(q.astype(np.float16), k, v), "k.dtype"),
     (lambda q, k, v: tandem.attention(q, k, v, backend="cuda"), "backend"),
     (lambda q, k, v: tandem.attention(q.reshape(2, 5, 32), k, v), "num_heads"),
     (lambda q, k, v: tandem.attention_backward(q, k, v, np.ones((2, 5, 4, 5), np.float32)),

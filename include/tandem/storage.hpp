@@ -128,73 +128,51 @@ inline double decode(unsigned bits, const Format& f, int exp_bits, bool ieee_spe
 
 }  // namespace detail
 
-/// bfloat16 (SPEC §10.1): the top 16 bits of a float32, so every value is a
-/// float32 and reading one is exact; `bfloat16(x)` is RN_bf16(x).
-/// Layout-compatible with torch.bfloat16, ml_dtypes.bfloat16 and
-/// hwy::bfloat16_t.
-struct bfloat16 {
-  std::uint16_t bits = 0;  ///< sign, 8 exponent bits, 7 fraction bits
+namespace detail {
 
-  bfloat16() = default;
-  /// RN_bf16(x), ties to even, from the exact value x
-  explicit bfloat16(double x)
-      : bits(detail::encode(detail::round_to(x, detail::kBf16), detail::kBf16, 8, 0x7FC0)) {}
+/// A value of the narrow binary format F, held as its bits (the layout of
+/// the same type in torch, ml_dtypes and Highway): `Narrow(x)` is RN_F(x),
+/// reading a value (`static_cast<double>`, `static_cast<float>`) is exact,
+/// since every value of these formats is a float32.
+template <class Bits, const Format& F, int kExpBits, Bits kNanBits, bool kIeeeSpecials>
+struct Narrow {
+  Bits bits = 0;  ///< sign, exponent bits, fraction bits
+
+  Narrow() = default;
+  /// RN_F(x), ties to even, from the exact value x
+  explicit Narrow(double x)
+      : bits(static_cast<Bits>(encode(round_to(x, F), F, kExpBits, kNanBits))) {}
   /// The value, exactly.
-  explicit operator double() const { return detail::decode(bits, detail::kBf16, 8, true); }
-  /// The value, exactly (every bfloat16 is a float32).
+  explicit operator double() const { return decode(bits, F, kExpBits, kIeeeSpecials); }
+  /// The value, exactly.
   explicit operator float() const { return static_cast<float>(static_cast<double>(*this)); }
   /// The value with these bits.
-  static bfloat16 from_bits(std::uint16_t b) {
-    bfloat16 x;
+  static Narrow from_bits(Bits b) {
+    Narrow x;
     x.bits = b;
     return x;
   }
 };
 
-/// IEEE binary16 (SPEC §10.1): every value is a float32, so reading one is
-/// exact; `float16(x)` is RN_f16(x) (beyond 65504 + half an ulp: ±inf).
-/// Layout-compatible with torch.float16, numpy.float16 and hwy::float16_t.
-struct float16 {
-  std::uint16_t bits = 0;  ///< sign, 5 exponent bits, 10 fraction bits
+}  // namespace detail
 
-  float16() = default;
-  /// RN_f16(x), ties to even, from the exact value x
-  explicit float16(double x)
-      : bits(detail::encode(detail::round_to(x, detail::kF16), detail::kF16, 5, 0x7E00)) {}
-  /// The value, exactly.
-  explicit operator double() const { return detail::decode(bits, detail::kF16, 5, true); }
-  /// The value, exactly.
-  explicit operator float() const { return static_cast<float>(static_cast<double>(*this)); }
-  /// The value with these bits.
-  static float16 from_bits(std::uint16_t b) {
-    float16 x;
-    x.bits = b;
-    return x;
-  }
-};
+/// bfloat16 (SPEC §10.1): the top 16 bits of a float32 (1 sign, 8 exponent,
+/// 7 fraction bits), so every value is a float32 and reading one is exact;
+/// `bfloat16(x)` is RN_bf16(x). Layout-compatible with torch.bfloat16,
+/// ml_dtypes.bfloat16 and hwy::bfloat16_t.
+using bfloat16 = detail::Narrow<std::uint16_t, detail::kBf16, 8, 0x7FC0, true>;
 
-/// The OCP float8 e4m3fn code of a quantized KV cache (SPEC §10.4): values
-/// up to ±448, no infinity; `float8_e4m3(x)` is RN_e4m3(x), saturating to ±448.
+/// IEEE binary16 (SPEC §10.1; 1 sign, 5 exponent, 10 fraction bits): every
+/// value is a float32, so reading one is exact; `float16(x)` is RN_f16(x)
+/// (beyond 65504 + half an ulp: ±inf). Layout-compatible with
+/// torch.float16, numpy.float16 and hwy::float16_t.
+using float16 = detail::Narrow<std::uint16_t, detail::kF16, 5, 0x7E00, true>;
+
+/// The OCP float8 e4m3fn code of a quantized KV cache (SPEC §10.4; 1 sign,
+/// 4 exponent bits with bias 7, 3 fraction bits): values up to ±448, no
+/// infinity; `float8_e4m3(x)` is RN_e4m3(x), saturating to ±448.
 /// Layout-compatible with torch.float8_e4m3fn and ml_dtypes.float8_e4m3fn.
-struct float8_e4m3 {
-  std::uint8_t bits = 0;  ///< sign, 4 exponent bits (bias 7), 3 fraction bits
-
-  float8_e4m3() = default;
-  /// RN_e4m3(x), ties to even, saturating: |x| beyond 448 gives ±448
-  explicit float8_e4m3(double x)
-      : bits(static_cast<std::uint8_t>(
-            detail::encode(detail::round_to(x, detail::kE4m3), detail::kE4m3, 4, 0x7F))) {}
-  /// The value, exactly.
-  explicit operator double() const { return detail::decode(bits, detail::kE4m3, 4, false); }
-  /// The value, exactly.
-  explicit operator float() const { return static_cast<float>(static_cast<double>(*this)); }
-  /// The value with these bits.
-  static float8_e4m3 from_bits(std::uint8_t b) {
-    float8_e4m3 x;
-    x.bits = b;
-    return x;
-  }
-};
+using float8_e4m3 = detail::Narrow<std::uint8_t, detail::kE4m3, 4, 0x7F, false>;
 
 /// What a storage type T is (SPEC §10.1): its DType, whether it is one of the
 /// low-precision types that round at SPEC §10.2's points, the type of the

@@ -61,7 +61,8 @@ def _feature_kwargs(sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k):
 # without them reads as before: sinks [H] (differentiable), alibi_slopes
 # [H] or [n, H], cu_seqlens_q, cu_seqlens_k [n+1] and seqused_k [n] (packed
 # q [total_q, H, D], k, v [total_k, Hkv, D]); then the rounding profile of a
-# bfloat16 or float16 call (SPEC §10.2).
+# bfloat16 or float16 call (SPEC §10.2; None: "pytorch" — torch 2.4's schema
+# inference takes no str default).
 @torch.library.custom_op("tandem::attention", mutates_args=())
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], layout: str,
                   mask_kind: str, window: int, scale: Optional[float], softcap: float,
@@ -69,17 +70,17 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], layou
                   alibi_slopes: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
                   cu_seqlens_k: Optional[Tensor] = None,
                   seqused_k: Optional[Tensor] = None,
-                  rounding: str = "pytorch") -> tuple[Tensor, Tensor]:
+                  rounding: Optional[str] = None) -> tuple[Tensor, Tensor]:
     return _api.attention_forward_lse(
         q, k, v, layout=layout, scale=scale, softcap=softcap, backend=backend,
-        rounding=rounding, **_mask_kwargs(mask, mask_kind, window),
+        rounding=rounding or "pytorch", **_mask_kwargs(mask, mask_kind, window),
         **_feature_kwargs(sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k))
 
 
 @_attention_op.register_fake
 def _(q, k, v, mask, layout, mask_kind, window, scale, softcap, backend, sinks=None,
       alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
-      rounding="pytorch"):
+      rounding=None):
     # out [B,Sq,H,Dv] (bshd) or [B,H,Sq,Dv] (bhsd), packed [T,H,Dv]: q's axes and v's width;
     # lse float32 for bfloat16 and float16 (SPEC §10.1)
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
@@ -100,13 +101,13 @@ def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tenso
                            cu_seqlens_q: Optional[Tensor] = None,
                            cu_seqlens_k: Optional[Tensor] = None,
                            seqused_k: Optional[Tensor] = None, dbias: bool = False,
-                           rounding: str = "pytorch"
+                           rounding: Optional[str] = None
                            ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dsinks, dbias); dsinks is empty ([0]) without sinks, dbias
     (the bias's shape) unless `dbias` asks for it."""
     grads = _api.attention_backward_saved(
         q, k, v, out, lse, dout, layout=layout, scale=scale, softcap=softcap, backend=backend,
-        grads=("dbias",) if dbias else None, rounding=rounding,
+        grads=("dbias",) if dbias else None, rounding=rounding or "pytorch",
         **_mask_kwargs(mask, mask_kind, window),
         **_feature_kwargs(sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k))
     dq, dk, dv = grads[:3]
@@ -117,7 +118,7 @@ def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tenso
 @_attention_backward_op.register_fake
 def _(q, k, v, mask, out, lse, dout, layout, mask_kind, window, scale, softcap, backend,
       sinks=None, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
-      dbias=False, rounding="pytorch"):
+      dbias=False, rounding=None):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             q.new_empty((0,) if sinks is None else sinks.shape),
             q.new_empty(mask.shape if dbias else (0,)))

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "bench_common.hpp"
+#include "bench_paired.hpp"
 
 #ifdef TANDEM_HAVE_OPTIMIZED
 #include "../optimized/src/entry_points.hpp"
@@ -138,8 +139,10 @@ void add_stored(const AttnShape& shape, int threads) {
   s.shape = shape.tag();
   s.threads = threads;
   s.name = s.op + "/" + s.backend + "/" + s.shape;
-  s.tags = {"stored"};
+  s.tags = {"stored", "peer"};  // the peers decode in bf16, f16 and q8_0 on the same shapes
   shape.describe(s);
+  s.params["flop"] = shape.forward_flops();
+  s.params["pool_bytes"] = static_cast<double>(beyond_cache_bytes());
   const AttentionPlan plan = shape.plan();
   for (int k = 0; k < kKinds; ++k)
     s.params[std::string("bytes_") + kKindNames[k]] = bytes_read(plan, k);
@@ -162,6 +165,7 @@ void add_stored(const AttnShape& shape, int threads) {
         StoredFixture& f = *fx;
         std::array<double, kKinds> seconds{}, cpu{}, fastest{};
         fastest.fill(1e30);
+        PairedTimes paired({kKindNames.begin(), kKindNames.end()});
         for (auto _ : st) {
           for (int k = 0; k < kKinds; ++k) {
             const auto t0 = std::chrono::steady_clock::now();
@@ -170,10 +174,12 @@ void add_stored(const AttnShape& shape, int threads) {
             benchmark::ClobberMemory();
             const double t = seconds_since(t0);
             seconds[k] += t;
+            paired.add(static_cast<std::size_t>(k), t);
             fastest[k] = std::min(fastest[k], t);
             cpu[k] += process_cpu_s() - c0;
           }
         }
+        paired.set_counters(st);
         const auto n = static_cast<double>(st.iterations());
         const double read = read_gbs(threads);
         for (int k = 0; k < kKinds; ++k) {

@@ -1,0 +1,90 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Where the time of a missed target goes: `perf record` of the benchmark behind it (the
+outcome's `profile`), run again alone after the measurements, and the functions that took
+the most samples. Only for the benchmarks of several storage types (tagged stored), whose
+targets the low-precision kernels are still being tuned against."""
+import os
+import re
+import subprocess
+
+from .proc import log
+from .run import name_filter
+
+# Symbols of the benchmark's own set-up (filling its inputs), not of the kernels measured.
+SETUP = re.compile(r"tandem::bench::|mersenne_twister|uniform_(int|real)_distribution|"
+                   r"generate_canonical")
+LINE = re.compile(r"^\s*([0-9.]+)%\s+\S+\s+\[[.k]\]\s+(.+?)\s*$")
+
+
+def short_symbol(sym):
+    """A symbol without namespaces' noise and template arguments, with the storage types
+    its arguments named: 'N_AVX3::Decode [bf16]'."""
+    kinds = [k for k, pat in (("bf16", "kBf16"), ("f16", "kF16"), ("e4m3", "E4m3"),
+                              ("int8", "int8")) if pat.lower() in sym.lower()]
+    s = sym.replace("(anonymous namespace)::", "")
+    while True:
+        t = re.sub(r"<[^<>]*>", "", s)
+        if t == s:
+            break
+        s = t
+    s = re.sub(r"^tandem::(optimized::)?", "", s)
+    return s + (f" [{', '.join(kinds)}]" if kinds else "")
+
+
+def parse_report(text, top=6):
+    """{'symbols': [(percent, short symbol)], 'setup': percent} of `perf report --stdio`."""
+    symbols, setup = [], 0.0
+    for line in text.splitlines():
+        m = LINE.match(line)
+        if not m:
+            continue
+        pct, sym = float(m.group(1)), m.group(2)
+        if SETUP.search(sym):
+            setup += pct
+        elif len(symbols) < top:
+            symbols.append((pct, short_symbol(sym)))
+    return {"symbols": symbols, "setup": setup}
+
+
+def profile_one(exe, args, name, raw_dir):
+    """The profile of benchmark `name` run alone under perf (or its error)."""
+    data = os.path.join(raw_dir, ".perf.data")
+    cmd = ["perf", "record", "-q", "-F", "499", "-o", data, "--", exe, *args,
+           f"--benchmark_filter={name_filter(name)}"]
+    try:
+        rec = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if rec.returncode != 0 or not os.path.exists(data):
+            return {"error": f"perf record exited with {rec.returncode}: "
+                             f"{(rec.stderr or '').strip()[-200:]}"}
+        rep = subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children",
+                              "--sort", "symbol"], capture_output=True, text=True, timeout=300)
+        if rep.returncode != 0:
+            return {"error": f"perf report exited with {rep.returncode}"}
+        return parse_report(rep.stdout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"error": f"perf: {e}"}
+    finally:
+        if os.path.exists(data):
+            os.remove(data)
+
+
+def run_profiles(exe, args, res, outcomes, raw_dir):
+    """{benchmark name: profile} of every stored benchmark behind a missed target."""
+    stored = {s["name"] for s in res.plan.get("benchmarks", []) if "stored" in s["tags"]}
+    names = []
+    for o in outcomes:
+        if o.status == "not met" and o.profile in stored and o.profile not in names:
+            names.append(o.profile)
+    profiles = {}
+    for i, name in enumerate(names):
+        log(f"report: profile {i + 1}/{len(names)} of a missed target: {name} under perf")
+        profiles[name] = profile_one(exe, args, name, raw_dir)
+    return profiles
+
+
+def describe(profile):
+    """One line of a profile: its top functions' shares of the samples."""
+    if "error" in profile:
+        return f"no profile ({profile['error']})"
+    top = ", ".join(f"{p:.0f} % {s}" for p, s in profile["symbols"])
+    return f"{top} (input set-up {profile['setup']:.0f} %)"

@@ -13,7 +13,9 @@ from .run import name_filter
 # Symbols of the benchmark's own set-up (filling its inputs), not of the kernels measured.
 SETUP = re.compile(r"tandem::bench::|mersenne_twister|uniform_(int|real)_distribution|"
                    r"generate_canonical")
-LINE = re.compile(r"^\s*([0-9.]+)%\s+\S+\s+\[[.k]\]\s+(.+?)\s*$")
+# "  41.20%  tandem_bench  [.] symbol" of `perf report --sort dso,symbol` (a call-graph
+# recording adds "-  -" columns after it)
+LINE = re.compile(r"^\s*([0-9.]+)%\s+(\S+)\s+\[[.k]\]\s+(.+?)(?:\s+-\s+-)?\s*$")
 
 
 def short_symbol(sym):
@@ -32,18 +34,21 @@ def short_symbol(sym):
 
 
 def parse_report(text, top=6):
-    """{'symbols': [(percent, short symbol)], 'setup': percent} of `perf report --stdio`."""
-    symbols, setup = [], 0.0
+    """{'symbols': [(percent, short symbol)], 'setup': percent} of `perf report --stdio
+    --sort dso,symbol`; a function without a symbol counts as its library."""
+    shares, setup = {}, 0.0
     for line in text.splitlines():
         m = LINE.match(line)
         if not m:
             continue
-        pct, sym = float(m.group(1)), m.group(2)
+        pct, dso, sym = float(m.group(1)), m.group(2), m.group(3)
         if SETUP.search(sym):
             setup += pct
-        elif len(symbols) < top:
-            symbols.append((pct, short_symbol(sym)))
-    return {"symbols": symbols, "setup": setup}
+            continue
+        name = f"{dso} (no symbols)" if sym.startswith("0x") else short_symbol(sym)
+        shares[name] = shares.get(name, 0.0) + pct
+    best = sorted(shares.items(), key=lambda kv: -kv[1])[:top]
+    return {"symbols": [(round(p, 2), name) for name, p in best], "setup": round(setup, 2)}
 
 
 def profile_one(exe, args, name, raw_dir):
@@ -57,7 +62,7 @@ def profile_one(exe, args, name, raw_dir):
             return {"error": f"perf record exited with {rec.returncode}: "
                              f"{(rec.stderr or '').strip()[-200:]}"}
         rep = subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children",
-                              "--sort", "symbol"], capture_output=True, text=True, timeout=300)
+                              "--sort", "dso,symbol"], capture_output=True, text=True, timeout=300)
         if rep.returncode != 0:
             return {"error": f"perf report exited with {rep.returncode}"}
         return parse_report(rep.stdout)

@@ -321,15 +321,19 @@ class LowPrecisionTest(unittest.TestCase):
                       o.measured)
 
     def test_profile_parsing(self):
-        text = ("# Overhead  Command       Symbol\n"
+        text = ("# Overhead  Shared Object  Symbol\n"
                 "    41.20%  tandem_bench  [.] tandem::optimized::N_AVX3::(anonymous namespace)"
                 "::Decode<tandem::detail::Narrow<unsigned short, tandem::detail::kBf16, 8> >\n"
                 "    30.00%  tandem_bench  [.] std::mersenne_twister_engine<unsigned long>::"
                 "_M_gen_rand\n"
-                "     9.50%  tandem_bench  [k] clear_page_erms\n")
+                "     6.50%  libgomp.so.1  [.] 0x000000000001f7da       -      -\n"
+                "     5.25%  tandem_bench  [.] tandem::optimized::N_AVX3::Gemm<float>   \n"
+                "     3.00%  libgomp.so.1  [.] 0x000000000001f622\n"
+                "     1.00%  [kernel.kallsyms]  [k] clear_page_erms\n")
         got = profile.parse_report(text)
         self.assertEqual(got["symbols"], [(41.2, "N_AVX3::Decode [bf16]"),
-                                          (9.5, "clear_page_erms")])
+                                          (9.5, "libgomp.so.1 (no symbols)"),
+                                          (5.25, "N_AVX3::Gemm"), (1.0, "clear_page_erms")])
         self.assertEqual(got["setup"], 30.0)
 
     def test_report_md_has_the_low_precision_section(self):

@@ -236,7 +236,10 @@ def torch_impls(task, threads):
                         return f(q, ks[c], vs[c])
                 return call
             if storage:
-                impls.append(("torch_sdpa", fwd(sdpa), {"note": "bf16 tensors"}))
+                info = {"note": "bf16 tensors"}
+                if op == "decode":  # the bytes of K and V it reads, in bf16
+                    info["kv_bytes"] = 2 * B * Hkv * Sk * (D + Dv)
+                impls.append(("torch_sdpa", fwd(sdpa), info))
             else:
                 impls.append(("torch_eager", fwd(eager), {}))
                 impls.append(("torch_sdpa", fwd(sdpa), {}))

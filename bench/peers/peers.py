@@ -24,6 +24,13 @@ Peers (each only where importable):
   jax_dpa        jax.nn.dot_product_attention, jitted, XLA CPU
   ggml_fa_f32    ggml's CPU flash attention (ggml_flash_attn_ext, ggml-python), f32 K and V
   ggml_fa_f16    the same with K and V in f16 (as llama.cpp keeps its KV cache)
+  ggml_fa_q8_0   the same with K and V in q8_0, beside tandem's int8 decode (checked on
+                 ggml-python 0.0.45: its CPU flash attention takes q8_0 K/V and agrees with
+                 attention over the dequantized values)
+
+Beside tandem's bf16 benchmarks (plan entries tagged `stored`): torch_sdpa on bf16 tensors,
+openvino_sdpa with INFERENCE_PRECISION_HINT bf16 (where OpenVINO lists BF16 for the CPU),
+ggml_fa_f16; beside its int8 decode, ggml_fa_q8_0.
   ggml           ggml_rope_ext (NeoX) and ggml_swiglu
 
 Backward of the torch peers times autograd's backward alone (the forward graph

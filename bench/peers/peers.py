@@ -685,7 +685,8 @@ def worker(lib, threads, tasks, out_path, min_time, deadline, memory):
                     try:
                         want_mem = memory and task["op"] == "attention_forward" and lib == "torch"
                         sec, reps, extra = measure(fn, min_time, want_mem)
-                        rec.update({"seconds": sec, "reps": reps, **flops_or_bytes(task, sec, info)})
+                        rec.update({"seconds": sec, "reps": reps,
+                                    **flops_or_bytes(task, sec, info)})
                         if extra is not None:
                             p = task["params"]
                             out_bytes = 4 * p["B"] * p["H"] * p["Sq"] * p["Dv"]

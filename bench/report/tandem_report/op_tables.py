@@ -11,7 +11,8 @@ OP_ORDER = ["attention_forward", *(stored_op("attention_forward", k) for k in ST
             "attention_backward", "attention_backward_saved",
             *(stored_op("attention_backward_saved", k) for k in STORED_KINDS),
             "attention_backward_dq", "attention_backward_dk", "attention_backward_dv", "decode",
-            *(stored_op("decode", k) for k in STORED_KINDS), "rope_forward", "rope_backward", "axial_rope_forward", "axial_rope_backward",
+            *(stored_op("decode", k) for k in STORED_KINDS), "rope_forward", "rope_backward",
+            "axial_rope_forward", "axial_rope_backward",
             "swiglu_forward", "swiglu_backward", "attention_block"]
 
 # tandem's backward from the forward's saved state is compared with the

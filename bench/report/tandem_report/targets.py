@@ -306,9 +306,10 @@ class PairedSpeedup:
         if not rows:
             return [outcome(self.name, None, "–")]
         worst = min(rows, key=lambda r: r.speedup)
+        shown = sorted(rows, key=lambda r: r.shape.tag)
         text = (f"lowest {worst.speedup:.2f}× ({worst.shape.tag}); "
                 + ", ".join(f"{r.shape.tag} {r.speedup:.2f}× ({r.speedup_lo:.2f}–"
-                            f"{r.speedup_hi:.2f})" for r in sorted(rows, key=lambda r: r.shape.tag)))
+                            f"{r.speedup_hi:.2f})" for r in shown))
         return with_hint([outcome(self.name, worst.speedup >= self.need, text, bench_of(worst))],
                          self.hint, res)
 

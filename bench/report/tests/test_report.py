@@ -261,7 +261,8 @@ class LowPrecisionTest(unittest.TestCase):
         r = stored_raw(DECODE_STORED)
         o = self.evaluate()[self.DECODE_BF16]
         self.assertEqual(o.status, "met" if r["bf16_median_speedup"] >= 1.8 else "not met")
-        self.assertIn(f"{r['bf16_median_speedup']:.2f}× ({r['bf16_speedup_p25']:.2f}–", o.measured)
+        self.assertIn(f"{r['bf16_median_speedup']:.2f}× ({r['bf16_speedup_p25']:.2f}–",
+                      o.measured)
         for median, status in ((1.81, "met"), (1.79, "not met")):
             run = copy.deepcopy(self.run)
             next(x for x in run["bench"] if x["name"] == DECODE_STORED)["bf16_median_speedup"] = \

@@ -290,7 +290,8 @@ def write_low_precision(doc, res):
           + "." + ("" if not failed else " Not measured: " + "; ".join(
               f"{p.peer} {p.op}: {p.error[:200]}" for p in failed) + "."))
     for name, prof in res.profiles.items():
-        doc.p(f"Where the time goes in `{name}` (perf record, share of its samples): "
+        doc.p(f"Where the time goes in `{name}` (perf record of the benchmark, every storage "
+              f"type it times together; share of its samples): "
               f"{describe(prof)}.")
 
 

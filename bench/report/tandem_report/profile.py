@@ -21,8 +21,9 @@ LINE = re.compile(r"^\s*([0-9.]+)%\s+(\S+)\s+\[[.k]\]\s+(.+?)(?:\s+-\s+-)?\s*$")
 def short_symbol(sym):
     """A symbol without namespaces' noise and template arguments, with the storage types
     its arguments named: 'N_AVX3::Decode [bf16]'."""
-    kinds = [k for k, pat in (("bf16", "kBf16"), ("f16", "kF16"), ("e4m3", "E4m3"),
-                              ("int8", "int8")) if pat.lower() in sym.lower()]
+    kinds = [k for k, pat in (("bf16", r"kBf16|bfloat16"), ("f16", r"kF16|(?<!b)float16"),
+                              ("e4m3", r"e4m3"), ("int8", r"int8"))
+             if re.search(pat, sym, re.IGNORECASE)]
     s = sym.replace("(anonymous namespace)::", "")
     while True:
         t = re.sub(r"<[^<>]*>", "", s)
@@ -87,9 +88,9 @@ def run_profiles(exe, args, res, outcomes, raw_dir):
     return profiles
 
 
-def describe(profile):
-    """One line of a profile: its top functions' shares of the samples."""
+def describe(profile, top=None):
+    """One line of a profile: its (`top`) functions' shares of the samples."""
     if "error" in profile:
         return f"no profile ({profile['error']})"
-    top = ", ".join(f"{p:.0f} % {s}" for p, s in profile["symbols"])
+    top = ", ".join(f"{p:.0f} % {s}" for p, s in profile["symbols"][:top])
     return f"{top} (input set-up {profile['setup']:.0f} %)"

@@ -283,7 +283,8 @@ def with_hint(outcomes, hint, res):
     benchmark taken in the run (profile.py), else `hint`."""
     def note(o):
         prof = res.profiles.get(o.profile)
-        return (f"where the time goes (perf, {o.profile}): {describe(prof)}" if prof
+        return (f"where the time goes (perf of every type in {o.profile}): "
+                f"{describe(prof, 3)}" if prof
                 else hint)
     return [o if o.status != "not met"
             else Outcome(o.target, f"{o.measured}; {note(o)}", o.status, o.profile)

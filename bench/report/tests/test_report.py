@@ -318,13 +318,15 @@ class LowPrecisionTest(unittest.TestCase):
                                            "setup": 20.0}}
         o = self.evaluate(run)[self.DECODE_BF16]
         self.assertEqual(o.status, "not met")
-        self.assertIn(f"(perf, {DECODE_STORED}): 62 % N_AVX3::Decode [bf16] (input set-up 20 %)",
+        self.assertIn(f"(perf of every type in {DECODE_STORED}): 62 % N_AVX3::Decode [bf16] "
+                      "(input set-up 20 %)",
                       o.measured)
 
     def test_profile_parsing(self):
         text = ("# Overhead  Shared Object  Symbol\n"
                 "    41.20%  tandem_bench  [.] tandem::optimized::N_AVX3::(anonymous namespace)"
                 "::Decode<tandem::detail::Narrow<unsigned short, tandem::detail::kBf16, 8> >\n"
+                "     2.00%  tandem_bench  [.] tandem::optimized::N_AVX3::Tiles<tandem::float16>\n"
                 "    30.00%  tandem_bench  [.] std::mersenne_twister_engine<unsigned long>::"
                 "_M_gen_rand\n"
                 "     6.50%  libgomp.so.1  [.] 0x000000000001f7da       -      -\n"
@@ -334,7 +336,8 @@ class LowPrecisionTest(unittest.TestCase):
         got = profile.parse_report(text)
         self.assertEqual(got["symbols"], [(41.2, "N_AVX3::Decode [bf16]"),
                                           (9.5, "libgomp.so.1 (no symbols)"),
-                                          (5.25, "N_AVX3::Gemm"), (1.0, "clear_page_erms")])
+                                          (5.25, "N_AVX3::Gemm"), (2.0, "N_AVX3::Tiles [f16]"),
+                                          (1.0, "clear_page_erms")])
         self.assertEqual(got["setup"], 30.0)
 
     def test_report_md_has_the_low_precision_section(self):

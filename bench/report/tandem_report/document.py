@@ -285,10 +285,14 @@ def write_low_precision(doc, res):
                 fpct(r.frac_read if r.frac_read is not None else r.frac_peak)]
                for r in rows])
     lp = sorted({p.peer for p in res.peer_rows if p.op.endswith(("_bf16", "_int8"))})
-    failed = [p for p in res.peer_errors if p.op.endswith(("_bf16", "_int8"))]
-    doc.p("Low-precision peers measured: " + (", ".join(lp) if lp else "none")
-          + "." + ("" if not failed else " Not measured: " + "; ".join(
-              f"{p.peer} {p.op}: {p.error[:200]}" for p in failed) + "."))
+    lp_errors = [p for p in res.peer_errors if p.op.endswith(("_bf16", "_int8"))]
+    failed = [p for p in lp_errors if not p.error.startswith("skipped")]
+    skipped = len(lp_errors) - len(failed)
+    doc.p("Low-precision peers measured: " + (", ".join(lp) if lp else "none") + "."
+          + ("" if not failed else " Not measured: " + "; ".join(
+              f"{p.peer} {p.op}: {p.error[:200]}" for p in failed) + ".")
+          + ("" if not skipped else f" {skipped} low-precision peer task(s) skipped once the "
+             "peer time budget was spent (`--peer-budget`)."))
     for name, prof in res.profiles.items():
         doc.p(f"Where the time goes in `{name}` (perf record of the benchmark, every storage "
               f"type it times together; share of its samples): "

@@ -351,6 +351,19 @@ class LowPrecisionTest(unittest.TestCase):
         self.assertIn(f"| decode_e4m3 | B1_H32_Hkv8_Sq1_Sk4096_D128 | {r['e4m3_ms']:.2f} ms | "
                       f"{r['e4m3_median_speedup']:.2f}× ", md)
         self.assertIn("Low-precision peers measured: torch_sdpa.", md)
+        run = self.peer_run(1.25)
+        run["peers"]["results"] += [
+            {"peer": "openvino", "op": "attention_forward_bf16", "shape": "B1_H8_S1024_D128",
+             "threads": 2, "error": "RuntimeError: OpenVINO reports no bf16 on this CPU"},
+            {"peer": "jax", "op": "decode_int8", "shape": "x", "threads": 2,
+             "error": "skipped: peer time budget spent"}]
+        res = Results.from_run(run)
+        with tempfile.TemporaryDirectory() as out:
+            document.write(res, targets.evaluate(res), {}, out, "quick", 1.0)
+            with open(os.path.join(out, "report.md")) as f:
+                md = f.read()
+        self.assertIn("Not measured: openvino attention_forward_bf16: RuntimeError: OpenVINO "
+                      "reports no bf16 on this CPU. 1 low-precision peer task(s) skipped", md)
         self.assertIn("### attention_backward_saved_bf16", md)
 
 

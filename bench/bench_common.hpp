@@ -258,5 +258,7 @@ void register_streaming();
 void register_block();
 /// Decode over K/V stored as f32, bf16, f16, int8, e4m3 (bench_decode_stored.cpp).
 void register_decode_stored();
+/// Attention forward and backward with f32, bf16, f16 storage (bench_low_precision.cpp).
+void register_low_precision();
 
 }  // namespace tandem::bench

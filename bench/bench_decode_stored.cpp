@@ -23,11 +23,11 @@
 #include <cstring>
 #include <ctime>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "bench_common.hpp"
+#include "bench_paired.hpp"
 
 #ifdef TANDEM_HAVE_OPTIMIZED
 #include "../optimized/src/entry_points.hpp"
@@ -71,11 +71,18 @@ struct StoredFixture {
     p.kv_cache = KvCache::e4m3;
     plan_e4m3 = AttentionPlan::make(p);
     pool.resize(beyond_cache_bytes() + static_cast<std::size_t>(bytes_read(plan, kF32)));
-    std::mt19937 gen(7);
-    std::uniform_int_distribution<int> byte(0, 23);
-    for (std::uint8_t& b : pool) {
-      const int x = byte(gen);
-      b = static_cast<std::uint8_t>((x < 12 ? 0x30 : 0xB0 - 12) + x);
+    // x in [0, 24) from each byte of a splitmix64 stream: eight bytes per step (a
+    // distribution object per byte took most of a short run's time filling the pool)
+    std::uint64_t state = 7, bits = 0;
+    for (std::size_t i = 0; i < pool.size(); ++i) {
+      if (i % 8 == 0) {
+        std::uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        bits = z ^ (z >> 31);
+      }
+      const auto x = static_cast<int>(((bits >> (8 * (i % 8))) & 0xFF) * 24 >> 8);
+      pool[i] = static_cast<std::uint8_t>((x < 12 ? 0x30 : 0xB0 - 12) + x);
     }
     for (int k = 0; k < kKinds; ++k) {
       const double kv = bytes_read(plan, k) - (k == kInt8 ? 8.0 * plan.B * plan.Sk * plan.Hkv : 0);
@@ -138,8 +145,10 @@ void add_stored(const AttnShape& shape, int threads) {
   s.shape = shape.tag();
   s.threads = threads;
   s.name = s.op + "/" + s.backend + "/" + s.shape;
-  s.tags = {"stored"};
+  s.tags = {"stored", "peer"};  // the peers decode in bf16, f16 and q8_0 on the same shapes
   shape.describe(s);
+  s.params["flop"] = shape.forward_flops();
+  s.params["pool_bytes"] = static_cast<double>(beyond_cache_bytes());
   const AttentionPlan plan = shape.plan();
   for (int k = 0; k < kKinds; ++k)
     s.params[std::string("bytes_") + kKindNames[k]] = bytes_read(plan, k);
@@ -162,6 +171,7 @@ void add_stored(const AttnShape& shape, int threads) {
         StoredFixture& f = *fx;
         std::array<double, kKinds> seconds{}, cpu{}, fastest{};
         fastest.fill(1e30);
+        PairedTimes paired({kKindNames.begin(), kKindNames.end()});
         for (auto _ : st) {
           for (int k = 0; k < kKinds; ++k) {
             const auto t0 = std::chrono::steady_clock::now();
@@ -170,10 +180,12 @@ void add_stored(const AttnShape& shape, int threads) {
             benchmark::ClobberMemory();
             const double t = seconds_since(t0);
             seconds[k] += t;
+            paired.add(static_cast<std::size_t>(k), t);
             fastest[k] = std::min(fastest[k], t);
             cpu[k] += process_cpu_s() - c0;
           }
         }
+        paired.set_counters(st);
         const auto n = static_cast<double>(st.iterations());
         const double read = read_gbs(threads);
         for (int k = 0; k < kKinds; ++k) {

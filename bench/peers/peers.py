@@ -24,6 +24,13 @@ Peers (each only where importable):
   jax_dpa        jax.nn.dot_product_attention, jitted, XLA CPU
   ggml_fa_f32    ggml's CPU flash attention (ggml_flash_attn_ext, ggml-python), f32 K and V
   ggml_fa_f16    the same with K and V in f16 (as llama.cpp keeps its KV cache)
+  ggml_fa_q8_0   the same with K and V in q8_0, beside tandem's int8 decode (checked on
+                 ggml-python 0.0.45: its CPU flash attention takes q8_0 K/V and agrees with
+                 attention over the dequantized values)
+
+Beside tandem's bf16 benchmarks (plan entries tagged `stored`): torch_sdpa on bf16 tensors,
+openvino_sdpa with INFERENCE_PRECISION_HINT bf16 (where OpenVINO lists BF16 for the CPU),
+ggml_fa_f16; beside its int8 decode, ggml_fa_q8_0.
   ggml           ggml_rope_ext (NeoX) and ggml_swiglu
 
 Backward of the torch peers times autograd's backward alone (the forward graph
@@ -137,6 +144,32 @@ def rng_arrays(np, shapes, seed=0, lo=-1.0, hi=1.0):
     return [g.uniform(lo, hi, size=s).astype(np.float32) for s in shapes]
 
 
+# The peers' ops of a tandem benchmark timing several storage types (the report names
+# tandem's rows <op>_<type>; the saved-state backward is compared with autograd's backward).
+STORED_PEER_OPS = {
+    "attention_forward_stored": ("attention_forward_bf16",),
+    "attention_backward_saved_stored": ("attention_backward_bf16",),
+    "decode_stored": ("decode_bf16", "decode_int8"),
+}
+
+
+def split_op(op):
+    """(the op, its storage type or None): attention_forward_bf16 → (attention_forward, bf16)."""
+    for kind in ("bf16", "f16", "int8"):
+        if op.endswith("_" + kind):
+            return op[: -len(kind) - 1], kind
+    return op, None
+
+
+def decode_caches(p, bytes_per_element):
+    """How many caches a decode task cycles through: its plan's count, else enough caches of
+    this element size to fill the pool tandem's decode_stored reads (none stays in cache)."""
+    if "caches" in p:
+        return int(p["caches"])
+    one = p["B"] * p["Hkv"] * p["Sk"] * (p["D"] + p["Dv"]) * bytes_per_element
+    return max(2, math.ceil(p.get("pool_bytes", 0) / one))
+
+
 def attn_dims(p):
     return (int(p["B"]), int(p["H"]), int(p["Hkv"]), int(p["Sq"]), int(p["Sk"]), int(p["D"]),
             int(p["Dv"]), bool(p["causal"]))
@@ -152,15 +185,23 @@ def torch_impls(task, threads):
     import torch.nn.functional as F
     np = __import__("numpy")
     torch.set_num_threads(threads)
-    op, p = task["op"], task["params"]
+    op, storage = split_op(task["op"])
+    p = task["params"]
     impls = []
+    if storage not in (None, "bf16"):
+        return impls
+    # bf16: the same values rounded to bfloat16 tensors, SDPA alone (its CPU flash path)
+    dtype = torch.bfloat16 if storage == "bf16" else torch.float32
     if op in ("attention_forward", "attention_backward", "decode"):
         B, H, Hkv, Sq, Sk, D, Dv, causal = attn_dims(p)
         g = H // Hkv
-        caches = int(p.get("caches", 1)) if op == "decode" else 1
-        q = torch.from_numpy(rng_arrays(np, [(B, H, Sq, D)], 1)[0])
-        ks = [torch.from_numpy(a) for a in rng_arrays(np, [(B, Hkv, Sk, D)] * caches, 2)]
-        vs = [torch.from_numpy(a) for a in rng_arrays(np, [(B, Hkv, Sk, Dv)] * caches, 3)]
+        caches = decode_caches(p, 2 if storage else 4) if op == "decode" else 1
+
+        def tensor(a):
+            return torch.from_numpy(a).to(dtype)
+        q = tensor(rng_arrays(np, [(B, H, Sq, D)], 1)[0])
+        ks = [tensor(a) for a in rng_arrays(np, [(B, Hkv, Sk, D)] * caches, 2)]
+        vs = [tensor(a) for a in rng_arrays(np, [(B, Hkv, Sk, Dv)] * caches, 3)]
         scale = 1.0 / math.sqrt(D)
         off = max(Sk - Sq, 0)
         hidden = None
@@ -201,10 +242,16 @@ def torch_impls(task, threads):
                     with torch.inference_mode():
                         return f(q, ks[c], vs[c])
                 return call
-            impls.append(("torch_eager", fwd(eager), {}))
-            impls.append(("torch_sdpa", fwd(sdpa), {}))
+            if storage:
+                info = {"note": "bf16 tensors"}
+                if op == "decode":  # the bytes of K and V it reads, in bf16
+                    info["kv_bytes"] = 2 * B * Hkv * Sk * (D + Dv)
+                impls.append(("torch_sdpa", fwd(sdpa), info))
+            else:
+                impls.append(("torch_eager", fwd(eager), {}))
+                impls.append(("torch_sdpa", fwd(sdpa), {}))
         else:
-            dout = torch.from_numpy(rng_arrays(np, [(B, H, Sq, Dv)], 4)[0])
+            dout = tensor(rng_arrays(np, [(B, H, Sq, Dv)], 4)[0])
 
             def bwd(f):
                 qq = q.clone().requires_grad_(True)
@@ -215,8 +262,12 @@ def torch_impls(task, threads):
                 def call():
                     return torch.autograd.grad(out, (qq, kk, vv), dout, retain_graph=True)
                 return call
-            impls.append(("torch_sdpa", bwd(sdpa), {"note": "autograd backward only"}))
-            impls.append(("torch_eager", bwd(eager), {"note": "autograd backward only"}))
+            if storage:
+                impls.append(("torch_sdpa", bwd(sdpa),
+                              {"note": "bf16 tensors, autograd backward only"}))
+            else:
+                impls.append(("torch_sdpa", bwd(sdpa), {"note": "autograd backward only"}))
+                impls.append(("torch_eager", bwd(eager), {"note": "autograd backward only"}))
     elif op in ("rope_forward", "rope_backward"):
         B, S, H, D = (int(p[k]) for k in ("B", "S", "H", "D"))
         x = torch.from_numpy(rng_arrays(np, [(B, S, H, D)], 5)[0])
@@ -309,7 +360,8 @@ def torch_impls(task, threads):
 
 
 def openvino_impls(task, threads):
-    if task["op"] != "attention_forward":
+    op, storage = split_op(task["op"])
+    if op != "attention_forward" or storage not in (None, "bf16"):
         return []
     import numpy as np
     import openvino as ov
@@ -317,14 +369,22 @@ def openvino_impls(task, threads):
     B, H, Hkv, Sq, Sk, D, Dv, causal = attn_dims(task["params"])
     if Hkv != H or (causal and Sq != Sk):
         return []
+    core = ov.Core()
+    precision = "f32"
+    if storage == "bf16":
+        # bf16 inference precision only where OpenVINO says this CPU computes in bf16
+        caps = core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+        if "BF16" not in caps:
+            raise RuntimeError("OpenVINO reports no bf16 on this CPU (OPTIMIZATION_CAPABILITIES: "
+                               + ", ".join(caps) + "): its bf16 SDPA is not measured")
+        precision = "bf16"
     q = ops.parameter([B, H, Sq, D], np.float32, name="q")
     k = ops.parameter([B, H, Sk, D], np.float32, name="k")
     v = ops.parameter([B, H, Sk, Dv], np.float32, name="v")
     out = ops.scaled_dot_product_attention(q, k, v, causal=causal)
     model = ov.Model([out], [q, k, v], "sdpa")
-    core = ov.Core()
     compiled = core.compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": threads,
-                                                 "INFERENCE_PRECISION_HINT": "f32",
+                                                 "INFERENCE_PRECISION_HINT": precision,
                                                  "PERFORMANCE_HINT": "LATENCY"})
     req = compiled.create_infer_request()
     arrays = rng_arrays(np, [(B, H, Sq, D), (B, H, Sk, D), (B, H, Sk, Dv)], 1)
@@ -336,7 +396,8 @@ def openvino_impls(task, threads):
     def call():
         req.infer()
         return keep
-    return [("openvino_sdpa", call, {})]
+    info = {"note": "f32 inputs, INFERENCE_PRECISION_HINT bf16"} if storage else {}
+    return [("openvino_sdpa", call, info)]
 
 
 # ---------------------------------------------------------------------------
@@ -344,7 +405,7 @@ def openvino_impls(task, threads):
 
 
 def onnxruntime_impls(task, threads):
-    if task["op"] != "attention_forward":
+    if task["op"] != "attention_forward":  # (no low-precision peer)
         return []
     import numpy as np
     import onnxruntime as ort
@@ -488,19 +549,53 @@ class GgmlGraph:
             self.ggml.ggml_free(self.ctx)
 
 
+def q8_0_bytes(np, x):
+    """ggml's q8_0 blocks of x (rows of a multiple of 32 values): per 32 values an f16 scale
+    d = max|x| / 127 and the codes round(x / d) as int8 (ggml's quantize_row_q8_0)."""
+    blocks = x.reshape(-1, 32).astype(np.float32)
+    d = np.abs(blocks).max(axis=1) / 127.0
+    inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1.0), 0.0)
+    codes = np.rint(blocks * inv[:, None]).astype(np.int8)
+    out = np.empty((blocks.shape[0], 34), dtype=np.uint8)
+    out[:, :2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = codes.view(np.uint8)
+    return out.tobytes()
+
+
+def ggml_kv_tensor(g, kv_type, ne, values):
+    """A K or V tensor of type f32, f16 or q8_0 holding `values` (numpy, shape reversed)."""
+    import numpy as np
+    ggml = g.ggml
+    if kv_type == ggml.GGML_TYPE_Q8_0:
+        t = g.tensor(kv_type, ne)
+        data = q8_0_bytes(np, values)
+        if len(data) != ggml.ggml_nbytes(t):
+            raise RuntimeError(f"q8_0: {len(data)} bytes for a tensor of {ggml.ggml_nbytes(t)}")
+        ctypes.memmove(ggml.ggml_get_data(t), data, len(data))
+        return t
+    np_type = np.float16 if kv_type == ggml.GGML_TYPE_F16 else np.float32
+    return g.tensor(kv_type, ne, values.astype(np_type))
+
+
 def ggml_impls(task, threads):
     """ggml_flash_attn_ext with f32 and with f16 K and V (forward, decode),
     ggml_rope_ext (NeoX) and ggml_swiglu."""
     import numpy as np
     import ggml
-    op, p = task["op"], task["params"]
+    op, storage = split_op(task["op"])
+    p = task["params"]
     F32, F16 = ggml.GGML_TYPE_F32, ggml.GGML_TYPE_F16
     impls = []
-    if op in ("attention_forward", "decode"):
+    # K/V types: f32 and f16 beside tandem's f32; f16 (the same bytes) beside its bf16; q8_0
+    # (int8 codes, an f16 scale per 32) beside its int8
+    kv_types = {None: ((F32, "ggml_fa_f32", 4.0), (F16, "ggml_fa_f16", 2.0)),
+                "bf16": ((F16, "ggml_fa_f16", 2.0),),
+                "int8": ((ggml.GGML_TYPE_Q8_0, "ggml_fa_q8_0", 34 / 32),)}.get(storage, ())
+    if op in ("attention_forward", "decode") and kv_types and (op == "decode" or storage != "int8"):
         B, H, Hkv, Sq, Sk, D, Dv, causal = attn_dims(p)
-        caches = int(p.get("caches", 1)) if op == "decode" else 1
-        for kv_type, name, np_type in ((F32, "ggml_fa_f32", np.float32), (F16, "ggml_fa_f16", np.float16)):
-            kv_bytes = caches * B * Hkv * Sk * (D + Dv) * np.dtype(np_type).itemsize
+        for kv_type, name, width in kv_types:
+            caches = decode_caches(p, width) if op == "decode" else 1
+            kv_bytes = math.ceil(caches * B * Hkv * Sk * (D + Dv) * width)
             # per cache: K, V, an output and a graph (its nodes' metadata lives in the context too)
             per_cache = 4 * B * H * Sq * Dv + ggml.ggml_graph_overhead() + 4 * ggml.ggml_tensor_overhead()
             g = GgmlGraph(4 * B * H * Sq * (D + Dv) + kv_bytes + caches * per_cache + 2 * Sk * (Sq + 64)
@@ -515,13 +610,14 @@ def ggml_impls(task, threads):
                 mask = g.tensor(F16, (Sk, pad), m)
             for c in range(caches):
                 k, v = rng_arrays(np, [(B, Hkv, Sk, D), (B, Hkv, Sk, Dv)], 2 + 2 * c)
-                kt = g.tensor(kv_type, (D, Sk, Hkv, B), k.astype(np_type))
-                vt = g.tensor(kv_type, (Dv, Sk, Hkv, B), v.astype(np_type))
+                kt = ggml_kv_tensor(g, kv_type, (D, Sk, Hkv, B), k)
+                vt = ggml_kv_tensor(g, kv_type, (Dv, Sk, Hkv, B), v)
                 out = ggml.ggml_flash_attn_ext(g.ctx, qt, kt, vt, mask, 1.0 / math.sqrt(D), 0.0, 0.0)
                 ggml.ggml_flash_attn_ext_set_prec(out, ggml.GGML_PREC_F32)
                 g.add_graph(out)
-            note = "K and V in f16" if kv_type == F16 else "f32"
-            impls.append((name, g.call, {"note": note}))
+            note = {F32: "f32", F16: "K and V in f16"}.get(kv_type, "K and V in q8_0")
+            one = B * Hkv * Sk * (D + Dv) * width
+            impls.append((name, g.call, {"note": note, "kv_bytes": one}))
     elif op == "rope_forward":
         B, S, H, D = (int(p[k]) for k in ("B", "S", "H", "D"))
         x, = rng_arrays(np, [(B, S, H, D)], 5)
@@ -550,11 +646,13 @@ IMPLS = {"torch": torch_impls, "openvino": openvino_impls, "onnxruntime": onnxru
 # Worker: one library, one thread count
 
 
-def flops_or_bytes(task, seconds):
+def flops_or_bytes(task, seconds, info):
+    """The rates of one call of `seconds`; a decode counts the bytes of K and V the peer
+    stores (`kv_bytes` of its info, else the plan's f32 bytes)."""
     p = task["params"]
     r = {}
-    if task["op"] == "decode":
-        r["GB/s"] = p["bytes"] / seconds / 1e9
+    if task["op"].startswith("decode"):
+        r["GB/s"] = info.get("kv_bytes", p.get("bytes", 0)) / seconds / 1e9
         r["GFLOP/s"] = p["flop"] / seconds / 1e9
     elif "flop" in p:
         r["GFLOP/s"] = p["flop"] / seconds / 1e9
@@ -587,7 +685,8 @@ def worker(lib, threads, tasks, out_path, min_time, deadline, memory):
                     try:
                         want_mem = memory and task["op"] == "attention_forward" and lib == "torch"
                         sec, reps, extra = measure(fn, min_time, want_mem)
-                        rec.update({"seconds": sec, "reps": reps, **flops_or_bytes(task, sec)})
+                        rec.update({"seconds": sec, "reps": reps,
+                                    **flops_or_bytes(task, sec, info)})
                         if extra is not None:
                             p = task["params"]
                             out_bytes = 4 * p["B"] * p["H"] * p["Sq"] * p["Dv"]
@@ -681,16 +780,18 @@ def main():
     for lib, v in versions.items():
         log(f"peers: {lib}: {v if v else 'not installed'}")
 
-    # One task per distinct (op, shape, threads) tagged peer.
+    # One task per distinct (op, shape, threads) tagged peer; a benchmark of several storage
+    # types (tagged stored) gives one task per low-precision op its peers have.
     tasks, seen = [], set()
     for b in plan["benchmarks"]:
         if "peer" not in b["tags"] or b["backend"] == "probe":
             continue
-        key = (b["op"], b["shape"], b["threads"])
-        if key in seen:
-            continue
-        seen.add(key)
-        tasks.append(b)
+        for t in ([dict(b, op=op) for op in STORED_PEER_OPS.get(b["op"], ())]
+                  if "stored" in b["tags"] else [b]):
+            key = (t["op"], t["shape"], t["threads"])
+            if key not in seen:
+                seen.add(key)
+                tasks.append(t)
     # The shapes the report's targets name first, then the rest from small to large,
     # so a spent budget costs the least important measurements.
     first = {"B1_H8_S4096_D128_causal": 0, "B1_H8_S4096_D128": 1, "B1_H8_S2048_D128": 2}

@@ -6,8 +6,9 @@ import os
 
 from .analysis import feature_pairs
 from .doc import Doc
-from .fmt import fms, fmt_dur, fnum, fratio
+from .fmt import fms, fmt_dur, fnum, fpct, fratio
 from .op_tables import write_op_tables
+from .profile import describe
 
 STATUS = {"met": "✓ met", "not met": "✗ **not met**", "not measured": "not measured"}
 
@@ -23,6 +24,7 @@ def write(res, outcomes, made, out_dir, preset, run_seconds):
     write_peers_note(doc, res.peers_doc)
     write_features(doc, res)
     write_python(doc, res)
+    write_low_precision(doc, res)
     write_op_tables(doc, res)
     write_plots(doc, made)
     write_accuracy(doc, res.accuracy)
@@ -263,6 +265,40 @@ def write_accuracy(doc, accuracy):
         doc.p(f"Accuracy not measured: {accuracy['error']}")
 
 
+def write_low_precision(doc, res):
+    """The low-precision entries in brief: each stored type's paired speed-up over f32 per
+    op and shape, which bf16 peers ran, and the profiles of missed targets."""
+    rows = [r for r in res.rows if r.speedup is not None and not r.op.endswith("_f32")]
+    if not rows:
+        return
+    doc.h(2, "Low-precision storage (bf16, f16, int8, e4m3)")
+    doc.p("Each benchmark runs f32 and the low-precision types of the same call in turn inside "
+          "every iteration; ×f32 is the median over the iterations of the f32 call's time ÷ "
+          "this type's time in the same iteration (p25–p75 beside it). Decode's fraction is of "
+          "the read bandwidth, counting the bytes of K and V in their stored type (+ int8's "
+          "scales); prefill's and the backward's, of the FMA peak (the f32 op's FLOPs). "
+          "This CPU " + ("has" if "avx512_bf16" in (res.info.get("simd_flags") or "").split()
+                         else "has no") + " AVX512-BF16 arithmetic (/proc/cpuinfo).")
+    doc.table(["op", "shape", "time", "×f32 (p25–p75)", "fraction"],
+              [[r.op, r.shape.tag, fms(r.seconds),
+                f"{fratio(r.speedup)} ({r.speedup_lo:.2f}–{r.speedup_hi:.2f})",
+                fpct(r.frac_read if r.frac_read is not None else r.frac_peak)]
+               for r in rows])
+    lp = sorted({p.peer for p in res.peer_rows if p.op.endswith(("_bf16", "_int8"))})
+    lp_errors = [p for p in res.peer_errors if p.op.endswith(("_bf16", "_int8"))]
+    failed = [p for p in lp_errors if not p.error.startswith("skipped")]
+    skipped = len(lp_errors) - len(failed)
+    doc.p("Low-precision peers measured: " + (", ".join(lp) if lp else "none") + "."
+          + ("" if not failed else " Not measured: " + "; ".join(
+              f"{p.peer} {p.op}: {p.error[:200]}" for p in failed) + ".")
+          + ("" if not skipped else f" {skipped} low-precision peer task(s) skipped once the "
+             "peer time budget was spent (`--peer-budget`)."))
+    for name, prof in res.profiles.items():
+        doc.p(f"Where the time goes in `{name}` (perf record of the benchmark, every storage "
+              f"type it times together; share of its samples): "
+              f"{describe(prof)}.")
+
+
 def write_failures(doc, res):
     if not res.errors and not res.peer_errors:
         return
@@ -288,6 +324,13 @@ METHOD = [
     "ggml (ggml-python's bindings to ggml's CPU backend) is measured beside the other peers: "
     "ggml_flash_attn_ext with f32 and with f16 K and V (prefill and decode), ggml_rope_ext and "
     "ggml_swiglu.",
+    "Low precision: tandem's bf16 and f16 attention (forward, backward from the saved state) "
+    "and its decode over bf16, f16, int8 and e4m3 K/V are timed in turn with f32 inside each "
+    "iteration of one benchmark. Peers in bf16: PyTorch SDPA on bf16 tensors (forward, "
+    "autograd backward, decode), OpenVINO SDPA with INFERENCE_PRECISION_HINT bf16 (only where "
+    "OpenVINO lists BF16 among the CPU's OPTIMIZATION_CAPABILITIES), ggml_flash_attn_ext with "
+    "f16 K/V (the same bytes as bf16) and, beside tandem's int8 decode, with q8_0 K/V (int8 "
+    "codes and an f16 scale per 32 values, 34 bytes per 32).",
     "The roofline is measured at the start of the run (every fraction divides by it) and again "
     "at its end.",
 ]

@@ -5,7 +5,13 @@ seen so far for its op, or a guess from the roofline before any was seen."""
 
 def by_flop(spec):
     """True when the benchmark's rate is GFLOP/s (decode, which also counts FLOPs, is GB/s)."""
-    return "flop" in spec["params"] and spec["op"] != "decode"
+    return "flop" in spec["params"] and not spec["op"].startswith("decode")
+
+
+# A benchmark tagged `stored` times this many storage types per iteration
+# (bench_low_precision.cpp, bench_decode_stored.cpp); decode_stored runs at least 4 s.
+STORED_TYPES = {"decode_stored": 5}
+STORED_MIN_TIME = {"decode_stored": 4.0}
 
 
 class Eta:
@@ -26,7 +32,10 @@ class Eta:
         if s["op"].startswith("roofline"):
             return 3.0
         flop = by_flop(s)
-        work = p.get("flop") if flop else p.get("bytes", 0)
+        work = p.get("flop") if flop else p.get("bytes", p.get("bytes_f32", 0))
+        stored = "stored" in s["tags"]
+        if stored:  # every storage type in turn, each about as long as f32
+            work *= STORED_TYPES.get(s["op"], 3)
         rate = self.rate.get((s["op"], s["backend"], s["threads"]))
         if rate is None:
             peak, copy = self.peaks.get(s["threads"], (100.0, 10.0, None))[:2]
@@ -39,7 +48,8 @@ class Eta:
         if "memory" in s["tags"]:
             return setup + call  # one timed call
         # process start and buffer set-up, the warm-up call, then min_time worth of calls
-        return setup + call + max(self.min_time, call)
+        min_time = max(self.min_time, STORED_MIN_TIME.get(s["op"], 0.0) if stored else 0.0)
+        return setup + call + max(min_time, call)
 
     def learn(self, s, result, seconds_taken, estimated):
         """Takes in the rate of `result` (the first result of `s`) and the time it took."""

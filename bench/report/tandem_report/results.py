@@ -15,6 +15,11 @@ ATTENTION_OPS = ("attention_forward", "attention_backward", "attention_backward_
 
 ROOFLINE_KIND = {"roofline_fma": "peak", "roofline_copy": "copy", "roofline_read": "read"}
 
+# The storage types a benchmark tagged `stored` times in turn inside each iteration
+# (bench_paired.hpp), in the order of the report's tables; f32 is the one the others are
+# paired with.
+STORED_KINDS = ("f32", "bf16", "f16", "int8", "e4m3")
+
 
 # ---- shapes ------------------------------------------------------------------------------
 
@@ -119,6 +124,11 @@ class Measurement:
     iterations: Optional[int] = None
     gflops_wall: Optional[float] = None  # the FMA probe by the wall clock
     when: Optional[str] = None  # roofline probes: "start" or "end" of the run
+    # rows split from a `stored` benchmark: the median over its iterations of f32's time ÷
+    # this type's time in the same iteration, and that ratio's quartiles
+    speedup: Optional[float] = None
+    speedup_lo: Optional[float] = None
+    speedup_hi: Optional[float] = None
 
     @staticmethod
     def parse(r):
@@ -201,6 +211,36 @@ class Roofline:
 # ---- the run -------------------------------------------------------------------------------
 
 
+def stored_op(op, kind):
+    """The op of storage type `kind`'s row split from stored benchmark op `op`:
+    decode_stored → decode_bf16, attention_forward_stored → attention_forward_bf16."""
+    return op.removesuffix("_stored") + "_" + kind
+
+
+def split_stored(r):
+    """The Measurement of every storage type timed in stored benchmark result `r`: each with
+    its own mean time, rate and fraction, and its paired speed-up over f32."""
+    s = r.get("_spec", {})
+    params = s.get("params", {})
+    rows = []
+    for kind in STORED_KINDS:
+        if f"{kind}_ms" not in r:
+            continue
+        decode = f"{kind}_GB/s" in r
+        p = dict(params, bytes=params[f"bytes_{kind}"]) if f"bytes_{kind}" in params else params
+        rows.append(Measurement(
+            name=f"{r['name']}#{kind}", op=stored_op(s.get("op", ""), kind),
+            backend=s.get("backend"), shape=Shape(s.get("shape"), p),
+            threads=s.get("threads", int(r.get("threads", 1))),
+            tags=tuple(s.get("tags", [])) + (kind,), seconds=r[f"{kind}_ms"] * 1e-3,
+            gflops=None if decode else r.get(f"{kind}_GFLOP/s"),
+            gbs=r.get(f"{kind}_GB/s"), frac_peak=r.get(f"{kind}_frac_peak"),
+            frac_read=r.get(f"{kind}_frac_read"), iterations=r.get("iterations"),
+            speedup=r.get(f"{kind}_median_speedup"), speedup_lo=r.get(f"{kind}_speedup_p25"),
+            speedup_hi=r.get(f"{kind}_speedup_p75")))
+    return rows
+
+
 def parse_peer(p, spec):
     """The PeerMeasurement of peers.py's record `p` on planned benchmark `spec` (or None)."""
     return PeerMeasurement(
@@ -228,9 +268,10 @@ class Results:
     info: dict  # the machine (machine.py)
     plan: dict  # tandem_bench --plan
     python: dict  # bench/python/python_bench.py's document
+    profiles: dict = field(default_factory=dict)  # {benchmark: profile.py's profile}
 
     @staticmethod
-    def parse(bench, peers, accuracy, info, plan, python=None):
+    def parse(bench, peers, accuracy, info, plan, python=None, profiles=None):
         rows, errors, roofline = [], [], Roofline()
         for r in bench:
             if r.get("error_occurred"):
@@ -239,6 +280,8 @@ class Results:
                 m = Measurement.parse(r)
                 if m.op in ROOFLINE_KIND:
                     roofline.add(m)
+                elif "stored" in m.tags:
+                    rows.extend(split_stored(r))
                 else:
                     rows.append(m)
         by_name = {s["name"]: s for s in plan.get("benchmarks", [])}
@@ -249,13 +292,13 @@ class Results:
                      for p in records if "seconds" in p]
         peer_errors = [parse_peer_failure(p) for p in records if "error" in p]
         return Results(rows, errors, roofline, peer_rows, peer_errors, peers, accuracy, info,
-                       plan, python or {})
+                       plan, python or {}, profiles or {})
 
     @staticmethod
     def from_run(run):
         """The Results of raw/run.json's document."""
         return Results.parse(run["bench"], run["peers"], run["accuracy"], run["info"],
-                             run["plan"], run.get("python"))
+                             run["plan"], run.get("python"), run.get("profiles"))
 
     @property
     def main_threads(self):

@@ -11,7 +11,7 @@ import time
 from .eta import Eta
 from .fmt import fms, fmt_dur, fnum, fpct
 from .proc import log
-from .results import TIME_UNIT
+from .results import STORED_KINDS, TIME_UNIT
 
 # Minimum seconds per benchmark of each preset (when --min-time is not given).
 MIN_TIME = {"quick": 0.05, "standard": 0.3, "full": 0.5}
@@ -67,7 +67,11 @@ def log_result(r, spec):
         log(f"      failed: {r.get('error_message', '')[:200]}")
     elif "real_time" in r:
         unit = TIME_UNIT[r.get("time_unit", "ns")]
-        if "GFLOP/s" in r and spec["op"] != "decode":
+        if "stored" in spec["tags"]:
+            kinds = [k for k in STORED_KINDS if f"{k}_median_speedup" in r]
+            rate = "vs f32 (median of paired ratios): " + ", ".join(
+                f"{k} {r[k + '_median_speedup']:.2f}×" for k in kinds[1:])
+        elif "GFLOP/s" in r and not spec["op"].startswith("decode"):
             rate = f"{fnum(r['GFLOP/s'])} GFLOP/s = {fpct(r.get('frac_peak'))} of peak"
         else:
             rate = f"{fnum(r.get('GB/s'))} GB/s = {fpct(r.get('frac_copy'))} of copy"

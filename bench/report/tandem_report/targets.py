@@ -7,6 +7,7 @@ from typing import Optional
 
 from .analysis import block_split, feature_pairs
 from .fmt import fms, fnum, fpct
+from .profile import describe
 from .results import Range, Where, attn, where
 
 
@@ -15,11 +16,18 @@ class Outcome:
     target: str
     measured: str  # the figures behind the status, '–' when not measured
     status: str  # met, not met or not measured
+    profile: Optional[str] = None  # the benchmark that says where a missed target's time goes
 
 
-def outcome(target, ok, measured):
+def outcome(target, ok, measured, profile=None):
     """ok: True, False, or None when not measured."""
-    return Outcome(target, measured, "not measured" if ok is None else ("met" if ok else "not met"))
+    return Outcome(target, measured, "not measured" if ok is None else ("met" if ok else "not met"),
+                   profile)
+
+
+def bench_of(row):
+    """The tandem_bench benchmark a row came from (a stored type's row: its benchmark)."""
+    return row.name.split("#")[0]
 
 
 def listing(pairs, fmt):
@@ -50,7 +58,8 @@ class Fraction:
         what = self.what.format(read=fnum(res.roofline.read.get(res.main_threads)))
         text = (f"lowest {fpct(frac(worst))} ({worst.shape.tag}); "
                 + ", ".join(f"{r.shape.tag} {fpct(frac(r))}" for r in found) + f" {what}")
-        return [outcome(self.name, all((frac(r) or 0) >= self.need for r in found), text)]
+        return [outcome(self.name, all((frac(r) or 0) >= self.need for r in found), text,
+                        bench_of(worst))]
 
 
 @dataclass(frozen=True)
@@ -72,31 +81,35 @@ class Efficiency:
 @dataclass(frozen=True)
 class PeerSpeedup:
     """On every shape `sel` selects, tandem is at least `need` times faster than the
-    fastest of `peers`; with `every_shape`, a shape without the peer fails the target."""
+    fastest of `peers` (on their op `peer_op`, default `op`); with `every_shape`, a shape
+    without the peer fails the target."""
     name: str
     op: str
     sel: Where
     peers: tuple
     need: float
     every_shape: bool = False
+    peer_op: Optional[str] = None
 
     def evaluate(self, res):
         found = res.select(self.op, self.sel)
         ratios = []
+        pop = self.peer_op or self.op
         for r in found:
-            times = [p.seconds for p in (res.peer(self.op, r.shape.tag, x) for x in self.peers)
+            times = [p.seconds for p in (res.peer(pop, r.shape.tag, x) for x in self.peers)
                      if p]
             if times:
                 ratios.append((min(times) / r.seconds, r.shape.tag))
         if not ratios:
             return [outcome(self.name, None, "–")]
         lo = min(ratios)
+        worst = next(r for r in found if r.shape.tag == lo[1])
         text = f"lowest {lo[0]:.2f}× ({lo[1]}); " + listing(ratios, lambda x: f"{x:.2f}×")
         complete = len(ratios) == len(found)
         if self.every_shape and not complete:
             text += f" ({len(found) - len(ratios)} shape(s) without the peer)"
         return [outcome(self.name, lo[0] >= self.need and (complete or not self.every_shape),
-                        text)]
+                        text, bench_of(worst))]
 
 
 @dataclass(frozen=True)
@@ -265,6 +278,69 @@ class RooflineSteady:
                                   f"({d.change:+.0%})" for d in drift))]
 
 
+def with_hint(outcomes, hint, res):
+    """`outcomes`, a missed one's figures followed by where its time goes: the profile of its
+    benchmark taken in the run (profile.py), else `hint`."""
+    def note(o):
+        prof = res.profiles.get(o.profile)
+        return (f"where the time goes (perf of every type in {o.profile}): "
+                f"{describe(prof, 3)}" if prof
+                else hint)
+    return [o if o.status != "not met"
+            else Outcome(o.target, f"{o.measured}; {note(o)}", o.status, o.profile)
+            for o in outcomes]
+
+
+@dataclass(frozen=True)
+class PairedSpeedup:
+    """On every shape `sel` selects, the storage type of op `op` (a row split from a `stored`
+    benchmark) is at least `need` times the speed of f32, the median of the ratios paired
+    within each iteration; a missed target points to `hint`."""
+    name: str
+    op: str
+    sel: Where
+    need: float
+    hint: str = ""
+
+    def evaluate(self, res):
+        rows = [r for r in res.select(self.op, self.sel) if r.speedup is not None]
+        if not rows:
+            return [outcome(self.name, None, "–")]
+        worst = min(rows, key=lambda r: r.speedup)
+        shown = sorted(rows, key=lambda r: r.shape.tag)
+        text = (f"lowest {worst.speedup:.2f}× ({worst.shape.tag}); "
+                + ", ".join(f"{r.shape.tag} {r.speedup:.2f}× ({r.speedup_lo:.2f}–"
+                            f"{r.speedup_hi:.2f})" for r in shown))
+        return with_hint([outcome(self.name, worst.speedup >= self.need, text, bench_of(worst))],
+                         self.hint, res)
+
+
+def has_avx512_bf16(res):
+    """True when the machine's SIMD flags (machine.py, from /proc/cpuinfo) name avx512_bf16."""
+    return "avx512_bf16" in (res.info.get("simd_flags") or "").split()
+
+
+@dataclass(frozen=True)
+class ByCpu:
+    """The target `with_bf16` on a CPU with AVX512-BF16 arithmetic, else `without` (each a
+    target of a kind above)."""
+    with_bf16: object
+    without: object
+
+    def evaluate(self, res):
+        return (self.with_bf16 if has_avx512_bf16(res) else self.without).evaluate(res)
+
+
+@dataclass(frozen=True)
+class Hinted:
+    """Target `target`, a missed outcome followed by where its time goes (`hint`)."""
+    target: object
+    hint: str
+
+    def evaluate(self, res):
+        return with_hint(self.target.evaluate(res), self.hint, res)
+
+
 # ---- the targets -----------------------------------------------------------------------------
 
 S2048_D128 = attn(S=2048, D=128)
@@ -273,6 +349,57 @@ DECODE = where(H=32, Hkv=8, Sq=1, D=128, Dv=128, causal=False)
 GGML = ("ggml", "ggml_fa_f32", "ggml_fa_f16")
 STREAMING_OPS = ("rope_forward", "rope_backward", "rope_forward_qk", "rope_backward_qk",
                  "axial_rope_forward", "axial_rope_backward", "swiglu_forward", "swiglu_backward")
+
+
+# where a missed low-precision target's time goes: the benchmark to profile and the notes
+PROFILE = ("profile: perf record -g build/bench/tandem_bench --benchmark_filter={bench} "
+           "(bench/README.md, \"Measurements behind design choices\")")
+DECODE_HINT = PROFILE.format(bench="decode_stored")
+PREFILL_HINT = PROFILE.format(bench="attention_forward_stored")
+BACKWARD_HINT = PROFILE.format(bench="attention_backward_saved_stored")
+REPORT_SHAPES = attn(S=Range(1024, 4096), causal=(False, True))
+BF16_PEERS = ("torch_sdpa", "openvino_sdpa", "ggml_fa_f16")
+
+
+def decode_stored(kind, need):
+    label = {"bf16": "bf16", "int8": "int8", "e4m3": "fp8 (e4m3)"}[kind]
+    return (
+        PairedSpeedup(f"decode with {label} K/V (H=32, Hkv=8, D=128): ≥ {need:g}× the f32 "
+                      f"decode's speed (paired within one run)", f"decode_{kind}", DECODE, need,
+                      DECODE_HINT),
+        Hinted(Fraction(f"decode with {label} K/V: ≥ 80 % of the read bandwidth (bytes of K/V "
+                        f"as stored{', + scales' if kind == 'int8' else ''})",
+                        (f"decode_{kind}",), DECODE, 0.80, key="frac_read",
+                        what="of read ({read} GB/s)"), DECODE_HINT),
+    )
+
+
+def prefill_bf16(need, cpu):
+    return PairedSpeedup(f"bf16 forward (prefill, S=1024–4096, D=64/128, causal and not) ≥ "
+                         f"{need:g}× the f32 forward's speed ({cpu}; paired within one run)",
+                         "attention_forward_bf16", REPORT_SHAPES, need, PREFILL_HINT)
+
+
+def bf16_vs_peers(what, op, peer_op, hint):
+    return Hinted(PeerSpeedup(f"{what} in bf16: faster than every peer's bf16 ("
+                              + ", ".join(BF16_PEERS) + ") on every shape", op,
+                              REPORT_SHAPES if not op.startswith("decode") else DECODE,
+                              BF16_PEERS, 1.0, every_shape=True, peer_op=peer_op), hint)
+
+
+LOW_PRECISION_TARGETS = (
+    *decode_stored("bf16", 1.8),
+    *decode_stored("int8", 3.0),
+    *decode_stored("e4m3", 3.0),
+    ByCpu(prefill_bf16(1.6, "this CPU has AVX512-BF16"),
+          prefill_bf16(0.9, "this CPU has no AVX512-BF16 arithmetic")),
+    bf16_vs_peers("attention forward", "attention_forward_bf16", None, PREFILL_HINT),
+    bf16_vs_peers("attention backward (from the saved state)", "attention_backward_saved_bf16",
+                  "attention_backward_bf16", BACKWARD_HINT),
+    bf16_vs_peers("decode", "decode_bf16", None, DECODE_HINT),
+    # ggml's q8_0 K/V beside tandem's int8 (measured, no target ratio)
+    VersusPeers("decode_int8", DECODE, ("ggml_fa_q8_0",), "ggml q8_0"),
+)
 
 
 def forward_vs(peers, need):
@@ -349,6 +476,8 @@ TARGETS = (
                 "varlen", 1.10),
     FeaturePair("paged decode: ≥ 90 % of the contiguous decode's bandwidth", "paged_decode",
                 1 / 0.90, as_bandwidth=True),
+    # low-precision storage (SPEC §10), each type paired with f32 in the same iterations
+    *LOW_PRECISION_TARGETS,
     # the roofline itself: the figures above are trustworthy only if it held still
     RooflineSteady("roofline measured at the start and at the end of the run: within 10 % of "
                    "each other", 0.10),

@@ -7,6 +7,9 @@ cut down to the benchmarks the tests name, with the peers' and tandem through Py
 results on them (the build directory's path shortened). Expected figures are taken here from
 the recorded JSON by benchmark name, not through the code under test.
 
+stored_run.json holds the benchmarks tagged `stored` (several storage types timed in turn)
+of another quick run; the tests add them to quick_run.json's run.
+
 Usage: PYTHONPATH=bench/report test_report.py
 """
 import copy
@@ -15,14 +18,32 @@ import os
 import tempfile
 import unittest
 
-from tandem_report import document, targets
+from tandem_report import document, profile, targets
 from tandem_report.results import ANY, Range, Results, Shape, attn, where
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 with open(os.path.join(HERE, "quick_run.json")) as f:
     RUN = json.load(f)
 
+with open(os.path.join(HERE, "stored_run.json")) as f:
+    STORED = json.load(f)
+
 FWD = "attention_forward/optimized/"
+DECODE_STORED = "decode_stored/optimized/B1_H32_Hkv8_Sq1_Sk4096_D128"
+FWD_STORED = "attention_forward_stored/optimized/B1_H8_S1024_D128"
+BWD_STORED = "attention_backward_saved_stored/optimized/B1_H8_S1024_D128"
+
+
+def with_stored(run=RUN):
+    """quick_run.json's run with stored_run.json's benchmarks and plan entries added."""
+    run = copy.deepcopy(run)
+    run["bench"].extend(copy.deepcopy(STORED["bench"]))
+    run["plan"]["benchmarks"].extend(copy.deepcopy(STORED["plan"]))
+    return run
+
+
+def stored_raw(name):
+    return next(r for r in STORED["bench"] if r["name"] == name)
 
 
 def raw(name):
@@ -197,6 +218,153 @@ class DocumentTest(unittest.TestCase):
             self.assertIn(f"| {o.target} | {o.measured} |", md)
         self.assertIn("## tandem through Python", md)
         self.assertIn("| B1_H8_S2048_D64 | 375.07 ms |", md)  # tandem through Python
+
+
+class LowPrecisionTest(unittest.TestCase):
+    DECODE_BF16 = ("decode with bf16 K/V (H=32, Hkv=8, D=128): ≥ 1.8× the f32 decode's speed "
+                   "(paired within one run)")
+    DECODE_INT8_READ = ("decode with int8 K/V: ≥ 80 % of the read bandwidth (bytes of K/V as "
+                        "stored, + scales)")
+    PREFILL = "bf16 forward (prefill, S=1024–4096, D=64/128, causal and not) ≥ {}× the f32 "
+    FWD_PEERS = ("attention forward in bf16: faster than every peer's bf16 (torch_sdpa, "
+                 "openvino_sdpa, ggml_fa_f16) on every shape")
+
+    def setUp(self):
+        self.run = with_stored()
+        self.res = Results.from_run(self.run)
+
+    def evaluate(self, run=None):
+        return by_target(targets.evaluate(Results.from_run(run) if run else self.res))
+
+    def test_a_stored_benchmark_is_a_row_per_storage_type(self):
+        r = stored_raw(DECODE_STORED)
+        rows = [x for x in self.res.rows if x.name.startswith(DECODE_STORED)]
+        self.assertEqual([x.op for x in rows], ["decode_f32", "decode_bf16", "decode_f16",
+                                                "decode_int8", "decode_e4m3"])
+        int8 = rows[3]
+        self.assertAlmostEqual(int8.seconds, r["int8_ms"] * 1e-3)
+        self.assertEqual((int8.speedup, int8.speedup_lo, int8.speedup_hi),
+                         (r["int8_median_speedup"], r["int8_speedup_p25"], r["int8_speedup_p75"]))
+        self.assertEqual((int8.gbs, int8.frac_read, int8.gflops),
+                         (r["int8_GB/s"], r["int8_frac_read"], None))
+        # the bytes of K and V in their stored type, + the scales
+        self.assertEqual(int8.shape.num("bytes"), r["_spec"]["params"]["bytes_int8"])
+        self.assertEqual(int8.shape.num("bytes"), 4096 * 8 * 256 + 8 * 4096 * 8)
+        fwd = [x for x in self.res.rows if x.name.startswith(FWD_STORED)]
+        self.assertEqual([x.op for x in fwd], ["attention_forward_f32", "attention_forward_bf16",
+                                               "attention_forward_f16"])
+        self.assertEqual(fwd[1].frac_peak, stored_raw(FWD_STORED)["bf16_frac_peak"])
+        # the composite benchmark itself is no row
+        self.assertFalse(any(x.op.endswith("_stored") for x in self.res.rows))
+
+    def test_paired_speedup_flips_with_the_figure(self):
+        r = stored_raw(DECODE_STORED)
+        o = self.evaluate()[self.DECODE_BF16]
+        self.assertEqual(o.status, "met" if r["bf16_median_speedup"] >= 1.8 else "not met")
+        self.assertIn(f"{r['bf16_median_speedup']:.2f}× ({r['bf16_speedup_p25']:.2f}–",
+                      o.measured)
+        for median, status in ((1.81, "met"), (1.79, "not met")):
+            run = copy.deepcopy(self.run)
+            next(x for x in run["bench"] if x["name"] == DECODE_STORED)["bf16_median_speedup"] = \
+                median
+            got = self.evaluate(run)[self.DECODE_BF16]
+            self.assertEqual(got.status, status)
+            self.assertEqual(status == "not met", "perf record" in got.measured)
+
+    def test_read_bandwidth_of_the_stored_bytes(self):
+        r = stored_raw(DECODE_STORED)
+        o = self.evaluate()[self.DECODE_INT8_READ]
+        self.assertEqual(o.status, "met" if r["int8_frac_read"] >= 0.8 else "not met")
+        self.assertIn(f"{100 * r['int8_frac_read']:.0f} %", o.measured)
+        self.assertEqual(o.profile, DECODE_STORED)
+
+    def test_the_prefill_bound_follows_the_cpu(self):
+        got = self.evaluate()
+        self.assertIn("avx512_bf16", self.run["info"]["simd_flags"])
+        with_bf16 = [t for t in got if t.startswith(self.PREFILL.format("1.6"))]
+        self.assertEqual(len(with_bf16), 1)
+        self.assertIn("this CPU has AVX512-BF16", with_bf16[0])
+        run = copy.deepcopy(self.run)
+        run["info"]["simd_flags"] = "avx512f avx512bw avx512vl avx2 fma"
+        without = [t for t in self.evaluate(run) if t.startswith(self.PREFILL.format("0.9"))]
+        self.assertEqual(len(without), 1)
+        speedup = stored_raw(FWD_STORED)["bf16_median_speedup"]
+        self.assertEqual(self.evaluate(run)[without[0]].status,
+                         "met" if speedup >= 0.9 else "not met")
+
+    def peer_run(self, factor):
+        """The run with torch's bf16 forward `factor` × tandem's bf16 time."""
+        run = copy.deepcopy(self.run)
+        t = stored_raw(FWD_STORED)["bf16_ms"] * 1e-3
+        run["peers"]["results"].append({
+            "peer": "torch_sdpa", "op": "attention_forward_bf16", "shape": "B1_H8_S1024_D128",
+            "threads": 2, "seconds": factor * t, "tandem_name": FWD_STORED})
+        return run
+
+    def test_bf16_against_the_peers(self):
+        self.assertEqual(self.evaluate()[self.FWD_PEERS].status, "not measured")
+        self.assertEqual(self.evaluate(self.peer_run(1.25))[self.FWD_PEERS].status, "met")
+        slower = self.evaluate(self.peer_run(0.8))[self.FWD_PEERS]
+        self.assertEqual(slower.status, "not met")
+        self.assertIn("0.80×", slower.measured)
+        res = Results.from_run(self.peer_run(1.25))
+        p = res.peer("attention_forward_bf16", "B1_H8_S1024_D128", "torch_sdpa")
+        self.assertEqual((p.shape.S, p.shape.D), (1024, 128))  # from its benchmark's plan
+
+    def test_a_missed_target_names_where_the_time_went(self):
+        run = copy.deepcopy(self.run)
+        next(x for x in run["bench"] if x["name"] == DECODE_STORED)["bf16_median_speedup"] = 1.0
+        run["profiles"] = {DECODE_STORED: {"symbols": [[61.5, "N_AVX3::Decode [bf16]"]],
+                                           "setup": 20.0}}
+        o = self.evaluate(run)[self.DECODE_BF16]
+        self.assertEqual(o.status, "not met")
+        self.assertIn(f"(perf of every type in {DECODE_STORED}): 62 % N_AVX3::Decode [bf16] "
+                      "(input set-up 20 %)",
+                      o.measured)
+
+    def test_profile_parsing(self):
+        text = ("# Overhead  Shared Object  Symbol\n"
+                "    41.20%  tandem_bench  [.] tandem::optimized::N_AVX3::(anonymous namespace)"
+                "::Decode<tandem::detail::Narrow<unsigned short, tandem::detail::kBf16, 8> >\n"
+                "     2.00%  tandem_bench  [.] tandem::optimized::N_AVX3::Tiles<tandem::float16>\n"
+                "    30.00%  tandem_bench  [.] std::mersenne_twister_engine<unsigned long>::"
+                "_M_gen_rand\n"
+                "     6.50%  libgomp.so.1  [.] 0x000000000001f7da       -      -\n"
+                "     5.25%  tandem_bench  [.] tandem::optimized::N_AVX3::Gemm<float>   \n"
+                "     3.00%  libgomp.so.1  [.] 0x000000000001f622\n"
+                "     1.00%  [kernel.kallsyms]  [k] clear_page_erms\n")
+        got = profile.parse_report(text)
+        self.assertEqual(got["symbols"], [(41.2, "N_AVX3::Decode [bf16]"),
+                                          (9.5, "libgomp.so.1 (no symbols)"),
+                                          (5.25, "N_AVX3::Gemm"), (2.0, "N_AVX3::Tiles [f16]"),
+                                          (1.0, "clear_page_erms")])
+        self.assertEqual(got["setup"], 30.0)
+
+    def test_report_md_has_the_low_precision_section(self):
+        res = Results.from_run(self.peer_run(1.25))
+        with tempfile.TemporaryDirectory() as out:
+            document.write(res, targets.evaluate(res), {}, out, "quick", 1.0)
+            with open(os.path.join(out, "report.md")) as f:
+                md = f.read()
+        r = stored_raw(DECODE_STORED)
+        self.assertIn("## Low-precision storage (bf16, f16, int8, e4m3)", md)
+        self.assertIn(f"| decode_e4m3 | B1_H32_Hkv8_Sq1_Sk4096_D128 | {r['e4m3_ms']:.2f} ms | "
+                      f"{r['e4m3_median_speedup']:.2f}× ", md)
+        self.assertIn("Low-precision peers measured: torch_sdpa.", md)
+        run = self.peer_run(1.25)
+        run["peers"]["results"] += [
+            {"peer": "openvino", "op": "attention_forward_bf16", "shape": "B1_H8_S1024_D128",
+             "threads": 2, "error": "RuntimeError: OpenVINO reports no bf16 on this CPU"},
+            {"peer": "jax", "op": "decode_int8", "shape": "x", "threads": 2,
+             "error": "skipped: peer time budget spent"}]
+        res = Results.from_run(run)
+        with tempfile.TemporaryDirectory() as out:
+            document.write(res, targets.evaluate(res), {}, out, "quick", 1.0)
+            with open(os.path.join(out, "report.md")) as f:
+                md = f.read()
+        self.assertIn("Not measured: openvino attention_forward_bf16: RuntimeError: OpenVINO "
+                      "reports no bf16 on this CPU. 1 low-precision peer task(s) skipped", md)
+        self.assertIn("### attention_backward_saved_bf16", md)
 
 
 if __name__ == "__main__":

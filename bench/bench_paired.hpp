@@ -1,0 +1,77 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file bench_paired.hpp
+/// @brief Paired measurements: several kinds of one call (f32, bf16, ...)
+///        timed in turn inside every iteration of one benchmark, so that
+///        their ratios come from the same moments of the same run, and the
+///        counters that summarise them.
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tandem::bench {
+
+/// The wall times of every kind in every iteration. Kind 0 is the baseline
+/// (f32) the speedups divide by.
+class PairedTimes {
+ public:
+  explicit PairedTimes(std::vector<std::string> kinds)
+      : kinds_(std::move(kinds)), seconds_(kinds_.size()) {}
+
+  /// Records one call of `kind` that took `seconds`.
+  void add(std::size_t kind, double seconds) { seconds_[kind].push_back(seconds); }
+
+  /// For every kind k, with t_k,i the time of its call in iteration i:
+  /// `<k>_ms` the mean of t_k,i; `<k>_median_ms` their median; `<k>_speedup`
+  /// mean(t_0) / mean(t_k); `<k>_median_speedup` the median over iterations
+  /// of t_0,i / t_k,i and `<k>_speedup_p25`, `<k>_speedup_p75` its
+  /// quartiles (the spread of the paired ratio); `paired_iterations`.
+  void set_counters(benchmark::State& st) const {
+    const double base = mean(seconds_[0]);
+    for (std::size_t k = 0; k < kinds_.size(); ++k) {
+      const std::string& name = kinds_[k];
+      const double m = mean(seconds_[k]);
+      std::vector<double> ratios;
+      for (std::size_t i = 0; i < seconds_[k].size() && i < seconds_[0].size(); ++i)
+        if (seconds_[k][i] > 0) ratios.push_back(seconds_[0][i] / seconds_[k][i]);
+      st.counters[name + "_ms"] = m * 1e3;
+      st.counters[name + "_median_ms"] = quantile(seconds_[k], 0.5) * 1e3;
+      st.counters[name + "_speedup"] = m > 0 ? base / m : 0;
+      st.counters[name + "_median_speedup"] = quantile(ratios, 0.5);
+      st.counters[name + "_speedup_p25"] = quantile(ratios, 0.25);
+      st.counters[name + "_speedup_p75"] = quantile(ratios, 0.75);
+    }
+    st.counters["paired_iterations"] = static_cast<double>(seconds_[0].size());
+  }
+
+  /// Mean seconds of one call of `kind` (0 when none was recorded).
+  [[nodiscard]] double mean_seconds(std::size_t kind) const { return mean(seconds_[kind]); }
+
+  [[nodiscard]] const std::vector<std::string>& kinds() const { return kinds_; }
+
+ private:
+  static double mean(const std::vector<double>& x) {
+    double s = 0;
+    for (const double v : x) s += v;
+    return x.empty() ? 0 : s / static_cast<double>(x.size());
+  }
+  /// The q-quantile of x by linear interpolation between order statistics.
+  static double quantile(std::vector<double> x, double q) {
+    if (x.empty()) return 0;
+    std::sort(x.begin(), x.end());
+    const double pos = q * static_cast<double>(x.size() - 1);
+    const auto lo = static_cast<std::size_t>(pos);
+    const std::size_t hi = std::min(lo + 1, x.size() - 1);
+    return x[lo] + (pos - static_cast<double>(lo)) * (x[hi] - x[lo]);
+  }
+
+  std::vector<std::string> kinds_;
+  std::vector<std::vector<double>> seconds_;
+};
+
+}  // namespace tandem::bench

@@ -738,20 +738,6 @@ void AttentionBackwardCall(const AttentionPlan& plan, const AttentionInputs<floa
   if (bw.want_dsinks) WriteSinkGradient(bw, parts, buf.dsink_parts);
 }
 
-/// dst[0 .. n) = src[0 .. n) widened to float32 (exact), in chunks on
-/// `threads` threads (each element copied once: no order to keep).
-template <class T>
-void WidenCall(const T* src, std::int64_t n, float* dst, int threads) {
-  constexpr std::int64_t kChunk = 16384;
-  const std::int64_t chunks = (n + kChunk - 1) / kChunk;
-  const int nt =
-      static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, chunks)));
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (std::int64_t i = 0; i < chunks; ++i) {
-    attn::WidenRange(src + i * kChunk, std::min(kChunk, n - i * kChunk), dst + i * kChunk);
-  }
-}
-
 }  // namespace
 
 ///@{
@@ -776,10 +762,10 @@ void AttentionBackwardF16(const AttentionPlan& plan, const AttentionInputs<float
   AttentionBackwardCall(plan, in, dout, grads, saved, geometry, threads);
 }
 void WidenBf16(const bfloat16* src, std::int64_t n, float* dst, int threads) {
-  WidenCall(src, n, dst, threads);
+  Widen(src, n, dst, threads);
 }
 void WidenF16(const float16* src, std::int64_t n, float* dst, int threads) {
-  WidenCall(src, n, dst, threads);
+  Widen(src, n, dst, threads);
 }
 ///@}
 

@@ -142,41 +142,6 @@ void Forward(const Call& c, float* out, float* lse_out, int threads) {
   }
 }
 
-/// Elements per task of the conversions below: whole vectors on every
-/// target, and large enough that a task outweighs its scheduling.
-constexpr std::int64_t kConvertChunk = 1 << 14;
-
-/// dst[0 .. n) = x[0 .. n) widened from T to float (exact, SPEC §10.1), in
-/// fixed chunks on `threads` threads (each element is converted alone: the
-/// result does not depend on the thread count).
-template <class T>
-void Widen(const T* x, std::int64_t n, float* dst, int threads) {
-  const std::int64_t tasks = (n + kConvertChunk - 1) / kConvertChunk;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (std::int64_t task = 0; task < tasks; ++task) {
-    const DF d;
-    const std::int64_t N = Lanes(), hi = std::min(n, (task + 1) * kConvertChunk);
-    std::int64_t i = task * kConvertChunk;
-    for (; i + N <= hi; i += N) hn::StoreU(LoadWide<T>(d, x + i), d, dst + i);
-    for (; i < hi; ++i) dst[i] = static_cast<float>(static_cast<double>(x[i]));
-  }
-}
-
-/// dst[0 .. n) = RN_T(x[0 .. n)), as Widen (the tail by storage.hpp's
-/// scalar RN_T, which StoreRounded equals bit for bit).
-template <class T>
-void Narrow(const float* x, std::int64_t n, T* dst, int threads) {
-  const std::int64_t tasks = (n + kConvertChunk - 1) / kConvertChunk;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (std::int64_t task = 0; task < tasks; ++task) {
-    const DF d;
-    const std::int64_t N = Lanes(), hi = std::min(n, (task + 1) * kConvertChunk);
-    std::int64_t i = task * kConvertChunk;
-    for (; i + N <= hi; i += N) StoreRounded<T>(d, hn::LoadU(d, x + i), dst + i);
-    for (; i < hi; ++i) dst[i] = T(static_cast<double>(x[i]));  // the same RN_T
-  }
-}
-
 /// The forward of a bf16 or f16 call (SPEC §10.2, profiles `pytorch` and
 /// `exact`): q, k, v and the sinks widened to float scratch (exact), the
 /// float tiles run on them with the weights rounded to T before P·V where

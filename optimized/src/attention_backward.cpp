@@ -855,19 +855,6 @@ void Dispatch(const AttentionPlan& plan, const AttentionInputs<float>& in,
   }
 }
 
-/// Throws Error naming `rounding` for a profile the optimized backward does
-/// not implement at a low-precision T (SPEC §10.2: pytorch and exact; ggml's
-/// output accumulator in T and its q rounded to K's type are not), before
-/// anything is read or written.
-template <class T>
-void require_rounding(const AttentionPlan& plan) {
-  if constexpr (is_low_precision_v<T>) {
-    const Rounding& r = plan.rounding;
-    require(!r.output_accumulator && !r.q_as_k, "rounding", std::string(r.name),
-            "is not implemented by the optimized backend (it implements pytorch and exact)");
-  }
-}
-
 /// The saved state that a low-precision backward without one computes first
 /// (SPEC §10.2): the forward's out as stored in T and its float lse, so that
 /// δ takes O exactly as the forward stores it and both paths give the same
@@ -897,7 +884,7 @@ template <class T>
 void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
                         std::span<const T> dout, const AttentionGrads<T>& grads,
                         const AttentionSaved<T>* saved, const Options& options) {
-  require_rounding<T>(plan);
+  if constexpr (is_low_precision_v<T>) detail::require_rounding(plan);
   const WideViews<T> wide(in, dout, saved, threads_of(options));
   check_inputs(plan, wide.in);
   require_size(dout.size(), plan.o.extent, "dout");
@@ -918,7 +905,7 @@ template <class T>
 void attention_backward_one(const AttentionPlan& plan, const AttentionInputs<T>& in,
                             std::span<const T> dout, Gradient which, std::span<T> grad,
                             const Options& options) {
-  require_rounding<T>(plan);
+  if constexpr (is_low_precision_v<T>) detail::require_rounding(plan);
   const WideViews<T> wide(in, dout, nullptr, threads_of(options));
   check_inputs(plan, wide.in);
   require_size(dout.size(), plan.o.extent, "dout");

@@ -237,15 +237,6 @@ HWY_EXPORT(AttentionForwardF16Target);
 namespace detail {
 namespace {
 
-/// The profiles the optimized forward implements (SPEC §10.2): every one
-/// whose rounding points are the weights at most (`pytorch`, `exact`);
-/// `ggml`'s q rounded to K's type and T accumulator are rejected.
-void require_rounding(const AttentionPlan& plan) {
-  const Rounding& r = plan.rounding;
-  require(!r.q_as_k && !r.output_accumulator, "rounding", std::string(r.name),
-          "is not implemented by the optimized backend (it implements pytorch and exact)");
-}
-
 /// The one place where a decode-shaped call of storage type T (a few query
 /// rows against a long or paged cache) leaves for the kernel that reads K
 /// and V in T where they lie (attention_decode_stored.cpp), instead of

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "tandem/attention.hpp"
 #include "tandem/attention_block.hpp"
@@ -29,6 +30,17 @@ namespace tandem::optimized::detail {
 /// threads (omp_get_max_threads at call time) when it is 0.
 inline int threads_of(const Options& options) {
   return options.threads > 0 ? options.threads : omp_get_max_threads();
+}
+
+/// Throws Error naming `rounding` unless the optimized backend implements
+/// the plan's profile (SPEC §10.2): those whose only rounding points inside
+/// the attention are the operands of its products, `pytorch` and `exact`;
+/// `ggml`'s q rounded to K's type and its output accumulator in T are not.
+/// Called before anything is read or written.
+inline void require_rounding(const AttentionPlan& plan) {
+  const Rounding& r = plan.rounding;
+  require(!r.q_as_k && !r.output_accumulator, "rounding", std::string(r.name),
+          "is not implemented by the optimized backend (it implements pytorch and exact)");
 }
 
 /// out = attention(q, k, v, mask).

@@ -236,6 +236,13 @@ struct SavedState {
     out = round_to<T>(o);
     wout = widen(out);
   }
+  /// The saved state of the T forward of `k` itself (its out and lse).
+  SavedState(const Data<T>& d, const tandem::Kernels<T>& k)
+      : out(static_cast<std::size_t>(d.plan.o.extent)),
+        lse(static_cast<std::size_t>(d.plan.lse_size())) {
+    k.attention_forward_lse(d.plan, d.in(), out, lse);
+    wout = widen(out);
+  }
   AttentionSaved<T> saved() const { return {out, lse}; }
   AttentionSaved<float> wide() const { return {wout, lse}; }
 };
@@ -582,6 +589,33 @@ void check_thread_counts(const Case& c) {
 TEST_P(LowPrecisionBackward, BitwiseIdenticalForAnyThreadCount) {
   check_thread_counts<bfloat16>(GetParam());
   check_thread_counts<float16>(GetParam());
+}
+
+/// Without a saved state the backward is the forward at T followed by the
+/// saved path on its out and lse (SPEC §10.2): every gradient has the bits
+/// of the backward given the optimized T forward's own out and lse, on
+/// every target and with both profiles (the inputs widened once for both
+/// halves must not change a bit).
+template <class T>
+void check_rerun_is_the_saved_path(const Case& c) {
+  for (const tandem::Rounding& rounding : {tandem::kRoundingPytorch, tandem::kRoundingExact}) {
+    SCOPED_TRACE(std::string(rounding.name));
+    const Data<T> d(c, rounding, 6);
+    test::for_each_target([&] {
+      const tandem::Backend b = opt::backend();
+      const SavedState<T> state(d, kernels_of<T>(b));
+      const AllGrads<T> rerun = run_t<T>(d, b, nullptr), saved = run_t(d, b, &state);
+      EXPECT_TRUE(test::same_bits(rerun.dq, saved.dq) && test::same_bits(rerun.dk, saved.dk) &&
+                  test::same_bits(rerun.dv, saved.dv) &&
+                  test::same_bits(rerun.dsinks, saved.dsinks) &&
+                  test::same_bits(rerun.dbias, saved.dbias));
+    });
+  }
+}
+
+TEST_P(LowPrecisionBackward, WithoutSavedStateIsTheSavedPathOnItsOwnForward) {
+  check_rerun_is_the_saved_path<bfloat16>(GetParam());
+  check_rerun_is_the_saved_path<float16>(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, LowPrecisionBackward, ::testing::ValuesIn(cases()),

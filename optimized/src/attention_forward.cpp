@@ -143,10 +143,26 @@ void Forward(const Call& c, float* out, float* lse_out, int threads) {
 }
 
 /// The forward of a bf16 or f16 call (SPEC §10.2, profiles `pytorch` and
-/// `exact`): q, k, v and the sinks widened to float scratch (exact), the
-/// float tiles run on them with the weights rounded to T before P·V where
-/// the profile says (Call::weights, OnlineSoftmax), the output accumulated
-/// in float and rounded to T once at the store; lse stays float.
+/// `exact`) on its inputs widened to float32 (`wide`: q, k, v and the sinks
+/// of the call, exact): the float tiles run on them with the weights
+/// rounded to T before P·V where the profile says (Call::weights,
+/// OnlineSoftmax), the output accumulated in float and rounded to T once at
+/// the store; lse stays float.
+template <class T>
+void ForwardWide(const AttentionPlan& plan, const AttentionInputs<float>& wide, std::span<T> out,
+                 std::span<float> lse, const Geometry& geometry, int threads) {
+  Buffer wide_out(plan.o.extent);  // every element is written; zero keeps it defined regardless
+  Call c(plan, wide, geometry);
+  if (plan.rounding.operands) {
+    c.weights =
+        std::is_same_v<T, bfloat16> ? attn::WeightRounding::bf16 : attn::WeightRounding::f16;
+  }
+  Forward(c, wide_out.get(), lse.empty() ? nullptr : lse.data(), threads);
+  Narrow(wide_out.get(), plan.o.extent, out.data(), threads);
+}
+
+/// The forward of a bf16 or f16 call: q, k, v and the sinks widened to
+/// float scratch (exact, SPEC §10.1), then ForwardWide.
 ///
 /// Why widen first: the conversion is O(B·S·H·D) against the tiles'
 /// O(B·Sq·Sk·H·D), and the float micro-kernels then run unchanged on every
@@ -161,7 +177,6 @@ void ForwardStored(const AttentionPlan& plan, const AttentionInputs<T>& in, std:
   Buffer k(plan.k.extent, Buffer::Init::uninitialized);
   Buffer v(plan.v.extent, Buffer::Init::uninitialized);
   Buffer sinks(static_cast<std::int64_t>(in.sinks.size()), Buffer::Init::uninitialized);
-  Buffer wide_out(plan.o.extent);  // every element is written; zero keeps it defined regardless
   Widen(in.q.data(), plan.q.extent, q.get(), threads);
   Widen(in.k.data(), plan.k.extent, k.get(), threads);
   Widen(in.v.data(), plan.v.extent, v.get(), threads);
@@ -179,13 +194,7 @@ void ForwardStored(const AttentionPlan& plan, const AttentionInputs<T>& in, std:
   wide.seqused_k = in.seqused_k;
   wide.block_table = in.block_table;
   wide.cache_seqlens = in.cache_seqlens;
-  Call c(plan, wide, geometry);
-  if (plan.rounding.operands) {
-    c.weights =
-        std::is_same_v<T, bfloat16> ? attn::WeightRounding::bf16 : attn::WeightRounding::f16;
-  }
-  Forward(c, wide_out.get(), lse.empty() ? nullptr : lse.data(), threads);
-  Narrow(wide_out.get(), plan.o.extent, out.data(), threads);
+  ForwardWide(plan, wide, out, lse, geometry, threads);
 }
 
 }  // namespace
@@ -222,6 +231,17 @@ void AttentionForwardF16Target(const AttentionPlan& plan, const AttentionInputs<
                                const Geometry& geometry, int threads) {
   ForwardStored(plan, in, out, lse, geometry, threads);
 }
+/// The same on inputs the caller has widened already (ForwardWide).
+void AttentionForwardWideBf16Target(const AttentionPlan& plan, const AttentionInputs<float>& wide,
+                                    std::span<bfloat16> out, std::span<float> lse,
+                                    const Geometry& geometry, int threads) {
+  ForwardWide(plan, wide, out, lse, geometry, threads);
+}
+void AttentionForwardWideF16Target(const AttentionPlan& plan, const AttentionInputs<float>& wide,
+                                   std::span<float16> out, std::span<float> lse,
+                                   const Geometry& geometry, int threads) {
+  ForwardWide(plan, wide, out, lse, geometry, threads);
+}
 
 }  // namespace tandem::optimized::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
@@ -233,6 +253,8 @@ namespace tandem::optimized {
 HWY_EXPORT(AttentionForwardTarget);
 HWY_EXPORT(AttentionForwardBf16Target);
 HWY_EXPORT(AttentionForwardF16Target);
+HWY_EXPORT(AttentionForwardWideBf16Target);
+HWY_EXPORT(AttentionForwardWideF16Target);
 
 namespace detail {
 namespace {
@@ -269,6 +291,21 @@ void forward_stored(const AttentionPlan& plan, const AttentionInputs<T>& in, std
 }  // namespace
 
 template <class T>
+void attention_forward_lse_widened(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                                   const AttentionInputs<float>& wide, std::span<T> out,
+                                   std::span<float> lse, const Options& options) {
+  if (stored_decode(plan, in, out, lse, options)) return;
+  const int threads = threads_of(options);
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    HWY_DYNAMIC_DISPATCH(AttentionForwardWideBf16Target)
+    (plan, wide, out, lse, options.geometry, threads);
+  } else {
+    HWY_DYNAMIC_DISPATCH(AttentionForwardWideF16Target)
+    (plan, wide, out, lse, options.geometry, threads);
+  }
+}
+
+template <class T>
 void attention_forward_stored(const AttentionPlan& plan, const AttentionInputs<T>& in,
                               std::span<T> out, const Options& options) {
   forward_stored(plan, in, out, {}, false, options);
@@ -288,6 +325,12 @@ template void attention_forward_lse_stored(const AttentionPlan&, const Attention
                                            std::span<bfloat16>, std::span<float>, const Options&);
 template void attention_forward_lse_stored(const AttentionPlan&, const AttentionInputs<float16>&,
                                            std::span<float16>, std::span<float>, const Options&);
+template void attention_forward_lse_widened(const AttentionPlan&, const AttentionInputs<bfloat16>&,
+                                            const AttentionInputs<float>&, std::span<bfloat16>,
+                                            std::span<float>, const Options&);
+template void attention_forward_lse_widened(const AttentionPlan&, const AttentionInputs<float16>&,
+                                            const AttentionInputs<float>&, std::span<float16>,
+                                            std::span<float>, const Options&);
 
 void attention_forward(const AttentionPlan& plan, const AttentionInputs<float>& in,
                        std::span<float> out, const Options& options) {

@@ -59,6 +59,15 @@ void attention_forward_stored(const AttentionPlan& plan, const AttentionInputs<T
 template <class T>
 void attention_forward_lse_stored(const AttentionPlan& plan, const AttentionInputs<T>& in,
                                   std::span<T> out, std::span<float> lse, const Options& options);
+/// attention_forward_lse_stored on inputs already validated and widened:
+/// `wide` holds in's q, k, v and sinks as float32 (exact, SPEC §10.1) and
+/// its other views as given, so that a caller holding such copies (a
+/// backward without a saved state) does not widen them again. The same bits
+/// as attention_forward_lse_stored(plan, in, ...); nothing is validated.
+template <class T>
+void attention_forward_lse_widened(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                                   const AttentionInputs<float>& wide, std::span<T> out,
+                                   std::span<float> lse, const Options& options);
 /// The forward of a decode step with K and V read as stored (bf16, f16; SPEC
 /// §10.2): out = RN_T(attention), lse (float, [B, H, Sq]; empty: not
 /// written) as attention_forward_lse. Validates the views first; returns

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -169,6 +170,14 @@ inline ::testing::AssertionResult bitwise(std::span<const float> a, std::span<co
   const std::string m = bit_mismatch("element", a, b);
   if (m.empty()) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << m;
+}
+
+/// Whether two arrays of a 16-bit storage type (bfloat16, float16) hold the
+/// same bits, element for element (NaNs included).
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const T& x, const T& y) { return x.bits == y.bits; });
 }
 
 /// GoogleTest: f() throws tandem::Error whose parameter() is `parameter`

@@ -12,9 +12,9 @@
 #include <random>
 #include <vector>
 
-#include "../optimized/src/entry_points.hpp"
 #include "support/tandem_test_support.hpp"
 #include "tandem/optimized/backend.hpp"
+#include "tandem/optimized/decode.hpp"
 
 namespace tandem::test {
 namespace {
@@ -368,8 +368,8 @@ void check_decode_stored(const AttentionParams& params, const Rounding& rounding
   for (const int threads : {1, 4}) {
     std::vector<T> out(p.o.extent);
     std::vector<float> lse(p.lse_size());
-    ASSERT_TRUE(optimized::detail::attention_decode_stored<T>(p, c.inputs(), out, lse,
-                                                              split_options(threads)));
+    ASSERT_TRUE(
+        optimized::attention_decode_stored<T>(p, c.inputs(), out, lse, split_options(threads)));
     Bound bound{unit_roundoff<T>(), 0, 0, p.D, p.Sk + 1, rounding.operands};
     for (const float x : f.v) bound.max_v = std::max<double>(bound.max_v, std::fabs(x));
     bound.max_qk = static_cast<double>(p.D) * 2.0 * p.scale;
@@ -403,8 +403,8 @@ TEST(OptimizedDecodeStored, Bf16AndF16AgreeWithFloat32) {
 TEST(OptimizedDecodeStored, DeclinesCallsThatAreNotDecodeSteps) {
   AttentionCase<bfloat16> c(attention_params(1, 64, 64, 4, 4, 16));
   std::vector<bfloat16> out(c.plan.o.extent, bfloat16(7.0));
-  EXPECT_FALSE(optimized::detail::attention_decode_stored<bfloat16>(c.plan, c.inputs(), out, {},
-                                                                    optimized::Options{}));
+  EXPECT_FALSE(optimized::attention_decode_stored<bfloat16>(c.plan, c.inputs(), out, {},
+                                                            optimized::Options{}));
   for (const bfloat16& x : out) EXPECT_EQ(static_cast<double>(x), 7.0);
 }
 

@@ -30,8 +30,8 @@
 #include "bench_paired.hpp"
 
 #ifdef TANDEM_HAVE_OPTIMIZED
-#include "../optimized/src/entry_points.hpp"
 #include "tandem/optimized/backend.hpp"
+#include "tandem/optimized/decode.hpp"
 
 namespace tandem::bench {
 namespace {
@@ -121,11 +121,11 @@ struct StoredFixture {
     } else if (kind == kBf16) {
       const auto* k = reinterpret_cast<const bfloat16*>(base);
       const AttentionInputs<bfloat16> in{q_bf16, {k, nk}, {k + nk, nv}, {}};
-      optimized::detail::attention_decode_stored<bfloat16>(plan, in, out_bf16, {}, options);
+      optimized::attention_decode_stored<bfloat16>(plan, in, out_bf16, {}, options);
     } else if (kind == kF16) {
       const auto* k = reinterpret_cast<const float16*>(base);
       const AttentionInputs<float16> in{q_f16, {k, nk}, {k + nk, nv}, {}};
-      optimized::detail::attention_decode_stored<float16>(plan, in, out_f16, {}, options);
+      optimized::attention_decode_stored<float16>(plan, in, out_f16, {}, options);
     } else {
       const AttentionPlan& pq = kind == kInt8 ? plan_int8 : plan_e4m3;
       const std::vector<float>& sc = kind == kInt8 ? scales_int8 : scales_e4m3;

@@ -12,9 +12,9 @@
 #include <random>
 #include <vector>
 
-#include "../optimized/src/entry_points.hpp"
 #include "support/tandem_test_support.hpp"
 #include "tandem/optimized/backend.hpp"
+#include "tandem/optimized/decode.hpp"
 
 namespace tandem::test {
 namespace {
@@ -28,22 +28,6 @@ std::vector<float> spread_values(std::size_t n, unsigned seed, int lo_exp = -12,
   std::vector<float> v(n);
   for (float& y : v) y = std::ldexp(x(gen), e(gen));
   return v;
-}
-
-template <class T>
-std::vector<T> as(const std::vector<float>& x) {
-  std::vector<T> y;
-  y.reserve(x.size());
-  for (const float e : x) y.push_back(T(static_cast<double>(e)));
-  return y;
-}
-
-template <class T>
-std::vector<float> widened(const std::vector<T>& x) {
-  std::vector<float> y;
-  y.reserve(x.size());
-  for (const T& e : x) y.push_back(static_cast<float>(static_cast<double>(e)));
-  return y;
 }
 
 /// SPEC §10.4's codes and scales, element by element (the definition the
@@ -149,7 +133,7 @@ void fill_features(AttentionCase<T>& c, unsigned seed) {
     c.mask = random_values<float>(c.mask.size(), seed + 1, -2.0f, 2.0f);
     for (std::size_t i = 0; i < c.mask.size(); i += 7) c.mask[i] = -INFINITY;
   }
-  if (p.sinks) c.sinks = as<T>(random_values<float>(p.H, seed + 2, -1.0f, 2.0f));
+  if (p.sinks) c.sinks = stored<T>(random_values<float>(p.H, seed + 2, -1.0f, 2.0f));
   if (p.alibi != AlibiKind::none)
     c.slopes = random_values<float>(p.slopes_size(), seed + 3, 0.0f, 0.5f);
   if (p.paged()) {
@@ -209,26 +193,6 @@ void expect_within(const std::vector<T>& got, const std::vector<float>& want, co
   }
 }
 
-template <class T>
-constexpr double unit_roundoff() {
-  if constexpr (std::is_same_v<T, float>) return 0x1p-24;
-  if constexpr (std::is_same_v<T, bfloat16>) return 0x1p-8;
-  return 0x1p-11;
-}
-
-template <class T>
-bool same_output(const std::vector<T>& a, const std::vector<T>& b) {
-  if constexpr (std::is_same_v<T, float>) {
-    return bitwise_equal(a, b);
-  } else {
-    if (a.size() != b.size()) return false;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      if (a[i].bits != b[i].bits) return false;
-    }
-    return true;
-  }
-}
-
 /// Options whose split-key chunk is small (16 keys), so that every test shape
 /// merges several chunks, on `threads` threads.
 optimized::Options split_options(int threads, std::int64_t chunk = 16) {
@@ -245,18 +209,18 @@ void check_quantize_kv(KvCache kind) {
     AttentionCase<T> c(params);
     const AttentionPlan& p = c.plan;
     SCOPED_TRACE(p.describe());
-    std::vector<float> k32 = widened(as<T>(spread_values(c.k.size(), 11)));
+    std::vector<float> k32 = widened(stored<T>(spread_values(c.k.size(), 11)));
     // row 0 of kv head 0: σ = 1 (max 127 or 448), then ties of both roundings
     const bool int8 = kind == KvCache::int8;
     const std::vector<float> ties = {
         int8 ? 127.0f : 448.0f, 2.5f,           -3.5f, 0.5f, 1.0625f, -1.1875f,
         0x1p-9f * 2.5f,         -0x1p-9f * 1.5f};
     std::copy(ties.begin(), ties.end(), k32.begin() + p.k.at(0, 0, 0));
-    std::vector<float> v32 = widened(as<T>(spread_values(c.v.size(), 12)));
+    std::vector<float> v32 = widened(stored<T>(spread_values(c.v.size(), 12)));
     if (!v32.empty())
       std::fill(v32.begin(), v32.begin() + std::min<std::size_t>(v32.size(), p.Dv), 0.0f);
     const Quantized kq = define_quantize(p, k32, p.k, p.D), vq = define_quantize(p, v32, p.v, p.Dv);
-    const std::vector<T> k = as<T>(k32), v = as<T>(v32);
+    const std::vector<T> k = stored<T>(k32), v = stored<T>(v32);
     for (const int threads : {1, 3}) {
       std::vector<std::uint8_t> kc(k.size(), 0xAB), vc(v.size(), 0xAB);
       std::vector<float> ks(p.kv_scale_size(), -1.0f), vs(p.kv_scale_size(), -1.0f);
@@ -292,7 +256,7 @@ void check_quantized_forward(AttentionParams params, KvCache kind, const Roundin
   const AttentionPlan& p = c.plan;
   SCOPED_TRACE(p.describe() + " rounding=" + std::string(rounding.name));
   fill_features(c, 5);
-  c.q = as<T>(random_values<float>(c.q.size(), 21, -2.0f, 2.0f));
+  c.q = stored<T>(random_values<float>(c.q.size(), 21, -2.0f, 2.0f));
   const std::vector<float> k32 = random_values<float>(c.k.size(), 22);
   const std::vector<float> v32 = random_values<float>(c.v.size(), 23, -3.0f, 3.0f);
   const Quantized kq = define_quantize(p, k32, p.k, p.D), vq = define_quantize(p, v32, p.v, p.Dv);
@@ -312,8 +276,8 @@ void check_quantized_forward(AttentionParams params, KvCache kind, const Roundin
        {split_options(1), split_options(2), split_options(5), optimized::Options{}}) {
     std::vector<T> out(p.o.extent);
     optimized::backend(o).kernels<T>().attention_forward_quantized(p, in, kv, out);
-    Bound bound{
-        unit_roundoff<T>(), 0, 0, p.D, p.Sk + 1, is_low_precision_v<T> && rounding.operands};
+    Bound bound{storage_traits<T>::unit_roundoff,          0, 0, p.D, p.Sk + 1,
+                is_low_precision_v<T> && rounding.operands};
     for (const double x : vd) bound.max_v = std::max(bound.max_v, std::fabs(x));
     double max_q = 0, max_k = 0;
     for (const T& x : c.q) max_q = std::max(max_q, std::fabs(static_cast<double>(x)));
@@ -324,7 +288,7 @@ void check_quantized_forward(AttentionParams params, KvCache kind, const Roundin
     if (first.empty()) {
       first = out;
     } else if (o.geometry.split_keys_chunk != 0) {
-      EXPECT_TRUE(same_output(out, first)) << "threads " << o.threads;
+      EXPECT_TRUE(same_bits(out, first)) << "threads " << o.threads;
     }
   }
 }
@@ -357,9 +321,9 @@ void check_decode_stored(const AttentionParams& params, const Rounding& rounding
   const AttentionPlan& p = c.plan;
   SCOPED_TRACE(p.describe() + " rounding=" + std::string(rounding.name));
   fill_features(c, 9);
-  c.q = as<T>(random_values<float>(c.q.size(), 31, -2.0f, 2.0f));
-  c.k = as<T>(random_values<float>(c.k.size(), 32));
-  c.v = as<T>(random_values<float>(c.v.size(), 33, -3.0f, 3.0f));
+  c.q = stored<T>(random_values<float>(c.q.size(), 31, -2.0f, 2.0f));
+  c.k = stored<T>(random_values<float>(c.k.size(), 32));
+  c.v = stored<T>(random_values<float>(c.v.size(), 33, -3.0f, 3.0f));
   AttentionCase<float> f = f32_case(params, widened(c.q), widened(c.k), widened(c.v));
   copy_features(c, f);
   std::vector<float> want(f.plan.o.extent), want_lse(f.plan.lse_size());
@@ -368,9 +332,9 @@ void check_decode_stored(const AttentionParams& params, const Rounding& rounding
   for (const int threads : {1, 4}) {
     std::vector<T> out(p.o.extent);
     std::vector<float> lse(p.lse_size());
-    ASSERT_TRUE(optimized::detail::attention_decode_stored<T>(p, c.inputs(), out, lse,
-                                                              split_options(threads)));
-    Bound bound{unit_roundoff<T>(), 0, 0, p.D, p.Sk + 1, rounding.operands};
+    ASSERT_TRUE(
+        optimized::attention_decode_stored<T>(p, c.inputs(), out, lse, split_options(threads)));
+    Bound bound{storage_traits<T>::unit_roundoff, 0, 0, p.D, p.Sk + 1, rounding.operands};
     for (const float x : f.v) bound.max_v = std::max<double>(bound.max_v, std::fabs(x));
     bound.max_qk = static_cast<double>(p.D) * 2.0 * p.scale;
     if (p.softcap > 0) bound.max_qk = std::max(bound.max_qk, 1.0);
@@ -385,7 +349,7 @@ void check_decode_stored(const AttentionParams& params, const Rounding& rounding
     if (first.empty()) {
       first = out;
     } else {
-      EXPECT_TRUE(same_output(out, first)) << "threads " << threads;
+      EXPECT_TRUE(same_bits(out, first)) << "threads " << threads;
     }
   }
 }
@@ -403,8 +367,8 @@ TEST(OptimizedDecodeStored, Bf16AndF16AgreeWithFloat32) {
 TEST(OptimizedDecodeStored, DeclinesCallsThatAreNotDecodeSteps) {
   AttentionCase<bfloat16> c(attention_params(1, 64, 64, 4, 4, 16));
   std::vector<bfloat16> out(c.plan.o.extent, bfloat16(7.0));
-  EXPECT_FALSE(optimized::detail::attention_decode_stored<bfloat16>(c.plan, c.inputs(), out, {},
-                                                                    optimized::Options{}));
+  EXPECT_FALSE(optimized::attention_decode_stored<bfloat16>(c.plan, c.inputs(), out, {},
+                                                            optimized::Options{}));
   for (const bfloat16& x : out) EXPECT_EQ(static_cast<double>(x), 7.0);
 }
 

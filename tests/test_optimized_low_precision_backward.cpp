@@ -65,18 +65,6 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr std::uint16_t kSentinel = 0x7FA5;
 
 template <class T>
-std::vector<T> round_to(const Vec& x) {
-  std::vector<T> r(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) r[i] = T(static_cast<double>(x[i]));
-  return r;
-}
-template <class T>
-Vec widen(const std::vector<T>& x) {
-  Vec r(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) r[i] = static_cast<float>(x[i]);
-  return r;
-}
-template <class T>
 T sentinel() {
   return T::from_bits(kSentinel);
 }
@@ -183,11 +171,11 @@ struct Data {
       for (float& e : x) e = u(gen);
       return x;
     };
-    q = round_to<T>(draw(plan.q.extent));
-    k = round_to<T>(draw(plan.k.extent));
-    v = round_to<T>(draw(plan.v.extent));
-    dout = round_to<T>(draw(plan.o.extent));
-    sinks = round_to<T>(draw(plan.sinks ? plan.H : 0));
+    q = test::stored<T>(draw(plan.q.extent));
+    k = test::stored<T>(draw(plan.k.extent));
+    v = test::stored<T>(draw(plan.v.extent));
+    dout = test::stored<T>(draw(plan.o.extent));
+    sinks = test::stored<T>(draw(plan.sinks ? plan.H : 0));
     mask.resize(static_cast<std::size_t>(plan.mask_size()));
     if (plan.mask == MaskKind::key_padding) {
       for (float& x : mask) x = u01(gen) < 0.7f ? 1.0f : 0.0f;
@@ -196,11 +184,11 @@ struct Data {
     }
     slopes.resize(static_cast<std::size_t>(plan.slopes_size()));
     for (float& x : slopes) x = 0.25f * u01(gen);
-    wq = widen(q);
-    wk = widen(k);
-    wv = widen(v);
-    wdout = widen(dout);
-    wsinks = widen(sinks);
+    wq = test::widened(q);
+    wk = test::widened(k);
+    wv = test::widened(v);
+    wdout = test::widened(dout);
+    wsinks = test::widened(sinks);
   }
   template <class U>
   AttentionInputs<U> packed(AttentionInputs<U> in) const {
@@ -233,8 +221,15 @@ struct SavedState {
     Vec o(static_cast<std::size_t>(d.plan.o.extent));
     lse.resize(static_cast<std::size_t>(d.plan.lse_size()));
     b.attention_forward_lse(d.plan, d.wide(), o, lse);
-    out = round_to<T>(o);
-    wout = widen(out);
+    out = test::stored<T>(o);
+    wout = test::widened(out);
+  }
+  /// The saved state of the T forward of `k` itself (its out and lse).
+  SavedState(const Data<T>& d, const tandem::Kernels<T>& k)
+      : out(static_cast<std::size_t>(d.plan.o.extent)),
+        lse(static_cast<std::size_t>(d.plan.lse_size())) {
+    k.attention_forward_lse(d.plan, d.in(), out, lse);
+    wout = test::widened(out);
   }
   AttentionSaved<T> saved() const { return {out, lse}; }
   AttentionSaved<float> wide() const { return {wout, lse}; }
@@ -290,12 +285,6 @@ AllGrads<float> run_f(const Data<T>& d, const tandem::Backend& b, const SavedSta
   return r;
 }
 
-double max_abs(const Vec& x) {
-  double m = 0.0;
-  for (const float e : x) m = std::max(m, static_cast<double>(std::fabs(e)));
-  return m;
-}
-
 /// SPEC §10.5's bound of the file's comment, per element, for one call.
 template <class T>
 struct Bound {
@@ -312,10 +301,10 @@ struct Bound {
     op = rounded ? 1.0 : 0.0;
     rerun = saved ? 0.0 : 1.0;
     gamma = static_cast<double>(p.Sq + p.Sk + p.D + p.Dv + 16) * 0x1p-22;
-    Mq = max_abs(d.wq);
-    Mk = max_abs(d.wk);
-    Mv = max_abs(d.wv);
-    MdO = max_abs(d.wdout);
+    Mq = test::max_abs(d.wq);
+    Mk = test::max_abs(d.wk);
+    Mv = test::max_abs(d.wv);
+    MdO = test::max_abs(d.wdout);
     scale = p.scale;
     dd_coef = rerun * (u * Mv + eta);
   }
@@ -416,9 +405,9 @@ void check_against_float(const Case& c, tandem::Rounding rounding, bool use_save
     for (double& e : x) e *= 2.0;
     return x;
   };
-  expect_within("dq against the reference", got.dq, widen(ref.dq), twice(bq));
-  expect_within("dk against the reference", got.dk, widen(ref.dk), twice(bk));
-  expect_within("dv against the reference", got.dv, widen(ref.dv), twice(bv));
+  expect_within("dq against the reference", got.dq, test::widened(ref.dq), twice(bq));
+  expect_within("dk against the reference", got.dk, test::widened(ref.dk), twice(bk));
+  expect_within("dv against the reference", got.dv, test::widened(ref.dv), twice(bv));
   if (p.sinks) {
     std::vector<double> bs(want.dsinks.size());
     for (std::size_t h = 0; h < bs.size(); ++h) {
@@ -441,7 +430,7 @@ void check_against_float(const Case& c, tandem::Rounding rounding, bool use_save
   // gradients are the float backward's rounded once, bit for bit
   if (!rounding.operands && use_saved) {
     const auto same = [](const char* what, const std::vector<T>& g, const Vec& w) {
-      const std::vector<T> r = round_to<T>(w);
+      const std::vector<T> r = test::stored<T>(w);
       std::size_t bad = 0;
       for (std::size_t i = 0; i < g.size(); ++i) bad += g[i].bits != r[i].bits ? 1 : 0;
       EXPECT_EQ(bad, 0u) << what << ": elements that are not RN_T(float backward)";
@@ -568,12 +557,9 @@ void check_thread_counts(const Case& c) {
     const AllGrads<T> one = run_t(d, opt::backend(opt::Options{1}), saved);
     for (const int threads : {2, 3, 5}) {
       const AllGrads<T> g = run_t(d, opt::backend(opt::Options{threads}), saved);
-      const auto same = [](const std::vector<T>& a, const std::vector<T>& b) {
-        return std::equal(a.begin(), a.end(), b.begin(), b.end(),
-                          [](T x, T y) { return x.bits == y.bits; });
-      };
-      EXPECT_TRUE(same(g.dq, one.dq) && same(g.dk, one.dk) && same(g.dv, one.dv) &&
-                  same(g.dsinks, one.dsinks) && same(g.dbias, one.dbias))
+      EXPECT_TRUE(test::same_bits(g.dq, one.dq) && test::same_bits(g.dk, one.dk) &&
+                  test::same_bits(g.dv, one.dv) && test::same_bits(g.dsinks, one.dsinks) &&
+                  test::same_bits(g.dbias, one.dbias))
           << threads << " threads, " << (saved != nullptr ? "saved" : "rerun");
     }
   }
@@ -582,6 +568,33 @@ void check_thread_counts(const Case& c) {
 TEST_P(LowPrecisionBackward, BitwiseIdenticalForAnyThreadCount) {
   check_thread_counts<bfloat16>(GetParam());
   check_thread_counts<float16>(GetParam());
+}
+
+/// Without a saved state the backward is the forward at T followed by the
+/// saved path on its out and lse (SPEC §10.2): every gradient has the bits
+/// of the backward given the optimized T forward's own out and lse, on
+/// every target and with both profiles (the inputs widened once for both
+/// halves must not change a bit).
+template <class T>
+void check_rerun_is_the_saved_path(const Case& c) {
+  for (const tandem::Rounding& rounding : {tandem::kRoundingPytorch, tandem::kRoundingExact}) {
+    SCOPED_TRACE(std::string(rounding.name));
+    const Data<T> d(c, rounding, 6);
+    test::for_each_target([&] {
+      const tandem::Backend b = opt::backend();
+      const SavedState<T> state(d, kernels_of<T>(b));
+      const AllGrads<T> rerun = run_t<T>(d, b, nullptr), saved = run_t(d, b, &state);
+      EXPECT_TRUE(test::same_bits(rerun.dq, saved.dq) && test::same_bits(rerun.dk, saved.dk) &&
+                  test::same_bits(rerun.dv, saved.dv) &&
+                  test::same_bits(rerun.dsinks, saved.dsinks) &&
+                  test::same_bits(rerun.dbias, saved.dbias));
+    });
+  }
+}
+
+TEST_P(LowPrecisionBackward, WithoutSavedStateIsTheSavedPathOnItsOwnForward) {
+  check_rerun_is_the_saved_path<bfloat16>(GetParam());
+  check_rerun_is_the_saved_path<float16>(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, LowPrecisionBackward, ::testing::ValuesIn(cases()),
@@ -597,10 +610,6 @@ void check_subsets() {
   const AttentionPlan& p = d.plan;
   const tandem::Kernels<T> k = kernels_of<T>(opt::backend());
   const AllGrads<T> all = run_t<T>(d, opt::backend(), nullptr);
-  const auto same = [](const std::vector<T>& a, const std::vector<T>& b) {
-    return std::equal(a.begin(), a.end(), b.begin(), b.end(),
-                      [](T x, T y) { return x.bits == y.bits; });
-  };
   const std::int64_t extents[3] = {p.dq.extent, p.dk.extent, p.dv.extent};
   const std::vector<T>* wants[3] = {&all.dq, &all.dk, &all.dv};
   const typename tandem::Kernels<T>::OneGradient* ones[3] = {
@@ -609,7 +618,7 @@ void check_subsets() {
     GuardedT<T> alone(extents[which]);
     (*ones[which])(p, d.in(), d.dout, alone.view());
     EXPECT_TRUE(alone.guards_intact());
-    EXPECT_TRUE(same(alone.values(), *wants[which])) << "gradient " << which << " alone";
+    EXPECT_TRUE(test::same_bits(alone.values(), *wants[which])) << "gradient " << which << " alone";
     // the same through attention_backward with only this view
     GuardedT<T> g0(extents[0]), g1(extents[1]), g2(extents[2]);
     GuardedT<T>* gs[3] = {&g0, &g1, &g2};
@@ -619,7 +628,7 @@ void check_subsets() {
     k.attention_backward(p, d.in(), d.dout, g);
     for (int other = 0; other < 3; ++other) {
       if (other == which) {
-        EXPECT_TRUE(same(gs[other]->values(), *wants[which])) << "subset " << which;
+        EXPECT_TRUE(test::same_bits(gs[other]->values(), *wants[which])) << "subset " << which;
       } else {
         EXPECT_TRUE(gs[other]->untouched()) << "gradient " << other << " written, not asked for";
       }

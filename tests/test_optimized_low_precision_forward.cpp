@@ -55,15 +55,6 @@ void fill_exact(std::vector<float>& x, std::mt19937& gen, float lo, float hi) {
   for (float& e : x) e = static_cast<float>(static_cast<double>(T(dist(gen))));
 }
 
-/// xs as storage type T (exact: every value is one of T).
-template <class T>
-std::vector<T> as(const std::vector<float>& xs) {
-  std::vector<T> out;
-  out.reserve(xs.size());
-  for (const float x : xs) out.emplace_back(static_cast<double>(x));
-  return out;
-}
-
 std::vector<Feature> features() {
   std::vector<Feature> f;
   auto p = test::attention_params(2, 37, 45, 4, 2, 24);
@@ -147,7 +138,10 @@ struct StoredInputs {
   std::vector<T> q, k, v, sinks;
   tandem::AttentionInputs<T> in;
   explicit StoredInputs(const test::AttentionCase<float>& c)
-      : q(as<T>(c.q)), k(as<T>(c.k)), v(as<T>(c.v)), sinks(as<T>(c.sinks)) {
+      : q(test::stored<T>(c.q)),
+        k(test::stored<T>(c.k)),
+        v(test::stored<T>(c.v)),
+        sinks(test::stored<T>(c.sinks)) {
     const tandem::AttentionInputs<float> wide = c.inputs();
     in = {q, k, v, wide.mask};
     in.sinks = sinks;
@@ -195,14 +189,6 @@ Result<float> run_float(const test::AttentionCase<float>& c) {
 }
 
 template <class T>
-std::vector<std::uint16_t> bits(const std::vector<T>& x) {
-  std::vector<std::uint16_t> b;
-  b.reserve(x.size());
-  for (const T& e : x) b.push_back(e.bits);
-  return b;
-}
-
-template <class T>
 void exact_is_the_float_result_rounded_once() {
   for (const Feature& f : features()) {
     SCOPED_TRACE(f.name);
@@ -217,7 +203,7 @@ void exact_is_the_float_result_rounded_once() {
       const Result<float> want = run_float(c);
       const Result<T> got = run_stored<T>(c, 2);
       if (!decode) {
-        EXPECT_EQ(bits(got.out), bits(as<T>(want.out)));
+        EXPECT_TRUE(test::same_bits(got.out, test::stored<T>(want.out)));
         EXPECT_TRUE(test::bitwise(got.lse, want.lse));
         return;
       }
@@ -233,13 +219,6 @@ void exact_is_the_float_result_rounded_once() {
   }
 }
 
-/// max |v| over v's elements (gaps of strided rows hold 0).
-float max_abs(const Vec& v) {
-  float m = 0.0f;
-  for (const float x : v) m = std::max(m, std::fabs(x));
-  return m;
-}
-
 template <class T>
 void pytorch_is_within_the_bound_and_rounds() {
   const double u = tandem::storage_traits<T>::unit_roundoff;
@@ -248,7 +227,7 @@ void pytorch_is_within_the_bound_and_rounds() {
     const auto c = make_case<T>(f, tandem::kRoundingPytorch, 11);
     // SPEC §10.5: u·|o| + u·Σ_j p_ij |v_j| + ε, with Σ_j p_ij |v_j| <= max |v|
     // and ε (float32, far below) as 1e-5
-    const double vmax = max_abs(c.v);
+    const double vmax = test::max_abs(c.v);
     test::for_each_target([&] {
       const Result<float> want = run_float(c);
       const Result<T> got = run_stored<T>(c, 2);
@@ -278,7 +257,7 @@ double logit_bound(const test::AttentionCase<float>& c) {
   for (const float m : c.mask) extra = std::max(extra, std::fabs(double{m}));
   for (const float a : c.slopes) extra = std::max(extra, a * double(c.plan.Sk + c.plan.Sq));
   for (const float s : c.sinks) extra = std::max(extra, std::fabs(double{s}));
-  return c.plan.scale * double(c.plan.D) * max_abs(c.q) * max_abs(c.k) + extra;
+  return c.plan.scale * double(c.plan.D) * test::max_abs(c.q) * test::max_abs(c.k) + extra;
 }
 
 /// SPEC §10.5 against the reference at T, the same profile: |o − o*| <=
@@ -294,7 +273,7 @@ void agrees_with_the_reference(Rounding rounding) {
     const StoredInputs<T> stored(c);
     const tandem::reference::RoundingBound bound =
         tandem::reference::attention_forward_rounding<T>(c.plan, stored.in, tol);
-    const double vmax = max_abs(c.v);
+    const double vmax = test::max_abs(c.v);
     test::for_each_target([&] {
       const Result<T> got = run_stored<T>(c, 2);
       for (std::size_t i = 0; i < got.out.size(); ++i) {
@@ -315,7 +294,7 @@ void any_thread_count_gives_the_same_bits() {
     const Result<T> one = run_stored<T>(c, 1);
     for (const int threads : {2, 3}) {
       const Result<T> r = run_stored<T>(c, threads);
-      EXPECT_EQ(bits(r.out), bits(one.out)) << threads << " threads";
+      EXPECT_TRUE(test::same_bits(r.out, one.out)) << threads << " threads";
       EXPECT_TRUE(test::bitwise(r.lse, one.lse)) << threads << " threads";
     }
   }
@@ -329,13 +308,13 @@ void ggml_is_rejected_before_anything_is_written() {
   const tandem::AttentionInputs<T>& in = stored.in;
   std::vector<T> out(c.plan.o.extent, T(0.0));
   for (T& o : out) o.bits = 0x7FC1;
-  const std::vector<std::uint16_t> before = bits(out);
+  const std::vector<T> before = out;
   Vec lse(c.plan.lse_size(), test::sentinel());
   test::expect_error([&] { b.kernels<T>().attention_forward(c.plan, in, out); }, "rounding",
                      {"ggml"});
   test::expect_error([&] { b.kernels<T>().attention_forward_lse(c.plan, in, out, lse); },
                      "rounding", {"ggml"});
-  EXPECT_EQ(bits(out), before);
+  EXPECT_TRUE(test::same_bits(out, before));
   EXPECT_TRUE(test::untouched(lse));
 }
 

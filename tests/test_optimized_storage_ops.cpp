@@ -27,24 +27,8 @@ namespace {
 
 using tandem::bfloat16;
 using tandem::float16;
-
-/// RN_T of each value.
-template <class T>
-std::vector<T> stored(const std::vector<float>& x) {
-  std::vector<T> out;
-  out.reserve(x.size());
-  for (const float e : x) out.emplace_back(static_cast<double>(e));
-  return out;
-}
-
-/// Each value of T as float (exact).
-template <class T>
-std::vector<float> widened(const std::vector<T>& x) {
-  std::vector<float> out;
-  out.reserve(x.size());
-  for (const T e : x) out.push_back(static_cast<float>(e));
-  return out;
-}
+using tandem::test::stored;
+using tandem::test::widened;
 
 /// n values of T uniform in [lo, hi) before rounding.
 template <class T>

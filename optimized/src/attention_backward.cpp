@@ -738,20 +738,6 @@ void AttentionBackwardCall(const AttentionPlan& plan, const AttentionInputs<floa
   if (bw.want_dsinks) WriteSinkGradient(bw, parts, buf.dsink_parts);
 }
 
-/// dst[0 .. n) = src[0 .. n) widened to float32 (exact), in chunks on
-/// `threads` threads (each element copied once: no order to keep).
-template <class T>
-void WidenCall(const T* src, std::int64_t n, float* dst, int threads) {
-  constexpr std::int64_t kChunk = 16384;
-  const std::int64_t chunks = (n + kChunk - 1) / kChunk;
-  const int nt =
-      static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, chunks)));
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (std::int64_t i = 0; i < chunks; ++i) {
-    attn::WidenRange(src + i * kChunk, std::min(kChunk, n - i * kChunk), dst + i * kChunk);
-  }
-}
-
 }  // namespace
 
 ///@{
@@ -776,10 +762,10 @@ void AttentionBackwardF16(const AttentionPlan& plan, const AttentionInputs<float
   AttentionBackwardCall(plan, in, dout, grads, saved, geometry, threads);
 }
 void WidenBf16(const bfloat16* src, std::int64_t n, float* dst, int threads) {
-  WidenCall(src, n, dst, threads);
+  Widen(src, n, dst, threads);
 }
 void WidenF16(const float16* src, std::int64_t n, float* dst, int threads) {
-  WidenCall(src, n, dst, threads);
+  Widen(src, n, dst, threads);
 }
 ///@}
 
@@ -798,11 +784,25 @@ HWY_EXPORT(WidenF16);
 
 namespace {
 
-/// The float32 views of a backward call of storage type T: for float the
-/// caller's views, else copies widened once (exact, SPEC §10.1) of q, k, v,
-/// sinks, dout and the saved out, each as long as the caller's view (so
-/// that check_inputs and check_saved judge the caller's sizes); the mask,
-/// the slopes, the offsets and the saved lse (float32 already) as given.
+/// x widened to float32 into buf (exact, SPEC §10.1), on `threads` threads;
+/// empty for an empty x.
+template <class T>
+std::span<const float> widen_view(std::span<const T> x, Buffer& buf, int threads) {
+  if (x.empty()) return {};
+  const auto n = static_cast<std::int64_t>(x.size());
+  buf.resize(n, Buffer::Init::uninitialized);
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    HWY_DYNAMIC_DISPATCH(WidenBf16)(x.data(), n, buf.get(), threads);
+  } else {
+    HWY_DYNAMIC_DISPATCH(WidenF16)(x.data(), n, buf.get(), threads);
+  }
+  return {buf.get(), x.size()};
+}
+
+/// The float32 views of a validated backward call of storage type T: for
+/// float the caller's views, else copies widened once (exact, SPEC §10.1) of
+/// q, k, v, sinks, dout and the saved out; the mask, the slopes, the
+/// offsets and the saved lse (float32 already) as given.
 template <class T>
 class WideViews {
  public:
@@ -813,19 +813,19 @@ class WideViews {
       dout_ = dout;
       if (saved != nullptr) saved_ = *saved;
     } else {
-      in = {Widen(x.q, q_, threads),
-            Widen(x.k, k_, threads),
-            Widen(x.v, v_, threads),
+      in = {widen_view(x.q, q_, threads),
+            widen_view(x.k, k_, threads),
+            widen_view(x.v, v_, threads),
             x.mask,
-            Widen(x.sinks, sinks_, threads),
+            widen_view(x.sinks, sinks_, threads),
             x.alibi_slopes,
             x.cu_seqlens_q,
             x.cu_seqlens_k,
             x.seqused_k,
             x.block_table,
             x.cache_seqlens};
-      dout_ = Widen(dout, dout_buf_, threads);
-      if (saved != nullptr) saved_ = {Widen(saved->out, out_, threads), saved->lse};
+      dout_ = widen_view(dout, dout_buf_, threads);
+      if (saved != nullptr) saved_ = {widen_view(saved->out, out_, threads), saved->lse};
     }
   }
   AttentionInputs<float> in;
@@ -835,17 +835,6 @@ class WideViews {
   }
 
  private:
-  static std::span<const float> Widen(std::span<const T> x, Buffer& buf, int threads) {
-    if (x.empty()) return {};
-    const auto n = static_cast<std::int64_t>(x.size());
-    buf.resize(n, Buffer::Init::uninitialized);
-    if constexpr (std::is_same_v<T, bfloat16>) {
-      HWY_DYNAMIC_DISPATCH(WidenBf16)(x.data(), n, buf.get(), threads);
-    } else {
-      HWY_DYNAMIC_DISPATCH(WidenF16)(x.data(), n, buf.get(), threads);
-    }
-    return {buf.get(), x.size()};
-  }
   Buffer q_, k_, v_, sinks_, dout_buf_, out_;
   std::span<const float> dout_;
   AttentionSaved<float> saved_;
@@ -869,38 +858,30 @@ void Dispatch(const AttentionPlan& plan, const AttentionInputs<float>& in,
   }
 }
 
-/// Throws Error naming `rounding` for a profile the optimized backward does
-/// not implement at a low-precision T (SPEC §10.2: pytorch and exact; ggml's
-/// output accumulator in T and its q rounded to K's type are not), before
-/// anything is read or written.
-template <class T>
-void require_rounding(const AttentionPlan& plan) {
-  if constexpr (is_low_precision_v<T>) {
-    const Rounding& r = plan.rounding;
-    require(!r.output_accumulator && !r.q_as_k, "rounding", std::string(r.name),
-            "is not implemented by the optimized backend (it implements pytorch and exact)");
-  }
-}
-
 /// The saved state that a low-precision backward without one computes first
 /// (SPEC §10.2): the forward's out as stored in T and its float lse, so that
 /// δ takes O exactly as the forward stores it and both paths give the same
-/// bits, as the reference's backward does.
+/// bits, as the reference's backward does. The forward runs on the
+/// backward's own widened inputs (`wide`), so that they are widened once for
+/// both; out is then widened for δ as a given saved out would be.
 template <class T>
 class ForwardRun {
  public:
-  ForwardRun(const AttentionPlan& plan, const AttentionInputs<T>& in, const Options& options)
+  ForwardRun(const AttentionPlan& plan, const AttentionInputs<T>& in, const WideViews<T>& wide,
+             const Options& options)
       : out_(static_cast<std::size_t>(plan.o.extent)),
         lse_(static_cast<std::size_t>(plan.lse_size())) {
-    detail::attention_forward_lse_stored<T>(plan, in, out_, lse_, options);
-    saved_ = {out_, lse_};
+    detail::attention_forward_lse_widened<T>(plan, in, wide.in, out_, lse_, options);
+    wide_ = {widen_view(std::span<const T>(out_), wide_out_, detail::threads_of(options)), lse_};
   }
-  const AttentionSaved<T>* saved() const { return &saved_; }
+  /// The saved state as float32, for the backward on `wide`.
+  const AttentionSaved<float>* wide_saved() const { return &wide_; }
 
  private:
   std::vector<T> out_;
   std::vector<float> lse_;
-  AttentionSaved<T> saved_;
+  Buffer wide_out_;
+  AttentionSaved<float> wide_;
 };
 
 }  // namespace
@@ -911,17 +892,16 @@ template <class T>
 void attention_backward(const AttentionPlan& plan, const AttentionInputs<T>& in,
                         std::span<const T> dout, const AttentionGrads<T>& grads,
                         const AttentionSaved<T>* saved, const Options& options) {
-  require_rounding<T>(plan);
-  const WideViews<T> wide(in, dout, saved, threads_of(options));
-  check_inputs(plan, wide.in);
+  if constexpr (is_low_precision_v<T>) require_rounding(plan);
+  check_inputs(plan, in);
   require_size(dout.size(), plan.o.extent, "dout");
   check_grads(plan, grads);
   if (saved != nullptr) check_saved(plan, *saved);
+  const WideViews<T> wide(in, dout, saved, threads_of(options));
   if constexpr (is_low_precision_v<T>) {
-    if (saved == nullptr) {  // validated above: the forward first, then the saved path
-      const ForwardRun<T> run(plan, in, options);
-      const WideViews<T> wide_run(in, dout, run.saved(), threads_of(options));
-      Dispatch(plan, wide_run.in, wide_run.dout(), grads, wide_run.saved(run.saved()), options);
+    if (saved == nullptr) {  // the forward first, then the saved path, on the same wide inputs
+      const ForwardRun<T> run(plan, in, wide, options);
+      Dispatch(plan, wide.in, wide.dout(), grads, run.wide_saved(), options);
       return;
     }
   }
@@ -932,9 +912,8 @@ template <class T>
 void attention_backward_one(const AttentionPlan& plan, const AttentionInputs<T>& in,
                             std::span<const T> dout, Gradient which, std::span<T> grad,
                             const Options& options) {
-  require_rounding<T>(plan);
-  const WideViews<T> wide(in, dout, nullptr, threads_of(options));
-  check_inputs(plan, wide.in);
+  if constexpr (is_low_precision_v<T>) require_rounding(plan);
+  check_inputs(plan, in);
   require_size(dout.size(), plan.o.extent, "dout");
   AttentionGrads<T> grads;
   switch (which) {
@@ -951,10 +930,10 @@ void attention_backward_one(const AttentionPlan& plan, const AttentionInputs<T>&
       grads.dv = grad;
       break;
   }
+  const WideViews<T> wide(in, dout, nullptr, threads_of(options));
   if constexpr (is_low_precision_v<T>) {  // the forward first, as attention_backward
-    const ForwardRun<T> run(plan, in, options);
-    const WideViews<T> wide_run(in, dout, run.saved(), threads_of(options));
-    Dispatch(plan, wide_run.in, wide_run.dout(), grads, wide_run.saved(run.saved()), options);
+    const ForwardRun<T> run(plan, in, wide, options);
+    Dispatch(plan, wide.in, wide.dout(), grads, run.wide_saved(), options);
   } else {
     Dispatch(plan, wide.in, wide.dout(), grads, nullptr, options);
   }

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Per-target storage-type boundary of the optimized attention backward
-// (SPEC §10.2): the inputs of a bf16 or f16 call widened to float32 once at
-// entry (exact: every bf16 and f16 value is a float32), and the gradients
-// rounded to the storage type T once, at their store, from their float32
-// sums. For T = float every function here is a plain copy. Included once per
+// (SPEC §10.2): the gradients rounded to the storage type T once, at their
+// store, from their float32 sums (the inputs are widened to float32 once at
+// entry, by convert-inl.h's Widen; exact: every bf16 and f16 value is a
+// float32). For T = float every function here is a plain copy. Included once per
 // Highway target (the toggle guard below), after <hwy/highway.h>.
 #if defined(TANDEM_OPTIMIZED_ATTENTION_BACKWARD_STORAGE_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef TANDEM_OPTIMIZED_ATTENTION_BACKWARD_STORAGE_INL_H_
@@ -25,16 +25,6 @@ HWY_BEFORE_NAMESPACE();
 namespace tandem::optimized::HWY_NAMESPACE::attn {
 
 namespace hn = hwy::HWY_NAMESPACE;
-
-/// dst[0 .. n) = src[0 .. n) as float32, exactly (LoadWide<T>).
-template <class T>
-void WidenRange(const T* src, std::int64_t n, float* dst) {
-  const DF d;
-  const std::int64_t N = Lanes();
-  std::int64_t x = 0;
-  for (; x + N <= n; x += N) hn::StoreU(LoadWide<T>(d, src + x), d, dst + x);
-  if (x < n) StoreN(LoadWideN<T>(d, src + x, n - x), d, dst + x, static_cast<std::size_t>(n - x));
-}
 
 /// dst[x] = RN_T(factor · src[x]) for x < n: one rounding of a float32 sum
 /// (factor 1: the sum itself; for T = float a plain copy then).

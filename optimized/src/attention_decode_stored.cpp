@@ -608,10 +608,7 @@ namespace {
 template <class T>
 DecodeArgs common_args(const AttentionPlan& plan, const AttentionInputs<T>& in, T* out, float* lse,
                        const Options& options) {
-  require(
-      plan.rounding.name != "ggml" && !plan.rounding.output_accumulator && !plan.rounding.q_as_k,
-      "rounding", std::string(plan.rounding.name),
-      "is not implemented by the optimized backend (pytorch and exact are)");
+  require_rounding(plan);
   DecodeArgs a;
   a.plan = &plan;
   a.q = in.q.data();

@@ -142,46 +142,27 @@ void Forward(const Call& c, float* out, float* lse_out, int threads) {
   }
 }
 
-/// Elements per task of the conversions below: whole vectors on every
-/// target, and large enough that a task outweighs its scheduling.
-constexpr std::int64_t kConvertChunk = 1 << 14;
-
-/// dst[0 .. n) = x[0 .. n) widened from T to float (exact, SPEC §10.1), in
-/// fixed chunks on `threads` threads (each element is converted alone: the
-/// result does not depend on the thread count).
-template <class T>
-void Widen(const T* x, std::int64_t n, float* dst, int threads) {
-  const std::int64_t tasks = (n + kConvertChunk - 1) / kConvertChunk;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (std::int64_t task = 0; task < tasks; ++task) {
-    const DF d;
-    const std::int64_t N = Lanes(), hi = std::min(n, (task + 1) * kConvertChunk);
-    std::int64_t i = task * kConvertChunk;
-    for (; i + N <= hi; i += N) hn::StoreU(LoadWide<T>(d, x + i), d, dst + i);
-    for (; i < hi; ++i) dst[i] = static_cast<float>(static_cast<double>(x[i]));
-  }
-}
-
-/// dst[0 .. n) = RN_T(x[0 .. n)), as Widen (the tail by storage.hpp's
-/// scalar RN_T, which StoreRounded equals bit for bit).
-template <class T>
-void Narrow(const float* x, std::int64_t n, T* dst, int threads) {
-  const std::int64_t tasks = (n + kConvertChunk - 1) / kConvertChunk;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (std::int64_t task = 0; task < tasks; ++task) {
-    const DF d;
-    const std::int64_t N = Lanes(), hi = std::min(n, (task + 1) * kConvertChunk);
-    std::int64_t i = task * kConvertChunk;
-    for (; i + N <= hi; i += N) StoreRounded<T>(d, hn::LoadU(d, x + i), dst + i);
-    for (; i < hi; ++i) dst[i] = T(static_cast<double>(x[i]));  // the same RN_T
-  }
-}
-
 /// The forward of a bf16 or f16 call (SPEC §10.2, profiles `pytorch` and
-/// `exact`): q, k, v and the sinks widened to float scratch (exact), the
-/// float tiles run on them with the weights rounded to T before P·V where
-/// the profile says (Call::weights, OnlineSoftmax), the output accumulated
-/// in float and rounded to T once at the store; lse stays float.
+/// `exact`) on its inputs widened to float32 (`wide`: q, k, v and the sinks
+/// of the call, exact): the float tiles run on them with the weights
+/// rounded to T before P·V where the profile says (Call::weights,
+/// OnlineSoftmax), the output accumulated in float and rounded to T once at
+/// the store; lse stays float.
+template <class T>
+void ForwardWide(const AttentionPlan& plan, const AttentionInputs<float>& wide, std::span<T> out,
+                 std::span<float> lse, const Geometry& geometry, int threads) {
+  Buffer wide_out(plan.o.extent);  // every element is written; zero keeps it defined regardless
+  Call c(plan, wide, geometry);
+  if (plan.rounding.operands) {
+    c.weights =
+        std::is_same_v<T, bfloat16> ? attn::WeightRounding::bf16 : attn::WeightRounding::f16;
+  }
+  Forward(c, wide_out.get(), lse.empty() ? nullptr : lse.data(), threads);
+  Narrow(wide_out.get(), plan.o.extent, out.data(), threads);
+}
+
+/// The forward of a bf16 or f16 call: q, k, v and the sinks widened to
+/// float scratch (exact, SPEC §10.1), then ForwardWide.
 ///
 /// Why widen first: the conversion is O(B·S·H·D) against the tiles'
 /// O(B·Sq·Sk·H·D), and the float micro-kernels then run unchanged on every
@@ -196,7 +177,6 @@ void ForwardStored(const AttentionPlan& plan, const AttentionInputs<T>& in, std:
   Buffer k(plan.k.extent, Buffer::Init::uninitialized);
   Buffer v(plan.v.extent, Buffer::Init::uninitialized);
   Buffer sinks(static_cast<std::int64_t>(in.sinks.size()), Buffer::Init::uninitialized);
-  Buffer wide_out(plan.o.extent);  // every element is written; zero keeps it defined regardless
   Widen(in.q.data(), plan.q.extent, q.get(), threads);
   Widen(in.k.data(), plan.k.extent, k.get(), threads);
   Widen(in.v.data(), plan.v.extent, v.get(), threads);
@@ -214,13 +194,7 @@ void ForwardStored(const AttentionPlan& plan, const AttentionInputs<T>& in, std:
   wide.seqused_k = in.seqused_k;
   wide.block_table = in.block_table;
   wide.cache_seqlens = in.cache_seqlens;
-  Call c(plan, wide, geometry);
-  if (plan.rounding.operands) {
-    c.weights =
-        std::is_same_v<T, bfloat16> ? attn::WeightRounding::bf16 : attn::WeightRounding::f16;
-  }
-  Forward(c, wide_out.get(), lse.empty() ? nullptr : lse.data(), threads);
-  Narrow(wide_out.get(), plan.o.extent, out.data(), threads);
+  ForwardWide(plan, wide, out, lse, geometry, threads);
 }
 
 }  // namespace
@@ -257,6 +231,17 @@ void AttentionForwardF16Target(const AttentionPlan& plan, const AttentionInputs<
                                const Geometry& geometry, int threads) {
   ForwardStored(plan, in, out, lse, geometry, threads);
 }
+/// The same on inputs the caller has widened already (ForwardWide).
+void AttentionForwardWideBf16Target(const AttentionPlan& plan, const AttentionInputs<float>& wide,
+                                    std::span<bfloat16> out, std::span<float> lse,
+                                    const Geometry& geometry, int threads) {
+  ForwardWide(plan, wide, out, lse, geometry, threads);
+}
+void AttentionForwardWideF16Target(const AttentionPlan& plan, const AttentionInputs<float>& wide,
+                                   std::span<float16> out, std::span<float> lse,
+                                   const Geometry& geometry, int threads) {
+  ForwardWide(plan, wide, out, lse, geometry, threads);
+}
 
 }  // namespace tandem::optimized::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
@@ -268,18 +253,11 @@ namespace tandem::optimized {
 HWY_EXPORT(AttentionForwardTarget);
 HWY_EXPORT(AttentionForwardBf16Target);
 HWY_EXPORT(AttentionForwardF16Target);
+HWY_EXPORT(AttentionForwardWideBf16Target);
+HWY_EXPORT(AttentionForwardWideF16Target);
 
 namespace detail {
 namespace {
-
-/// The profiles the optimized forward implements (SPEC §10.2): every one
-/// whose rounding points are the weights at most (`pytorch`, `exact`);
-/// `ggml`'s q rounded to K's type and T accumulator are rejected.
-void require_rounding(const AttentionPlan& plan) {
-  const Rounding& r = plan.rounding;
-  require(!r.q_as_k && !r.output_accumulator, "rounding", std::string(r.name),
-          "is not implemented by the optimized backend (it implements pytorch and exact)");
-}
 
 /// The one place where a decode-shaped call of storage type T (a few query
 /// rows against a long or paged cache) leaves for the kernel that reads K
@@ -313,6 +291,21 @@ void forward_stored(const AttentionPlan& plan, const AttentionInputs<T>& in, std
 }  // namespace
 
 template <class T>
+void attention_forward_lse_widened(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                                   const AttentionInputs<float>& wide, std::span<T> out,
+                                   std::span<float> lse, const Options& options) {
+  if (stored_decode(plan, in, out, lse, options)) return;
+  const int threads = threads_of(options);
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    HWY_DYNAMIC_DISPATCH(AttentionForwardWideBf16Target)
+    (plan, wide, out, lse, options.geometry, threads);
+  } else {
+    HWY_DYNAMIC_DISPATCH(AttentionForwardWideF16Target)
+    (plan, wide, out, lse, options.geometry, threads);
+  }
+}
+
+template <class T>
 void attention_forward_stored(const AttentionPlan& plan, const AttentionInputs<T>& in,
                               std::span<T> out, const Options& options) {
   forward_stored(plan, in, out, {}, false, options);
@@ -332,6 +325,12 @@ template void attention_forward_lse_stored(const AttentionPlan&, const Attention
                                            std::span<bfloat16>, std::span<float>, const Options&);
 template void attention_forward_lse_stored(const AttentionPlan&, const AttentionInputs<float16>&,
                                            std::span<float16>, std::span<float>, const Options&);
+template void attention_forward_lse_widened(const AttentionPlan&, const AttentionInputs<bfloat16>&,
+                                            const AttentionInputs<float>&, std::span<bfloat16>,
+                                            std::span<float>, const Options&);
+template void attention_forward_lse_widened(const AttentionPlan&, const AttentionInputs<float16>&,
+                                            const AttentionInputs<float>&, std::span<float16>,
+                                            std::span<float>, const Options&);
 
 void attention_forward(const AttentionPlan& plan, const AttentionInputs<float>& in,
                        std::span<float> out, const Options& options) {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "entry_points.hpp"
+#include "tandem/optimized/decode.hpp"
 
 namespace tandem::optimized {
 namespace {
@@ -139,5 +140,21 @@ Backend backend(Options options) {
   bind_quantized<float16>(b.f16, options);
   return b;
 }
+
+template <class T>
+bool attention_decode_stored(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                             std::span<T> out, std::span<float> lse, const Options& options) {
+  require(options.threads >= 0, "threads", options.threads, "must be >= 0 (0 = all cores)");
+  validate(options.geometry);
+  return detail::attention_decode_stored<T>(plan, in, out, lse, options);
+}
+
+template bool attention_decode_stored<bfloat16>(const AttentionPlan&,
+                                                const AttentionInputs<bfloat16>&,
+                                                std::span<bfloat16>, std::span<float>,
+                                                const Options&);
+template bool attention_decode_stored<float16>(const AttentionPlan&,
+                                               const AttentionInputs<float16>&, std::span<float16>,
+                                               std::span<float>, const Options&);
 
 }  // namespace tandem::optimized

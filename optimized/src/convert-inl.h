@@ -11,8 +11,11 @@
 // target keeps the top 16 bits (truncation), and the f16 DemoteTo of SSE4
 // and scalar truncates too and never gives inf. Rounding is done here with
 // integer arithmetic, the same on every target; the f16 load is done the
-// same way so that inf and NaN widen correctly without F16C. Included once
-// per Highway target (the toggle guard below), after <hwy/highway.h>.
+// same way so that inf and NaN widen correctly without F16C. Last, whole
+// arrays widened or rounded (WidenRange, NarrowRange), and the same on
+// OpenMP threads (Widen, Narrow): the storage boundary of the forward and
+// the backward (SPEC §10.2). Included once per Highway target (the toggle
+// guard below), after <hwy/highway.h>.
 #if defined(TANDEM_OPTIMIZED_CONVERT_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef TANDEM_OPTIMIZED_CONVERT_INL_H_
 #undef TANDEM_OPTIMIZED_CONVERT_INL_H_
@@ -22,7 +25,9 @@
 
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -191,6 +196,60 @@ HWY_INLINE VF RoundAs(DF d, VF v) {
   } else {
     return WidenBits<T>(d, RoundBits<T>(d, v));
   }
+}
+
+/// dst[0 .. n) = src[0 .. n) as float32, exactly (LoadWide<T>; SPEC §10.1).
+template <class T>
+void WidenRange(const T* src, std::int64_t n, float* dst) {
+  const DF d;
+  const std::int64_t N = Lanes();
+  std::int64_t x = 0;
+  for (; x + N <= n; x += N) hn::StoreU(LoadWide<T>(d, src + x), d, dst + x);
+  if (x < n) StoreN(LoadWideN<T>(d, src + x, n - x), d, dst + x, static_cast<std::size_t>(n - x));
+}
+
+/// dst[0 .. n) = RN_T(src[0 .. n)) (StoreRounded<T>; a copy for float).
+template <class T>
+void NarrowRange(const float* src, std::int64_t n, T* dst) {
+  const DF d;
+  const std::int64_t N = Lanes();
+  std::int64_t x = 0;
+  for (; x + N <= n; x += N) StoreRounded<T>(d, hn::LoadU(d, src + x), dst + x);
+  if (x < n)
+    StoreRoundedN<T>(d, LoadN(d, src + x, static_cast<std::size_t>(n - x)), dst + x, n - x);
+}
+
+/// Elements per task of Widen and Narrow: whole vectors on every target,
+/// and enough that a task outweighs its scheduling.
+inline constexpr std::int64_t kConvertChunk = 1 << 14;
+
+/// fn(i0, m) for the chunks [i0, i0 + m) of kConvertChunk elements of
+/// [0, n), on at most `threads` OpenMP threads. Each element is converted
+/// alone, so the result does not depend on the thread count.
+template <class Fn>
+void ForEachConvertChunk(std::int64_t n, int threads, const Fn& fn) {
+  const std::int64_t chunks = (n + kConvertChunk - 1) / kConvertChunk;
+  const int nt =
+      static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(threads, chunks)));
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    const std::int64_t i0 = c * kConvertChunk;
+    fn(i0, std::min(kConvertChunk, n - i0));
+  }
+}
+
+/// dst[0 .. n) = src[0 .. n) as float32 (WidenRange), on `threads` threads.
+template <class T>
+void Widen(const T* src, std::int64_t n, float* dst, int threads) {
+  ForEachConvertChunk(
+      n, threads, [&](std::int64_t i0, std::int64_t m) { WidenRange<T>(src + i0, m, dst + i0); });
+}
+
+/// dst[0 .. n) = RN_T(src[0 .. n)) (NarrowRange), on `threads` threads.
+template <class T>
+void Narrow(const float* src, std::int64_t n, T* dst, int threads) {
+  ForEachConvertChunk(
+      n, threads, [&](std::int64_t i0, std::int64_t m) { NarrowRange<T>(src + i0, m, dst + i0); });
 }
 
 }  // namespace tandem::optimized::HWY_NAMESPACE

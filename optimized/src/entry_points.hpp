@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "tandem/attention.hpp"
 #include "tandem/attention_block.hpp"
@@ -29,6 +30,17 @@ namespace tandem::optimized::detail {
 /// threads (omp_get_max_threads at call time) when it is 0.
 inline int threads_of(const Options& options) {
   return options.threads > 0 ? options.threads : omp_get_max_threads();
+}
+
+/// Throws Error naming `rounding` unless the optimized backend implements
+/// the plan's profile (SPEC §10.2): those whose only rounding points inside
+/// the attention are the operands of its products, `pytorch` and `exact`;
+/// `ggml`'s q rounded to K's type and its output accumulator in T are not.
+/// Called before anything is read or written.
+inline void require_rounding(const AttentionPlan& plan) {
+  const Rounding& r = plan.rounding;
+  require(!r.q_as_k && !r.output_accumulator, "rounding", std::string(r.name),
+          "is not implemented by the optimized backend (it implements pytorch and exact)");
 }
 
 /// out = attention(q, k, v, mask).
@@ -47,6 +59,15 @@ void attention_forward_stored(const AttentionPlan& plan, const AttentionInputs<T
 template <class T>
 void attention_forward_lse_stored(const AttentionPlan& plan, const AttentionInputs<T>& in,
                                   std::span<T> out, std::span<float> lse, const Options& options);
+/// attention_forward_lse_stored on inputs already validated and widened:
+/// `wide` holds in's q, k, v and sinks as float32 (exact, SPEC §10.1) and
+/// its other views as given, so that a caller holding such copies (a
+/// backward without a saved state) does not widen them again. The same bits
+/// as attention_forward_lse_stored(plan, in, ...); nothing is validated.
+template <class T>
+void attention_forward_lse_widened(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                                   const AttentionInputs<float>& wide, std::span<T> out,
+                                   std::span<float> lse, const Options& options);
 /// The forward of a decode step with K and V read as stored (bf16, f16; SPEC
 /// §10.2): out = RN_T(attention), lse (float, [B, H, Sq]; empty: not
 /// written) as attention_forward_lse. Validates the views first; returns

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -20,6 +21,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tandem/tandem.hpp"
@@ -169,6 +171,43 @@ inline ::testing::AssertionResult bitwise(std::span<const float> a, std::span<co
   const std::string m = bit_mismatch("element", a, b);
   if (m.empty()) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << m;
+}
+
+/// Whether two arrays of float or of a 16-bit storage type (bfloat16,
+/// float16) hold the same bits, element for element (NaNs included).
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  if constexpr (std::is_same_v<T, float>) {
+    return bitwise_equal(a, b);
+  } else {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                      [](const T& x, const T& y) { return x.bits == y.bits; });
+  }
+}
+
+/// RN_T of each value: x stored as T (exact where x holds values of T).
+template <class T>
+std::vector<T> stored(const std::vector<float>& x) {
+  std::vector<T> out;
+  out.reserve(x.size());
+  for (const float e : x) out.emplace_back(static_cast<double>(e));
+  return out;
+}
+
+/// Each value of T as float32 (exact: every bf16 and f16 value is one).
+template <class T>
+std::vector<float> widened(const std::vector<T>& x) {
+  std::vector<float> out;
+  out.reserve(x.size());
+  for (const T& e : x) out.push_back(static_cast<float>(static_cast<double>(e)));
+  return out;
+}
+
+/// max |x_i| (0 for an empty x; the gaps of strided rows hold 0).
+inline double max_abs(const std::vector<float>& x) {
+  double m = 0.0;
+  for (const float e : x) m = std::max(m, std::fabs(static_cast<double>(e)));
+  return m;
 }
 
 /// GoogleTest: f() throws tandem::Error whose parameter() is `parameter`

@@ -107,6 +107,32 @@ void add_rounding_bound(const AttentionPlan& plan, const AttentionSeq& seq,
   }
 }
 
+/// The forward bound over every query row of every sequence and head:
+/// row_of(seq, h, i) is the reference's row i (e_ij, l_i, visible keys),
+/// o_star_of(seq, row, h) its output before RN_T, and v_jd(key, g, d) the
+/// value element that weighs in its flip (kv head g).
+template <class T, class RowOf, class OStarOf, class ValueOf>
+RoundingBound forward_rounding(const AttentionPlan& plan, const AttentionInputs<T>& in,
+                               const RowOf& row_of, const OStarOf& o_star_of, const ValueOf& v_jd,
+                               double rel_delta) {
+  const auto size = static_cast<std::size_t>(plan.o.extent);
+  RoundingBound bound{std::vector<double>(size, 0.0), std::vector<double>(size, 0.0)};
+  for (std::int64_t n = 0; n < plan.sequences(); ++n) {
+    const AttentionSeq seq = plan.sequence(in, n);
+    for (std::int64_t h = 0; h < plan.H; ++h) {
+      const std::int64_t g = plan.kv_head(h);
+      const auto value = [&](const KeyRow& key, std::int64_t d) { return v_jd(key, g, d); };
+      for (std::int64_t i = 0; i < seq.Sq; ++i) {
+        const AttentionRow<double> row = row_of(seq, h, i);
+        const std::vector<double> o_star = o_star_of(seq, row, h);
+        add_rounding_bound<T>(plan, seq, row, o_star, value, rel_delta,
+                              plan.o.at(seq.b, seq.q_row(i), h), bound);
+      }
+    }
+  }
+  return bound;
+}
+
 }  // namespace detail
 
 /// The agreement bound of attention_forward (SPEC §10.5, file comment):
@@ -117,24 +143,18 @@ template <class T>
 RoundingBound attention_forward_rounding(const AttentionPlan& plan, const AttentionInputs<T>& in,
                                          double rel_delta) {
   check_inputs(plan, in);
-  const auto size = static_cast<std::size_t>(plan.o.extent);
-  RoundingBound bound{std::vector<double>(size, 0.0), std::vector<double>(size, 0.0)};
-  for (std::int64_t n = 0; n < plan.sequences(); ++n) {
-    const AttentionSeq seq = plan.sequence(in, n);
-    for (std::int64_t h = 0; h < plan.H; ++h) {
-      const std::int64_t g = plan.kv_head(h);
-      const auto v_jd = [&](const KeyRow& key, std::int64_t d) {
+  return detail::forward_rounding<T>(
+      plan, in,
+      [&](const AttentionSeq& seq, std::int64_t h, std::int64_t i) {
+        return attention_row<T, double>(plan, in, seq, h, i);
+      },
+      [&](const AttentionSeq& seq, const AttentionRow<double>& row, std::int64_t h) {
+        return attention_output_row<T, double>(plan, in, seq, row, h);
+      },
+      [&](const KeyRow& key, std::int64_t g, std::int64_t d) {
         return static_cast<double>(in.v[plan.v.at(key.batch, key.seq, g) + d]);
-      };
-      for (std::int64_t i = 0; i < seq.Sq; ++i) {
-        const AttentionRow<double> row = attention_row<T, double>(plan, in, seq, h, i);
-        const std::vector<double> o_star = attention_output_row<T, double>(plan, in, seq, row, h);
-        detail::add_rounding_bound<T>(plan, seq, row, o_star, v_jd, rel_delta,
-                                      plan.o.at(seq.b, seq.q_row(i), h), bound);
-      }
-    }
-  }
-  return bound;
+      },
+      rel_delta);
 }
 
 /// The agreement bound of attention_forward_quantized (SPEC §10.4, §10.5):
@@ -145,27 +165,19 @@ RoundingBound attention_forward_quantized_rounding(const AttentionPlan& plan,
                                                    const AttentionInputs<T>& in,
                                                    const QuantizedKv& kv, double rel_delta) {
   check_inputs(plan, in, kv);
-  const auto size = static_cast<std::size_t>(plan.o.extent);
-  RoundingBound bound{std::vector<double>(size, 0.0), std::vector<double>(size, 0.0)};
-  for (std::int64_t n = 0; n < plan.sequences(); ++n) {
-    const AttentionSeq seq = plan.sequence(in, n);
-    for (std::int64_t h = 0; h < plan.H; ++h) {
-      const std::int64_t g = plan.kv_head(h);
-      const auto v_jd = [&](const KeyRow& key, std::int64_t d) {
+  return detail::forward_rounding<T>(
+      plan, in,
+      [&](const AttentionSeq& seq, std::int64_t h, std::int64_t i) {
+        return attention_row_quantized<T, double>(plan, in, kv, seq, h, i);
+      },
+      [&](const AttentionSeq& seq, const AttentionRow<double>& row, std::int64_t h) {
+        return attention_output_row_quantized<T, double>(plan, kv, seq, row, h);
+      },
+      [&](const KeyRow& key, std::int64_t g, std::int64_t d) {
         return static_cast<double>(kv.v_scale[plan.kv_scale_at(key.batch, key.seq, g)]) *
                code_value(plan.kv_cache, kv.v[plan.v.at(key.batch, key.seq, g) + d]);
-      };
-      for (std::int64_t i = 0; i < seq.Sq; ++i) {
-        const AttentionRow<double> row =
-            attention_row_quantized<T, double>(plan, in, kv, seq, h, i);
-        const std::vector<double> o_star =
-            attention_output_row_quantized<T, double>(plan, kv, seq, row, h);
-        detail::add_rounding_bound<T>(plan, seq, row, o_star, v_jd, rel_delta,
-                                      plan.o.at(seq.b, seq.q_row(i), h), bound);
-      }
-    }
-  }
-  return bound;
+      },
+      rel_delta);
 }
 
 /// The agreement bounds of the three gradients of attention_backward

@@ -258,5 +258,7 @@ void register_streaming();
 void register_block();
 /// Decode over K/V stored as f32, bf16, f16, int8, e4m3 (bench_decode_stored.cpp).
 void register_decode_stored();
+/// bf16 prefill against f32, with and without AVX512-BF16 (bench_prefill_bf16.cpp).
+void register_prefill_bf16();
 
 }  // namespace tandem::bench

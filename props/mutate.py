@@ -222,7 +222,7 @@ MUTATIONS = [
     Mutation("bf16_key_pair_swapped", "attention_forward_bf16_tile-inl.h",
              [("Kb[jj * d_pairs_ + p] = PairWord(even, odd);",
                "Kb[jj * d_pairs_ + p] = PairWord(odd, even);")],
-             "bf16 tile: the two halves of a key's pair are swapped (q[2p]·k[2p+1] + q[2p+1]·k[2p])",
+             "bf16 tile: a key pair's halves swapped (q[2p]·k[2p+1] + q[2p+1]·k[2p])",
              avx3=True),
     Mutation("bf16_scores_unscaled", "attention_forward_bf16_tile-inl.h",
              [("b_.Qb.data(), R, lo, hi, c_.q_scale, St, R);",
@@ -235,7 +235,7 @@ MUTATIONS = [
     Mutation("bf16_values_chain_restarts", "bf16_dot.cpp",
              [("acc[j][v] = _mm512_loadu_ps(Ot + (dv + j) * R + r0 + v * kLanes);",
                "acc[j][v] = _mm512_setzero_ps();")],
-             "bf16 P·V kernel: each key block overwrites the running output instead of adding to it",
+             "bf16 P·V kernel: each key block overwrites the running output, not adds to it",
              avx3=True),
 ]
 
@@ -328,8 +328,8 @@ def main():
     ap.add_argument("--list", action="store_true", help="list the mutations and exit")
     ap.add_argument("--all-targets", action="store_true", help="compile every Highway target, as shipped")
     ap.add_argument("--avx3", action="store_true",
-                    help="compile the one target AVX3 (-march=skylake-avx512): the mutations marked "
-                         "avx3, on a CPU with AVX512-BF16")
+                    help="compile the one target AVX3 (-march=skylake-avx512): the mutations "
+                         "marked avx3, on a CPU with AVX512-BF16")
     ap.add_argument("--filter", default="optimized_*", help="gtest filter of the props run")
     ap.add_argument("--scale", type=float, default=1.0, help="TANDEM_PROPS_SCALE of the props run")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per props run")

@@ -16,7 +16,10 @@ By default the copy compiles the kernels for the one Highway target AVX2
 asks for AES, which GCC's haswell leaves out) instead of every target, a
 quarter of the compile time; the suite runs the same properties at every target, so
 a bug killed here is killed by `ctest -L props` too. --all-targets builds
-as shipped.
+as shipped. The mutations marked avx3 (the bf16 forward's AVX512-BF16
+products, which only AVX3 kernels take) are skipped in that build: --avx3
+compiles the one target AVX3 (-march=skylake-avx512) instead, for a CPU with
+AVX512-BF16.
 
   props/mutate.py                       # every mutation; a Markdown table at the end
   props/mutate.py --only gqa_mod,tail   # some of them
@@ -43,11 +46,12 @@ class Mutation:
     file: str  # relative to optimized/src
     edits: list  # [(fragment, replacement)], each fragment exactly once in the file
     description: str
+    avx3: bool = False  # reached only by the AVX3 kernels (the default build compiles AVX2)
 
 
 MUTATIONS = [
     Mutation("rescale_output_dropped", "attention_forward_tile-inl.h",
-             [("const VF a = hn::LoadU(d, softmax_.alpha() + r0);",
+             [("const VF a = hn::LoadU(d, softmax.alpha() + r0);",
                "const VF a = hn::Set(d, 1.0f);")],
              "wide tile: the running output is not rescaled by 2^(m_old - m_new) when m moves"),
     Mutation("decode_rescale_dropped", "attention_forward_tile-inl.h",
@@ -213,6 +217,26 @@ MUTATIONS = [
              [("hn::StoreU(RoundAs<T>(d, hn::LoadU(d, at)), d, at);",
                "hn::StoreU(hn::LoadU(d, at), d, at);")],
              "bf16/f16 backward (pytorch profile): P reaches dV unrounded"),
+    # the AVX512-BF16 products of the bf16 forward's wide tiles (Bf16Tile):
+    # compiled for AVX3 alone and taken on a CPU with AVX512-BF16 (--avx3)
+    Mutation("bf16_key_pair_swapped", "attention_forward_bf16_tile-inl.h",
+             [("Kb[jj * d_pairs_ + p] = PairWord(even, odd);",
+               "Kb[jj * d_pairs_ + p] = PairWord(odd, even);")],
+             "bf16 tile: a key pair's halves swapped (q[2p]·k[2p+1] + q[2p+1]·k[2p])",
+             avx3=True),
+    Mutation("bf16_scores_unscaled", "attention_forward_bf16_tile-inl.h",
+             [("b_.Qb.data(), R, lo, hi, c_.q_scale, St, R);",
+               "b_.Qb.data(), R, lo, hi, 1.0f, St, R);")],
+             "bf16 tile: the raw dot products reach the softmax without scale·log2 e", avx3=True),
+    Mutation("bf16_pv_under_exact", "attention_forward_bf16_tile-inl.h",
+             [("c_.weights == WeightRounding::bf16 && !careful", "!careful")],
+             "bf16 tile: P·V by bf16 pairs under the exact profile too (P truncated to bf16)",
+             avx3=True),
+    Mutation("bf16_values_chain_restarts", "bf16_dot.cpp",
+             [("acc[j][v] = _mm512_loadu_ps(Ot + (dv + j) * R + r0 + v * kLanes);",
+               "acc[j][v] = _mm512_setzero_ps();")],
+             "bf16 P·V kernel: each key block overwrites the running output, not adds to it",
+             avx3=True),
 ]
 
 
@@ -303,6 +327,9 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated mutation names")
     ap.add_argument("--list", action="store_true", help="list the mutations and exit")
     ap.add_argument("--all-targets", action="store_true", help="compile every Highway target, as shipped")
+    ap.add_argument("--avx3", action="store_true",
+                    help="compile the one target AVX3 (-march=skylake-avx512): the mutations "
+                         "marked avx3, on a CPU with AVX512-BF16")
     ap.add_argument("--filter", default="optimized_*", help="gtest filter of the props run")
     ap.add_argument("--scale", type=float, default=1.0, help="TANDEM_PROPS_SCALE of the props run")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per props run")
@@ -328,7 +355,14 @@ def main():
     work = Path(args.work).resolve()
     src, bld = work / "src", work / "build"
     sync_copy(ROOT, src)
-    flags = "" if args.all_targets else "-UHWY_COMPILE_ALL_ATTAINABLE -DHWY_COMPILE_ONLY_STATIC -march=haswell -maes"
+    static = "-UHWY_COMPILE_ALL_ATTAINABLE -DHWY_COMPILE_ONLY_STATIC"
+    flags = "" if args.all_targets else f"{static} -march=skylake-avx512" if args.avx3 else \
+        f"{static} -march=haswell -maes"
+    if not (args.all_targets or args.avx3):
+        skipped = [m.name for m in chosen if m.avx3]
+        if skipped:
+            print(f"skipped (AVX3 kernels, run with --avx3): {', '.join(skipped)}", flush=True)
+        chosen = [m for m in chosen if not m.avx3]
     run(["cmake", "-S", str(src), "-B", str(bld), "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_CXX_FLAGS={flags}",
          "-DTANDEM_BUILD_BENCH=OFF", "-DTANDEM_BUILD_TOOLS=OFF", "-DTANDEM_BUILD_DOCS=OFF",
          "-DTANDEM_PYTHON_VENV="], stdout=subprocess.DEVNULL)

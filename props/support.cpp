@@ -149,6 +149,22 @@ std::vector<Subject> correct_subjects() {
       out.push_back(s);
     }
   }
+  // The best target once more with the bf16 forward's AVX512-BF16 products
+  // switched on (off by default), where this CPU has them.
+  if (optimized::bf16_dot_supported() && !targets.empty()) {
+    const std::int64_t best = targets.front();
+    Subject s =
+        optimized_subject(best, "optimized_" + optimized::target_name(best) + "_bf16dot", {});
+    s.enter = [best] {
+      optimized::force_target(best);
+      optimized::enable_bf16_dot(true);
+    };
+    s.leave = [] {
+      optimized::enable_bf16_dot(false);
+      optimized::force_target(0);
+    };
+    out.push_back(s);
+  }
 #endif
   return out;
 }

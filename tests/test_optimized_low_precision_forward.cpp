@@ -18,6 +18,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "support/tandem_test_support.hpp"
@@ -109,6 +110,11 @@ std::vector<Feature> features() {
   f.push_back({"split-key decode, sinks", p, [](test::AttentionCase<float>& c, std::mt19937& gen) {
                  fill_exact<bfloat16>(c.sinks, gen, 0.0f, 4.0f);
                }});
+  p = test::attention_params(1, 90, 77, 6, 2, 15, 0, Layout::bshd, MaskKind::causal);
+  p.Dv = 9;
+  f.push_back({"odd D and Dv, causal GQA", p});
+  p = test::attention_params(1, 80, 300, 2, 1, 128);
+  f.push_back({"D = 128", p});
   p = test::attention_params(2, 23, 29, 3, 3, 16, 12);
   p.q_row_stride = 3 * 16 + 5;
   p.k_row_stride = 3 * 16 + 16 + 3;
@@ -198,11 +204,14 @@ void exact_is_the_float_result_rounded_once() {
     // than the float forward's: there the result is within one rounding of T
     // of RN_T(float result), lse within float32 rounding; elsewhere the float
     // tiles run on the widened inputs, and the bits are RN_T's.
+    // The same holds where a bf16 call's wide tiles multiply with the CPU's
+    // AVX512-BF16 products (their float32 sums in pairs, SPEC §10.5).
     const bool decode = f.name.find("decode") != std::string::npos;
-    test::for_each_target([&] {
+    test::for_each_path([&] {
       const Result<float> want = run_float(c);
       const Result<T> got = run_stored<T>(c, 2);
-      if (!decode) {
+      const bool bf16_dot = std::is_same_v<T, bfloat16> && opt::bf16_dot_active();
+      if (!decode && !bf16_dot) {
         EXPECT_TRUE(test::same_bits(got.out, test::stored<T>(want.out)));
         EXPECT_TRUE(test::bitwise(got.lse, want.lse));
         return;
@@ -228,7 +237,7 @@ void pytorch_is_within_the_bound_and_rounds() {
     // SPEC §10.5: u·|o| + u·Σ_j p_ij |v_j| + ε, with Σ_j p_ij |v_j| <= max |v|
     // and ε (float32, far below) as 1e-5
     const double vmax = test::max_abs(c.v);
-    test::for_each_target([&] {
+    test::for_each_path([&] {
       const Result<float> want = run_float(c);
       const Result<T> got = run_stored<T>(c, 2);
       std::size_t rounded = 0;
@@ -265,8 +274,8 @@ double logit_bound(const test::AttentionCase<float>& c) {
 /// attention properties (64·2^−23·(1+L)·(max|v| + |o*|), props/README.md),
 /// which also bounds the relative error of a float32 weight (rel_delta).
 template <class T>
-void agrees_with_the_reference(Rounding rounding) {
-  for (const Feature& f : features()) {
+void agrees_with_the_reference(Rounding rounding, const std::vector<Feature>& fs = features()) {
+  for (const Feature& f : fs) {
     SCOPED_TRACE(f.name);
     const auto c = make_case<T>(f, rounding, 13);
     const double tol = 64 * 0x1p-23 * (1 + logit_bound(c));
@@ -274,7 +283,7 @@ void agrees_with_the_reference(Rounding rounding) {
     const tandem::reference::RoundingBound bound =
         tandem::reference::attention_forward_rounding<T>(c.plan, stored.in, tol);
     const double vmax = test::max_abs(c.v);
-    test::for_each_target([&] {
+    test::for_each_path([&] {
       const Result<T> got = run_stored<T>(c, 2);
       for (std::size_t i = 0; i < got.out.size(); ++i) {
         const double o = static_cast<double>(got.out[i]), want = bound.unrounded[i];
@@ -338,6 +347,46 @@ TEST(OptimizedLowPrecisionForward, AgreesWithTheReferenceF16) {
   agrees_with_the_reference<float16>(tandem::kRoundingPytorch);
   agrees_with_the_reference<float16>(tandem::kRoundingExact);
 }
+/// Calls whose bf16 operands vdpbf16ps would flush (SPEC §10.5): every v a
+/// bf16 denormal (flushed, the output would be 0), or some q and k elements
+/// denormal among normal ones; their blocks take the float products.
+std::vector<Feature> denormal_features() {
+  std::vector<Feature> f;
+  const auto p = test::attention_params(1, 40, 70, 2, 1, 32, 0, Layout::bshd, MaskKind::causal);
+  f.push_back({"denormal v", p, [](test::AttentionCase<float>& c, std::mt19937& gen) {
+                 fill_exact<bfloat16>(c.v, gen, -0x1p-127f, 0x1p-127f);
+               }});
+  f.push_back({"denormal q and k elements", p, [](test::AttentionCase<float>& c, std::mt19937&) {
+                 for (std::size_t i = 0; i < c.q.size(); i += 7) c.q[i] = 0x1p-130f;
+                 for (std::size_t i = 0; i < c.k.size(); i += 5) c.k[i] = -0x1p-129f;
+               }});
+  return f;
+}
+
+TEST(OptimizedLowPrecisionForward, DenormalOperandsAgreeWithTheReferenceBf16) {
+  agrees_with_the_reference<bfloat16>(tandem::kRoundingPytorch, denormal_features());
+  agrees_with_the_reference<bfloat16>(tandem::kRoundingExact, denormal_features());
+}
+
+/// Where this CPU has AVX512-BF16, enable_bf16_dot(true) makes a bf16 forward
+/// take it on the best target (its sums run in another order than the
+/// portable float tiles': some lse bits differ), and the default is off.
+TEST(OptimizedLowPrecisionForward, Bf16DotProductsAreTakenWhereSupported) {
+  if (!opt::bf16_dot_supported()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  const Feature f{"causal",
+                  test::attention_params(1, 200, 200, 4, 2, 64, 0, Layout::bshd, MaskKind::causal)};
+  for (const Rounding rounding : {tandem::kRoundingPytorch, tandem::kRoundingExact}) {
+    const auto c = make_case<bfloat16>(f, rounding, 17);
+    EXPECT_FALSE(opt::bf16_dot_active());
+    const Result<bfloat16> off = run_stored<bfloat16>(c, 2);
+    opt::enable_bf16_dot(true);
+    EXPECT_TRUE(opt::bf16_dot_active());
+    const Result<bfloat16> on = run_stored<bfloat16>(c, 2);
+    opt::enable_bf16_dot(false);
+    EXPECT_FALSE(test::bitwise(on.lse, off.lse)) << rounding.name;
+  }
+}
+
 TEST(OptimizedLowPrecisionForward, AnyThreadCountGivesTheSameBitsBf16) {
   any_thread_count_gives_the_same_bits<bfloat16>();
 }

@@ -66,6 +66,28 @@ TEST(OptimizedTargets, ForceTargetMovesDispatch) {
   EXPECT_EQ(opt::current_target(), opt::target_name(targets.front()));
 }
 
+TEST(OptimizedTargets, Bf16DotProductsFollowTheCpuTheTargetAndTheSwitch) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  EXPECT_EQ(opt::bf16_dot_supported(), __builtin_cpu_supports("avx512bf16") &&
+                                           __builtin_cpu_supports("avx512bw") &&
+                                           __builtin_cpu_supports("avx512vl"));
+#else
+  EXPECT_FALSE(opt::bf16_dot_supported());
+#endif
+  // Off by default; when switched on, taken on AVX3 (and better) targets alone.
+  for (const std::int64_t t : opt::supported_targets()) {
+    opt::force_target(t);
+    const std::string name = opt::target_name(t);
+    const bool avx3 = name.rfind("AVX3", 0) == 0;
+    EXPECT_FALSE(opt::bf16_dot_active()) << name;
+    opt::enable_bf16_dot(true);
+    EXPECT_EQ(opt::bf16_dot_active(), opt::bf16_dot_supported() && avx3) << name;
+    opt::enable_bf16_dot(false);
+  }
+  opt::force_target(0);
+}
+
 TEST(OptimizedTargets, ForcingAnUnsupportedTargetIsAnError) {
   const std::vector<std::int64_t> targets = opt::supported_targets();
   std::int64_t all = 0;

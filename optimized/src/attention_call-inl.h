@@ -157,6 +157,10 @@ struct Call {
   /// Whether the softmax rounds P before P·V (set by a low-precision call
   /// after construction; OnlineSoftmax).
   WeightRounding weights = WeightRounding::none;
+  /// Whether q, k and v hold bf16 values (a bf16 call widened to float, set
+  /// after construction): the wide tiles may then multiply them as bf16
+  /// (Bf16Tile, attention_forward_bf16_tile-inl.h).
+  bool bf16_operands = false;
 
   Call(const AttentionPlan& p, const AttentionInputs<float>& in, const Geometry& geo)
       : plan(&p), geometry(&geo), key_block(geo.key_block), edge_block(geo.edge_block) {

@@ -46,6 +46,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention_forward_bf16_tile-inl.h"
 #include "attention_forward_tile-inl.h"
 #include "attention_split_keys-inl.h"
 #include "buffer.hpp"
@@ -74,13 +75,14 @@ void WriteRows(const Call& c, const Tile& t, const OutputRows& o, const float* i
   }
 }
 
-/// Per-thread scratch of the tiled forward: the tile's, and 1/l and lse of
-/// its rows.
+/// Per-thread scratch of the tiled forward: the tile's (and the bf16
+/// tile's), and 1/l and lse of its rows.
 struct TileScratch {
   ForwardScratch tile;
+  attn::Bf16Scratch bf16;
   Buffer inv, lse_rows;
   explicit TileScratch(const Call& c)
-      : tile(c, !c.decode), inv(c.max_rows_p), lse_rows(c.max_rows_p) {}
+      : tile(c, !c.decode), bf16(c), inv(c.max_rows_p), lse_rows(c.max_rows_p) {}
 };
 
 /// The forward of one (sequence, kv head, query block) tile, by the call's
@@ -95,9 +97,15 @@ void ForwardTile(const Call& c, const Tile& t, TileScratch& scratch, float* out,
     o = tile.output();
   } else {
     attn::PackQueriesTransposed(c, t, s.Qt.get());
-    attn::WideTile tile(c, t, s, true);
-    tile.Run(t.j_begin, t.j_end);
-    o = tile.output();
+    if (attn::UseBf16Tile(c)) {
+      attn::Bf16Tile tile(c, t, s, scratch.bf16);
+      tile.Run(t.j_begin, t.j_end);
+      o = tile.output();
+    } else {
+      attn::WideTile tile(c, t, s, true);
+      tile.Run(t.j_begin, t.j_end);
+      o = tile.output();
+    }
   }
   float* lse_rows = lse_out != nullptr ? scratch.lse_rows.get() : nullptr;
   attn::FinishRows(c, t, s.m.get(), s.l.get(), scratch.inv.get(), lse_rows);
@@ -147,12 +155,15 @@ void Forward(const Call& c, float* out, float* lse_out, int threads) {
 /// of the call, exact): the float tiles run on them with the weights
 /// rounded to T before P·V where the profile says (Call::weights,
 /// OnlineSoftmax), the output accumulated in float and rounded to T once at
-/// the store; lse stays float.
+/// the store; lse stays float. A bf16 call's wide tiles multiply as bf16
+/// where the CPU has AVX512-BF16 and the path is enabled
+/// (Call::bf16_operands, Bf16Tile in attention_forward_bf16_tile-inl.h).
 template <class T>
 void ForwardWide(const AttentionPlan& plan, const AttentionInputs<float>& wide, std::span<T> out,
                  std::span<float> lse, const Geometry& geometry, int threads) {
   Buffer wide_out(plan.o.extent);  // every element is written; zero keeps it defined regardless
   Call c(plan, wide, geometry);
+  c.bf16_operands = std::is_same_v<T, bfloat16>;  // the wide tiles may take Bf16Tile
   if (plan.rounding.operands) {
     c.weights =
         std::is_same_v<T, bfloat16> ? attn::WeightRounding::bf16 : attn::WeightRounding::f16;
@@ -166,10 +177,11 @@ void ForwardWide(const AttentionPlan& plan, const AttentionInputs<float>& wide, 
 ///
 /// Why widen first: the conversion is O(B·S·H·D) against the tiles'
 /// O(B·Sq·Sk·H·D), and the float micro-kernels then run unchanged on every
-/// target (this CPU class has no bf16 arithmetic the tiles could use; a key
-/// block is packed anyway). Only a decode step against a long cache reads
-/// each K/V element once, where widening the whole cache first costs as
-/// much as the call: detail::stored_decode is where such calls leave.
+/// target (a key block is packed anyway; the bf16 tile packs its pairs from
+/// the widened values, which convert back exactly). Only a decode step
+/// against a long cache reads each K/V element once, where widening the
+/// whole cache first costs as much as the call: detail::stored_decode is
+/// where such calls leave.
 template <class T>
 void ForwardStored(const AttentionPlan& plan, const AttentionInputs<T>& in, std::span<T> out,
                    std::span<float> lse, const Geometry& geometry, int threads) {

@@ -105,6 +105,31 @@ inline bool CarefulPV(const ScoreTransform& score, const ValueBlock& v, std::int
   return !finite;
 }
 
+/// O <- diag(2^(m − m_new))·O (transposed: Ot[dv][r], Dv lines R apart) for
+/// the rows in the columns [lo, hi) after softmax.Step returned `rescale`:
+/// only the vectors of rows whose m moved (elsewhere every factor is 1).
+inline void RescaleOutput(const OnlineSoftmax& softmax, bool rescale, std::int64_t Dv,
+                          std::int64_t lo, std::int64_t hi, float* Ot, std::int64_t R) {
+  const DF d;
+  for (std::int64_t r0 = lo; rescale && r0 < hi; r0 += Lanes()) {
+    if (!softmax.rescaled(r0)) continue;
+    const VF a = hn::LoadU(d, softmax.alpha() + r0);
+    for (std::int64_t dv = 0; dv < Dv; ++dv) {
+      hn::StoreU(hn::Mul(hn::LoadU(d, Ot + dv * R + r0), a), d, Ot + dv * R + r0);
+    }
+  }
+}
+
+/// O <- O + P V in float (transposed: Ot[dv][r] += Σ_jj St[jj][r]·v_jj[dv])
+/// for the rows in the columns [lo, hi) of a block of nk keys, leaving out
+/// the marked products when `careful` (P is B here, with its own marks).
+inline void AddValuesFloat(std::int64_t Dv, std::int64_t nk, std::int64_t lo, std::int64_t hi,
+                           const ValueBlock& v, bool careful, float* St, float* Ot,
+                           std::int64_t R) {
+  GemmCareful<Skip::by_b>(careful, Dv, hi - lo, nk, v.rows.base, 1, v.rows.stride, St + lo, R,
+                          Ot + lo, R, true, St + lo);
+}
+
 /// The FlashAttention-2 forward of one tile by vectors across rows: with the
 /// queries in s.Qt, over the key blocks the tile may see, St = K·Qt, then the
 /// online softmax step, then Ot = diag(alpha)·Ot + V^T·P (with `with_pv`;
@@ -158,25 +183,11 @@ class WideTile {
       if (with_pv_) AddValues(kb.nk, lo, hi, v, careful, rescale);
     }
   }
-  /// O <- diag(2^(m − m_new))·O + P V (transposed: Ot[dv][r]) for the rows
-  /// in the columns [lo, hi), the rescale only for the vectors of rows whose
-  /// m moved (elsewhere every factor is 1).
+  /// O <- diag(2^(m − m_new))·O + P V for the rows in the columns [lo, hi).
   void AddValues(std::int64_t nk, std::int64_t lo, std::int64_t hi, const ValueBlock& v,
                  bool careful, bool rescale) {
-    const DF d;
-    const std::int64_t R = t_.stride, Dv = c_.plan->Dv;
-    float* Ot = s_.Ot.get();
-    float* St = s_.St.get();
-    for (std::int64_t r0 = lo; rescale && r0 < hi; r0 += Lanes()) {
-      if (!softmax_.rescaled(r0)) continue;
-      const VF a = hn::LoadU(d, softmax_.alpha() + r0);
-      for (std::int64_t dv = 0; dv < Dv; ++dv) {
-        hn::StoreU(hn::Mul(hn::LoadU(d, Ot + dv * R + r0), a), d, Ot + dv * R + r0);
-      }
-    }
-    // P is B here (its own marks)
-    GemmCareful<Skip::by_b>(careful, Dv, hi - lo, nk, v.rows.base, 1, v.rows.stride, St + lo, R,
-                            Ot + lo, R, true, St + lo);
+    RescaleOutput(softmax_, rescale, c_.plan->Dv, lo, hi, s_.Ot.get(), t_.stride);
+    AddValuesFloat(c_.plan->Dv, nk, lo, hi, v, careful, s_.St.get(), s_.Ot.get(), t_.stride);
   }
   /// The block's V rows, packed (see PackedRows in attention_packed_rows-inl.h: a
   /// paged cache's rows are gathered there), zero for a padding key.

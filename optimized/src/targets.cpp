@@ -29,6 +29,7 @@ HWY_AFTER_NAMESPACE();
 #include <string>
 #include <vector>
 
+#include "bf16_dot.hpp"
 #include "tandem/error.hpp"
 #include "tandem/optimized/backend.hpp"
 
@@ -67,6 +68,15 @@ void force_target(std::int64_t target) {
 
 std::string current_target() {
   return hwy::TargetName(HWY_DYNAMIC_DISPATCH(CompiledTarget)());
+}
+
+bool bf16_dot_active() {
+  // as attn::UseBf16Tile (attention_forward_bf16_tile-inl.h)
+#if HWY_ARCH_X86
+  return bf16dot::Enabled() && HWY_DYNAMIC_DISPATCH(CompiledTarget)() <= HWY_AVX3;
+#else
+  return false;
+#endif
 }
 
 }  // namespace tandem::optimized

@@ -341,6 +341,19 @@ inline void for_each_target(const std::function<void()>& body) {
   }
   optimized::force_target(0);
 }
+
+/// As for_each_target, then once more on the best target with the bf16
+/// forward's AVX512-BF16 products switched on where this CPU has them
+/// (optimized::enable_bf16_dot, off by default): every path a bf16 call can
+/// take here.
+inline void for_each_path(const std::function<void()>& body) {
+  for_each_target(body);
+  if (!optimized::bf16_dot_supported()) return;
+  optimized::enable_bf16_dot(true);
+  SCOPED_TRACE("target " + optimized::current_target() + ", bf16 dot products on");
+  body();
+  optimized::enable_bf16_dot(false);
+}
 #endif
 
 }  // namespace tandem::test

@@ -30,4 +30,17 @@ void force_target(std::int64_t target);
 /// The name of the target dynamic dispatch picks now.
 std::string current_target();
 
+/// Whether this CPU has AVX512-BF16 (with AVX512 F/BW/VL): the bf16 forward's
+/// wide tiles can then multiply q·k (and, under the `pytorch` profile, P·V)
+/// as bf16 with vdpbf16ps on AVX3 targets (SPEC §10.5).
+bool bf16_dot_supported();
+/// Switches that path on or off (the default: the portable float products on
+/// every target, which measured faster on the one AVX512-BF16 CPU tried,
+/// bench/README.md); the tests and the property suite run both. Process-wide:
+/// not for use while a call runs.
+void enable_bf16_dot(bool enabled);
+/// Whether a bf16 forward would take that path now: supported, enabled and
+/// the target dynamic dispatch picks now AVX3 or better.
+bool bf16_dot_active();
+
 }  // namespace tandem::optimized

@@ -1,18 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // Per-target loads of K and V rows in their stored element type (SPEC
 // §10.1, §10.4), widened to float32 in registers: bf16 and f16 through
-// LoadWide (convert-inl.h), int8 codes by sign extension, e4m3 codes by bit
-// arithmetic. Nothing is written back: the decode kernel
-// (attention_decode_stored.cpp) multiplies the widened codes into its dot
-// products and accumulators directly.
+// LoadWide (convert-inl.h) or the processor's f16 conversion, int8 codes by sign extension, e4m3
+// codes by bit arithmetic. Nothing is written back: the decode kernel (attention_decode_stored.cpp)
+// multiplies the widened codes into its dot products and accumulators directly.
 //
 // e4m3 by bit arithmetic rather than a 256-entry table: a table needs a
 // gather per vector (16 loads on AVX3, none at all on SSE4), while the code,
 // sign-extended to 32 bits and shifted left by 20, holds its sign in bit 31
 // and its 7 magnitude bits in float's exponent and fraction fields; masked
 // and scaled by 2^(127 − 7) that gives every normal and subnormal value in
-// four vector operations after the widening load; 0x7F (NaN) is caught by
-// one compare. f16 goes through the processor's conversion (vcvtph2ps) on
+// three vector operations after the widening load (against nine from
+// the zero-extended code); 0x7F (NaN) is caught by one compare of |value|.
+// f16 goes through the processor's conversion (vcvtph2ps) on
 // AVX2 and AVX3, which have it, and through LoadWide's bit arithmetic
 // elsewhere (Highway's emulation on SSE4 maps inf and NaN to finite
 // values). Included once per Highway target (the toggle guard below), after

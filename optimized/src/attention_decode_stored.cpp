@@ -20,6 +20,15 @@
 // A rescale of the running sums when μ moves is a whole power of two, exact,
 // so the weights' bits do not depend on which key block moved the maximum.
 //
+// The order of the sums differs from the reference's key-by-key loops (within
+// SPEC §10.5's bound, which does not depend on the order): each dot product
+// <q, c> is summed in vector lanes, 4 query rows × N/4 keys at a time, and
+// the lanes of all of them are reduced together (SumLanesTransposed); o and
+// l are summed per key block, blocks in key order, chunks merged in chunk
+// order. A key block that every row sees whole (no mask, or inside the
+// causal or sliding-window band) skips the mask, and without softcap and
+// ALiBi the score transform as well.
+//
 // Work: one task per (sequence, query block, key chunk); the rows of each
 // kv head g are its G query heads × the block's queries, so one pass over
 // the head's K and V rows serves all of them, and the kv heads take each

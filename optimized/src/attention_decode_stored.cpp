@@ -20,6 +20,15 @@
 // A rescale of the running sums when μ moves is a whole power of two, exact,
 // so the weights' bits do not depend on which key block moved the maximum.
 //
+// The order of the sums differs from the reference's key-by-key loops (within
+// SPEC §10.5's bound, which does not depend on the order): each dot product
+// <q, c> is summed in vector lanes, 4 query rows × N/4 keys at a time, and
+// the lanes of all of them are reduced together (SumLanesTransposed); o and
+// l are summed per key block, blocks in key order, chunks merged in chunk
+// order. A key block that every row sees whole (no mask, or inside the
+// causal or sliding-window band) skips the mask, and without softcap and
+// ALiBi the score transform as well.
+//
 // Work: one task per (sequence, query block, key chunk); the rows of each
 // kv head g are its G query heads × the block's queries, so one pass over
 // the head's K and V rows serves all of them, and the kv heads take each
@@ -48,6 +57,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "buffer.hpp"
@@ -99,6 +109,43 @@ using detail::kDecodeKeyBlock;
 inline float PowerOfTwo(float n) {
   if (!(n > -300.0f)) return n == n ? 0.0f : n;  // far below float's range, or NaN
   return std::ldexp(1.0f, static_cast<int>(n));
+}
+
+/// Query rows and keys per pass of the dot products (DotPass): their
+/// kPassDots accumulators reduce to whole vectors of sums, one vector from
+/// SSE4 on (four single lanes on the scalar target).
+constexpr std::int64_t kPassRows = 4;
+constexpr std::int64_t kPassKeys =
+    std::max<std::int64_t>(1, static_cast<std::int64_t>(hn::MaxLanes(DF())) / kPassRows);
+constexpr std::int64_t kPassDots = kPassRows * kPassKeys;
+static_assert(kDecodeKeyBlock % kPassKeys == 0);
+
+/// One round of SumLanesTransposed: v[i] = the even plus the odd lanes of
+/// the pair v[2i], v[2i + 1] (i in I), whose lower half then holds v[2i]'s
+/// pair sums and its upper half v[2i + 1]'s.
+template <std::size_t... I>
+HWY_INLINE void FoldPairs(DF d, VF* v, std::index_sequence<I...> /*pairs*/) {
+#if HWY_TARGET == HWY_SCALAR
+  (void)d;
+  (void)v;
+#else
+  ((v[I] = hn::Add(hn::ConcatEven(d, v[2 * I + 1], v[2 * I]),
+                   hn::ConcatOdd(d, v[2 * I + 1], v[2 * I]))),
+   ...);
+#endif
+}
+
+/// Lane k of v[k / N] becomes the sum of the lanes of the original v[k], for
+/// k < kCount (N = kWidth lanes, kCount a multiple of N, or N = 1 where the
+/// lanes are the sums): log2 N rounds of FoldPairs, 3 operations per pair
+/// against about 2·log2 N for each horizontal sum. Indices are constants
+/// throughout, so that v stays in registers.
+template <std::size_t kCount, std::size_t kWidth>
+HWY_INLINE void SumLanesTransposed(DF d, VF* v) {
+  if constexpr (kWidth > 1) {
+    FoldPairs(d, v, std::make_index_sequence<kCount / 2>());
+    SumLanesTransposed<kCount / 2, kWidth / 2>(d, v);
+  }
 }
 
 /// One task: sequence n, kv head g, queries [i0, i0 + nq), keys [k0, k1).
@@ -165,11 +212,12 @@ class DecodeKernel {
     }
     for (std::int64_t j0 = j_lo; j0 < j_hi; j0 += kDecodeKeyBlock) {
       const std::int64_t nk = std::min(kDecodeKeyBlock, j_hi - j0);
+      const bool whole = BlockVisible(task, seq, j0, nk);
       for (t.g = 0; t.g < p_.Hkv; ++t.g) {
         DecodeScratch& s = heads[static_cast<std::size_t>(t.g)];
-        Scores(t, seq, s, rows, j0, nk);
+        Scores(t, seq, s, rows, j0, nk, whole);
         Softmax(s, rows, nk);
-        Values(t, seq, s, rows, j0, nk);
+        Values(t, seq, s, rows, j0, nk, whole);
       }
     }
     for (t.g = 0; t.g < p_.Hkv; ++t.g) {
@@ -237,52 +285,102 @@ class DecodeKernel {
     return false;
   }
 
-  /// <Qn_r, c> for four rows r0 .. r0+3 against one key row of D elements.
-  void Dot4(const float* qn, std::int64_t Dp, const E* key, float* dots) const {
-    const DF d;
-    const std::int64_t N = Lanes();
-    VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-    for (std::int64_t x = 0; x < p_.D; x += N) {
-      const VF kv =
-          x + N <= p_.D ? LoadStored<E>(d, key + x) : LoadStoredN<E>(d, key + x, p_.D - x);
-      a0 = hn::MulAdd(hn::Load(d, qn + x), kv, a0);
-      a1 = hn::MulAdd(hn::Load(d, qn + Dp + x), kv, a1);
-      a2 = hn::MulAdd(hn::Load(d, qn + 2 * Dp + x), kv, a2);
-      a3 = hn::MulAdd(hn::Load(d, qn + 3 * Dp + x), kv, a3);
+  /// Whether every row of the task sees every key of [j0, j0 + nk): no mask,
+  /// or a causal or sliding-window band holding the whole block (the other
+  /// masks are read key by key).
+  bool BlockVisible(const DecodeTask& t, const AttentionSeq& seq, std::int64_t j0,
+                    std::int64_t nk) const {
+    const std::int64_t a_first = seq.q_offset() + t.i0, a_last = a_first + t.nq - 1;
+    const std::int64_t j_last = j0 + nk - 1;
+    switch (p_.mask) {
+      case MaskKind::none:
+        return true;
+      case MaskKind::causal:
+        return j_last <= a_first;
+      case MaskKind::sliding_window:
+        return j_last <= a_first && a_last - p_.window <= j0;
+      default:
+        return false;
     }
-    dots[0] = hn::GetLane(hn::SumOfLanes(d, a0));
-    dots[1] = hn::GetLane(hn::SumOfLanes(d, a1));
-    dots[2] = hn::GetLane(hn::SumOfLanes(d, a2));
-    dots[3] = hn::GetLane(hn::SumOfLanes(d, a3));
   }
 
-  /// S[r][jj] = y_rj in log2 units for the keys j0 + jj (−inf where hidden);
-  /// seen[jj·R + r] says which rows see key jj.
+  /// dots[kk·kPassRows + r] = <Qn_r, c_kk> for the kPassRows rows at qn
+  /// (stride Dp) and the kPassKeys key rows `key`: one accumulator per
+  /// (key, row), all summed at once by SumLanesTransposed instead of a
+  /// horizontal sum per dot product. Agrees with the reference's
+  /// Σ_x q_x·c_x up to the order of the sum (lanes, then the reduction tree).
+  void DotPass(const float* qn, std::int64_t Dp, const E* const* key, float* dots) const {
+    const DF d;
+    const std::int64_t N = Lanes();
+    VF acc[kPassDots];
+    for (VF& a : acc) a = hn::Zero(d);
+    for (std::int64_t x = 0; x < p_.D; x += N) {
+      const bool full = x + N <= p_.D;
+      HWY_UNROLL(16)  // every accumulator index a constant: acc stays in registers
+      for (std::int64_t kk = 0; kk < kPassKeys; ++kk) {
+        const VF kv =
+            full ? LoadStored<E>(d, key[kk] + x) : LoadStoredN<E>(d, key[kk] + x, p_.D - x);
+        HWY_UNROLL(4)
+        for (std::int64_t r = 0; r < kPassRows; ++r) {
+          VF& a = acc[kk * kPassRows + r];
+          a = hn::MulAdd(hn::Load(d, qn + r * Dp + x), kv, a);
+        }
+      }
+    }
+    SumLanesTransposed<static_cast<std::size_t>(kPassDots), hn::MaxLanes(DF())>(d, acc);
+    for (std::int64_t i = 0; i * N < kPassDots; ++i) hn::StoreU(acc[i], d, dots + i * N);
+  }
+
+  /// seen[jj·R + r] = whether row r sees key j0 + jj, and any[jj] whether
+  /// some row does.
+  void MarkSeen(const DecodeTask& t, const AttentionSeq& seq, DecodeScratch& s, std::int64_t rows,
+                std::int64_t j0, std::int64_t nk, bool* any) const {
+    for (std::int64_t jj = 0; jj < nk; ++jj) {
+      unsigned char* seen = s.seen.data() + jj * s.R;
+      any[jj] = false;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        seen[r] = Visible(t, seq, r, j0 + jj) ? 1 : 0;
+        any[jj] = any[jj] || seen[r] != 0;
+      }
+    }
+  }
+
+  /// S[r][jj] = y_rj in log2 units for the keys j0 + jj (−inf where hidden).
+  /// A `whole` block (BlockVisible) skips the mask; without softcap and
+  /// ALiBi its y is σ^k·dot alone. Otherwise seen (MarkSeen) says which rows
+  /// see each key, and keys of a pass no row sees are not read.
   void Scores(const DecodeTask& t, const AttentionSeq& seq, DecodeScratch& s, std::int64_t rows,
-              std::int64_t j0, std::int64_t nk) const {
+              std::int64_t j0, std::int64_t nk, bool whole) const {
     const std::int64_t ld = RoundUp(kDecodeKeyBlock, Lanes());
     const float neg_inf = -std::numeric_limits<float>::infinity();
-    float dots[4];
-    for (std::int64_t jj = 0; jj < nk; ++jj) {
-      const std::int64_t j = j0 + jj;
-      unsigned char* seen = s.seen.data() + jj * s.R;
-      bool any = false;
-      for (std::int64_t r = 0; r < rows; ++r) {
-        seen[r] = Visible(t, seq, r, j) ? 1 : 0;
-        any = any || seen[r] != 0;
-      }
-      if (!any) {
-        for (std::int64_t r = 0; r < rows; ++r) s.S.get()[r * ld + jj] = neg_inf;
-        continue;
-      }
-      const KeyRow at = seq.key_row(j);
-      const E* key = k_ + p_.k.at(at.batch, at.seq, t.g);
-      const float sk =
-          a_.k_scale != nullptr ? a_.k_scale[p_.kv_scale_at(at.batch, at.seq, t.g)] : 1.0f;
-      for (std::int64_t r0 = 0; r0 < rows; r0 += 4) {
-        Dot4(s.Qn.get() + r0 * s.Dp, s.Dp, key, dots);
-        for (std::int64_t r = r0; r < std::min(rows, r0 + 4); ++r) {
-          s.S.get()[r * ld + jj] = seen[r] ? Transform(t, seq, r, j, sk, dots[r - r0]) : neg_inf;
+    const E* keys[kDecodeKeyBlock];
+    float sk[kDecodeKeyBlock];
+    for (std::int64_t jj = 0; jj < kDecodeKeyBlock; ++jj) {
+      const KeyRow at = seq.key_row(j0 + std::min(jj, nk - 1));  // the pass's padding repeats
+      keys[jj] = k_ + p_.k.at(at.batch, at.seq, t.g);
+      sk[jj] = a_.k_scale != nullptr ? a_.k_scale[p_.kv_scale_at(at.batch, at.seq, t.g)] : 1.0f;
+    }
+    bool any[kDecodeKeyBlock];
+    if (!whole) MarkSeen(t, seq, s, rows, j0, nk, any);
+    const bool plain = whole && softcap_ == 0.0f && a_.slopes == nullptr;
+    float dots[kPassDots] = {};
+    for (std::int64_t jp = 0; jp < nk; jp += kPassKeys) {
+      const std::int64_t np = std::min(kPassKeys, nk - jp);
+      const bool read = whole || std::any_of(any + jp, any + jp + np, [](bool b) { return b; });
+      for (std::int64_t r0 = 0; r0 < rows; r0 += kPassRows) {
+        if (read) DotPass(s.Qn.get() + r0 * s.Dp, s.Dp, keys + jp, dots);
+        for (std::int64_t kk = 0; kk < np; ++kk) {
+          const std::int64_t jj = jp + kk;
+          for (std::int64_t r = r0; r < std::min(rows, r0 + kPassRows); ++r) {
+            const float dot = dots[kk * kPassRows + r - r0];
+            float& y = s.S.get()[r * ld + jj];
+            if (plain) {
+              y = sk[jj] * dot;
+            } else {
+              const bool sees = whole || s.seen[static_cast<std::size_t>(jj * s.R + r)] != 0;
+              y = sees ? Transform(t, seq, r, j0 + jj, sk[jj], dot) : neg_inf;
+            }
+          }
         }
       }
     }
@@ -348,25 +446,27 @@ class DecodeKernel {
   }
 
   /// On[r] += Σ_jj (w_rj·σ^v_j)·c^v_j over the keys some row sees, in key
-  /// order. When every such key is seen by all rows, the weights are
-  /// scaled once (W) and each vector of On stays in registers for four rows
-  /// across the block (ValuesSeenByAll); otherwise a row that does not see a
-  /// key never touches its values (they may be NaN).
+  /// order. When every such key is seen by all rows (always in a `whole`
+  /// block), the weights are scaled once (W) and the On vectors of four rows
+  /// stay in registers across the block (ValuesSeenByAll); otherwise a row
+  /// that does not see a key never touches its values (they may be NaN).
   void Values(const DecodeTask& t, const AttentionSeq& seq, DecodeScratch& s, std::int64_t rows,
-              std::int64_t j0, std::int64_t nk) const {
+              std::int64_t j0, std::int64_t nk, bool whole) const {
     const DF d;
     const std::int64_t N = Lanes(), ld = RoundUp(kDecodeKeyBlock, N), Dv = p_.Dv;
     const E* vals[kDecodeKeyBlock];
-    float sv[kDecodeKeyBlock];
+    HWY_ALIGN float sv[kDecodeKeyBlock] = {};
     std::int64_t keys[kDecodeKeyBlock];
     std::int64_t n_active = 0;
     bool all = true;
     for (std::int64_t jj = 0; jj < nk; ++jj) {
-      const unsigned char* seen = s.seen.data() + jj * s.R;
-      std::int64_t n_seen = 0;
-      for (std::int64_t r = 0; r < rows; ++r) n_seen += seen[r];
-      if (n_seen == 0) continue;
-      all = all && n_seen == rows;
+      if (!whole) {
+        const unsigned char* seen = s.seen.data() + jj * s.R;
+        std::int64_t n_seen = 0;
+        for (std::int64_t r = 0; r < rows; ++r) n_seen += seen[r];
+        if (n_seen == 0) continue;
+        all = all && n_seen == rows;
+      }
       const KeyRow at = seq.key_row(j0 + jj);
       vals[n_active] = v_ + p_.v.at(at.batch, at.seq, t.g);
       sv[n_active] =
@@ -374,7 +474,8 @@ class DecodeKernel {
       keys[n_active++] = jj;
     }
     if (all) {
-      ValuesSeenByAll(s, rows, vals, sv, keys, n_active);
+      ScaleWeights(s, rows, sv, keys, n_active, whole);
+      ValuesSeenByAll(s, rows, vals, n_active);
       return;
     }
     for (std::int64_t a = 0; a < n_active; ++a) {
@@ -392,42 +493,69 @@ class DecodeKernel {
     }
   }
 
-  /// Values' common case: W[r][a] = w_r,key(a)·σ^v (0 for the padding rows),
-  /// then per vector of On and four rows, the block's keys in order with
-  /// the four accumulators in registers (the same products and sums as the
-  /// key-by-key loop, so the same bits).
-  void ValuesSeenByAll(DecodeScratch& s, std::int64_t rows, const E* const* vals, const float* sv,
-                       const std::int64_t* keys, std::int64_t n_active) const {
+  /// W[r][a] = w_r,key(a)·σ^v_a, 0 for the padding rows; a `whole` block's
+  /// keys are a = 0 .. nk − 1, so whole rows are multiplied at once (sv is
+  /// zero past the block's keys).
+  void ScaleWeights(DecodeScratch& s, std::int64_t rows, const float* sv, const std::int64_t* keys,
+                    std::int64_t n_active, bool whole) const {
     const DF d;
-    const std::int64_t N = Lanes(), ld = RoundUp(kDecodeKeyBlock, N), Dv = p_.Dv;
+    const std::int64_t N = Lanes(), ld = RoundUp(kDecodeKeyBlock, N);
     float* W = s.W.get();
     for (std::int64_t r = 0; r < s.R; ++r) {
-      for (std::int64_t a = 0; a < n_active; ++a) {
-        W[r * kDecodeKeyBlock + a] = r < rows ? s.S.get()[r * ld + keys[a]] * sv[a] : 0.0f;
+      float* w = W + r * kDecodeKeyBlock;
+      const float* y = s.S.get() + r * ld;
+      if (r >= rows) {
+        std::fill(w, w + kDecodeKeyBlock, 0.0f);
+      } else if (whole && kDecodeKeyBlock % N == 0) {
+        for (std::int64_t x = 0; x < kDecodeKeyBlock; x += N) {
+          hn::Store(hn::Mul(hn::Load(d, y + x), hn::Load(d, sv + x)), d, w + x);
+        }
+      } else {
+        for (std::int64_t a = 0; a < n_active; ++a) w[a] = y[keys[a]] * sv[a];
       }
     }
+  }
+
+  /// Values' common case, every key seen by all rows: for four rows at a
+  /// time their On columns two vectors wide (eight independent accumulators,
+  /// enough to keep both FMA units busy), one vector for an odd last one
+  /// (ValueColumns), the weights W from ScaleWeights.
+  void ValuesSeenByAll(DecodeScratch& s, std::int64_t rows, const E* const* vals,
+                       std::int64_t n_active) const {
+    const std::int64_t N = Lanes(), Dv = p_.Dv;
     for (std::int64_t r0 = 0; r0 < rows; r0 += 4) {
-      const float* w0 = W + r0 * kDecodeKeyBlock;
-      const float *w1 = w0 + kDecodeKeyBlock, *w2 = w1 + kDecodeKeyBlock,
-                  *w3 = w2 + kDecodeKeyBlock;
-      float* o0 = s.On.get() + r0 * s.Dvp;
-      for (std::int64_t x = 0; x < Dv; x += N) {
-        VF a0 = hn::Load(d, o0 + x), a1 = hn::Load(d, o0 + s.Dvp + x);
-        VF a2 = hn::Load(d, o0 + 2 * s.Dvp + x), a3 = hn::Load(d, o0 + 3 * s.Dvp + x);
-        const bool full = x + N <= Dv;
-        for (std::int64_t a = 0; a < n_active; ++a) {
-          const VF vv =
-              full ? LoadStored<E>(d, vals[a] + x) : LoadStoredN<E>(d, vals[a] + x, Dv - x);
-          a0 = hn::MulAdd(hn::Set(d, w0[a]), vv, a0);
-          a1 = hn::MulAdd(hn::Set(d, w1[a]), vv, a1);
-          a2 = hn::MulAdd(hn::Set(d, w2[a]), vv, a2);
-          a3 = hn::MulAdd(hn::Set(d, w3[a]), vv, a3);
+      const float* w = s.W.get() + r0 * kDecodeKeyBlock;
+      float* o = s.On.get() + r0 * s.Dvp;
+      std::int64_t x = 0;
+      for (; x + 2 * N <= Dv; x += 2 * N) ValueColumns<2>(w, o + x, s.Dvp, vals, n_active, x);
+      for (; x < Dv; x += N) ValueColumns<1>(w, o + x, s.Dvp, vals, n_active, x);
+    }
+  }
+
+  /// o[r·ldo + c·N + lane] += Σ_a w[r][a]·c^v_a[x + c·N + lane] for rows
+  /// r < 4 and kCols vectors c, the keys a in order: the same products and
+  /// sums as the key-by-key loop, so the same bits.
+  template <int kCols>
+  void ValueColumns(const float* w, float* o, std::int64_t ldo, const E* const* vals,
+                    std::int64_t n_active, std::int64_t x) const {
+    const DF d;
+    const std::int64_t N = Lanes(), Dv = p_.Dv;
+    const bool full = x + kCols * N <= Dv;
+    VF acc[4][kCols];
+    for (int r = 0; r < 4; ++r) {
+      for (int c = 0; c < kCols; ++c) acc[r][c] = hn::Load(d, o + r * ldo + c * N);
+    }
+    for (std::int64_t a = 0; a < n_active; ++a) {
+      for (int c = 0; c < kCols; ++c) {
+        const E* src = vals[a] + x + c * N;
+        const VF vv = full ? LoadStored<E>(d, src) : LoadStoredN<E>(d, src, Dv - x - c * N);
+        for (int r = 0; r < 4; ++r) {
+          acc[r][c] = hn::MulAdd(hn::Set(d, w[r * kDecodeKeyBlock + a]), vv, acc[r][c]);
         }
-        hn::Store(a0, d, o0 + x);
-        hn::Store(a1, d, o0 + s.Dvp + x);
-        hn::Store(a2, d, o0 + 2 * s.Dvp + x);
-        hn::Store(a3, d, o0 + 3 * s.Dvp + x);
       }
+    }
+    for (int r = 0; r < 4; ++r) {
+      for (int c = 0; c < kCols; ++c) hn::Store(acc[r][c], d, o + r * ldo + c * N);
     }
   }
 

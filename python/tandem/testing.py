@@ -67,7 +67,8 @@ __all__ = [
     "attention_configs", "rope_configs", "swiglu_configs",
     "check_attention", "check_attention_backward", "check_rope", "check_swiglu",
     "check_attention_config", "check_attention_backward_config", "check_rope_config",
-    "check_swiglu_config", "explain_rounding", "explain_rounding_backward", "MASKS", "LAYOUTS", "ALIBI", "DTYPES",
+    "check_swiglu_config", "explain_rounding", "explain_rounding_backward", "MASKS", "LAYOUTS",
+    "ALIBI", "DTYPES",
     "ROUNDINGS",
 ]
 
@@ -596,9 +597,8 @@ def _attention_backward_problem(fn, config, array, policy):
         problem = _compare(name, g, r64, r32, policy, None, _score_bound(config, arrays))
         if problem:
             return problem
-    return _deterministic(what, fn,
-                          lambda: _call(fn, arrays, ("q", "k", "v", "dout"), config.kwargs(), array),
-                          policy)
+    return _deterministic(what, fn, lambda: _call(
+        fn, arrays, ("q", "k", "v", "dout"), config.kwargs(), array), policy)
 
 
 def _backward_references(config, arrays, names):

@@ -3,7 +3,9 @@
 the registered ops pass torch.library.opcheck (their fake lse is float32, as
 the kernel's), autograd's gradients lie within SPEC §10.5's bound of the
 gradients in double, scaled_dot_product_attention takes bf16/f16 tensors and
-masks, and a bf16 Llama with attn_implementation="tandem" matches "sdpa"."""
+masks, a bf16 Llama with attn_implementation="tandem" matches "sdpa", and the
+quantized-cache ops (SPEC §10.4) agree with the NumPy path and with a float
+computation on the cache dequantized by hand, forward only."""
 
 import copy
 

@@ -16,7 +16,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <string>
 
@@ -24,6 +26,7 @@
 #include "tandem/reference/attention_block.hpp"
 #include "tandem/reference/backend.hpp"
 #include "tandem/reference/kernels.hpp"
+#include "tandem/reference/rounding_bound.hpp"
 #include "tandem/tandem.hpp"
 #ifdef TANDEM_PYTHON_HAVE_OPTIMIZED
 #include "tandem/optimized/backend.hpp"
@@ -444,6 +447,68 @@ void attention_backward_saved(const std::string& backend, const AttentionParams&
     const auto& f = offered<T>(k.attention_backward_saved, "attention_backward_saved", backend);
     nb::gil_scoped_release release;
     f(plan, in, saved, d, g);
+  });
+}
+
+/// SPEC §10.5's agreement bound of attention_forward at the call's storage type T and
+/// rounding profile (reference::attention_forward_rounding): o*, out before its final
+/// rounding (`unrounded`), and the slack of its ambiguous weights (`flip`), float64
+/// `[B, Sq, H, Dv]` in the plan's layout; `rel_delta` as for attention_backward_rounding.
+void attention_forward_rounding(const AttentionParams& params, const nb::dict& inputs,
+                                double rel_delta, const Out& unrounded, const Out& flip) {
+  const AttentionPlan plan = AttentionPlan::make(params);
+  require(rel_delta >= 0, "rel_delta", rel_delta, "must be >= 0");
+  const std::span<double> o = out_span<double>(unrounded, "unrounded", out_shape(plan));
+  const std::span<double> f = out_span<double>(flip, "flip", out_shape(plan));
+  with_dtype(nb::cast<In>(inputs["q"]), "q", [&](auto tag) {
+    using T = decltype(tag);
+    const AttentionInputs<T> in = attention_inputs<T>(plan, inputs);
+    tandem::reference::RoundingBound b;
+    {
+      nb::gil_scoped_release release;
+      b = tandem::reference::attention_forward_rounding<T>(plan, in, rel_delta);
+    }
+    std::copy(b.unrounded.begin(), b.unrounded.end(), o.begin());
+    std::copy(b.flip.begin(), b.flip.end(), f.begin());
+  });
+}
+
+/// SPEC §10.5's agreement bound of attention_backward at the call's storage type T and
+/// rounding profile (reference::attention_backward_rounding, the reference in T summing in
+/// double): each gradient before its final rounding, g* (`dq`, `dk`, `dv`), and the slack
+/// of its ambiguous rounded operands RN_T(p_ij), RN_T(dx_ij) (`dq_flip`, `dk_flip`,
+/// `dv_flip`), all float64 in the shapes of dq [B, Sq, H, D], dk [B, Sk, Hkv, D], dv
+/// [B, Sk, Hkv, Dv] in the plan's layout. `rel_delta` bounds the relative float32 error of
+/// p_ij and dx_ij in the kernel held to the bound.
+void attention_backward_rounding(const AttentionParams& params, const nb::dict& inputs,
+                                 const In& dout, double rel_delta, const Out& dq,
+                                 const Out& dq_flip, const Out& dk, const Out& dk_flip,
+                                 const Out& dv, const Out& dv_flip) {
+  const AttentionPlan plan = AttentionPlan::make(params);
+  require(rel_delta >= 0, "rel_delta", rel_delta, "must be >= 0");
+  const std::int64_t KB = plan.kv_batch(), KS = plan.kv_seq();
+  const Shape sq = heads_shape(plan, plan.B, plan.Sq, plan.H, plan.D);
+  const Shape sk = heads_shape(plan, KB, KS, plan.Hkv, plan.D);
+  const Shape sv = heads_shape(plan, KB, KS, plan.Hkv, plan.Dv);
+  const std::span<double> outs[] = {
+      out_span<double>(dq, "dq", sq), out_span<double>(dq_flip, "dq_flip", sq),
+      out_span<double>(dk, "dk", sk), out_span<double>(dk_flip, "dk_flip", sk),
+      out_span<double>(dv, "dv", sv), out_span<double>(dv_flip, "dv_flip", sv)};
+  with_dtype(nb::cast<In>(inputs["q"]), "q", [&](auto tag) {
+    using T = decltype(tag);
+    const AttentionInputs<T> in = attention_inputs<T>(plan, inputs);
+    const std::span<const T> d =
+        in_span<T>(dout, "dout", contiguous(out_shape(plan)), plan.o.extent);
+    tandem::reference::BackwardRoundingBound b;
+    {
+      nb::gil_scoped_release release;
+      b = tandem::reference::attention_backward_rounding<T>(plan, in, d, rel_delta);
+    }
+    const std::vector<double>* from[] = {&b.dq.unrounded, &b.dq.flip,      &b.dk.unrounded,
+                                         &b.dk.flip,      &b.dv.unrounded, &b.dv.flip};
+    for (std::size_t n = 0; n < std::size(outs); ++n) {
+      std::copy(from[n]->begin(), from[n]->end(), outs[n].begin());
+    }
   });
 }
 
@@ -924,6 +989,10 @@ NB_MODULE(_ext, m) {
         "v_codes"_a, "k_scale"_a, "v_scale"_a);
   m.def("attention_backward", &attention_backward, "backend"_a, "params"_a, "inputs"_a, "dout"_a,
         "dq"_a.none(), "dk"_a.none(), "dv"_a.none(), "dsinks"_a.none(), "dbias"_a.none());
+  m.def("attention_forward_rounding", &attention_forward_rounding, "params"_a, "inputs"_a,
+        "rel_delta"_a, "unrounded"_a, "flip"_a);
+  m.def("attention_backward_rounding", &attention_backward_rounding, "params"_a, "inputs"_a,
+        "dout"_a, "rel_delta"_a, "dq"_a, "dq_flip"_a, "dk"_a, "dk_flip"_a, "dv"_a, "dv_flip"_a);
   m.def("attention_backward_saved", &attention_backward_saved, "backend"_a, "params"_a, "inputs"_a,
         "out"_a, "lse"_a, "dout"_a, "dq"_a, "dk"_a, "dv"_a, "dsinks"_a.none(), "dbias"_a.none());
   m.def("alibi_standard_slopes", &alibi_standard_slopes, "num_heads"_a);

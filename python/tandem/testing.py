@@ -30,6 +30,13 @@ function must return that type. A bfloat16 or float16 output is held to SPEC
 float32 allowance above; a failure says which rounding profile's reference
 ("pytorch", "exact", "ggml"; tandem's reference in T) is nearest to the
 output, and explain_rounding(fn, config) says it for any configuration.
+A bfloat16 or float16 backward is held to the reference's own bound in T
+with the profile it implements (Policy(rounding=...), "pytorch" by
+default): SPEC §10.5's `|g - g*| <= ulp_T(g*)/2 + flip + eps`, g* each
+gradient before its final rounding and flip the slack of the rounded
+operands RN_T(p_ij), RN_T(dx_ij) that float32 may round the other way, both
+computed by the C++ reference (reference::attention_backward_rounding);
+explain_rounding_backward(fn, config) names the nearest profile.
 
 A failure raises CheckFailure with the minimal configuration, its seed and
 a pytest test to paste. Exploration stops after `time_budget` seconds
@@ -60,7 +67,8 @@ __all__ = [
     "attention_configs", "rope_configs", "swiglu_configs",
     "check_attention", "check_attention_backward", "check_rope", "check_swiglu",
     "check_attention_config", "check_attention_backward_config", "check_rope_config",
-    "check_swiglu_config", "explain_rounding", "MASKS", "LAYOUTS", "ALIBI", "DTYPES",
+    "check_swiglu_config", "explain_rounding", "explain_rounding_backward", "MASKS", "LAYOUTS",
+    "ALIBI", "DTYPES",
     "ROUNDINGS",
 ]
 
@@ -351,11 +359,15 @@ class Policy:
     by a rounding of its largest score, which the float32 reference escapes
     when its softmax is exact by structure (a single visible key). Finite
     where the reference is; masked rows 0 ("zero") or unchecked ("any");
-    bit-identical repeated calls (deterministic)."""
+    bit-identical repeated calls (deterministic). `rounding`: the profile
+    (SPEC §10.2) a bfloat16 or float16 backward implements, whose reference
+    it is held to (the forward's bound, against exact arithmetic, holds for
+    "pytorch" and "exact" alike)."""
     k: float = 4.0
     floor: float = 1e-5
     masked_rows: str = "zero"
     deterministic: bool = True
+    rounding: str = "pytorch"
 
 
 EPS32 = 2.0 ** -24
@@ -576,22 +588,236 @@ def _attention_backward_problem(fn, config, array, policy):
         got = _call(fn, arrays, ("q", "k", "v", "dout"), config.kwargs(), array)
     except Exception as e:
         return f"{what}: the function raised {type(e).__name__}: {e}"
-    a64 = _f64(arrays)
-    ref64 = _api.attention_backward(a64["q"], a64["k"], a64["v"], a64["dout"],
-                                    backend="reference", **_ref_kwargs(config, a64))
-    kw = _ref_kwargs(config, arrays)
-    ref32 = [_api.attention_backward(arrays["q"], arrays["k"], arrays["v"], arrays["dout"],
-                                     grads=(g,), backend="reference_fp32acc", **kw)[i]
-             for i, g in enumerate(names)]
+    ref64, ref32 = _backward_references(config, arrays, names)
     if not isinstance(got, (tuple, list)) or len(got) != len(names):
         return f"{what}: the function must return ({what})"
+    if config.dtype != "float32":
+        return _low_precision_backward_problem(fn, config, arrays, names, got, array, policy)
     for name, g, r64, r32 in zip(names, got, ref64, ref32):
         problem = _compare(name, g, r64, r32, policy, None, _score_bound(config, arrays))
         if problem:
             return problem
-    return _deterministic(what, fn,
-                          lambda: _call(fn, arrays, ("q", "k", "v", "dout"), config.kwargs(), array),
-                          policy)
+    return _deterministic(what, fn, lambda: _call(
+        fn, arrays, ("q", "k", "v", "dout"), config.kwargs(), array), policy)
+
+
+def _backward_references(config, arrays, names):
+    """The gradients `names` of the reference in double and of the float32
+    reference (every sum in float32) on the stored inputs read in float32:
+    their difference is what float32 arithmetic costs on this call."""
+    a64 = _f64(arrays)
+    ref64 = _api.attention_backward(a64["q"], a64["k"], a64["v"], a64["dout"],
+                                    backend="reference", **_ref_kwargs(config, a64))
+    a32 = _widened(arrays)
+    kw = _ref_kwargs(config, a32)
+    ref32 = [_api.attention_backward(a32["q"], a32["k"], a32["v"], a32["dout"],
+                                     grads=(g,), backend="reference_fp32acc", **kw)[i]
+             for i, g in enumerate(names)]
+    return ref64, ref32
+
+
+def _widened(arrays):
+    """The stored tensors read exactly into float32 (SPEC §10.1)."""
+    return {n: a if a is None or a.dtype == np.float32 else a.astype(np.float32)
+            for n, a in arrays.items()}
+
+
+def _ulp(x, dtype):
+    """ulp_T(|x|), elementwise: the spacing of T's values at |x| (SPEC §10.1:
+    bf16 has 8 significant bits and normal exponents from -126, f16 11 and
+    -14; below them the subnormal spacing)."""
+    fraction, min_exp = {"bfloat16": (7, -126), "float16": (10, -14)}[dtype]
+    _, e = np.frexp(np.abs(x))  # |x| = f 2^e with f in [1/2, 1): the binade 2^(e-1)
+    e = np.where(x == 0, min_exp, np.maximum(e - 1, min_exp))
+    return np.ldexp(1.0, (e - fraction).astype(np.int32))
+
+
+def _backward_bound(config, arrays, rounding, rel_delta):
+    """{dq, dk, dv: (g*, flip)}: SPEC §10.5's bound of the backward from C++
+    (reference::attention_backward_rounding via tandem._ext): each gradient
+    before its final rounding in T under `rounding`, and the slack of its
+    rounded operands RN_T(p_ij), RN_T(dx_ij) that float32 arithmetic within
+    `rel_delta` may round the other way; float64, in the inputs' shapes."""
+    from . import _ext
+    call = _api._AttentionCall(arrays["q"], arrays["k"], arrays["v"], rounding=rounding,
+                               **_ref_kwargs(config, arrays))
+    bound = {}
+    for g, x in (("dq", "q"), ("dk", "k"), ("dv", "v")):
+        bound[g] = (np.empty(call.views[x]), np.empty(call.views[x]))
+    _api._run(_ext.attention_backward_rounding, call.params, call.inputs,
+              call.dout(arrays["dout"]), rel_delta, *bound["dq"], *bound["dk"], *bound["dv"])
+    return {g: tuple(call.back(a, g[1]) for a in b) for g, b in bound.items()}
+
+
+def _delta_slack(config, arrays, rounding, rel_delta):
+    """How far a kernel's dq, dk (and dsinks) may move because its stored
+    forward O_i, which delta_i = <dO_i, O_i> reads (SPEC §10.2), is another
+    value of T than the reference's: where o*_id lies within its flip (from
+    C++: reference::attention_forward_rounding) and float32's 2 rel_delta
+    sum_j p_ij |v_jd| of a rounding boundary, O_id may be one ulp_T away, so
+    delta_i by Delta_i = sum_d ulp_T(o_id) |dO_id|. Then dx_ij = p_ij (dp_ij -
+    delta_i) moves by p_ij Delta_i and RN_T(dx_ij) by up to that plus two ulp_T
+    of |dx_ij| + p_ij Delta_i <= p_ij b_i, b_i = 2 max|v| sum_d |dO_id| +
+    Delta_i; with c_i = Delta_i + 2 u_T b_i the gradients move by at most
+    scale c_i sum_j p_ij |k_j| (dq), scale sum_i p_ij c_i |q_i| (dk), both
+    computed by the reference in double, and sum_i Delta_i (dsinks, p_sink <=
+    1). None when no O_id is ambiguous (the common case)."""
+    from . import _ext
+    call = _api._AttentionCall(arrays["q"], arrays["k"], arrays["v"], rounding=rounding,
+                               **_ref_kwargs(config, arrays))
+    o_star, flip = np.empty(call.views["out"]), np.empty(call.views["out"])
+    _api._run(_ext.attention_forward_rounding, call.params, call.inputs, rel_delta, o_star, flip)
+    a64 = _f64(arrays)
+    kw = _ref_kwargs(config, a64)
+    mags = _api.attention(a64["q"], a64["k"], np.abs(a64["v"]), backend="reference", **kw)
+    reach = flip + 2 * rel_delta * mags
+    ambiguous = _storage_of(o_star - reach, config.dtype) != _storage_of(o_star + reach,
+                                                                         config.dtype)
+    if not ambiguous.any():
+        return None
+    dout = np.abs(a64["dout"])
+    delta = np.sum(np.where(ambiguous, _ulp(np.abs(o_star) + reach, config.dtype), 0) * dout,
+                   axis=-1, keepdims=True)
+    b = 2 * float(np.max(np.abs(a64["v"]), initial=0.0)) * dout.sum(-1, keepdims=True) + delta
+    c = np.where(delta > 0, delta + 2 * UNIT_ROUNDOFF[config.dtype] * b, 0.0)
+    dq, dk = _p_sums(config, a64, c)
+    heads = 2 if config.layout == "bshd" else 1
+    dsinks = delta.sum(axis=tuple(a for a in range(4) if a != heads))
+    return {"dq": dq, "dk": dk, "dv": 0.0, "dsinks": dsinks}
+
+
+def _p_sums(config, a64, c):
+    """(scale c_i sum_j p_ij |k_j|, scale sum_i p_ij c_i |q_i|) for a weight
+    c_i per query row ([..., 1] in out's layout), by the reference in double:
+    the second is dv of a backward whose values are k and whose dout is c |q|."""
+    kw = _ref_kwargs(config, a64)
+    scale = abs(config.scale if config.scale is not None else 1 / math.sqrt(config.D))
+    dq = scale * c * _api.attention(a64["q"], a64["k"], np.abs(a64["k"]), backend="reference",
+                                    **kw)
+    dk = scale * _api.attention_backward(a64["q"], a64["k"], a64["k"], c * np.abs(a64["q"]),
+                                         grads=("dv",), backend="reference", **kw)[2]
+    return dq, dk
+
+
+def _operand_error(config, arrays, rel_delta):
+    """The float32 error of the unrounded operands, which SPEC §10.5's eps
+    holds: p_ij and dx_ij within rel_delta (dx's scale |ds| + 2 p |delta| <=
+    p_ij b_i, b_i = 4 max|v| sum_d |dO_id|) give dv rel_delta sum_i p_ij
+    |dO_i|, dq and dk rel_delta times _p_sums of b, dsinks rel_delta sum_i
+    b_i."""
+    a64 = _f64(arrays)
+    dout = np.abs(a64["dout"])
+    b = 4 * float(np.max(np.abs(a64["v"]), initial=0.0)) * dout.sum(-1, keepdims=True)
+    dq, dk = _p_sums(config, a64, b)
+    dv = _api.attention_backward(a64["q"], a64["k"], a64["v"], dout, grads=("dv",),
+                                 backend="reference", **_ref_kwargs(config, a64))[2]
+    heads = 2 if config.layout == "bshd" else 1
+    dsinks = b.sum(axis=tuple(a for a in range(4) if a != heads))
+    return {n: rel_delta * x for n, x in (("dq", dq), ("dk", dk), ("dv", dv),
+                                           ("dsinks", dsinks))}
+
+
+def _storage_of(x, dtype):
+    """float64 values rounded once to T (RN_T, SPEC §10.1), back in float64."""
+    if dtype == "float16":
+        return x.astype(np.float16).astype(np.float64)
+    import ml_dtypes
+    return x.astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def _low_precision_backward_problem(fn, config, arrays, names, got, array, policy):
+    """SPEC §10.5 for bfloat16 or float16 gradients against tandem's
+    reference in T with the profile policy.rounding: |g - g*| <= ulp_T(g*)/2
+    + flip + eps for dq, dk, dv (g* and flip from C++: _backward_bound; plus
+    _delta_slack where the stored O itself is ambiguous), and
+    |g - r| <= ulp_T(r) + eps for dsinks (rounded once from an unrounded
+    sum, as the reference's r is: SPEC §10.2); eps = k x the float32
+    reference's own error + floor + the unrounded operands' float32 error
+    (_operand_error). The float32 error of p_ij and dx_ij is
+    taken as rel_delta = k eps32 (D + 4)(1 + |s|max + ln Sk): exp turns the
+    absolute error of a score (<= D eps32 |s|max) and of lse into a
+    relative one."""
+    grads = [_numpy(g) for g in got]
+    for name, g in zip(names, grads):
+        if g.dtype.name != config.dtype:
+            return f"{name}: dtype {g.dtype.name}, expected {config.dtype} (q's storage type)"
+    ref64, ref32 = _backward_references(config, arrays, names)
+    score = _score_bound(config, _widened(arrays))
+    rel_delta = policy.k * EPS32 * (config.D + 4) * (1 + score + math.log(max(config.Sk, 1)))
+    bound = _backward_bound(config, arrays, policy.rounding, rel_delta)
+    moved = _delta_slack(config, arrays, policy.rounding, rel_delta)
+    operands = _operand_error(config, arrays, rel_delta)
+    if "dsinks" in names:
+        ref_t = _api.attention_backward(arrays["q"], arrays["k"], arrays["v"], arrays["dout"],
+                                        grads=("dsinks",), backend="reference",
+                                        rounding=policy.rounding, **_ref_kwargs(config, arrays))
+        bound["dsinks"] = (ref_t[3].astype(np.float64), None)
+    for name, g, r64, r32 in zip(names, grads, ref64, ref32):
+        if g.shape != r64.shape:
+            return f"{name}: shape {list(g.shape)}, expected {list(r64.shape)}"
+        g = g.astype(np.float64)
+        if not np.isfinite(g).all():
+            idx = tuple(int(i) for i in np.argwhere(~np.isfinite(g))[0])
+            return f"{name}: non-finite value {g[idx]} at index {idx}: NaN/inf policy broken"
+        center, flip = bound[name]
+        eps = policy.k * float(np.max(np.abs(r32.astype(np.float64) - r64), initial=0.0)) + \
+            policy.floor + operands[name]
+        once = _ulp(np.abs(center) + eps, config.dtype)  # one rounding of a value near center
+        rounding = once if flip is None else once / 2 + flip
+        tol = rounding + eps + (0.0 if moved is None else moved[name])
+        err = np.abs(g - center)
+        if err.size and (err > tol).any():
+            idx = tuple(int(i) for i in np.unravel_index(np.argmax(err - tol), err.shape))
+            slack = "" if flip is None else f" + flip {flip[idx]:.2e}"
+            if moved is not None:
+                slack += f" + stored-O slack {np.broadcast_to(moved[name], err.shape)[idx]:.2e}"
+            half = "ulp_T" if flip is None else "ulp_T/2"
+            return (f"{name} ({config.dtype}, rounding={policy.rounding!r}): error "
+                    f"{err[idx]:.3e} at index {idx} (got {g[idx]:.6g}, reference before its "
+                    f"rounding {center[idx]:.6g}) > SPEC §10.5's bound {tol[idx]:.3e} = {half} "
+                    f"{(once[idx] if flip is None else once[idx] / 2):.2e}{slack} + float32 "
+                    f"allowance {np.broadcast_to(eps, err.shape)[idx]:.1e}; "
+                    f"{_backward_explanation(grads, names, config, arrays)}")
+    return _deterministic(", ".join(names), fn, lambda: _call(
+        fn, arrays, ("q", "k", "v", "dout"), config.kwargs(), array), policy)
+
+
+def _backward_profile_errors(grads, names, config, arrays):
+    """{profile: max over the gradients of max |g - tandem's reference in T
+    with that profile|}."""
+    kw = _ref_kwargs(config, arrays)
+    errs = {}
+    for r in ROUNDINGS:
+        ref = _api.attention_backward(arrays["q"], arrays["k"], arrays["v"], arrays["dout"],
+                                      backend="reference", rounding=r, **kw)
+        errs[r] = max(float(np.max(np.abs(_numpy(g).astype(np.float64) - x.astype(np.float64)),
+                                   initial=0.0)) for g, x in zip(grads, ref))
+    return errs
+
+
+def _backward_explanation(grads, names, config, arrays):
+    try:
+        errs = _backward_profile_errors(grads, names, config, arrays)
+    except Exception as e:  # the reference does not offer T's backward
+        return f"no rounding profile to compare with ({e})"
+    listed = ", ".join(f"{r} {e:.2e}" for r, e in errs.items())
+    return (f"nearest rounding profile: {min(errs, key=errs.get)} (max |gradient - "
+            f"reference|: {listed})")
+
+
+def explain_rounding_backward(fn, config, array="numpy"):
+    """explain_rounding for a backward `fn(q, k, v, dout, **kwargs) -> (dq,
+    dk, dv[, dsinks])` on one bfloat16 or float16 AttentionConfig: the
+    profile whose reference backward in T is nearest to fn's gradients (the
+    largest distance over them), and the distance to each."""
+    if config.dtype == "float32":
+        raise ValueError("explain_rounding_backward needs a bfloat16 or float16 configuration "
+                         "(float32 rounds nothing in between)")
+    arrays = dict(config.arrays(), dout=config.dout())
+    names = ("dq", "dk", "dv", "dsinks") if config.sinks else ("dq", "dk", "dv")
+    got = _call(fn, arrays, ("q", "k", "v", "dout"), config.kwargs(), array)
+    errs = _backward_profile_errors(got, names, config, arrays)
+    return min(errs, key=errs.get), errs
 
 
 def check_rope_config(fn, config, array="numpy", policy=Policy()):
@@ -705,7 +931,9 @@ def check_attention_backward(fn, *, array="numpy", policy=Policy(), max_examples
                              time_budget=30.0, seed=None, **space):
     """Checks `fn(q, k, v, dout, **kwargs) -> (dq, dk, dv)` (kwargs as for
     check_attention; with sinks=True, -> (dq, dk, dv, dsinks)) on drawn
-    AttentionConfigs."""
+    AttentionConfigs; with dtypes=("bfloat16", ...) the gradients are T's
+    and held to SPEC §10.5's bound of the profile policy.rounding (module
+    docstring)."""
     _run(fn, "attention_backward", attention_configs(**space), _attention_backward_problem,
          array, policy, max_examples, time_budget, seed)
 

@@ -9,7 +9,9 @@ a float bias (attn_mask) that requires grad gets dbias (SPEC §3).
 float32, bfloat16 and float16 tensors run `backend` (SPEC §10: one storage
 type per call; lse float32 for bfloat16 and float16; `rounding` says where a
 low-precision call rounds); float64 tensors run the reference in double, so
-torch.autograd.gradcheck applies.
+torch.autograd.gradcheck applies. A quantized KV cache (SPEC §10.4:
+quantize_kv, attention_forward_quantized) is forward only: int8 and e4m3
+codes have no gradient, and asking for one is an Error.
 
     import tandem.torch as tt
     out = tt.scaled_dot_product_attention(q, k, v, is_causal=True)   # as torch's F.sdpa
@@ -35,8 +37,8 @@ from . import _api, _ext
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
-__all__ = ["attention", "attention_with_kvcache", "rope", "axial_rope", "swiglu",
-           "attention_block", "scaled_dot_product_attention"]
+__all__ = ["attention", "attention_with_kvcache", "quantize_kv", "attention_forward_quantized",
+           "rope", "axial_rope", "swiglu", "attention_block", "scaled_dot_product_attention"]
 
 # ---------------------------------------------------------------------------
 # Attention: forward with log-sum-exp, backward from the saved state.
@@ -236,6 +238,109 @@ def attention_with_kvcache(q, k_cache, v_cache, block_table, cache_seqlens, *, m
                                       _index(cache_seqlens), sinks, alibi_slopes, kind,
                                       int(window or 0), None if scale is None else float(scale),
                                       float(softcap or 0.0), backend)
+
+
+# ---------------------------------------------------------------------------
+# Quantized KV caches (SPEC §10.4): forward only. The codes (int8, or
+# torch.float8_e4m3fn as their uint8 bits) and the float32 scales reach the
+# kernels through DLPack, without a copy; nothing is ever dequantized.
+
+
+def _quantized_grad(ctx, *grads):
+    """No gradient flows through int8 or e4m3 codes (SPEC §10.4)."""
+    raise Error("a quantized KV cache is forward only (inference): its int8 or e4m3 codes have "
+                "no gradient; to train, use tandem.torch.attention on k and v in float32, "
+                "bfloat16 or float16", "kv_cache")
+
+
+def _forward_only(**tensors):
+    """Refuses, before anything runs, a call that would record a gradient."""
+    if torch.is_grad_enabled():
+        for name, t in tensors.items():
+            if isinstance(t, Tensor) and t.requires_grad:
+                raise Error(f"{name}.requires_grad: a quantized KV cache is forward only "
+                            "(inference): its int8 or e4m3 codes have no gradient; call it "
+                            "under torch.no_grad() or torch.inference_mode(), or train with "
+                            "tandem.torch.attention on unquantized k and v", name)
+
+
+@torch.library.custom_op("tandem::quantize_kv", mutates_args=())
+def _quantize_kv_op(k: Tensor, v: Tensor, kind: str, layout: str, num_heads: Optional[int],
+                    backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    c = _api.quantize_kv(k, v, kind=kind, layout=layout, num_heads=num_heads, backend=backend)
+    return c.k, c.v, c.k_scale, c.v_scale
+
+
+@_quantize_kv_op.register_fake
+def _(k, v, kind, layout, num_heads, backend):
+    # codes in the shapes of k and v; scales float32 [B', S', Hkv] (int8), [Hkv] (e4m3)
+    code = torch.int8 if kind == "int8" else torch.float8_e4m3fn
+    if k.dim() == 4:
+        rows, heads = (k.shape[:2], k.shape[2]) if layout == "bshd" else \
+            ((k.shape[0], k.shape[2]), k.shape[1])
+    else:  # [B, S, Hkv*D] or [S, Hkv*D] with num_heads = Hkv
+        rows, heads = (k.shape[:2] if k.dim() == 3 else (1, k.shape[0])), num_heads
+    shape = (*rows, heads) if kind == "int8" else (heads,)
+    f32 = torch.float32
+    return (k.new_empty(k.shape, dtype=code), v.new_empty(v.shape, dtype=code),
+            k.new_empty(shape, dtype=f32), v.new_empty(shape, dtype=f32))
+
+
+_quantize_kv_op.register_autograd(_quantized_grad)
+
+
+def quantize_kv(k, v, *, kind="int8", layout="bshd", num_heads=None, backend="optimized"):
+    """tandem.quantize_kv as a torch operator: a QuantizedKv of tensors (codes
+    torch.int8 or torch.float8_e4m3fn in the shapes of k and v, float32
+    scales), forward only: k or v requiring grad in grad mode is an Error."""
+    _forward_only(k=k, v=v)
+    codes = _quantize_kv_op(k, v, str(kind), str(layout),
+                            None if num_heads is None else int(num_heads), backend)
+    return _api.QuantizedKv(*codes, kind)
+
+
+# The same arguments as tandem::attention's, minus the packed sequences, plus
+# the cache's scales and kind.
+@torch.library.custom_op("tandem::attention_forward_quantized", mutates_args=())
+def _attention_quantized_op(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Tensor,
+                            kv_cache: str, mask: Optional[Tensor], layout: str, mask_kind: str,
+                            window: int, scale: Optional[float], softcap: float, backend: str,
+                            sinks: Optional[Tensor] = None,
+                            alibi_slopes: Optional[Tensor] = None,
+                            rounding: Optional[str] = None) -> Tensor:
+    return _api.attention(q, k, v, layout=layout, scale=scale, softcap=softcap, sinks=sinks,
+                          alibi_slopes=alibi_slopes, rounding=rounding or "pytorch",
+                          kv_cache=kv_cache, k_scale=k_scale, v_scale=v_scale, backend=backend,
+                          **_mask_kwargs(mask, mask_kind, window))
+
+
+@_attention_quantized_op.register_fake
+def _(q, k, v, k_scale, v_scale, kv_cache, mask, layout, mask_kind, window, scale, softcap,
+      backend, sinks=None, alibi_slopes=None, rounding=None):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))  # q's dtype, v's width
+
+
+_attention_quantized_op.register_autograd(_quantized_grad)
+
+
+def attention_forward_quantized(q, k, v, k_scale, v_scale, kv_cache, *, layout="bshd",
+                                mask=None, window=None, scale=None, softcap=0.0, bias=None,
+                                key_padding=None, sinks=None, alibi_slopes=None,
+                                rounding="pytorch", backend="optimized"):
+    """Attention of q (float32, bfloat16 or float16) over a quantized cache
+    (SPEC §10.4) as a torch operator: k, v the codes (torch.int8 or
+    torch.float8_e4m3fn) and k_scale, v_scale their float32 scales, as
+    quantize_kv gives them: `attention_forward_quantized(q,
+    **quantize_kv(k, v)._asdict())`. Forward only (inference): an input
+    requiring grad in grad mode is an Error; under torch.no_grad() it runs."""
+    _forward_only(q=q, k_scale=k_scale, v_scale=v_scale, sinks=sinks)
+    m, kind, w = _mask_args(mask, window, bias, key_padding)
+    if alibi_slopes is not None:
+        alibi_slopes = torch.as_tensor(alibi_slopes).to(torch.float32)
+    return _attention_quantized_op(q, k, v, k_scale, v_scale, str(kv_cache), m, layout, kind,
+                                   w, None if scale is None else float(scale),
+                                   float(softcap or 0.0), backend, sinks, alibi_slopes,
+                                   str(rounding))
 
 
 # ---------------------------------------------------------------------------

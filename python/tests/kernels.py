@@ -162,3 +162,70 @@ def lowp_attention(q, k, v, *, profile="pytorch", bug=None, sinks=None, **kwargs
     out = numpy_attention(q, k, v, sinks=sinks, bug=bug,
                           round_to=dt if profile == "pytorch" or bug else None, **kwargs)
     return out.astype(dt)
+
+
+def lowp_attention_backward(q, k, v, dout, *, layout, mask, window, scale, softcap, sinks=None,
+                            profile="pytorch", bug=None):
+    """A bfloat16 or float16 attention backward in NumPy, float32 throughout,
+    rounding where SPEC §10.2 says ("pytorch": the weights of the forward,
+    RN_T(p) before dV and RN_T(dx) before dQ, dK; "exact": the gradients
+    only). Forward: mu_i = ceil(m_i log2 e), e_ij = 2^(x_ij - mu_i), O_i =
+    RN_T(sum_j w_ij v_j / l_i), lse_i = mu_i ln 2 + ln l_i. Backward: p_ij =
+    e^(s_ij - lse_i), ds_ij = p_ij (dp_ij - delta_i), delta_i = <dO_i, O_i>,
+    dx_ij = ds_ij (1 - tanh^2(raw_ij / c)) with a softcap c, dsink_h =
+    -sum_i p_sink,i delta_i. Masks none, causal, sliding_window. bug
+    "p_unrounded": RN_T(p) dropped before dV; "ds": ds rounded to T before
+    the softcap's factor (a second rounding of dx)."""
+    dt = q.dtype
+
+    def rn(x):  # RN_T, read back into float32
+        return x.astype(dt).astype(np.float32)
+
+    if layout == "bshd":
+        q, k, v, dout = (np.asarray(x).transpose(0, 2, 1, 3) for x in (q, k, v, dout))
+    q, k, v, do = (np.asarray(x).astype(np.float32) for x in (q, k, v, dout))
+    B, H, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    group = H // Hkv
+    kh, vh = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    sc = np.float32(scale if scale is not None else 1 / np.sqrt(D))
+    raw = sc * (q @ kh.transpose(0, 1, 3, 2))
+    c = np.float32(softcap)
+    s = c * np.tanh(raw / c) if softcap > 0 else raw
+    visible = np.broadcast_to(_visible(Sq, Sk, mask, window, max(Sk - Sq, 0)), s.shape)
+    sink = None if sinks is None else np.asarray(sinks).astype(np.float32)[None, :, None, None]
+    log2e, ln2 = np.float32(np.log2(np.e)), np.float32(np.log(2.0))
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        m = np.max(np.where(visible, s, -np.inf), axis=-1, keepdims=True, initial=-np.inf)
+        if sink is not None:
+            m = np.maximum(m, sink)
+        mu = np.where(np.isfinite(m), np.ceil(m * log2e), 0).astype(np.float32)
+        e = np.where(visible, np.exp2(s * log2e - mu), 0).astype(np.float32)
+        l = e.sum(-1, keepdims=True)
+        if sink is not None:
+            l = l + np.exp2(sink * log2e - mu)
+        w = rn(e) if profile == "pytorch" else e
+        o = rn(np.where(l > 0, (w @ vh) / np.where(l > 0, l, 1), 0).astype(np.float32))
+        lse = np.where(l > 0, mu * ln2 + np.log(l), -np.inf).astype(np.float32)
+        seen = np.isfinite(lse)
+        p = np.where(visible & seen, np.exp(s - np.where(seen, lse, 0)), 0).astype(np.float32)
+    dp = do @ vh.transpose(0, 1, 3, 2)
+    delta = (do * o).sum(-1, keepdims=True)
+    ds = p * (dp - delta)
+    if bug == "ds":
+        ds = rn(ds)
+    dx = ds * (1 - np.tanh(raw / c) ** 2) if softcap > 0 else ds
+    x = rn(dx) if profile == "pytorch" else dx
+    y = rn(p) if profile == "pytorch" and bug != "p_unrounded" else p
+    dq = sc * (x @ kh)
+    dk = (sc * (x.transpose(0, 1, 3, 2) @ q)).reshape(B, Hkv, group, Sk, D).sum(2)
+    dv = (y.transpose(0, 1, 3, 2) @ do).reshape(B, Hkv, group, Sk, -1).sum(2)
+    grads = [rn(g).astype(dt) for g in (dq, dk, dv)]
+    if layout == "bshd":
+        grads = [np.ascontiguousarray(g.transpose(0, 2, 1, 3)) for g in grads]
+    if sink is None:
+        return tuple(grads)
+    with np.errstate(invalid="ignore"):
+        p_sink = np.where(seen, np.exp(sink - np.where(seen, lse, 0)), 0)
+    dsinks = -(p_sink * delta).sum(axis=(0, 2, 3))
+    return tuple(grads) + (dsinks.astype(np.float32).astype(dt),)

@@ -3,14 +3,15 @@
 broken one fails with a shrunk configuration and a replayable test."""
 
 import functools
+import re
 
 import numpy as np
 import pytest
 
 import tandem
 from tandem import testing as T
-from kernels import (TORCH_2_5, numpy_attention, numpy_rope, sdpa_attention,
-                     sdpa_attention_backward, torch_swiglu)
+from kernels import (TORCH_2_5, lowp_attention_backward, numpy_attention, numpy_rope,
+                     sdpa_attention, sdpa_attention_backward, torch_swiglu)
 
 BUDGET = dict(seed=12, time_budget=20.0)
 # torch < 2.5's SDPA gives NaN, not 0, for a query that sees no key
@@ -206,3 +207,67 @@ def test_drawn_features_reach_the_kernel():
 
     T.check_attention(spy, max_examples=80, **FEATURES, **BUDGET)
     assert {"sinks", "alibi_slopes", True, False} <= seen
+
+
+# -- bfloat16 and float16 backwards (SPEC §10.5's bound from C++) -----------
+
+# The NumPy backward knows the masks without an array; sinks and softcap drawn.
+LOWP_BACKWARD = dict(masks=("none", "causal", "sliding_window"), sinks=True,
+                     dtypes=("bfloat16", "float16"), max_examples=60)
+
+
+def lowp_backward(profile="pytorch", bug=None):
+    def backward(q, k, v, dout, **kw):
+        return lowp_attention_backward(q, k, v, dout, profile=profile, bug=bug, **kw)
+
+    backward.__name__ = f"lowp_backward_{profile}" + (f"_{bug}" if bug else "")
+    return backward
+
+
+@pytest.mark.parametrize("profile", ("pytorch", "exact"))
+def test_a_correct_low_precision_backward_passes(profile):
+    T.check_attention_backward(lowp_backward(profile), policy=T.Policy(rounding=profile),
+                               **LOWP_BACKWARD, **BUDGET)
+
+
+@pytest.mark.parametrize("backend", ("optimized", "reference"))
+@pytest.mark.parametrize("profile", ("pytorch", "exact"))
+def test_tandem_s_own_low_precision_backward_passes(backend, profile):
+    if not tandem.offers("attention_backward", "bfloat16", backend):
+        pytest.skip(f"{backend} offers no bfloat16 backward")
+    fn = functools.partial(tandem.attention_backward, rounding=profile, backend=backend)
+    T.check_attention_backward(fn, policy=T.Policy(rounding=profile), sinks=True,
+                               alibi=T.ALIBI, dtypes=("bfloat16", "float16"), max_examples=60,
+                               **BUDGET)
+
+
+def test_a_backward_that_drops_the_rounding_of_p_is_caught():
+    config, report = failure(T.check_attention_backward, lowp_backward(bug="p_unrounded"),
+                             **LOWP_BACKWARD)
+    assert config.dtype in ("bfloat16", "float16") and "dv (" in report
+    assert "SPEC §10.5's bound" in report and "+ flip" in report
+
+
+def test_a_backward_that_rounds_ds_before_the_softcap_factor_is_caught():
+    config, report = failure(T.check_attention_backward, lowp_backward(bug="ds"),
+                             **LOWP_BACKWARD)
+    assert config.softcap > 0, config  # without a softcap dx = ds: the contract's rounding
+    assert re.search(r"\b(dq|dk) \((bfloat16|float16), rounding='pytorch'\): error", report)
+
+
+def test_a_pytorch_profile_backward_fails_the_exact_profile_and_is_explained():
+    """The profile matters: the pytorch kernel held to the exact profile's
+    reference fails, and explain_rounding_backward names pytorch."""
+    config, report = failure(T.check_attention_backward, lowp_backward("pytorch"),
+                             policy=T.Policy(rounding="exact"), **LOWP_BACKWARD)
+    assert "rounding='exact'" in report and "nearest rounding profile: pytorch" in report
+    best, errors = T.explain_rounding_backward(lowp_backward("pytorch"), config)
+    assert best == "pytorch" and errors["pytorch"] < errors["exact"], errors
+
+
+def test_a_float32_gradient_for_bfloat16_inputs_is_caught():
+    def float32_grads(q, k, v, dout, **kw):
+        return tuple(g.astype(np.float32) for g in lowp_backward()(q, k, v, dout, **kw))
+
+    _, report = failure(T.check_attention_backward, float32_grads, **LOWP_BACKWARD)
+    assert "expected bfloat16" in report or "expected float16" in report

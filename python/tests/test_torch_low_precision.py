@@ -3,10 +3,13 @@
 the registered ops pass torch.library.opcheck (their fake lse is float32, as
 the kernel's), autograd's gradients lie within SPEC §10.5's bound of the
 gradients in double, scaled_dot_product_attention takes bf16/f16 tensors and
-masks, and a bf16 Llama with attn_implementation="tandem" matches "sdpa"."""
+masks, a bf16 Llama with attn_implementation="tandem" matches "sdpa", and the
+quantized-cache ops (SPEC §10.4) agree with the NumPy path and with a float
+computation on the cache dequantized by hand, forward only."""
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -133,6 +136,160 @@ def test_sdpa_takes_low_precision_tensors_and_masks(backend, dtype):
         assert bool(((got.double() - exact).abs() <= bound).all()), kw
     if backend == "optimized":
         assert tt.scaled_dot_product_attention(q, k, v).dtype == dtype  # the fast path
+
+
+# ---------------------------------------------------------------------------
+# Quantized KV caches as torch ops (SPEC §10.4): forward only
+
+KINDS = ("int8", "e4m3")
+CODES = {"int8": torch.int8, "e4m3": torch.float8_e4m3fn}
+STORAGE = (torch.float32,) + LOW
+
+
+def quantized_case(dtype, seed, Sq=3, Sk=9, H=4, Hkv=2, D=8, Dv=6):
+    return (randn(2, Sq, H, D, dtype=dtype, seed=seed), randn(2, Sk, Hkv, D, dtype=dtype,
+                                                              seed=seed + 1),
+            randn(2, Sk, Hkv, Dv, dtype=dtype, seed=seed + 2))
+
+
+# torch's schema check (opcheck's test_schema) multiplies every tensor it
+# sees, which torch's CPU kernels do not for float8_e4m3fn: e4m3 ops get the
+# other opcheck tests.
+OPCHECKS = {"int8": ("test_schema", "test_autograd_registration", "test_faketensor",
+                     "test_aot_dispatch_dynamic"),
+            "e4m3": ("test_autograd_registration", "test_faketensor",
+                     "test_aot_dispatch_dynamic")}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", STORAGE)
+def test_quantized_cache_ops_pass_opcheck(kind, dtype):
+    offered("quantize_kv", dtype)
+    offered("attention_forward_quantized", dtype)
+    q, k, v = quantized_case(dtype, 200)
+    torch.library.opcheck(torch.ops.tandem.quantize_kv.default,
+                          (k, v, kind, "bshd", None, "reference"), test_utils=OPCHECKS[kind])
+    kc, vc, ks, vs = torch.ops.tandem.quantize_kv(k, v, kind, "bshd", None, "reference")
+    assert kc.dtype == vc.dtype == CODES[kind] and ks.dtype == vs.dtype == torch.float32
+    assert kc.shape == k.shape and vc.shape == v.shape
+    assert ks.shape == ((2, 9, 2) if kind == "int8" else (2,))
+    for mask_kind in ("none", "causal"):
+        torch.library.opcheck(torch.ops.tandem.attention_forward_quantized.default,
+                              (q, kc, vc, ks, vs, kind, None, "bshd", mask_kind, 0, None, 0.0,
+                               "reference", None, None, "pytorch"), test_utils=OPCHECKS[kind])
+    # the fake's scale shapes follow the other layouts too
+    for layout, kk, vv in (("bhsd", k.transpose(1, 2).contiguous(), v.transpose(1, 2)
+                            .contiguous()), ("bshd", k.flatten(2), v.flatten(2))):
+        heads = 2 if kk.dim() == 3 else None
+        torch.library.opcheck(torch.ops.tandem.quantize_kv.default,
+                              (kk, vv, kind, layout, heads, "reference"),
+                              test_utils=OPCHECKS[kind])
+
+
+def numpy_of(x):
+    """A tensor as NumPy (bf16 as ml_dtypes', e4m3 codes as their uint8 bits)."""
+    from tandem.testing import _numpy
+    return x.view(torch.uint8).numpy() if x.dtype == torch.float8_e4m3fn else _numpy(x)
+
+
+@pytest.mark.parametrize("backend", ("reference", "optimized"))
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", STORAGE)
+def test_quantized_ops_match_the_numpy_path_bit_for_bit(backend, kind, dtype):
+    offered("quantize_kv", dtype, backend)
+    offered("attention_forward_quantized", dtype, backend)
+    q, k, v = quantized_case(dtype, 210)
+    cache = tt.quantize_kv(k, v, kind=kind, backend=backend)
+    ref = tandem.quantize_kv(numpy_of(k), numpy_of(v), kind=kind, backend=backend)
+    assert cache.kv_cache == ref.kv_cache == kind
+    for got, want in zip(cache[:4], ref[:4]):
+        assert np.array_equal(numpy_of(got).view(np.uint8), want.view(np.uint8))
+    for kw in (dict(mask="causal"), dict(mask="sliding_window", window=3), dict(softcap=5.0)):
+        out = tt.attention_forward_quantized(q, **cache._asdict(), backend=backend, **kw)
+        assert out.dtype == dtype and out.shape == (2, 3, 4, 6)
+        want = tandem.attention(numpy_of(q), **ref._asdict(), backend=backend, **kw)
+        assert np.array_equal(numpy_of(out).view(np.uint8), want.view(np.uint8)), kw
+
+
+def dequantized(codes, scale, kind):
+    """sigma * code in float64: the values a quantized cache stands for."""
+    c = codes.to(torch.float32).double()
+    s = scale.double()
+    return c * (s[..., None] if kind == "int8" else s[None, None, :, None])
+
+
+@pytest.mark.parametrize("backend", ("reference", "optimized"))
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", STORAGE)
+def test_quantized_attention_within_the_bound_of_the_dequantized_float_computation(
+        backend, kind, dtype):
+    """Against the attention in double of q and of the cache dequantized by
+    hand, SPEC §10.5's bound of exact arithmetic with |v_j| = sigma_j |c_j|:
+    u_T |o| + u_T sum_j p_ij |v_j| + the float32 arithmetic's 2^-18 sum_j
+    p_ij |v_j| (as in test_low_precision's)."""
+    offered("quantize_kv", dtype, backend)
+    offered("attention_forward_quantized", dtype, backend)
+    q, k, v = quantized_case(dtype, 220, Sq=5, Sk=33, D=16, Dv=16)
+    cache = tt.quantize_kv(k, v, kind=kind, backend=backend)
+    out = tt.attention_forward_quantized(q, **cache._asdict(), mask="causal", backend=backend)
+    kd, vd = dequantized(cache.k, cache.k_scale, kind), dequantized(cache.v, cache.v_scale, kind)
+    group = q.shape[2] // kd.shape[2]
+
+    def sdpa(vals):
+        return F.scaled_dot_product_attention(
+            q.double().transpose(1, 2), kd.repeat_interleave(group, 2).transpose(1, 2),
+            vals.repeat_interleave(group, 2).transpose(1, 2),
+            attn_mask=torch.ones(5, 33, dtype=torch.bool).tril(33 - 5)).transpose(1, 2)
+
+    exact, weights = sdpa(vd), sdpa(vd.abs())
+    u = UNIT.get(dtype, 2.0 ** -24)
+    bound = u * exact.abs() + u * weights + 2.0 ** -18 * weights
+    err = (out.double() - exact).abs()
+    assert bool((err <= bound).all()), float((err - bound).max())
+    # and quantization itself is visible: the unquantized attention differs by more
+    plain = tt.attention(q, k, v, mask="causal", backend=backend)
+    assert not torch.equal(plain, out)
+
+
+def test_quantized_codes_reach_the_kernel_without_a_copy(monkeypatch):
+    from tandem import _ext
+    q, k, v = quantized_case(torch.bfloat16, 230)
+    seen = {}
+    real = _ext.attention_forward_quantized
+
+    def spy(backend, params, inputs, out):
+        seen.update({n: _ext.address(inputs[n]) for n in ("q", "k", "v", "k_scale", "v_scale")})
+        return real(backend, params, inputs, out)
+
+    for kind in KINDS:
+        cache = tt.quantize_kv(k, v, kind=kind, backend="reference")
+        monkeypatch.setattr(_ext, "attention_forward_quantized", spy)
+        tt.attention_forward_quantized(q, **cache._asdict(), backend="reference")
+        monkeypatch.undo()
+        given = dict(q=q, k=cache.k, v=cache.v, k_scale=cache.k_scale, v_scale=cache.v_scale)
+        assert seen == {n: t.data_ptr() for n, t in given.items()}, kind
+
+
+def test_quantized_cache_is_forward_only():
+    q, k, v = quantized_case(torch.bfloat16, 240)
+    cache = tt.quantize_kv(k, v, backend="reference")
+    qg = q.clone().requires_grad_()
+    with pytest.raises(tandem.Error, match="forward only") as info:
+        tt.attention_forward_quantized(qg, **cache._asdict(), backend="reference")
+    assert info.value.parameter == "q"
+    with pytest.raises(tandem.Error, match="forward only") as info:
+        tt.quantize_kv(k.clone().requires_grad_(), v, backend="reference")
+    assert info.value.parameter == "k"
+    with torch.no_grad():  # inference: runs, and gives the same bits
+        out = tt.attention_forward_quantized(qg, **cache._asdict(), backend="reference")
+    assert torch.equal(out, tt.attention_forward_quantized(q, **cache._asdict(),
+                                                           backend="reference"))
+    # the op itself, reached past the wrapper: its backward says the same
+    out = torch.ops.tandem.attention_forward_quantized(
+        qg, cache.k, cache.v, cache.k_scale, cache.v_scale, "int8", None, "bshd", "none", 0,
+        None, 0.0, "reference", None, None, None)
+    with pytest.raises(tandem.Error, match="forward only"):
+        out.sum().backward()
 
 
 # ---------------------------------------------------------------------------

@@ -190,7 +190,7 @@ struct BackwardRoundingBound {
 /// float32's error in `p_ij·(dp_ij − delta_i)`: |p·dp| <= |ds| + p·|delta|).
 /// dsinks and dbias are not bounded here: they round once, but read the
 /// stored O_i, whose elements a float32 kernel may round the other way; SPEC
-/// §10.5 gives their bound (props/lowp.cpp checks dsinks). Throws tandem::Error
+/// §10.5 gives their bound (props/lowp.cpp checks both). Throws tandem::Error
 /// when the inputs do not fit the plan or the plan is paged.
 template <class T>
 BackwardRoundingBound attention_backward_rounding(const AttentionPlan& plan,

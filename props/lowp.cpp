@@ -209,16 +209,25 @@ std::vector<double> naive_forward(const AttentionData& d) {
 
 namespace {
 
-/// |o − o*|'s bound of SPEC §10.5 for each element of o.
-template <class T>
-std::vector<double> forward_tolerance(const RoundedForward& o, const AttentionScales& sc) {
+/// How far a float32 kernel's o may lie from o* before its final rounding
+/// (SPEC §10.5): ε_i + flip_i for each element.
+std::vector<double> forward_slack(const RoundedForward& o, const AttentionScales& sc) {
   const double M = std::max(max_abs(o.unrounded), sc.out);
   const double r = 64 * kEps * (1 + sc.L);
-  std::vector<double> tol(o.unrounded.size());
+  std::vector<double> slack(o.unrounded.size());
+  for (std::size_t n = 0; n < slack.size(); ++n) {
+    slack[n] = r * (M + std::abs(o.unrounded[n])) + sc.underflow + o.flip[n];
+  }
+  return slack;
+}
+
+/// |o − o*|'s bound of SPEC §10.5 for each element of o: the slack, then RN_T.
+template <class T>
+std::vector<double> forward_tolerance(const RoundedForward& o, const AttentionScales& sc) {
+  std::vector<double> tol = forward_slack(o, sc);
   for (std::size_t n = 0; n < tol.size(); ++n) {
-    const double want = o.unrounded[n];
-    const double eps = r * (M + std::abs(want)) + sc.underflow;
-    tol[n] = std::max(ulp<T>(want), ulp<T>(std::abs(want) + eps)) / 2 + eps + o.flip[n];
+    const double want = o.unrounded[n], eps = tol[n] - o.flip[n];
+    tol[n] += std::max(ulp<T>(want), ulp<T>(std::abs(want) + eps)) / 2;
   }
   return tol;
 }
@@ -286,6 +295,31 @@ RoundedForward reference_rounding(const AttentionData& d, double rel_delta, cons
   return o;
 }
 
+namespace {
+
+/// δ_i = <dO_i, RN_T(o*_i)> over the Dv elements from `at`, and how far a
+/// float32 kernel's <dO_i, O_i> may lie from it: its O_id = RN_T(o_id) with
+/// |o_id − o*_id| ≤ slack_d lies in [RN_T(o* − slack), RN_T(o* + slack)]
+/// (RN_T is monotone), so each element adds |dO_id| times the larger distance
+/// of those ends from RN_T(o*_id) (0 unless a rounding boundary lies within
+/// its slack), and the float32 dot product 2·Dv·ε·Σ|dO_id·O_id|.
+template <class T>
+std::pair<double, double> stored_delta(const std::vector<double>& dO,
+                                       const std::vector<double>& o_star,
+                                       const std::vector<double>& slack, i64 at, i64 Dv) {
+  double delta = 0, ddelta = 0;
+  for (i64 e = 0; e < Dv; ++e) {
+    const auto n = static_cast<std::size_t>(at + e);
+    const double o = rn<T>(o_star[n]);
+    const double lo = rn<T>(o_star[n] - slack[n]), hi = rn<T>(o_star[n] + slack[n]);
+    delta += dO[n] * o;
+    ddelta += std::abs(dO[n]) * (std::max(hi - o, o - lo) + 2 * Dv * kEps * std::abs(o));
+  }
+  return {delta, ddelta};
+}
+
+}  // namespace
+
 template <class T>
 RoundedBackward rounded_backward(const AttentionData& d, const AttentionScales& sc) {
   const AttentionPlan& p = d.plan;
@@ -293,6 +327,7 @@ RoundedBackward rounded_backward(const AttentionData& d, const AttentionScales& 
   const auto q = to_double(d.q), k = to_double(d.k), v = to_double(d.v), dO = to_double(d.dout);
   const RoundedForward f = rounded_forward<T>(d, p.rounding, q, k, v, weight_rel_delta(sc));
   const auto tol_o = forward_tolerance<T>(f, sc);
+  const auto slack_o = forward_slack(f, sc);
   const double rel_p = 64 * kEps * (1 + sc.L + std::log(double(std::max<i64>(p.Sk, 1))));
   const double scale = p.scale;
   RoundedBackward o;
@@ -302,6 +337,10 @@ RoundedBackward rounded_backward(const AttentionData& d, const AttentionScales& 
   o.tol_dq = o.dq;
   o.tol_dk = o.dk;
   o.tol_dv = o.dv;
+  o.dsinks.assign(p.sinks ? static_cast<std::size_t>(p.H) : 0, 0.0);
+  o.tol_dsinks = o.dsinks;
+  o.dbias.assign(p.mask == MaskKind::bias ? static_cast<std::size_t>(p.mask_size()) : 0, 0.0);
+  o.tol_dbias = o.dbias;
   // a weight x uncertain by dx: its value (RN_T under the profile) and how far the kernel's may be
   const auto weight = [operands](double x, double dx) -> std::pair<double, double> {
     if (!operands) return {x, dx};
@@ -319,6 +358,13 @@ RoundedBackward rounded_backward(const AttentionData& d, const AttentionScales& 
                    ddelta +=
                        std::abs(dO[n]) * (tol_o[n] + 2 * p.Dv * kEps * std::abs(f.unrounded[n]));
                  }
+                 // dsinks and dbias read δ_i = <dO_i, O_i> with O_i stored in T
+                 const auto [d_stored, dd_stored] =
+                     stored_delta<T>(dO, f.unrounded, slack_o, at(p, seq, h, i, p.Dv, 0), p.Dv);
+                 if (p.sinks) {  // dsink_h = −Σ_i p_sink,i·δ_i
+                   o.dsinks[h] -= row.p_sink * d_stored;
+                   o.tol_dsinks[h] += row.p_sink * (dd_stored + rel_p * std::abs(d_stored));
+                 }
                  const i64 qa = p.q.at(seq.b, seq.q_row(i), h);
                  for (i64 j = 0; j < seq.Sk; ++j) {
                    if (!row.visible[j]) continue;
@@ -331,6 +377,12 @@ RoundedBackward rounded_backward(const AttentionData& d, const AttentionScales& 
                      dp_abs += std::abs(x);
                    }
                    const double pij = row.p[j];
+                   if (!o.dbias.empty()) {  // dbias_ij += p_ij·(dp_ij − δ_i)
+                     const auto nb = static_cast<std::size_t>(p.mask_row(seq.b, h, i) + j);
+                     o.dbias[nb] += pij * (dp - d_stored);
+                     o.tol_dbias[nb] += pij * (dd_stored + 2 * p.Dv * kEps * dp_abs +
+                                               rel_p * (std::abs(dp) + std::abs(d_stored)));
+                   }
                    const double ds = pij * (dp - delta);
                    const double dds = pij * (ddelta + 2 * p.Dv * kEps * dp_abs) +
                                       rel_p * pij * (std::abs(dp) + std::abs(delta));
@@ -361,6 +413,12 @@ std::string rounded_grads_close(const Grads& got, const RoundedBackward& o,
   std::string m = close_t<T>("dq", to_double(got.dq), o.dq, o.tol_dq, sc.dq, sc);
   if (m.empty()) m = close_t<T>("dk", to_double(got.dk), o.dk, o.tol_dk, sc.dk, sc);
   if (m.empty()) m = close_t<T>("dv", to_double(got.dv), o.dv, o.tol_dv, sc.dv, sc);
+  if (m.empty() && !o.dsinks.empty()) {
+    m = close_t<T>("dsinks", to_double(got.dsinks), o.dsinks, o.tol_dsinks, sc.dsinks, sc);
+  }
+  if (m.empty() && !o.dbias.empty()) {
+    m = close_t<T>("dbias", to_double(got.dbias), o.dbias, o.tol_dbias, sc.dbias, sc);
+  }
   return m;
 }
 
@@ -369,8 +427,9 @@ Grads run_backward_t(const Kernels<T>& kt, const AttentionData& d) {
   const AttentionPlan& p = d.plan;
   const PlacedAt<T> m(d, cspan(d.q), cspan(d.k), cspan(d.v));
   const auto dout = place<T, float>(p.o, p.B, p.Sq, p.H, p.Dv, cspan(d.dout), T(junk()));
-  std::vector<T> dq(p.dq.extent), dk(p.dk.extent), dv(p.dv.extent);
-  kt.attention_backward(p, m.in(), cspan(dout), AttentionGrads<T>{dq, dk, dv});
+  std::vector<T> dq(p.dq.extent), dk(p.dk.extent), dv(p.dv.extent), dsinks(p.sinks ? p.H : 0);
+  std::vector<T> dbias(p.mask == MaskKind::bias ? p.mask_size() : 0);
+  kt.attention_backward(p, m.in(), cspan(dout), AttentionGrads<T>{dq, dk, dv, dsinks, dbias});
   const auto back = [](const std::vector<T>& x) {
     std::vector<float> r(x.size());
     for (std::size_t n = 0; n < x.size(); ++n) r[n] = static_cast<float>(x[n]);
@@ -380,6 +439,8 @@ Grads run_backward_t(const Kernels<T>& kt, const AttentionData& d) {
   g.dq = back(gather<T>(p.dq, p.B, p.Sq, p.H, p.D, cspan(dq)));
   g.dk = back(gather<T>(p.dk, p.kv_batch(), p.kv_seq(), p.Hkv, p.D, cspan(dk)));
   g.dv = back(gather<T>(p.dv, p.kv_batch(), p.kv_seq(), p.Hkv, p.Dv, cspan(dv)));
+  g.dsinks = back(dsinks);
+  g.dbias = back(dbias);
   return g;
 }
 

@@ -69,7 +69,7 @@ template <class T>
 RoundedForward reference_rounding(const AttentionData& d, double rel_delta,
                                   const Codes* codes = nullptr);
 
-/// SPEC §10.2's backward oracle (the one-call backward, no sinks): the
+/// SPEC §10.2's backward oracle (the one-call backward): the
 /// gradients g* before their final RN_T (logical, shapes of q, k, v) with the
 /// weights RN_T(p_ij) (dv) and RN_T(dx_ij) (dq, dk) of the profile, and for
 /// each element the extra tolerance `tol` a float32 kernel may add to
@@ -77,9 +77,17 @@ RoundedForward reference_rounding(const AttentionData& d, double rel_delta,
 /// float32 arithmetic — p_ij from the float32 lse (relative rel_delta),
 /// δ_i = <dO_i, O_i> from O_i stored in T (O_i within the forward's bound of o*),
 /// dp_ij in float32 — the weight may round either way (its two candidates'
-/// difference), and for the exact profile the uncertainty itself.
+/// difference), and for the exact profile the uncertainty itself. dsinks
+/// `[H]` (plans with sinks): −Σ_i p_sink,i·δ_i with δ_i from O_i = RN_T(o*_i),
+/// its tol the effect of the O_i that may round the other way (an element
+/// within its forward slack of a rounding boundary) and of float32's p_sink,i
+/// and δ_i (SPEC §10.5).
 struct RoundedBackward {
   std::vector<double> dq, dk, dv, tol_dq, tol_dk, tol_dv;
+  std::vector<double> dsinks, tol_dsinks;
+  /// dbias `[Bb,Hb,Sq,Sk]` (bias plans): Σ p_ij·(dp_ij − δ_i) over the (b, h) it
+  /// sums, δ_i and its tol as for dsinks, plus float32's p_ij and dp_ij (SPEC §10.5).
+  std::vector<double> dbias, tol_dbias;
 };
 template <class T>
 RoundedBackward rounded_backward(const AttentionData& d, const AttentionScales& sc);
@@ -90,7 +98,8 @@ template <class T>
 std::string rounded_grads_close(const Grads& got, const RoundedBackward& o,
                                 const AttentionScales& sc);
 
-/// The one-call backward (dq, dk, dv) of kernels<T> on d's data (stored in T).
+/// The one-call backward (dq, dk, dv; dsinks for a plan with sinks, dbias for
+/// a bias plan) of kernels<T> on d's data (stored in T).
 template <class T>
 Grads run_backward_t(const Kernels<T>& kt, const AttentionData& d);
 

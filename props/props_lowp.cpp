@@ -21,12 +21,20 @@ std::span<const T> cspan(const std::vector<T>& v) {
   return std::span<const T>(v);
 }
 
-/// What the low-precision attention properties draw: dense cases (the
-/// features of §2.7–2.10 are the float suite's), every mask, GQA, softcap,
-/// strides, the default geometry's edges; the extremes of the float suite
-/// only where said.
+/// What the dense low-precision attention properties draw: every mask, GQA,
+/// Dv ≠ D, softcap, strides, the default geometry's edges; the extremes of
+/// the float suite only where said.
 AttentionGen lowp_gen() {
   return AttentionGen{}.with(&AttentionGen::extremes, Draw::never);
+}
+
+/// What the low-precision feature properties draw: the float suite's
+/// feature cases (props_features.cpp's generator: sinks, ALiBi, packed
+/// sequences, paged caches, each with the masks it takes, GQA, Dv ≠ D,
+/// softcap and scales; the index inputs as int32 or int64). `paged` is
+/// never for the backward (a paged cache has none).
+AttentionGen lowp_features_gen(Draw paged = Draw::sometimes) {
+  return lowp_gen().with_features().with(&AttentionGen::paged, paged);
 }
 
 /// Runs F<bfloat16> or F<float16> (drawn) on s when the subject offers what `has` asks.
@@ -84,10 +92,11 @@ std::vector<double> f32_tolerance(const std::vector<double>& exp, const Attentio
 /// at the drawn profile, on forward and forward_lse; lse within the f32 bound.
 template <class T>
 struct AgreeForward {
-  static void run(const Subject& s) {
+  static void run(const Subject& s) { check(s, lowp_gen()); }
+  static void check(const Subject& s, const AttentionGen& gen) {
     const Kernels<T>& kt = s.backend.kernels<T>();
     if (!kt.attention_forward) return;
-    AttentionCase c = *gen_attention(lowp_gen());
+    AttentionCase c = *gen_attention(gen);
     c.params.rounding = gen_profile();
     const AttentionData d = stored_as<T>(make_data(c));
     const AttentionScales sc = scales(d);
@@ -108,23 +117,37 @@ struct AgreeForward {
   }
 };
 
+/// AgreeForward on the feature cases (SPEC §2.7–2.10 at T).
+template <class T>
+struct AgreeFeaturesForward {
+  static void run(const Subject& s) { AgreeForward<T>::check(s, lowp_features_gen()); }
+};
+
 // ------------------------------------------------------------- 2. backward
 
 /// SPEC §10.2's backward at the drawn profile (lowp.hpp's rounded_backward):
-/// dq, dk, dv of the one-call backward, each within ulp_T(g*)/2 + ε + the
-/// effect of the weights that float32 arithmetic may round either way.
+/// dq, dk, dv (and dsinks) of the one-call backward, each within
+/// ulp_T(g*)/2 + ε + the effect of the weights that float32 arithmetic may
+/// round either way (dsinks: of the stored O_i that may round either way, SPEC §10.5).
 template <class T>
 struct AgreeBackward {
-  static void run(const Subject& s) {
+  static void run(const Subject& s) { check(s, lowp_gen()); }
+  static void check(const Subject& s, const AttentionGen& gen) {
     const Kernels<T>& kt = s.backend.kernels<T>();
     if (!kt.attention_backward) return;
-    AttentionCase c = *gen_attention(lowp_gen());
+    AttentionCase c = *gen_attention(gen);
     c.params.rounding = gen_profile();
     const AttentionData d = stored_as<T>(make_data(c));
     const AttentionScales sc = scales(d);
     TANDEM_REQUIRE_EMPTY(
         rounded_grads_close<T>(run_backward_t(kt, d), rounded_backward<T>(d, sc), sc));
   }
+};
+
+/// AgreeBackward on the feature cases but paged ones, dsinks included.
+template <class T>
+struct AgreeFeaturesBackward {
+  static void run(const Subject& s) { AgreeBackward<T>::check(s, lowp_features_gen(Draw::never)); }
 };
 
 // ------------------------------------------------- 3. error against exact
@@ -190,8 +213,8 @@ struct QuantizedCase {
   AttentionData quant, plain;
 };
 template <class T>
-QuantizedCase quantized_data() {
-  AttentionCase c = *gen_attention(lowp_gen());
+QuantizedCase quantized_data(const AttentionGen& gen = lowp_gen()) {
+  AttentionCase c = *gen_attention(gen);
   c.params.rounding = gen_profile();
   const AttentionData plain = stored_as<T>(make_data(c));
   c.params.kv_cache = *rc::gen::element(KvCache::int8, KvCache::e4m3);
@@ -249,10 +272,11 @@ struct QuantizeBitwise {
 /// §10.2's rounding of the dequantized keys and values σ·c (exact in double).
 template <class T>
 struct QuantizedAgree {
-  static void run(const Subject& s) {
+  static void run(const Subject& s) { check(s, lowp_gen()); }
+  static void check(const Subject& s, const AttentionGen& gen) {
     const Kernels<T>& kt = s.backend.kernels<T>();
     if (!kt.attention_forward_quantized) return;
-    const auto [d, plain] = quantized_data<T>();
+    const auto [d, plain] = quantized_data<T>(gen);
     const Codes codes = quantize_oracle(d);
     const auto [k, v] = dequantize(d.plan, codes);
     AttentionData dq = plain;  // the scales of the dequantized data (L, max|v|)
@@ -267,6 +291,13 @@ struct QuantizedAgree {
     const RoundedForward r = reference_rounding<T>(d, weight_rel_delta(sc), &codes);
     TANDEM_REQUIRE_EMPTY(rounded_close<T>("quantized out (the reference's bound)", got, r, sc));
   }
+};
+
+/// QuantizedAgree on the feature cases: decode and chunked prefill from a
+/// quantized paged cache, packed sequences, sinks and ALiBi.
+template <class T>
+struct QuantizedFeaturesAgree {
+  static void run(const Subject& s) { QuantizedAgree<T>::check(s, lowp_features_gen()); }
 };
 
 /// T ∈ {f32, bf16, f16} for the quantized properties.
@@ -509,6 +540,13 @@ void register_lowp_properties(std::vector<Property>& v) {
   v.push_back({"lowp_agree_attention_quantized", "agreement", 150,
                [](const Subject& s) { on_quantized_storage<QuantizedAgree>(s); }});
   v.push_back({"lowp_invalid_rejected_before_writes", "memory", 100, lowp<RejectedBeforeWrites>()});
+  // the features of SPEC §2.7–2.10 at bf16 and f16: subjects that have them
+  v.push_back({"lowp_agree_attention_features_forward", "agreement (features)", 100,
+               lowp<AgreeFeaturesForward>(), true});
+  v.push_back({"lowp_agree_attention_features_backward", "agreement (features)", 100,
+               lowp<AgreeFeaturesBackward>(), true});
+  v.push_back({"lowp_agree_attention_features_quantized", "agreement (features)", 80,
+               [](const Subject& s) { on_quantized_storage<QuantizedFeaturesAgree>(s); }, true});
   const std::size_t first = v.size();
   v.push_back({"lowp_agree_rope", "agreement", 150, lowp<AgreeRope>()});
   v.push_back({"lowp_agree_axial_rope", "agreement", 100, lowp<AgreeAxial>()});

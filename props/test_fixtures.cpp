@@ -205,7 +205,15 @@ const std::vector<Expectation>& expectations() {
       {Bug::quantize_truncates, {"lowp_quantize_kv_bitwise"}},
       {Bug::decode_drops_v_scale, {"lowp_agree_attention_quantized"}},
       {Bug::quantized_plan_unchecked, {"lowp_invalid_rejected_before_writes"}},
-      {Bug::dv_weights_unrounded, {"lowp_agree_attention_backward"}},
+      {Bug::dv_weights_unrounded,
+       {"lowp_agree_attention_backward", "lowp_agree_attention_features_backward"}},
+      {Bug::sink_weight_rounded, {"lowp_agree_attention_features_forward"}},
+      {Bug::exact_rounds_masked_rows,
+       {"lowp_agree_attention_forward", "lowp_agree_attention_features_forward"}},
+      {Bug::paged_blocks_reversed_bf16,
+       {"lowp_agree_attention_features_forward", "lowp_agree_attention_features_quantized"}},
+      {Bug::dsinks_accumulated_in_t, {"lowp_agree_attention_features_backward"}},
+      {Bug::dbias_accumulated_in_t, {"lowp_agree_attention_backward"}},
   };
   return table;
 }

@@ -627,6 +627,16 @@ const char* to_string(Bug bug) {
       return "quantized_plan_unchecked";
     case Bug::dv_weights_unrounded:
       return "dv_weights_unrounded";
+    case Bug::sink_weight_rounded:
+      return "sink_weight_rounded";
+    case Bug::exact_rounds_masked_rows:
+      return "exact_rounds_masked_rows";
+    case Bug::paged_blocks_reversed_bf16:
+      return "paged_blocks_reversed_bf16";
+    case Bug::dsinks_accumulated_in_t:
+      return "dsinks_accumulated_in_t";
+    case Bug::dbias_accumulated_in_t:
+      return "dbias_accumulated_in_t";
     case Bug::dsinks_one_past:
       return "dsinks_one_past";
   }
@@ -636,7 +646,7 @@ const char* to_string(Bug bug) {
 std::vector<Bug> all_bugs() {
   std::vector<Bug> v;
   for (int b = static_cast<int>(Bug::rope_table_stride_half_nrot);
-       b <= static_cast<int>(Bug::dv_weights_unrounded); ++b) {
+       b <= static_cast<int>(Bug::dbias_accumulated_in_t); ++b) {
     v.push_back(static_cast<Bug>(b));
   }
   return v;

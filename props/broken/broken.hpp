@@ -67,15 +67,20 @@ enum class Bug {
   dbias_capped,                ///< dbias takes dS·(1 − tanh²(x/c)), the gradient before the cap
   dbias_sum_thread_dependent,  ///< dbias summed in float at more than one "thread", else double
   // low precision (SPEC §10; broken_lowp.cpp)
-  weights_rounded_twice,     ///< bf16/f16: P = RN_T(RN_T(e_ij) / l_i) before P·V (two roundings)
-  output_accumulated_in_t,   ///< bf16/f16: Σ_j w_ij v_j rounded to T after every key
-  weights_non_integer_max,   ///< bf16/f16: w_ij = RN_T(2^(x_ij − m_i)), m_i not a whole number
-  weights_three_bits,        ///< weights kept to 3 fraction bits (an e4m3's precision)
-  store_truncates,           ///< bf16/f16 outputs truncated towards zero, not RN_T
-  quantize_truncates,        ///< quantize_kv truncates k/σ instead of rounding to nearest even
-  decode_drops_v_scale,      ///< quantized attention: the weights never take v's scale
-  quantized_plan_unchecked,  ///< bf16/f16 attention_forward writes out for a quantized plan
-  dv_weights_unrounded,      ///< bf16/f16 backward (pytorch): dV from p_ij, not RN_T(p_ij)
+  weights_rounded_twice,       ///< bf16/f16: P = RN_T(RN_T(e_ij) / l_i) before P·V (two roundings)
+  output_accumulated_in_t,     ///< bf16/f16: Σ_j w_ij v_j rounded to T after every key
+  weights_non_integer_max,     ///< bf16/f16: w_ij = RN_T(2^(x_ij − m_i)), m_i not a whole number
+  weights_three_bits,          ///< weights kept to 3 fraction bits (an e4m3's precision)
+  store_truncates,             ///< bf16/f16 outputs truncated towards zero, not RN_T
+  quantize_truncates,          ///< quantize_kv truncates k/σ instead of rounding to nearest even
+  decode_drops_v_scale,        ///< quantized attention: the weights never take v's scale
+  quantized_plan_unchecked,    ///< bf16/f16 attention_forward writes out for a quantized plan
+  dv_weights_unrounded,        ///< bf16/f16 backward (pytorch): dV from p_ij, not RN_T(p_ij)
+  sink_weight_rounded,         ///< bf16/f16 (pytorch): the sink's share of l_i rounded to T
+  exact_rounds_masked_rows,    ///< bf16/f16 (exact): a row that hides a key rounds its weights
+  paged_blocks_reversed_bf16,  ///< bf16: a sequence's block-table row read back to front
+  dsinks_accumulated_in_t,     ///< bf16/f16: dsinks rounded to T after every row, not once
+  dbias_accumulated_in_t,      ///< bf16/f16: a broadcast dbias rounded to T after every term
 };
 
 /// The bug's name, e.g. "gqa_mod".

@@ -60,9 +60,11 @@ float three_bits(float x) {
   return std::ldexp(std::nearbyint(f * 16.0f) / 16.0f, e);
 }
 
-/// SPEC §2's visibility of key j to query (b, h, i) of a dense plan.
-bool sees(const AttentionPlan& p, std::span<const float> mask, i64 b, i64 h, i64 i, i64 j) {
-  const i64 a = std::max<i64>(p.Sk - p.Sq, 0) + i;
+/// SPEC §2's visibility of key j of sequence s to its query i (head h): the
+/// causal and window masks aligned per sequence at q_offset (SPEC §2.9).
+bool sees(const AttentionPlan& p, std::span<const float> mask, const AttentionSeq& s, i64 h, i64 i,
+          i64 j) {
+  const i64 a = s.q_offset() + i;
   switch (p.mask) {
     case MaskKind::none:
       return true;
@@ -71,11 +73,22 @@ bool sees(const AttentionPlan& p, std::span<const float> mask, i64 b, i64 h, i64
     case MaskKind::sliding_window:
       return j <= a && j >= a - p.window;
     case MaskKind::key_padding:
-      return mask[b * p.Sk + j] != 0.0f;
+      return mask[s.b * p.Sk + j] != 0.0f;
     case MaskKind::bias:
-      return mask[p.mask_row(b, h, i) + j] != -std::numeric_limits<float>::infinity();
+      return mask[p.mask_row(s.b, h, i) + j] != -std::numeric_limits<float>::infinity();
   }
   return false;
+}
+
+/// Where key j of s lives (SPEC §2.10), with Bug::paged_blocks_reversed_bf16
+/// planted at bf16: the sequence's row of the block table read back to front.
+template <class T>
+KeyRow key_row(const AttentionPlan& p, const AttentionSeq& s, i64 j, Bug bug) {
+  if (std::is_same_v<T, bfloat16> && bug == Bug::paged_blocks_reversed_bf16 && p.paged()) {
+    const i64 used = (s.Sk + p.block_size - 1) / p.block_size;
+    return {s.blocks[static_cast<std::size_t>(used - 1 - j / p.block_size)], j % p.block_size};
+  }
+  return s.key_row(j);
 }
 
 /// How one call reads its keys and values: plain rows of T, or codes and scales.
@@ -90,92 +103,131 @@ struct KeyValues {
     if (p.kv_cache == KvCache::int8) return static_cast<float>(static_cast<std::int8_t>(c[at]));
     return static_cast<float>(float8_e4m3::from_bits(c[at]));
   }
-  /// <q_i, k_j> in float, with k_j's scale.
-  [[nodiscard]] float dot(i64 b, i64 i, i64 h, i64 j) const {
-    const i64 g = p.kv_head(h), qa = p.q.at(b, i, h), ka = p.k.at(b, j, g);
-    float s = 0.0f;
+  /// <q_i, k_j> in float, with k_j's scale (query i of s, head h, key j at `key`).
+  [[nodiscard]] float dot(const AttentionSeq& s, i64 i, i64 h, const KeyRow& key) const {
+    const i64 g = p.kv_head(h), qa = p.q.at(s.b, s.q_row(i), h);
+    const i64 ka = p.k.at(key.batch, key.seq, g);
+    float acc = 0.0f;
     for (i64 d = 0; d < p.D; ++d) {
       const float kd = kv ? code(kv->k, ka + d) : static_cast<float>(in.k[ka + d]);
-      s += static_cast<float>(in.q[qa + d]) * kd;
+      acc += static_cast<float>(in.q[qa + d]) * kd;
     }
-    return kv ? s * kv->k_scale[p.kv_scale_at(b, j, g)] : s;
+    return kv ? acc * kv->k_scale[p.kv_scale_at(key.batch, key.seq, g)] : acc;
   }
   /// The scale that multiplies key j's weight (1 for plain values).
-  [[nodiscard]] float v_scale(i64 b, i64 h, i64 j) const {
+  [[nodiscard]] float v_scale(const KeyRow& key, i64 h) const {
     if (!kv || bug == Bug::decode_drops_v_scale) return 1.0f;
-    return kv->v_scale[p.kv_scale_at(b, j, p.kv_head(h))];
+    return kv->v_scale[p.kv_scale_at(key.batch, key.seq, p.kv_head(h))];
   }
-  [[nodiscard]] float value(i64 b, i64 h, i64 j, i64 d) const {
-    const i64 at = p.v.at(b, j, p.kv_head(h)) + d;
+  [[nodiscard]] float value(const KeyRow& key, i64 h, i64 d) const {
+    const i64 at = p.v.at(key.batch, key.seq, p.kv_head(h)) + d;
     return kv ? code(kv->v, at) : static_cast<float>(in.v[at]);
   }
 };
 
-/// SPEC §10.2's forward for one dense plan: μ_i = ⌈m_i·log2 e⌉,
-/// e_ij = 2^(x_ij − μ_i), w_ij = RN_T(e_ij) (operands), o_i = RN_T(Σ_j w_ij v_j / l_i),
+/// Query i of sequence s at head h, in float32: s_j = c·tanh(scale·<q_i, k_j>/c)
+/// − slope·|i + Sk − Sq − j| + bias_ij (SPEC §2, §2.8) for the keys it sees,
+/// cap_j = 1 − tanh²(·) (1 without a softcap), and m = the largest s_j and the sink.
+struct ScoreRow {
+  std::vector<float> s, cap;
+  std::vector<KeyRow> key;
+  std::vector<char> vis;
+  i64 n = 0;
+  float m = -INFINITY;
+};
+template <class T>
+ScoreRow scores(const KeyValues<T>& kvs, const AttentionSeq& s, i64 h, i64 i) {
+  const AttentionPlan& p = kvs.p;
+  ScoreRow r;
+  r.s.assign(s.Sk, 0.0f);
+  r.cap.assign(s.Sk, 1.0f);
+  r.key.resize(s.Sk);
+  r.vis.assign(s.Sk, 0);
+  if (p.sinks) r.m = static_cast<float>(kvs.in.sinks[h]);
+  for (i64 j = 0; j < s.Sk; ++j) {
+    if (!sees(p, kvs.in.mask, s, h, i, j)) continue;
+    r.vis[j] = 1;
+    ++r.n;
+    r.key[j] = key_row<T>(p, s, j, kvs.bug);
+    float x = static_cast<float>(p.scale) * kvs.dot(s, i, h, r.key[j]);
+    if (p.softcap > 0) {
+      const float t = std::tanh(x / static_cast<float>(p.softcap));
+      x = static_cast<float>(p.softcap) * t;
+      r.cap[j] = 1 - t * t;
+    }
+    if (p.alibi != AlibiKind::none) {
+      const float slope = kvs.in.alibi_slopes[p.slope_at(s.n, h)];
+      x -= slope * static_cast<float>(std::abs(i + s.alibi_shift() - j));
+    }
+    if (p.mask == MaskKind::bias) x += kvs.in.mask[p.mask_row(s.b, h, i) + j];
+    r.s[j] = x;
+    r.m = std::max(r.m, x);
+  }
+  return r;
+}
+
+/// SPEC §10.2's forward for one plan (every sequence, block table, sink and
+/// ALiBi slope): μ_i = ⌈m_i·log2 e⌉, e_ij = 2^(x_ij − μ_i), w_ij = RN_T(e_ij)
+/// (operands), l_i = 2^(sink·log2 e − μ_i) + Σ_j e_ij, o_i = RN_T(Σ_j w_ij v_j / l_i),
 /// every sum in float32.
 template <class T>
 void forward(const KeyValues<T>& kvs, std::span<T> out, std::span<stat_t<T>> lse) {
   const AttentionPlan& p = kvs.p;
   const Bug bug = kvs.bug;
   const bool operands = is_low_precision_v<T> && p.rounding.operands;
-  std::vector<float> s(p.Sk), w(p.Sk), acc(p.Dv);
-  std::vector<bool> vis(p.Sk);
-  for (i64 b = 0; b < p.B; ++b) {
+  std::vector<float> acc(p.Dv);
+  for (i64 n = 0; n < p.sequences(); ++n) {
+    const AttentionSeq s = p.sequence(kvs.in, n);
     for (i64 h = 0; h < p.H; ++h) {
-      for (i64 i = 0; i < p.Sq; ++i) {
-        float m = p.sinks ? static_cast<float>(kvs.in.sinks[h]) : -INFINITY;
-        i64 n = 0;
-        for (i64 j = 0; j < p.Sk; ++j) {
-          vis[j] = sees(p, kvs.in.mask, b, h, i, j);
-          if (!vis[j]) continue;
-          ++n;
-          float x = static_cast<float>(p.scale) * kvs.dot(b, i, h, j);
-          if (p.softcap > 0) x = static_cast<float>(p.softcap) * std::tanh(x / float(p.softcap));
-          if (p.mask == MaskKind::bias) x += kvs.in.mask[p.mask_row(b, h, i) + j];
-          s[j] = x;
-          m = std::max(m, x);
-        }
-        const i64 o_at = p.o.at(b, i, h);
-        if (!lse.empty()) lse[(b * p.H + h) * p.Sq + i] = -INFINITY;
-        if (n == 0 && !p.sinks) {
+      for (i64 i = 0; i < s.Sq; ++i) {
+        const ScoreRow r = scores(kvs, s, h, i);
+        const i64 o_at = p.o.at(s.b, s.q_row(i), h), lse_at = p.lse_at(s.b, h, s.q_row(i));
+        if (!lse.empty()) lse[lse_at] = -INFINITY;
+        if (r.n == 0 && !p.sinks) {
           for (i64 d = 0; d < p.Dv; ++d) out[o_at + d] = T(0.0);
           continue;
         }
         // Bug::weights_non_integer_max: the running max itself, not a whole power of two
-        const float mu = bug == Bug::weights_non_integer_max ? m * kLog2e : std::ceil(m * kLog2e);
-        float l = p.sinks ? std::exp2(static_cast<float>(kvs.in.sinks[h]) * kLog2e - mu) : 0.0f;
-        for (i64 j = 0; j < p.Sk; ++j) {
-          if (!vis[j]) continue;
-          const float e = std::exp2(s[j] * kLog2e - mu);
+        const float mu =
+            bug == Bug::weights_non_integer_max ? r.m * kLog2e : std::ceil(r.m * kLog2e);
+        float l = 0.0f;
+        if (p.sinks) {
+          l = std::exp2(static_cast<float>(kvs.in.sinks[h]) * kLog2e - mu);
+          if (bug == Bug::sink_weight_rounded && operands) l = round_t<T>(l);
+        }
+        // Bug::exact_rounds_masked_rows: a row that hides a key takes the rounded weights
+        const bool round_w = operands || (bug == Bug::exact_rounds_masked_rows &&
+                                          is_low_precision_v<T> && r.n < s.Sk);
+        std::vector<float> w(s.Sk, 0.0f);
+        for (i64 j = 0; j < s.Sk; ++j) {
+          if (!r.vis[j]) continue;
+          const float e = std::exp2(r.s[j] * kLog2e - mu);
           l += e;
-          w[j] = operands ? round_t<T>(e) : e;
+          w[j] = round_w ? round_t<T>(e) : e;
           if (bug == Bug::weights_three_bits) w[j] = three_bits(e);
-          w[j] *= kvs.v_scale(b, h, j);
+          w[j] *= kvs.v_scale(r.key[j], h);
         }
         if (bug == Bug::weights_rounded_twice && operands) {  // P = RN_T(RN_T(e) / l), o = P·V
-          for (i64 j = 0; j < p.Sk; ++j) w[j] = vis[j] ? round_t<T>(w[j] / l) * l : 0.0f;
+          for (i64 j = 0; j < s.Sk; ++j) w[j] = r.vis[j] ? round_t<T>(w[j] / l) * l : 0.0f;
         }
         std::fill(acc.begin(), acc.end(), 0.0f);
-        for (i64 j = 0; j < p.Sk; ++j) {
-          if (!vis[j]) continue;
+        for (i64 j = 0; j < s.Sk; ++j) {
+          if (!r.vis[j]) continue;
           for (i64 d = 0; d < p.Dv; ++d) {
-            acc[d] += w[j] * kvs.value(b, h, j, d);
+            acc[d] += w[j] * kvs.value(r.key[j], h, d);
             if (bug == Bug::output_accumulated_in_t) acc[d] = round_t<T>(acc[d]);
           }
         }
         for (i64 d = 0; d < p.Dv; ++d) out[o_at + d] = store<T>(acc[d] / l, bug);
-        if (!lse.empty()) lse[(b * p.H + h) * p.Sq + i] = mu * kLn2 + std::log(l);
+        if (!lse.empty()) lse[lse_at] = mu * kLn2 + std::log(l);
       }
     }
   }
 }
 
-/// What the fixture implements at low precision: dense plans (sinks allowed),
-/// the pytorch and exact profiles.
+/// What the fixture implements at low precision: every feature, the pytorch
+/// and exact profiles.
 void require_supported(const AttentionPlan& p, bool low_precision) {
-  require(!p.varlen() && !p.paged() && p.alibi == AlibiKind::none, "plan", p.describe(),
-          "uses a feature the low-precision fixture does not implement");
   require(!low_precision || !p.rounding.output_accumulator, "rounding",
           std::string(p.rounding.name), "is not implemented (pytorch and exact are)");
 }
@@ -202,72 +254,113 @@ void attention_quantized_t(const AttentionPlan& p, const AttentionInputs<T>& in,
   forward<T>(KeyValues<T>{p, in, &kv, bug}, out, {});
 }
 
-/// SPEC §10.2's backward (pytorch: RN_T(p_ij) before dV, RN_T(dx_ij) before
-/// dQ and dK; exact: neither), every sum in float32, from the fixture's own
-/// forward: lse in float32 and O stored in T.
+/// The float32 sums of one backward: dq `[B,Sq,H,D]`, dk `[B',S',Hkv,D]`,
+/// dv `[B',S',Hkv,Dv]` (logical, bshd order), dsinks `[H]` and dbias `[Bb,Hb,Sq,Sk]`.
+struct BackwardSums {
+  std::vector<float> dq, dk, dv;
+  std::vector<double> dsinks;
+  std::vector<float> dsinks_f;  ///< Bug::dsinks_accumulated_in_t: the sum kept in T
+  std::vector<double> dbias;    ///< empty: not asked for
+  std::vector<float> dbias_f;   ///< Bug::dbias_accumulated_in_t: the sum kept in T
+};
+
+/// Adds query i of sequence s (head h) to the sums: SPEC §10.2's backward
+/// (pytorch: RN_T(p_ij) before dV, RN_T(dx_ij) before dQ and dK; exact:
+/// neither) from the stored O_i (in T) and lse_i (float32); the sink's
+/// −p_sink,i·δ_i to dsinks and ds_ij = p_ij·(dp_ij − δ_i) to dbias.
+template <class T>
+void backward_row(const KeyValues<T>& kvs, std::span<const T> dout, std::span<const T> o, float lse,
+                  const AttentionSeq& s, i64 h, i64 i, Bug bug, BackwardSums& g) {
+  const AttentionPlan& p = kvs.p;
+  const auto rnd = [&p](float x) { return p.rounding.operands ? round_t<T>(x) : x; };
+  const ScoreRow r = scores(kvs, s, h, i);
+  const i64 oa = p.o.at(s.b, s.q_row(i), h), qa = p.q.at(s.b, s.q_row(i), h), gk = p.kv_head(h);
+  float delta = 0;
+  for (i64 e = 0; e < p.Dv; ++e) delta += float(dout[oa + e]) * float(o[oa + e]);
+  if (p.sinks) {
+    const float term = -std::exp(static_cast<float>(kvs.in.sinks[h]) - lse) * delta;
+    g.dsinks[h] += term;
+    g.dsinks_f[h] = round_t<T>(g.dsinks_f[h] + term);
+  }
+  const i64 q_row = (s.b * p.Sq + s.q_row(i)) * p.H + h;
+  for (i64 j = 0; j < s.Sk; ++j) {
+    if (!r.vis[j]) continue;
+    const KeyRow& key = r.key[j];
+    const float pij = std::exp(r.s[j] - lse);
+    float dp = 0;
+    for (i64 e = 0; e < p.Dv; ++e) dp += float(dout[oa + e]) * kvs.value(key, h, e);
+    const float ds = pij * (dp - delta), dx = rnd(ds * r.cap[j]);
+    if (!g.dbias.empty()) {
+      const i64 at = p.mask_row(s.b, h, i) + j;
+      g.dbias[at] += ds;
+      g.dbias_f[at] = round_t<T>(g.dbias_f[at] + ds);
+    }
+    // Bug::dv_weights_unrounded: dV from p_ij itself under the pytorch profile
+    const float wp = bug == Bug::dv_weights_unrounded ? pij : rnd(pij);
+    const i64 kv_row = (key.batch * p.kv_seq() + key.seq) * p.Hkv + gk;
+    const i64 ka = p.k.at(key.batch, key.seq, gk);
+    for (i64 e = 0; e < p.D; ++e) {
+      g.dq[q_row * p.D + e] += dx * float(kvs.in.k[ka + e]);
+      g.dk[kv_row * p.D + e] += dx * float(kvs.in.q[qa + e]);
+    }
+    for (i64 e = 0; e < p.Dv; ++e) g.dv[kv_row * p.Dv + e] += wp * float(dout[oa + e]);
+  }
+}
+
+/// The backward from the fixture's own forward (lse in float32, O stored in
+/// T), every sum in float32 but those of dsinks and dbias (double, rounded
+/// once; with Bug::dsinks_accumulated_in_t, Bug::dbias_accumulated_in_t
+/// rounded to T after every term).
 template <class T>
 void attention_backward_t(const AttentionPlan& p, const AttentionInputs<T>& in,
                           std::span<const T> dout, const AttentionGrads<T>& g, Bug bug) {
   check_inputs(p, in);
   require_supported(p, true);
-  require(!p.sinks && g.dsinks.empty() && g.dbias.empty(), "grads", p.describe(),
-          "asks for what the low-precision fixture does not implement (sinks, dbias)");
   check_grads(p, g);
-  const bool operands = p.rounding.operands;
-  const auto rnd = [operands](float x) { return operands ? round_t<T>(x) : x; };
   std::vector<T> o(static_cast<std::size_t>(p.o.extent));
   std::vector<float> lse(static_cast<std::size_t>(p.lse_size()));
   const KeyValues<T> kvs{p, in, nullptr, Bug::none};
   forward<T>(kvs, o, lse);
-  std::vector<float> dq(p.B * p.Sq * p.H * p.D), dk(p.B * p.Sk * p.Hkv * p.D),
-      dv(p.B * p.Sk * p.Hkv * p.Dv);
-  for (i64 b = 0; b < p.B; ++b)
+  const i64 kv_rows = p.kv_batch() * p.kv_seq() * p.Hkv;
+  BackwardSums sums{std::vector<float>(p.B * p.Sq * p.H * p.D),
+                    std::vector<float>(kv_rows * p.D),
+                    std::vector<float>(kv_rows * p.Dv),
+                    std::vector<double>(p.sinks ? p.H : 0),
+                    std::vector<float>(p.sinks ? p.H : 0),
+                    std::vector<double>(g.dbias.empty() ? 0 : p.mask_size()),
+                    std::vector<float>(g.dbias.empty() ? 0 : p.mask_size())};
+  for (i64 n = 0; n < p.sequences(); ++n) {
+    const AttentionSeq s = p.sequence(in, n);
     for (i64 h = 0; h < p.H; ++h)
-      for (i64 i = 0; i < p.Sq; ++i) {
-        const float l = lse[(b * p.H + h) * p.Sq + i];
+      for (i64 i = 0; i < s.Sq; ++i) {
+        const float l = lse[p.lse_at(s.b, h, s.q_row(i))];
         if (l == -INFINITY) continue;
-        const i64 oa = p.o.at(b, i, h), qa = p.q.at(b, i, h), gk = p.kv_head(h);
-        float delta = 0;
-        for (i64 e = 0; e < p.Dv; ++e) delta += float(dout[oa + e]) * float(o[oa + e]);
-        for (i64 j = 0; j < p.Sk; ++j) {
-          if (!sees(p, in.mask, b, h, i, j)) continue;
-          float x = static_cast<float>(p.scale) * kvs.dot(b, i, h, j), cap = 1.0f;
-          if (p.softcap > 0) {
-            const float t = std::tanh(x / float(p.softcap));
-            x = float(p.softcap) * t;
-            cap = 1 - t * t;
-          }
-          if (p.mask == MaskKind::bias) x += in.mask[p.mask_row(b, h, i) + j];
-          const float pij = std::exp(x - l);
-          const i64 va = p.v.at(b, j, gk), ka = p.k.at(b, j, gk);
-          float dp = 0;
-          for (i64 e = 0; e < p.Dv; ++e) dp += float(dout[oa + e]) * float(in.v[va + e]);
-          const float dx = rnd(pij * (dp - delta) * cap);
-          // Bug::dv_weights_unrounded: dV from p_ij itself under the pytorch profile
-          const float wp = bug == Bug::dv_weights_unrounded ? pij : rnd(pij);
-          const i64 kv_row = (b * p.Sk + j) * p.Hkv + gk;
-          for (i64 e = 0; e < p.D; ++e) {
-            dq[((b * p.Sq + i) * p.H + h) * p.D + e] += dx * float(in.k[ka + e]);
-            dk[kv_row * p.D + e] += dx * float(in.q[qa + e]);
-          }
-          for (i64 e = 0; e < p.Dv; ++e) dv[kv_row * p.Dv + e] += wp * float(dout[oa + e]);
-        }
+        backward_row<T>(kvs, dout, o, l, s, h, i, bug, sums);
       }
+  }
   const float scale = static_cast<float>(p.scale);
-  for (i64 b = 0; b < p.B; ++b) {
+  for (i64 b = 0; b < p.B; ++b)
     for (i64 i = 0; i < p.Sq; ++i)
       for (i64 h = 0; h < p.H; ++h)
         for (i64 e = 0; e < p.D && !g.dq.empty(); ++e)
           g.dq[p.dq.at(b, i, h) + e] =
-              store<T>(scale * dq[((b * p.Sq + i) * p.H + h) * p.D + e], bug);
-    for (i64 j = 0; j < p.Sk; ++j)
+              store<T>(scale * sums.dq[((b * p.Sq + i) * p.H + h) * p.D + e], bug);
+  for (i64 b = 0; b < p.kv_batch(); ++b)
+    for (i64 j = 0; j < p.kv_seq(); ++j)
       for (i64 gk = 0; gk < p.Hkv; ++gk) {
-        const i64 kv_row = (b * p.Sk + j) * p.Hkv + gk;
+        const i64 kv_row = (b * p.kv_seq() + j) * p.Hkv + gk;
         for (i64 e = 0; e < p.D && !g.dk.empty(); ++e)
-          g.dk[p.dk.at(b, j, gk) + e] = store<T>(scale * dk[kv_row * p.D + e], bug);
+          g.dk[p.dk.at(b, j, gk) + e] = store<T>(scale * sums.dk[kv_row * p.D + e], bug);
         for (i64 e = 0; e < p.Dv && !g.dv.empty(); ++e)
-          g.dv[p.dv.at(b, j, gk) + e] = store<T>(dv[kv_row * p.Dv + e], bug);
+          g.dv[p.dv.at(b, j, gk) + e] = store<T>(sums.dv[kv_row * p.Dv + e], bug);
       }
+  for (std::size_t h = 0; h < g.dsinks.size(); ++h) {
+    g.dsinks[h] = bug == Bug::dsinks_accumulated_in_t ? T(static_cast<double>(sums.dsinks_f[h]))
+                                                      : store<T>(sums.dsinks[h], bug);
+  }
+  for (std::size_t n = 0; n < g.dbias.size(); ++n) {
+    g.dbias[n] = bug == Bug::dbias_accumulated_in_t ? T(static_cast<double>(sums.dbias_f[n]))
+                                                    : store<T>(sums.dbias[n], bug);
   }
 }
 

@@ -200,7 +200,9 @@ struct BackwardRoundingBound {
 /// within `rel_delta·p_ij + 2^−149` rounds otherwise, dx_ij when a value
 /// within `rel_delta·(|ds_ij| + 2·p_ij·|delta_i|) + 2^−149` does (the scale of
 /// float32's error in `p_ij·(dp_ij − delta_i)`: |p·dp| <= |ds| + p·|delta|).
-/// dsinks and dbias round only once and have no slack. Throws tandem::Error
+/// dsinks and dbias are not bounded here: they round once, but read the
+/// stored O_i, whose elements a float32 kernel may round the other way; SPEC
+/// §10.5 gives their bound (props/lowp.cpp checks both). Throws tandem::Error
 /// when the inputs do not fit the plan or the plan is paged.
 template <class T>
 BackwardRoundingBound attention_backward_rounding(const AttentionPlan& plan,

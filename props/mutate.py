@@ -213,6 +213,10 @@ MUTATIONS = [
              [("hn::StoreU(RoundAs<T>(d, hn::LoadU(d, at)), d, at);",
                "hn::StoreU(hn::LoadU(d, at), d, at);")],
              "bf16/f16 backward (pytorch profile): P reaches dV unrounded"),
+    Mutation("block_sum_rounded_before_bias", "attention_block.cpp",
+             [("VF v = hn::LoadU(d, tile + j);", "VF v = RoundAs<T>(d, hn::LoadU(d, tile + j));")],
+             "bf16/f16 attention block: each projection's sum rounded to T before its bias is "
+             "added (two roundings)"),
 ]
 
 

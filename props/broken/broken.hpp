@@ -76,6 +76,7 @@ enum class Bug {
   decode_drops_v_scale,      ///< quantized attention: the weights never take v's scale
   quantized_plan_unchecked,  ///< bf16/f16 attention_forward writes out for a quantized plan
   dv_weights_unrounded,      ///< bf16/f16 backward (pytorch): dV from p_ij, not RN_T(p_ij)
+  block_qkv_unrounded,       ///< bf16/f16 block: the float32 block, only its output rounded to T
 };
 
 /// The bug's name, e.g. "gqa_mod".
@@ -90,7 +91,7 @@ std::vector<Bug> all_bugs();
 Backend backend(Bug bug, int threads = 1);
 
 /// Sets be's bf16 and f16 kernels (attention forward, the quantized cache,
-/// RoPE, axial RoPE, SwiGLU) and its float quantized entry points, with the
+/// RoPE, axial RoPE, SwiGLU, the attention block) and its float quantized entry points, with the
 /// low-precision bugs of `bug` planted (broken_lowp.cpp).
 void attach_low_precision(Backend& be, Bug bug);
 

@@ -260,7 +260,7 @@ void block_cases(Runner& r) {
   const auto wqkv = random_floats(3 * E * E, 10, -w, w),
              bqkv = random_floats(3 * E, 11, -0.1f, 0.1f);
   const auto wout = random_floats(E * E, 12, -w, w), bout = random_floats(E, 13, -0.1f, 0.1f);
-  const tandem::AttentionBlockInputs in{x, wqkv, bqkv, wout, bout, {}, {}, {}};
+  const tandem::AttentionBlockInputs<float> in{x, wqkv, bqkv, wout, bout, {}, {}, {}};
   std::vector<float> exact_f(x.size());
   tandem::reference::backend().attention_block(plan, in, exact_f);
   r.compare("attention_block", "B1_S64_E768_H12", {"out"}, {widen(exact_f)},

@@ -1,7 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // The BERT-shaped attention block (SPEC §7): QKV projection with bias,
 // attention, output projection with bias. FLOPs: 2·B·S·E·3E + 2·B·S·E·E for
-// the projections plus the attention's 4·B·H·S²·D.
+// the projections plus the attention's 4·B·H·S²·D. block_stored: the same
+// block with bf16 and f16 storage against f32, paired within each iteration.
+#include <algorithm>
+#include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <exception>
@@ -27,7 +31,7 @@ struct BlockFixture {
     b_out = random_buffer(E, 55, -0.1f, 0.1f);
     out = zero_buffer(static_cast<std::size_t>(p.x_size()));
   }
-  [[nodiscard]] AttentionBlockInputs inputs() const {
+  [[nodiscard]] AttentionBlockInputs<float> inputs() const {
     return {x, w_qkv, b_qkv, w_out, b_out, {}, {}, {}};
   }
 };
@@ -67,7 +71,7 @@ void add_block(const BackendUnderTest& bu, std::int64_t B, std::int64_t S, std::
       st.SkipWithError(e.what());
       return;
     }
-    const AttentionBlockInputs in = fx->inputs();
+    const AttentionBlockInputs<float> in = fx->inputs();
     const auto loop_start = std::chrono::steady_clock::now();
     for (auto _ : st) {
       be->attention_block(fx->plan, in, fx->out);
@@ -77,9 +81,110 @@ void add_block(const BackendUnderTest& bu, std::int64_t B, std::int64_t S, std::
   });
 }
 
+/// One block's inputs at f32, bf16 and f16 (the same values, rounded once).
+struct StoredBlockFixture {
+  BlockFixture f32;
+  std::vector<bfloat16> x16, wq16, bq16, wo16, bo16, out16;
+  std::vector<float16> xh, wqh, bqh, woh, boh, outh;
+
+  explicit StoredBlockFixture(const AttentionBlockPlan& p) : f32(p) {
+    const auto fill = [](const std::vector<float>& v, auto& b, auto& h) {
+      for (const float x : v) {
+        b.emplace_back(static_cast<double>(x));
+        h.emplace_back(static_cast<double>(x));
+      }
+    };
+    fill(f32.x, x16, xh);
+    fill(f32.w_qkv, wq16, wqh);
+    fill(f32.b_qkv, bq16, bqh);
+    fill(f32.w_out, wo16, woh);
+    fill(f32.b_out, bo16, boh);
+    out16.resize(f32.out.size());
+    outh.resize(f32.out.size());
+  }
+  /// The block at kind k: 0 = f32, 1 = bf16, 2 = f16.
+  void run(int k, const Backend& be) {
+    if (k == 0) {
+      be.attention_block(f32.plan, f32.inputs(), f32.out);
+    } else if (k == 1) {
+      be.bf16.attention_block(f32.plan, {x16, wq16, bq16, wo16, bo16, {}, {}, {}}, out16);
+    } else {
+      be.f16.attention_block(f32.plan, {xh, wqh, bqh, woh, boh, {}, {}, {}}, outh);
+    }
+  }
+};
+
+/// Median of v (v reordered).
+double median(std::vector<double>& v) {
+  if (v.empty()) return 0.0;
+  const auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
+  std::nth_element(v.begin(), mid, v.end());
+  return *mid;
+}
+
+/// f32, bf16 and f16 blocks of one shape run in turn in every iteration: each
+/// kind's time and the per-iteration ratios bf16 ÷ f32 and f16 ÷ f32 (median,
+/// min, max), so both sides of a ratio see the same machine state.
+void add_block_stored(const BackendUnderTest& bu, std::int64_t B, std::int64_t S, std::int64_t E,
+                      std::int64_t H) {
+  AttentionBlockParams p;
+  p.batch = B;
+  p.seq = S;
+  p.embed = E;
+  p.heads = H;
+  p.qkv_bias = p.out_bias = true;
+  const AttentionBlockPlan plan = AttentionBlockPlan::make(p);
+  Spec s;
+  s.op = "block_stored";
+  s.backend = bu.name;
+  s.shape = join_tag({{"B", B}, {"S", S}, {"E", E}, {"H", H}});
+  s.threads = bu.threads;
+  s.name = s.op + "/" + s.backend + "/" + s.shape;
+  s.tags = {"stored"};
+  s.params = {{"B", double(B)}, {"S", double(S)}, {"E", double(E)}, {"H", double(H)}};
+  const std::string key = s.name;
+  auto be = std::make_shared<Backend>(bu.make());
+  add(s, [be, plan, key](benchmark::State& st) {
+    StoredBlockFixture* fx = nullptr;
+    try {
+      fx = &cached_fixture<StoredBlockFixture>(
+          key, [&] { return std::make_unique<StoredBlockFixture>(plan); });
+      for (int k = 0; k < 3; ++k) fx->run(k, *be);  // warm-up
+    } catch (const std::exception& e) {
+      st.SkipWithError(e.what());
+      return;
+    }
+    std::array<std::vector<double>, 3> t;
+    for (auto _ : st) {
+      for (int k = 0; k < 3; ++k) {
+        const auto t0 = std::chrono::steady_clock::now();
+        fx->run(k, *be);
+        benchmark::ClobberMemory();
+        t[k].push_back(seconds_since(t0));
+      }
+    }
+    const char* names[] = {"f32", "bf16", "f16"};
+    for (int k = 1; k < 3; ++k) {
+      std::vector<double> r(t[0].size());
+      for (std::size_t i = 0; i < r.size(); ++i) r[i] = t[k][i] / t[0][i];
+      const auto [lo, hi] = std::minmax_element(r.begin(), r.end());
+      st.counters[std::string(names[k]) + "_over_f32_min"] = r.empty() ? 0 : *lo;
+      st.counters[std::string(names[k]) + "_over_f32_max"] = r.empty() ? 0 : *hi;
+      st.counters[std::string(names[k]) + "_over_f32"] = median(r);
+    }
+    for (int k = 0; k < 3; ++k) st.counters[std::string(names[k]) + "_ms"] = median(t[k]) * 1e3;
+  });
+}
+
 }  // namespace
 
 void register_block() {
+  // block_stored runs only when named in OPS (the report has no table for it)
+  if (!config().ops.empty() && op_selected("block_stored")) {
+    for (const auto& bu : backends_at(config().threads, false)) {
+      add_block_stored(bu, config().preset == Preset::quick ? 2 : 8, 512, 768, 12);
+    }
+  }
   if (!op_selected("attention_block")) return;
   const Config& c = config();
   const bool quick = c.preset == Preset::quick;

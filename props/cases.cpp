@@ -1011,7 +1011,7 @@ rc::Gen<BlockCase> gen_block() {
   });
 }
 
-AttentionBlockInputs BlockData::inputs() const {
+AttentionBlockInputs<float> BlockData::inputs() const {
   return {cspan(x),     cspan(w_qkv), cspan(b_qkv), cspan(w_out),
           cspan(b_out), cspan(keep),  cspan(cos),   cspan(sin)};
 }

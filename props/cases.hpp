@@ -372,7 +372,7 @@ rc::Gen<BlockCase> gen_block();
 struct BlockData {
   AttentionBlockPlan plan;
   std::vector<float> x, w_qkv, b_qkv, w_out, b_out, keep, cos, sin;
-  AttentionBlockInputs inputs() const;
+  AttentionBlockInputs<float> inputs() const;
 };
 BlockData make_data(const BlockCase& c);
 std::vector<float> run_block(const Backend& be, const BlockData& d);

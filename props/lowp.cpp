@@ -578,6 +578,111 @@ std::vector<double> run_quantized_t(const Kernels<T>& kt, const AttentionData& d
   return widen(cspan(logical));
 }
 
+// ------------------------------------------------------- the attention block
+
+namespace {
+
+/// The block's inputs at T, from d's floats (already values of T).
+template <class T>
+struct BlockInputsT {
+  std::vector<T> x, w_qkv, b_qkv, w_out, b_out, cos, sin;
+  explicit BlockInputsT(const BlockData& d)
+      : x(as_t(d.x)),
+        w_qkv(as_t(d.w_qkv)),
+        b_qkv(as_t(d.b_qkv)),
+        w_out(as_t(d.w_out)),
+        b_out(as_t(d.b_out)),
+        cos(as_t(d.cos)),
+        sin(as_t(d.sin)) {}
+  static std::vector<T> as_t(const std::vector<float>& v) {
+    std::vector<T> r;
+    r.reserve(v.size());
+    for (float f : v) r.push_back(T(static_cast<double>(f)));
+    return r;
+  }
+  AttentionBlockInputs<T> inputs(std::span<const float> keep) const {
+    return {x, w_qkv, b_qkv, w_out, b_out, keep, cos, sin};
+  }
+};
+
+}  // namespace
+
+template <class T>
+BlockData block_on_qkv_grid(BlockData d) {
+  const auto snap = [](std::vector<float>& v, double step, double lim) {
+    for (float& x : v)
+      x = static_cast<float>(std::clamp(std::nearbyint(x / step) * step, -lim, lim));
+  };
+  snap(d.x, 0x1p-3, 2.0);
+  snap(d.w_qkv, 0x1p-6, 0.5);
+  snap(d.b_qkv, 0x1p-9, 0.5);
+  for (auto* v : {&d.x, &d.w_qkv, &d.b_qkv, &d.w_out, &d.b_out, &d.cos, &d.sin}) {
+    for (float& x : *v) x = static_cast<float>(rn<T>(x));
+  }
+  return d;
+}
+
+template <class T>
+BlockOracle block_from_parts(const Kernels<T>& kt, const BlockData& d) {
+  const AttentionBlockPlan& p = d.plan;
+  const i64 E = p.E, rows = p.B * p.S;
+  const BlockInputsT<T> in(d);
+  // qkv[r,o] = RN_T(b_qkv[o] + Σ_e x[r,e]·w_qkv[o,e]): exact in double on the grid
+  std::vector<T> qkv(static_cast<std::size_t>(rows * 3 * E));
+  for (i64 r = 0; r < rows; ++r) {
+    for (i64 o = 0; o < 3 * E; ++o) {
+      double acc = p.qkv_bias ? double(d.b_qkv[o]) : 0.0;
+      for (i64 e = 0; e < E; ++e) acc += double(d.x[r * E + e]) * double(d.w_qkv[o * E + e]);
+      qkv[r * 3 * E + o] = T(acc);
+    }
+  }
+  const std::span<const T> all(qkv);
+  std::vector<T> qr, kr;
+  AttentionInputs<T> ai;
+  if (p.has_rope) {
+    qr.resize(static_cast<std::size_t>(rows * E));
+    kr.resize(static_cast<std::size_t>(rows * E));
+    const RopeTables<T> t{in.cos, in.sin};
+    kt.rope_forward(p.rope, all.subspan(0, p.rope.src_extent()), t, qr);
+    kt.rope_forward(p.rope, all.subspan(E, p.rope.src_extent()), t, kr);
+    ai.q = qr;
+    ai.k = kr;
+  } else {
+    ai.q = all.subspan(0, p.attention.q.extent);
+    ai.k = all.subspan(E, p.attention.k.extent);
+  }
+  ai.v = all.subspan(2 * E, p.attention.v.extent);
+  ai.mask = d.keep;
+  std::vector<T> a(static_cast<std::size_t>(p.attention.o.extent));
+  kt.attention_forward(p.attention, ai, a);
+  // y*[r,o] = b_out[o] + Σ_e a[r,e]·w_out[o,e], tol = γ_{E+1}(|b_out[o]| + Σ_e |a||w|)
+  const double n = double(E + 1), gamma = n * 0x1p-24 / (1 - n * 0x1p-24);
+  BlockOracle out{std::vector<double>(rows * E), std::vector<double>(rows * E)};
+  for (i64 r = 0; r < rows; ++r) {
+    for (i64 o = 0; o < E; ++o) {
+      double acc = p.out_bias ? double(d.b_out[o]) : 0.0, mag = std::abs(acc);
+      for (i64 e = 0; e < E; ++e) {
+        const double t = static_cast<double>(a[r * E + e]) * double(d.w_out[o * E + e]);
+        acc += t;
+        mag += std::abs(t);
+      }
+      out.y[r * E + o] = acc;
+      out.tol[r * E + o] = gamma * mag;
+    }
+  }
+  return out;
+}
+
+template <class T>
+std::vector<double> run_block_t(const Kernels<T>& kt, const BlockData& d) {
+  const BlockInputsT<T> in(d);
+  GuardedT<T> out(d.plan.x_size());
+  kt.attention_block(d.plan, in.inputs(d.keep), out.view());
+  std::vector<double> r(out.mem.size());
+  for (std::size_t n = 0; n < r.size(); ++n) r[n] = static_cast<double>(out.mem[n]);
+  return r;
+}
+
 #define TANDEM_LOWP_INSTANTIATE(T)                                                             \
   template double ulp<T>(double);                                                              \
   template AttentionData stored_as<T>(const AttentionData&);                                   \
@@ -593,6 +698,9 @@ std::vector<double> run_quantized_t(const Kernels<T>& kt, const AttentionData& d
   template Grads run_backward_t<T>(const Kernels<T>&, const AttentionData&);                   \
   template RoundedForward reference_rounding<T>(const AttentionData&, double, const Codes*);   \
   template struct GuardedT<T>;                                                                 \
+  template BlockData block_on_qkv_grid<T>(BlockData);                                          \
+  template BlockOracle block_from_parts<T>(const Kernels<T>&, const BlockData&);               \
+  template std::vector<double> run_block_t<T>(const Kernels<T>&, const BlockData&);            \
   template std::vector<double> run_forward_t<T>(const Kernels<T>&, const AttentionData&,       \
                                                 std::vector<double>*);                         \
   template Codes run_quantize_t<T>(const Kernels<T>&, const AttentionData&);                   \

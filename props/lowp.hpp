@@ -142,6 +142,29 @@ std::pair<std::vector<double>, std::vector<double>> dequantize(const AttentionPl
 template <class T>
 std::vector<double> run_quantized_t(const Kernels<T>& kt, const AttentionData& d, const Codes& c);
 
+/// d with x, w_qkv and b_qkv moved to the grid of SPEC §10.5 ("The attention
+/// block against its own parts"): x to multiples of 2^−3 in [−2, 2], w_qkv of
+/// 2^−6 in [−1/2, 1/2], b_qkv of 2^−9 in [−1/2, 1/2], so that every float32
+/// partial sum of the qkv projection is exact (E ≤ 24); then every input but
+/// the keep mask stored in T (RN_T, held as the floats they are exactly).
+template <class T>
+BlockData block_on_qkv_grid(BlockData d);
+
+/// SPEC §10.5's oracle of the block at T against kernels<T>'s own parts, on d
+/// from block_on_qkv_grid: qkv = RN_T of the exact projection, q and k from
+/// kt.rope_forward, a from kt.attention_forward (called as the block calls
+/// them), then `y*` = the exact out projection of that a and `tol` =
+/// γ_{E+1}(|b_out| + Σ_e |a_e||w_out|), float32 summation's bound. `y` `[B,S,E]`.
+struct BlockOracle {
+  std::vector<double> y, tol;
+};
+template <class T>
+BlockOracle block_from_parts(const Kernels<T>& kt, const BlockData& d);
+
+/// The out `[B,S,E]` of kernels<T>'s attention_block on d (d's values stored in T).
+template <class T>
+std::vector<double> run_block_t(const Kernels<T>& kt, const BlockData& d);
+
 /// Whether the output memory of a call at T is untouched: every element's bits as set.
 template <class T>
 struct GuardedT {

@@ -266,6 +266,10 @@ MUTATIONS = [
                "acc[j][v] = _mm512_setzero_ps();")],
              "bf16 P·V kernel: each key block overwrites the running output, not adds to it",
              avx3=True),
+    Mutation("block_sum_rounded_before_bias", "attention_block.cpp",
+             [("VF v = hn::LoadU(d, tile + j);", "VF v = RoundAs<T>(d, hn::LoadU(d, tile + j));")],
+             "bf16/f16 attention block: each projection's sum rounded to T before its bias is "
+             "added (two roundings)"),
 ]
 
 

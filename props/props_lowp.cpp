@@ -4,8 +4,9 @@
 // (`backend.kernels<T>()`, a non-empty member) agrees with SPEC §10.2's
 // rounding at float32-accumulation tolerance, is within twice the naive
 // computation's error of exact arithmetic, rounds once under the exact
-// profile, quantizes bitwise as §10.4 says, and rejects what it does not take
-// before it writes. Oracles: lowp.hpp.
+// profile, quantizes bitwise as §10.4 says, composes its attention block of
+// its own parts (§10.5), and rejects what it does not take before it writes.
+// Oracles: lowp.hpp.
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -523,6 +524,25 @@ struct RejectedBeforeWrites {
   }
 };
 
+// ------------------------------------------------------ 8. attention block
+
+/// SPEC §10.5, the attention block against its own parts: on inputs whose qkv
+/// projection is exact in float32 (block_on_qkv_grid), the block at the drawn
+/// profile gives RN_T of the exact out projection of the backend's own rope and
+/// attention on RN_T(qkv), within float32 summation's γ_{E+1} (lowp.hpp).
+template <class T>
+struct BlockEqualsComposition {
+  static void run(const Subject& s) {
+    const Kernels<T>& kt = s.backend.kernels<T>();
+    if (!kt.attention_block || !kt.attention_forward || !kt.rope_forward) return;
+    BlockCase c = *gen_block();
+    c.params.rounding = gen_profile();
+    const BlockData d = block_on_qkv_grid<T>(make_data(c));
+    const BlockOracle o = block_from_parts<T>(kt, d);
+    TANDEM_REQUIRE_EMPTY(rounded_once<T>("attention_block out", run_block_t<T>(kt, d), o.y, o.tol));
+  }
+};
+
 template <template <class> class F>
 std::function<void(const Subject&)> lowp() {
   return [](const Subject& s) { on_storage<F>(s); };
@@ -547,6 +567,7 @@ void register_lowp_properties(std::vector<Property>& v) {
                lowp<AgreeFeaturesBackward>(), true});
   v.push_back({"lowp_agree_attention_features_quantized", "agreement (features)", 80,
                [](const Subject& s) { on_quantized_storage<QuantizedFeaturesAgree>(s); }, true});
+  v.push_back({"lowp_block_equals_composition", "semantic", 100, lowp<BlockEqualsComposition>()});
   const std::size_t first = v.size();
   v.push_back({"lowp_agree_rope", "agreement", 150, lowp<AgreeRope>()});
   v.push_back({"lowp_agree_axial_rope", "agreement", 100, lowp<AgreeAxial>()});

@@ -264,7 +264,7 @@ std::vector<std::vector<float>> call(const Backend& be, int op, std::string* mem
     const BlockCase c = *gen_block();
     RC_LOG() << c << "\n";
     const BlockData d = make_data(c);
-    AttentionBlockInputs bi;
+    AttentionBlockInputs<float> bi;
     bi.x = in.add(d.x);
     bi.w_qkv = in.add(d.w_qkv);
     bi.b_qkv = in.add(d.b_qkv);
@@ -390,8 +390,7 @@ void accuracy(const Subject& s) {
   }
   for (const T& t : ts) {
     const double eb = max_err(t.got, t.exact), ef = max_err(t.single, t.exact);
-    const double floor =
-        2 * kEps * (1 + t.L) * std::max(max_abs(t.exact), t.nat) + 2 * t.underflow;
+    const double floor = 2 * kEps * (1 + t.L) * std::max(max_abs(t.exact), t.nat) + 2 * t.underflow;
     if (!(eb <= 2 * ef + floor)) {
       std::ostringstream os;
       os.precision(3);

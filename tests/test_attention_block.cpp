@@ -2,14 +2,20 @@
 // The attention block (SPEC §7) on cases whose parts can be checked by hand:
 // identity projections (the block is then plain attention on x), two heads of
 // width 1, the key-padding mask, a zero output projection, RoPE by 0° and 90°,
-// and a composition of the reference parts with separate q, k, v buffers.
+// and a composition of the reference parts with separate q, k, v buffers;
+// then bf16 and f16 storage (SPEC §10.2): the reference rounds at the four
+// points and inside its attention, values exact in T come out exact on every
+// backend and target, and the optimized block's bits do not depend on the
+// thread count.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "support/tandem_test_support.hpp"
@@ -20,6 +26,9 @@
 #include "tandem/reference/rope.hpp"
 
 namespace {
+
+using tandem::bfloat16;
+using tandem::float16;
 
 using tandem::AttentionBlockInputs;
 using tandem::AttentionBlockPlan;
@@ -41,7 +50,7 @@ struct Block {
   }
   std::vector<float> run() const {
     std::vector<float> out(static_cast<std::size_t>(B * S * E));
-    const AttentionBlockInputs in{x, w_qkv, b_qkv, w_out, b_out, keep, cos, sin};
+    const AttentionBlockInputs<float> in{x, w_qkv, b_qkv, w_out, b_out, keep, cos, sin};
     tandem::reference::backend().attention_block(plan(), in, out);
     return out;
   }
@@ -264,5 +273,214 @@ TEST(AttentionBlock, EqualsItsPartsComposedOnSeparateBuffers) {
   }
   expect_near(out, want, 1e-5);
 }
+
+// ------------------------------------------------------------ bf16 and f16
+
+template <class T>
+std::vector<T> as_t(const std::vector<float>& v) {
+  std::vector<T> r;
+  r.reserve(v.size());
+  for (float f : v) r.push_back(T(static_cast<double>(f)));
+  return r;
+}
+
+template <class T>
+std::vector<float> widen(const std::vector<T>& v) {
+  std::vector<float> r;
+  r.reserve(v.size());
+  for (const T& t : v) r.push_back(static_cast<float>(t));
+  return r;
+}
+
+/// blk's inputs stored in T (the keep mask stays float32), run by `kernels`.
+template <class T>
+std::vector<T> run_t(const Block& blk, const tandem::Kernels<T>& kernels,
+                     tandem::Rounding rounding = tandem::kRoundingPytorch) {
+  const std::vector<T> x = as_t<T>(blk.x), wq = as_t<T>(blk.w_qkv), bq = as_t<T>(blk.b_qkv),
+                       wo = as_t<T>(blk.w_out), bo = as_t<T>(blk.b_out), c = as_t<T>(blk.cos),
+                       s = as_t<T>(blk.sin);
+  tandem::AttentionBlockPlan plan = blk.plan();
+  plan.attention.rounding = rounding;
+  std::vector<T> out(static_cast<std::size_t>(blk.B * blk.S * blk.E));
+  kernels.attention_block(plan, {x, wq, bq, wo, bo, blk.keep, c, s}, out);
+  return out;
+}
+
+/// A block with every optional input, E = 8, H = 2, B = 2, S = 3.
+Block full_block(unsigned seed) {
+  Block blk;
+  blk.B = 2;
+  blk.S = 3;
+  blk.E = 8;
+  blk.H = 2;
+  blk.x = random_values(48, seed);
+  blk.w_qkv = random_values(192, seed + 1);
+  blk.b_qkv = random_values(24, seed + 2);
+  blk.w_out = random_values(64, seed + 3);
+  blk.b_out = random_values(8, seed + 4);
+  blk.keep = {1, 1, 0, 0, 1, 1};
+  blk.R = 3;
+  blk.T = 2;
+  blk.cos = random_values(6, seed + 5);
+  blk.sin = random_values(6, seed + 6);
+  return blk;
+}
+
+template <class T>
+class AttentionBlockStored : public ::testing::Test {};
+using StorageTypes = ::testing::Types<bfloat16, float16>;
+TYPED_TEST_SUITE(AttentionBlockStored, StorageTypes);
+
+TYPED_TEST(AttentionBlockStored, ReferenceRoundsQkvRopeAttentionAndOut) {
+  // SPEC §10.2, on separate q, k, v buffers: q = RN_T(x W_qᵀ + b_q) (sum in double),
+  // q ← rope<T>(q), k likewise, v = RN_T(x W_vᵀ + b_v); a = attention<T>(q, k, v, keep)
+  // at the profile; out = RN_T(a W_outᵀ + b_out). Bitwise: the reference rounds there only.
+  using T = TypeParam;
+  const Block blk = full_block(40);
+  const std::int64_t B = 2, S = 3, E = 8, D = 4;
+  const std::vector<T> x = as_t<T>(blk.x), wq = as_t<T>(blk.w_qkv), bq = as_t<T>(blk.b_qkv),
+                       wo = as_t<T>(blk.w_out), bo = as_t<T>(blk.b_out), c = as_t<T>(blk.cos),
+                       s = as_t<T>(blk.sin);
+  std::vector<std::vector<T>> proj(3, std::vector<T>(B * S * E));
+  for (std::int64_t part = 0; part < 3; ++part) {
+    for (std::int64_t t = 0; t < B * S; ++t) {
+      for (std::int64_t o = 0; o < E; ++o) {
+        double acc = static_cast<double>(bq[part * E + o]);
+        for (std::int64_t e = 0; e < E; ++e) {
+          acc +=
+              static_cast<double>(x[t * E + e]) * static_cast<double>(wq[(part * E + o) * E + e]);
+        }
+        proj[part][t * E + o] = T(acc);
+      }
+    }
+  }
+  tandem::RopeParams rp;
+  rp.batch = B;
+  rp.seq = S;
+  rp.width = E;
+  rp.head_dim = D;
+  rp.table_rows = 3;
+  const tandem::RopePlan rope = tandem::RopePlan::make(rp);
+  std::vector<T> q(B * S * E), k(B * S * E);
+  tandem::reference::rope_forward<T>(rope, proj[0], {c, s}, std::span<T>(q));
+  tandem::reference::rope_forward<T>(rope, proj[1], {c, s}, std::span<T>(k));
+  for (const tandem::Rounding& profile : {tandem::kRoundingPytorch, tandem::kRoundingExact}) {
+    SCOPED_TRACE(std::string(profile.name));
+    tandem::AttentionAttrs aa;
+    aa.num_heads = 2;
+    aa.mask = tandem::MaskKind::key_padding;
+    tandem::AttentionPlan att_plan =
+        tandem::AttentionPlan::from_shapes({B, S, E}, {B, S, E}, {B, S, E}, Shape{B, S}, aa);
+    att_plan.rounding = profile;
+    std::vector<T> a(B * S * E);
+    tandem::reference::attention_forward<T>(att_plan, {q, k, proj[2], blk.keep}, std::span<T>(a));
+    std::vector<T> want(B * S * E);
+    for (std::int64_t t = 0; t < B * S; ++t) {
+      for (std::int64_t o = 0; o < E; ++o) {
+        double acc = static_cast<double>(bo[o]);
+        for (std::int64_t e = 0; e < E; ++e) {
+          acc += static_cast<double>(a[t * E + e]) * static_cast<double>(wo[o * E + e]);
+        }
+        want[t * E + o] = T(acc);
+      }
+    }
+    const std::vector<T> got = run_t<T>(blk, tandem::reference::backend().kernels<T>(), profile);
+    for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i].bits, want[i].bits) << i;
+  }
+}
+
+/// The backends offering the block at T (the optimized one on every target).
+template <class T>
+void for_each_backend(const std::function<void(const tandem::Kernels<T>&)>& body) {
+  {
+    SCOPED_TRACE("reference");
+    body(tandem::reference::backend().kernels<T>());
+  }
+#ifdef TANDEM_HAVE_OPTIMIZED
+  tandem::test::for_each_target([&] { body(tandem::optimized::backend().kernels<T>()); });
+#endif
+}
+
+TYPED_TEST(AttentionBlockStored, ExactValuesComeOutExact) {
+  // The keep-mask case of the float tests (identity projections, every query
+  // sees one key, so out = that key's v): every value is a small integer,
+  // exact in T, and so is each rounding point's result under the exact
+  // profile (pytorch's RN_T(e)/e, within u_T of 1, may move v by an ulp of f16).
+  using T = TypeParam;
+  Block blk;
+  blk.B = 2;
+  blk.S = 3;
+  blk.E = 2;
+  blk.x = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  blk.w_qkv = identity_qkv(2);
+  blk.w_out = identity(2);
+  blk.keep = {1, 0, 0, 0, 0, 1};
+  blk.b_out = {-3, 4};
+  for_each_backend<T>([&](const tandem::Kernels<T>& k) {
+    ASSERT_TRUE(static_cast<bool>(k.attention_block));
+    const std::vector<T> out = run_t<T>(blk, k, tandem::kRoundingExact);
+    expect_near(widen(out), {-2, 6, -2, 6, -2, 6, 8, 16, 8, 16, 8, 16}, 0);
+  });
+}
+
+TYPED_TEST(AttentionBlockStored, ZeroOutputProjectionGivesTheOutputBiasExactly) {
+  using T = TypeParam;
+  Block blk = full_block(60);
+  blk.w_out.assign(64, 0.0f);
+  for_each_backend<T>([&](const tandem::Kernels<T>& k) {
+    const std::vector<T> out = run_t<T>(blk, k);
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      EXPECT_EQ(out[i].bits, T(static_cast<double>(blk.b_out[i % 8])).bits) << i;
+    }
+  });
+}
+
+TYPED_TEST(AttentionBlockStored, ViewsAreCheckedBeforeAnyWrite) {
+  using T = TypeParam;
+  const Block blk = full_block(70);
+  const std::vector<T> x = as_t<T>(blk.x), wq = as_t<T>(blk.w_qkv), bq = as_t<T>(blk.b_qkv),
+                       wo = as_t<T>(blk.w_out), bo = as_t<T>(blk.b_out), c = as_t<T>(blk.cos);
+  const tandem::AttentionBlockPlan plan = blk.plan();
+  for_each_backend<T>([&](const tandem::Kernels<T>& k) {
+    std::vector<T> out(48, T(7.0));
+    const std::span<const T> short_sin(c.data(), c.size() - 1);
+    tandem::test::expect_error(
+        [&] {
+          k.attention_block(plan, {x, wq, bq, wo, bo, blk.keep, c, short_sin}, out);
+        },
+        "sin.size()");
+    for (const T& o : out) EXPECT_EQ(o.bits, T(7.0).bits);
+  });
+}
+
+#ifdef TANDEM_HAVE_OPTIMIZED
+TYPED_TEST(AttentionBlockStored, OptimizedBitsDoNotDependOnTheThreadCount) {
+  // Large enough for several row blocks of the projections (kBlockM = 64 rows).
+  using T = TypeParam;
+  Block blk;
+  blk.B = 3;
+  blk.S = 50;
+  blk.E = 32;
+  blk.H = 4;
+  blk.x = random_values(3 * 50 * 32, 80);
+  blk.w_qkv = random_values(3 * 32 * 32, 81);
+  blk.b_qkv = random_values(96, 82);
+  blk.w_out = random_values(32 * 32, 83);
+  blk.b_out = random_values(32, 84);
+  blk.R = 50;
+  blk.T = 4;
+  blk.cos = random_values(200, 85);
+  blk.sin = random_values(200, 86);
+  const std::vector<T> one =
+      run_t<T>(blk, tandem::optimized::backend(tandem::optimized::Options(1)).kernels<T>());
+  for (const int threads : {2, 3}) {
+    const std::vector<T> many =
+        run_t<T>(blk, tandem::optimized::backend(tandem::optimized::Options(threads)).kernels<T>());
+    for (std::size_t i = 0; i < one.size(); ++i) {
+      ASSERT_EQ(one[i].bits, many[i].bits) << i << " with " << threads << " threads";
+    }
+  }
+}
+#endif
 
 }  // namespace

@@ -380,7 +380,7 @@ void check_block(const BlockCase& c, std::uint32_t seed) {
       sin.push_back(std::sin(a));
     }
   }
-  const tandem::AttentionBlockInputs in{x, w_qkv, b_qkv, w_out, b_out, keep, cos, sin};
+  const tandem::AttentionBlockInputs<float> in{x, w_qkv, b_qkv, w_out, b_out, keep, cos, sin};
   compare(
       plan.x_size(),
       [&](const tandem::Backend& b, std::span<float> out) { b.attention_block(plan, in, out); },

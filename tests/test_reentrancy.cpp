@@ -250,8 +250,8 @@ void add_other_jobs(const Backend& b, const std::string& tag, const OtherInputs&
                   }});
   jobs.push_back({tag + " attention_block", [b, &in] {
                     std::vector<float> out(in.bx.size());
-                    const tandem::AttentionBlockInputs bi{in.bx,    in.w_qkv, in.b_qkv, in.w_out,
-                                                          in.b_out, in.keep,  {},       {}};
+                    const tandem::AttentionBlockInputs<float> bi{
+                        in.bx, in.w_qkv, in.b_qkv, in.w_out, in.b_out, in.keep, {}, {}};
                     b.attention_block(in.block, bi, out);
                     return out;
                   }});

@@ -1087,19 +1087,19 @@ TEST(BadViews, AttentionBlockLeavesTheOutputUntouched) {
   const std::vector<float> x(48, 0.1f), w_qkv(192, 0.1f), b_qkv(24, 0.1f), w_out(64, 0.1f),
       table(6, 0.5f);
   const std::vector<float> x_bad(47, 0.1f), b_out(8, 0.1f), keep(6, 1.0f), table_bad(4, 0.5f);
-  const tandem::AttentionBlockInputs good{x, w_qkv, b_qkv, w_out, {}, {}, table, table};
+  const tandem::AttentionBlockInputs<float> good{x, w_qkv, b_qkv, w_out, {}, {}, table, table};
   struct Case {
-    tandem::AttentionBlockInputs in;
+    tandem::AttentionBlockInputs<float> in;
     std::size_t out_size;
     std::string parameter, message;
   };
   std::vector<Case> cases;
   auto bad = [&](auto change, std::size_t n, std::string parameter, std::string message) {
-    tandem::AttentionBlockInputs in = good;
+    tandem::AttentionBlockInputs<float> in = good;
     change(in);
     cases.push_back({in, n, std::move(parameter), std::move(message)});
   };
-  using In = tandem::AttentionBlockInputs;
+  using In = tandem::AttentionBlockInputs<float>;
   bad([&](In& in) { in.x = x_bad; }, 48, "x.size()", "x.size() = 47 must be 48");
   bad([&](In& in) { in.w_qkv = w_out; }, 48, "w_qkv.size()", "w_qkv.size() = 64 must be 192");
   bad([&](In& in) { in.b_qkv = {}; }, 48, "b_qkv.size()", "b_qkv.size() = 0 must be 24");

@@ -22,6 +22,7 @@
 #include "tandem/attention.hpp"
 #include "tandem/error.hpp"
 #include "tandem/rope.hpp"
+#include "tandem/rounding.hpp"
 #include "tandem/shape.hpp"
 
 namespace tandem {
@@ -40,6 +41,8 @@ struct AttentionBlockParams {
   ///@{
   std::int64_t table_rows = 0, table_stride = 0;  ///< R, T of the RoPE tables
   ///@}
+  /// Where the attention of a bf16 or f16 block rounds besides its output (SPEC §10.2).
+  Rounding rounding = kRoundingPytorch;
 };
 
 /// One attention block, validated, with the plans of its parts.
@@ -72,20 +75,27 @@ struct AttentionBlockPlan {
   [[nodiscard]] std::string describe() const;
 };
 
-/// Read-only views of an attention block's inputs; optional ones are empty
-/// when absent.
+/// Read-only views of an attention block's inputs at storage type T (float,
+/// bfloat16, float16; SPEC §10.1); optional ones are empty when absent.
+template <class T = float>
 struct AttentionBlockInputs {
   ///@{
   /// x `[B, S, E]`, w_qkv `[3E, E]` (rows q, k, v), b_qkv `[3E]`, w_out `[E, E]`, b_out `[E]`,
-  /// keep `[B, S]`, cos and sin `[R, T]`, all contiguous float32; an optional input is empty
-  /// when absent.
-  std::span<const float> x, w_qkv, b_qkv, w_out, b_out, keep, cos, sin;
+  /// contiguous, in T; an optional input is empty when absent.
+  std::span<const T> x, w_qkv, b_qkv, w_out, b_out;
+  ///@}
+  /// keep `[B, S]` (nonzero = attend), float32 whatever T is, as every mask (SPEC §10.1).
+  std::span<const float> keep;
+  ///@{
+  /// cos and sin `[R, T]` in T, as the tables of the rope op (SPEC §10.2).
+  std::span<const T> cos, sin;
   ///@}
 };
 
 /// Throws Error unless the views fit the plan.
-inline void check_views(const AttentionBlockPlan& plan, const AttentionBlockInputs& in,
-                        std::size_t out_size) {
+template <class T>
+void check_views(const AttentionBlockPlan& plan, const AttentionBlockInputs<T>& in,
+                 std::size_t out_size) {
   const std::int64_t E = plan.E;
   require_size(in.x.size(), plan.x_size(), "x");
   require_size(in.w_qkv.size(), 3 * E * E, "w_qkv");
@@ -128,6 +138,7 @@ inline AttentionBlockPlan AttentionBlockPlan::make(const AttentionBlockParams& p
   a.D = a.Dv = plan.D;
   a.layout = Layout::bshd;
   a.mask = p.key_padding ? MaskKind::key_padding : MaskKind::none;
+  a.rounding = p.rounding;
   a.q_row_stride = a.k_row_stride = p.rope ? p.embed : E3;
   a.v_row_stride = E3;
   plan.attention = AttentionPlan::make(a);

@@ -6,8 +6,8 @@
 /// fixtures and a user's own kernels are all Backends, so the property suite,
 /// the unit tests, the benchmarks and the `tandem` command iterate over them
 /// alike. The entry points and their signatures are those of Kernels<float>
-/// (kernels.hpp); a Backend adds its name and the float32-only attention
-/// block.
+/// (kernels.hpp); a Backend adds its name and the same entry points in
+/// bfloat16 and float16.
 #pragma once
 
 #include <functional>
@@ -16,22 +16,17 @@
 #include <string_view>
 #include <type_traits>
 
-#include "tandem/attention_block.hpp"
 #include "tandem/kernels.hpp"
 
 namespace tandem {
 
 /// The kernel entry points of one implementation: in float32
 /// `backend.attention_forward(plan, in, out)` and the other members of
-/// Kernels<float>, and the attention block; in bfloat16 and float16
+/// Kernels<float> (the attention block among them); in bfloat16 and float16
 /// `backend.bf16.attention_forward(…)`, `backend.kernels<T>()`.
 struct Backend : Kernels<float> {
   /// Short name used in reports and test names ("reference", "optimized").
   std::string name;
-
-  /// out `[B,S,E]` = the attention block of SPEC §7.
-  std::function<void(const AttentionBlockPlan&, const AttentionBlockInputs&, std::span<float> out)>
-      attention_block;
 
   ///@{
   /// The same entry points with bfloat16 and float16 storage (SPEC §10); an empty member is one
@@ -60,19 +55,7 @@ struct Backend : Kernels<float> {
   }
 };
 
-///@{
-/// Calls `visit(name, entry)` for every entry point of `backend`: those of
-/// Kernels<float> in the order of entry_points(), then "attention_block".
-template <class Visit>
-void for_each_entry_point(const Backend& backend, Visit&& visit) {
-  for_each_entry_point(static_cast<const Kernels<float>&>(backend), visit);
-  visit(std::string_view("attention_block"), backend.attention_block);
-}
-template <class Visit>
-void for_each_entry_point(Backend& backend, Visit&& visit) {
-  for_each_entry_point(static_cast<Kernels<float>&>(backend), visit);
-  visit(std::string_view("attention_block"), backend.attention_block);
-}
-///@}
+/// for_each_entry_point(backend, visit) visits the float32 entry points of a Backend (those of
+/// Kernels<float>, kernels.hpp); `backend.bf16` and `backend.f16` are visited alike.
 
 }  // namespace tandem

@@ -3,7 +3,7 @@
 /// @brief The kernel entry points, each signature written once, at element
 ///        type T: what every implementation binds and every client calls.
 ///
-/// tandem::Backend is Kernels<float> with a name and the attention block;
+/// tandem::Backend is Kernels<float> with a name and the bf16 and f16 kernels;
 /// the reference also binds them at double and with float sums
 /// (reference/kernels.hpp). Every entry takes the plan first, then the input
 /// views, then the output views, and validates the views against the plan
@@ -18,6 +18,7 @@
 #include <tuple>
 
 #include "tandem/attention.hpp"
+#include "tandem/attention_block.hpp"
 #include "tandem/axial_rope.hpp"
 #include "tandem/rope.hpp"
 #include "tandem/swiglu.hpp"
@@ -98,6 +99,10 @@ struct Kernels {
   std::function<void(const SwigluPlan&, std::span<const T> x, std::span<const T> dy,
                      std::span<T> dx)>
       swiglu_backward;
+
+  /// out `[B,S,E]` = the attention block of SPEC §7, rounding to T where SPEC §10.2 says.
+  std::function<void(const AttentionBlockPlan&, const AttentionBlockInputs<T>&, std::span<T> out)>
+      attention_block;
 };
 
 /// One entry point of a kernel struct K: its name and the member holding it.
@@ -132,7 +137,8 @@ constexpr auto entry_points() {
                     e("axial_rope_forward", &K::axial_rope_forward),
                     e("axial_rope_backward", &K::axial_rope_backward),
                     e("swiglu_forward", &K::swiglu_forward),
-                    e("swiglu_backward", &K::swiglu_backward)};
+                    e("swiglu_backward", &K::swiglu_backward),
+                    e("attention_block", &K::attention_block)};
 }
 
 ///@{

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The optimized backend as a tandem::Backend: validates the Options once and
-// binds every entry point of tandem::Kernels<float> (and the attention block)
+// binds every entry point of tandem::Kernels<T> (float, bfloat16, float16)
 // to the kernels of optimized/src, each called with the options. The views of each
 // call are validated by the entry points themselves (entry_points.hpp).
 #include "tandem/optimized/backend.hpp"
@@ -128,7 +128,9 @@ Backend backend(Options options) {
   bind_rope_swiglu(b.kernels<float>(), options);
   bind_rope_swiglu(b.bf16, options);
   bind_rope_swiglu(b.f16, options);
-  b.attention_block = with_options<detail::attention_block>(options);
+  b.attention_block = with_options<detail::attention_block<float>>(options);
+  b.bf16.attention_block = with_options<detail::attention_block<bfloat16>>(options);
+  b.f16.attention_block = with_options<detail::attention_block<float16>>(options);
   b.bf16.attention_forward = with_options<detail::attention_forward_stored<bfloat16>>(options);
   b.bf16.attention_forward_lse =
       with_options<detail::attention_forward_lse_stored<bfloat16>>(options);

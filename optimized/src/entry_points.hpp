@@ -141,17 +141,20 @@ template <class T>
 void swiglu_backward(const SwigluPlan& plan, std::span<const T> x, std::span<const T> dy,
                      std::span<T> dx, const Options& options);
 
-/// out `[B, S, E]` = the attention block of SPEC §7.
-void attention_block(const AttentionBlockPlan& plan, const AttentionBlockInputs& in,
-                     std::span<float> out, const Options& options);
+/// out `[B, S, E]` = the attention block of SPEC §7; T float, bfloat16 or
+/// float16, rounding to T where SPEC §10.2 says.
+template <class T>
+void attention_block(const AttentionBlockPlan& plan, const AttentionBlockInputs<T>& in,
+                     std::span<T> out, const Options& options);
 
-/// The dense projection `c[M, N] = a[M, K] · w[N, K]ᵀ (+ bias[N])` of the
-/// attention block (rows of w are output features, as PyTorch's Linear), on
-/// `threads` threads. `bias` is empty or has N elements. Every c element is
-/// computed by one thread in a fixed order, so the result does not depend on
-/// `threads`. Not an entry point: sizes are trusted (the block validates
-/// them).
-void project(const float* a, const float* w, std::span<const float> bias, float* c, std::int64_t M,
-             std::int64_t N, std::int64_t K, int threads);
+/// The dense projection `c[M, N] = RN_T(a[M, K] · w[N, K]ᵀ (+ bias[N]))` of
+/// the attention block (rows of w are output features, as PyTorch's Linear),
+/// summed in float32, on `threads` threads; T float, bfloat16 or float16.
+/// `bias` is empty or has N elements. Every c element is computed by one
+/// thread in a fixed order, so the result does not depend on `threads`. Not
+/// an entry point: sizes are trusted (the block validates them).
+template <class T>
+void project(const T* a, const T* w, std::span<const T> bias, T* c, std::int64_t M, std::int64_t N,
+             std::int64_t K, int threads);
 
 }  // namespace tandem::optimized::detail

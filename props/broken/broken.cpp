@@ -471,7 +471,7 @@ void swiglu(const SwigluPlan& p, std::span<const float> x, std::span<const float
 
 // ---------------------------------------------------------- attention block
 
-void block(const AttentionBlockPlan& p, const AttentionBlockInputs& in, std::span<float> out,
+void block(const AttentionBlockPlan& p, const AttentionBlockInputs<float>& in, std::span<float> out,
            Bug bug) {
   check_views(p, in, out.size());
   const i64 E = p.E, rows = p.B * p.S;
@@ -637,6 +637,8 @@ const char* to_string(Bug bug) {
       return "dsinks_accumulated_in_t";
     case Bug::dbias_accumulated_in_t:
       return "dbias_accumulated_in_t";
+    case Bug::block_qkv_unrounded:
+      return "block_qkv_unrounded";
     case Bug::dsinks_one_past:
       return "dsinks_one_past";
   }
@@ -646,7 +648,7 @@ const char* to_string(Bug bug) {
 std::vector<Bug> all_bugs() {
   std::vector<Bug> v;
   for (int b = static_cast<int>(Bug::rope_table_stride_half_nrot);
-       b <= static_cast<int>(Bug::dbias_accumulated_in_t); ++b) {
+       b <= static_cast<int>(Bug::block_qkv_unrounded); ++b) {
     v.push_back(static_cast<Bug>(b));
   }
   return v;
@@ -751,7 +753,7 @@ Backend backend(Bug bug, int threads) {
   be.swiglu_backward = [bug](const SwigluPlan& p, std::span<const float> x,
                              std::span<const float> dy,
                              std::span<float> dx) { swiglu(p, x, dy, dx, true, bug); };
-  be.attention_block = [bug](const AttentionBlockPlan& p, const AttentionBlockInputs& in,
+  be.attention_block = [bug](const AttentionBlockPlan& p, const AttentionBlockInputs<float>& in,
                              std::span<float> out) { block(p, in, out, bug); };
   attach_low_precision(be, bug);
   return be;

@@ -81,6 +81,7 @@ enum class Bug {
   paged_blocks_reversed_bf16,  ///< bf16: a sequence's block-table row read back to front
   dsinks_accumulated_in_t,     ///< bf16/f16: dsinks rounded to T after every row, not once
   dbias_accumulated_in_t,      ///< bf16/f16: a broadcast dbias rounded to T after every term
+  block_qkv_unrounded,         ///< bf16/f16 block: the float32 block, only its output rounded to T
 };
 
 /// The bug's name, e.g. "gqa_mod".
@@ -95,7 +96,7 @@ std::vector<Bug> all_bugs();
 Backend backend(Bug bug, int threads = 1);
 
 /// Sets be's bf16 and f16 kernels (attention forward, the quantized cache,
-/// RoPE, axial RoPE, SwiGLU) and its float quantized entry points, with the
+/// RoPE, axial RoPE, SwiGLU, the attention block) and its float quantized entry points, with the
 /// low-precision bugs of `bug` planted (broken_lowp.cpp).
 void attach_low_precision(Backend& be, Bug bug);
 

@@ -5,6 +5,7 @@
 // f32, bf16 and f16, and RoPE, axial RoPE and SwiGLU at bf16 and f16 as the
 // float fixture's result rounded once. Each low-precision bug of Bug is
 // planted here; the correct version follows the spec's formulas line by line.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -476,6 +477,65 @@ void quantized_entries(Kernels<T>& kt, Bug bug) {
                          const QuantizedKvOut& out) { quantize_kv_t<T>(p, k, v, out, bug); };
 }
 
+/// b[o] + Σ_e a[r·K + e]·w[o·K + e] in double, for o < N, of each row r < M,
+/// stored to T (RN_T, or the store bug).
+template <class T>
+std::vector<T> project(std::span<const T> a, std::span<const T> w, std::span<const T> b, i64 M,
+                       i64 N, i64 K, Bug bug) {
+  std::vector<T> c(M * N);
+  for (i64 r = 0; r < M; ++r) {
+    for (i64 o = 0; o < N; ++o) {
+      double acc = b.empty() ? 0.0 : static_cast<double>(b[o]);
+      for (i64 e = 0; e < K; ++e) {
+        acc += static_cast<double>(a[r * K + e]) * static_cast<double>(w[o * K + e]);
+      }
+      c[r * N + o] = store<T>(acc, bug);
+    }
+  }
+  return c;
+}
+
+/// The block at T (SPEC §10.2): qkv = RN_T(projection), kt's rope and attention on it,
+/// out = RN_T(projection); with Bug::block_qkv_unrounded the float fixture's block
+/// on the widened inputs, its output rounded once.
+template <class T>
+void block_t(const Kernels<T>& kt, const Kernels<float>& f, const AttentionBlockPlan& p,
+             const AttentionBlockInputs<T>& in, std::span<T> out, Bug bug) {
+  check_views(p, in, out.size());
+  const i64 E = p.E, rows = p.B * p.S;
+  if (bug == Bug::block_qkv_unrounded) {
+    const auto x = widen<T>(in.x), wq = widen<T>(in.w_qkv), bq = widen<T>(in.b_qkv);
+    const auto wo = widen<T>(in.w_out), bo = widen<T>(in.b_out);
+    const auto c = widen<T>(in.cos), s = widen<T>(in.sin);
+    std::vector<float> y(out.size());
+    f.attention_block(p, {x, wq, bq, wo, bo, in.keep, c, s}, y);
+    narrow<T>(y, out, Bug::none);
+    return;
+  }
+  const std::vector<T> qkv = project<T>(in.x, in.w_qkv, in.b_qkv, rows, 3 * E, E, bug);
+  const std::span<const T> all(qkv);
+  std::vector<T> qr, kr;
+  AttentionInputs<T> ai;
+  if (p.has_rope) {
+    qr.resize(rows * E);
+    kr.resize(rows * E);
+    const RopeTables<T> t{in.cos, in.sin};
+    kt.rope_forward(p.rope, all.subspan(0, p.rope.src_extent()), t, qr);
+    kt.rope_forward(p.rope, all.subspan(E, p.rope.src_extent()), t, kr);
+    ai.q = qr;
+    ai.k = kr;
+  } else {
+    ai.q = all.subspan(0, p.attention.q.extent);
+    ai.k = all.subspan(E, p.attention.k.extent);
+  }
+  ai.v = all.subspan(2 * E, p.attention.v.extent);
+  ai.mask = in.keep;
+  std::vector<T> att(p.attention.o.extent);
+  kt.attention_forward(p.attention, ai, att);
+  const std::vector<T> y = project<T>(att, in.w_out, in.b_out, rows, E, E, bug);
+  std::copy(y.begin(), y.end(), out.begin());
+}
+
 template <class T>
 Kernels<T> low_precision_kernels(const Backend& f, Bug bug) {
   Kernels<T> kt;
@@ -492,6 +552,10 @@ Kernels<T> low_precision_kernels(const Backend& f, Bug bug) {
   };
   quantized_entries<T>(kt, bug);
   elementwise_ops<T>(kt, f, bug);
+  // (parts of the block: copies of kt's rope and attention as bound above)
+  kt.attention_block = [parts = kt, fk = static_cast<const Kernels<float>&>(f), bug](
+                           const AttentionBlockPlan& p, const AttentionBlockInputs<T>& in,
+                           std::span<T> out) { block_t<T>(parts, fk, p, in, out, bug); };
   return kt;
 }
 

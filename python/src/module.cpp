@@ -73,15 +73,6 @@ Implementations& implementations() {
 
 const char* const kBackends = "optimized, reference or reference_fp32acc";
 
-/// The float32 Backend called `name` (the attention block has no other).
-const Backend& backend_named(const std::string& name) {
-  Implementations& impl = implementations();
-  if (name == "optimized" && impl.optimized) return *impl.optimized;
-  if (name == "reference") return impl.reference;
-  throw Error("backend", "backend = '" + name + "' must be optimized or reference" +
-                             (name == "optimized" ? " (built without the optimized backend)" : ""));
-}
-
 /// The kernels that run a call with element type T on backend `name`:
 /// float32, bfloat16 and float16 on the named backend (`backend.kernels<T>()`,
 /// SPEC §10), float64 on the reference in double.
@@ -729,18 +720,15 @@ void swiglu_backward(const std::string& backend, const SwigluParams& params, con
   });
 }
 
-/// The attention block (float32 only): inputs x, w_qkv, w_out and the
-/// optional b_qkv, b_out, mask (keep), cos, sin, all contiguous.
+/// The attention block at x's storage type (float32, float64, bfloat16, float16; SPEC §7,
+/// §10.2): inputs x, w_qkv, w_out and the optional b_qkv, b_out, cos, sin, all contiguous and of
+/// x's type, and the optional float32 mask (keep).
 void attention_block(const std::string& backend, std::int64_t num_heads, const nb::dict& inputs,
                      const Out& out) {
   const std::optional<In> x = input(inputs, "x");
   if (!x) fail("x", "(absent)", "is required");
-  first_input = "x";
-  if (dtype_of(*x, "x") != Dtype::float32) {
-    fail("x.dtype", dtype_name(x->dtype()),
-         "must be float32 (the attention block runs in float32 only)");
-  }
   const char* names[] = {"x", "w_qkv", "b_qkv", "w_out", "b_out", "mask", "cos", "sin"};
+  constexpr int kMask = 5;
   std::optional<In> a[8];
   std::optional<Shape> s[8];
   for (int i = 0; i < 8; ++i) {
@@ -751,15 +739,24 @@ void attention_block(const std::string& backend, std::int64_t num_heads, const n
   if (!a[3]) fail("w_out", "(absent)", "is required");
   const AttentionBlockPlan plan =
       AttentionBlockPlan::from_shapes(*s[0], *s[1], s[2], *s[3], s[4], s[5], s[6], s[7], num_heads);
-  std::span<const float> v[8];
-  for (int i = 0; i < 8; ++i) {
-    if (a[i]) v[i] = in_span<float>(*a[i], names[i], contiguous(*s[i]), count(*s[i]));
-  }
-  const AttentionBlockInputs in{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
-  const std::span<float> o = out_span<float>(out, "out", *s[0]);
-  const Backend& be = backend_named(backend);
-  nb::gil_scoped_release release;
-  be.attention_block(plan, in, o);
+  with_dtype(*x, "x", [&](auto tag) {
+    using T = decltype(tag);
+    std::span<const T> v[8];
+    std::span<const float> keep;
+    for (int i = 0; i < 8; ++i) {
+      if (!a[i]) continue;
+      if (i == kMask) {
+        keep = in_span<float>(*a[i], names[i], contiguous(*s[i]), count(*s[i]));
+      } else {
+        v[i] = in_span<T>(*a[i], names[i], contiguous(*s[i]), count(*s[i]));
+      }
+    }
+    const AttentionBlockInputs<T> in{v[0], v[1], v[2], v[3], v[4], keep, v[6], v[7]};
+    const std::span<T> o = out_span<T>(out, "out", *s[0]);
+    const auto& f = offered<T>(kernels<T>(backend).attention_block, "attention_block", backend);
+    nb::gil_scoped_release release;
+    f(plan, in, o);
+  });
 }
 
 /// Whether backend `backend` offers entry point `entry` at storage type `dtype`.

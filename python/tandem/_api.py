@@ -622,10 +622,12 @@ def swiglu_backward(x, dy, *, gate_first=True, backend="optimized"):
 
 def attention_block(x, w_qkv, w_out, *, num_heads, b_qkv=None, b_out=None, key_padding=None,
                     cos=None, sin=None, backend="optimized"):
-    """The fused attention block (SPEC §7), float32: x [B, S, E],
-    w_qkv [3E, E] (rows q, k, v), w_out [E, E], optional b_qkv [3E],
-    b_out [E], key_padding [B, S] (nonzero = attend), NeoX RoPE tables
-    cos, sin [R, T] applied to q and k. Returns [B, S, E]."""
+    """The fused attention block (SPEC §7): x [B, S, E], w_qkv [3E, E]
+    (rows q, k, v), w_out [E, E], optional b_qkv [3E], b_out [E],
+    key_padding [B, S] (nonzero = attend; read as float32), NeoX RoPE
+    tables cos, sin [R, T] applied to q and k. Every tensor but key_padding
+    has x's dtype: float32, float64, bfloat16 or float16, the block then
+    rounding where SPEC §10.2 says. Returns [B, S, E] of x's dtype."""
     x = A.as_array(x, "x")
     inputs = {"x": A.contiguous(x)}
     for name, a in (("w_qkv", w_qkv), ("w_out", w_out), ("b_qkv", b_qkv), ("b_out", b_out),
@@ -635,5 +637,6 @@ def attention_block(x, w_qkv, w_out, *, num_heads, b_qkv=None, b_out=None, key_p
     if key_padding is not None:
         inputs["mask"] = A.to_float32(key_padding, "key_padding")
     out = A.empty(x, tuple(x.shape))
-    _ext.attention_block(backend, int(num_heads), inputs, out)
+    inputs = {name: A.crossing(a) for name, a in inputs.items()}
+    _run(_ext.attention_block, backend, int(num_heads), inputs, out)
     return out

@@ -476,7 +476,8 @@ def _(x, w_qkv, w_out, num_heads, b_qkv, b_out, key_padding, cos, sin, backend):
 
 def attention_block(x, w_qkv, w_out, *, num_heads, b_qkv=None, b_out=None, key_padding=None,
                     cos=None, sin=None, backend="optimized"):
-    """tandem.attention_block on torch tensors (float32, inference: no autograd)."""
+    """tandem.attention_block on torch tensors (float32, bfloat16 or float16, the dtype of x;
+    inference: no autograd)."""
     return _attention_block_op(x, w_qkv, w_out, int(num_heads), b_qkv, b_out, key_padding, cos,
                                sin, backend)
 

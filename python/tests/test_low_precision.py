@@ -136,6 +136,9 @@ ENTRIES = {
     "swiglu_forward": lambda t, b: tandem.swiglu(t["x"], backend=b),
     "rope_forward": lambda t, b: tandem.rope(t["q"], t["cos"], t["cos"], backend=b),
     "quantize_kv": lambda t, b: tandem.quantize_kv(t["q"], t["q"], backend=b),
+    "attention_block": lambda t, b: tandem.attention_block(t["x"].reshape(1, 3, 8),
+                                                           t["w"], t["w"][:8], num_heads=2,
+                                                           backend=b),
 }
 
 
@@ -144,7 +147,7 @@ ENTRIES = {
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_an_entry_point_not_offered_is_an_error_naming_the_backend(backend, dtype, entry):
     t = {"q": draw((1, 4, 2, 8), dtype, 5), "x": draw((3, 8), dtype, 6),
-         "cos": np.ones((4, 4), NUMPY[dtype])}
+         "cos": np.ones((4, 4), NUMPY[dtype]), "w": draw((24, 8), dtype, 7)}
     if tandem.offers(entry, dtype, backend):
         ENTRIES[entry](t, backend)  # an offered entry point runs
         return
@@ -305,6 +308,41 @@ def test_rope_rounds_once(backend, dtype):
     within_one_rounding(qo, exact, dtype, terms)
     within_one_rounding(ko, tandem.rope(f64(k), f64(cos), f64(sin), layout="bshd",
                                         backend="reference"), dtype, terms)
+
+
+def grid(shape, step, limit, dtype, seed):
+    """Multiples of `step` in [-limit, limit] (exact in bf16 and f16)."""
+    x = np.random.default_rng(seed).integers(-limit / step, limit / step + 1, shape) * step
+    return x.astype(np.float32).astype(NUMPY[dtype])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", LOW)
+def test_attention_block_is_its_parts_in_the_storage_type(backend, dtype):
+    # SPEC §10.2/§10.5: on a grid where the qkv projection is exact, qkv = RN_T(x w_qkv^T + b),
+    # then the backend's own rope and attention in T, then the out projection rounded once.
+    offered("attention_block", dtype, backend)
+    B, S, H, D = 2, 5, 2, 4
+    E = H * D
+    x, w_qkv = grid((B, S, E), 2.0 ** -3, 2, dtype, 80), grid((3 * E, E), 2.0 ** -6, 0.5, dtype, 81)
+    b_qkv, w_out = grid((3 * E,), 2.0 ** -9, 0.5, dtype, 82), draw((E, E), dtype, 83, 0.3)
+    b_out = draw((E,), dtype, 84)
+    angle = np.random.default_rng(85).uniform(-3, 3, (S, D // 2))
+    cos, sin = np.cos(angle).astype(NUMPY[dtype]), np.sin(angle).astype(NUMPY[dtype])
+    keep = np.array([[1, 1, 1, 0, 1], [1, 0, 1, 1, 1]])
+    out = tandem.attention_block(x, w_qkv, w_out, num_heads=H, b_qkv=b_qkv, b_out=b_out,
+                                 key_padding=keep, cos=cos, sin=sin, backend=backend)
+    assert out.dtype == x.dtype and out.shape == x.shape
+    qkv = (f64(x) @ f64(w_qkv).T + f64(b_qkv)).astype(np.float32).astype(NUMPY[dtype])
+    q, k, v = (np.ascontiguousarray(qkv[..., i * E:(i + 1) * E]).reshape(B, S, H, D)
+               for i in range(3))
+    q = tandem.rope(q, cos, sin, layout="bshd", backend=backend)
+    k = tandem.rope(k, cos, sin, layout="bshd", backend=backend)
+    a = tandem.attention(q, k, v, key_padding=keep, backend=backend).reshape(B, S, E)
+    exact = f64(a) @ f64(w_out).T + f64(b_out)
+    # float32 summation of E products and a bias: (E + 1)·2^-24 of their magnitudes
+    terms = (E + 1) / 4 * (np.abs(f64(a)) @ np.abs(f64(w_out)).T + np.abs(f64(b_out)))
+    within_one_rounding(out, exact, dtype, terms)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -512,11 +512,13 @@ def write_bad_storage(w):
     w.case("dtype_mix_f32_k_in_bf16", attention_case({"num_heads": 2}, dtype="bf16"), mixed,
            expect=(2, 'k.npy: inputs.k: dtype <f4 is not allowed here: the case\'s "dtype" is '
                       '"bf16": every storage tensor is bfloat16 bits (<u2)'))
-    w.case("dtype_on_attention_block",
+    w.case("dtype_f16_block_with_f32_x",
            {"op": "attention_block", "dtype": "f16", "attrs": {"num_heads": 2},
             "inputs": {"x": "x.npy", "w_qkv": "w.npy", "w_out": "o.npy"}},
-           {"x.npy": s32(1, 3, 4), "w.npy": s32(12, 4), "o.npy": s32(4, 4)},
-           expect=(2, 'case.json: dtype: = "f16" is not offered for op attention_block'))
+           {"x.npy": s32(1, 3, 4), "w.npy": s32(12, 4).astype("<f2"),
+            "o.npy": s32(4, 4).astype("<f2")},
+           expect=(2, 'x.npy: inputs.x: dtype <f4 is not allowed here: the case\'s "dtype" is '
+                      '"f16"'))
     w.case("rounding_unknown", attention_case({"num_heads": 2}, rounding="fast"), sqkv(),
            expect=(2, "case.json: rounding: must be one of pytorch, exact, ggml"))
     w.case("rounding_on_swiglu", swiglu_case(rounding="exact"), {"x.npy": s32(2, 8)},

@@ -7,6 +7,10 @@ PyTorch computes in the storage type on the CPU (SPEC §9.4, §10):
                 f16 q, k, v (plain, causal, GQA with enable_gqa)
   rope_*        Hugging Face's rotate_half RoPE, every op in the storage type
   swiglu_*      F.silu(gate) * up in the storage type
+  attention_block_*   the attention block (SPEC §7) as a bf16 PyTorch model
+                runs it: F.linear for the projections, rotate_half RoPE and
+                scaled_dot_product_attention with a key-padding mask, every
+                activation in the storage type
   attention_{int8,e4m3}_cache_*   a quantized K/V cache (SPEC §10.4): codes
                 (|i1, |u1) and float32 scales as SPEC §10.4 fills them, the
                 expected output the exact attention of the dequantized cache
@@ -139,6 +143,36 @@ def quantized_cases(gen):
                    {"num_heads": H, "layout": "bshd", "kv_cache": kind}, inputs, {"out": out})
 
 
+def block_cases(gen):
+    B, S, H, D = 2, 6, 2, 8
+    E = H * D
+    for tag, dt in DTYPES.items():
+        x = torch.randn(B, S, E, generator=gen).to(dt)
+        w_qkv = (torch.randn(3 * E, E, generator=gen) / E ** 0.5).to(dt)
+        b_qkv = (0.1 * torch.randn(3 * E, generator=gen)).to(dt)
+        w_out = (torch.randn(E, E, generator=gen) / E ** 0.5).to(dt)
+        b_out = (0.1 * torch.randn(E, generator=gen)).to(dt)
+        keep = torch.ones(B, S, dtype=torch.bool)
+        keep[1, -2:] = False
+        inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+        ang = torch.outer(torch.arange(S, dtype=torch.float32), inv)
+        cos, sin = ang.cos().to(dt), ang.sin().to(dt)          # [S, D/2] tables
+        q, k, v = (t.reshape(B, S, H, D) for t in F.linear(x, w_qkv, b_qkv).split(E, -1))
+        c = torch.cat([cos, cos], -1)[None, :, None, :]
+        s = torch.cat([sin, sin], -1)[None, :, None, :]
+
+        def rotate(t):
+            t1, t2 = t[..., : D // 2], t[..., D // 2:]
+            return t * c + torch.cat([-t2, t1], -1) * s
+
+        q, k, v = (t.transpose(1, 2) for t in (rotate(q), rotate(k), v))
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
+        out = F.linear(a.transpose(1, 2).reshape(B, S, E), w_out, b_out)
+        write_case(f"attention_block_{tag}", "attention_block", tag, {"num_heads": H},
+                   {"x": x, "w_qkv": w_qkv, "b_qkv": b_qkv, "w_out": w_out, "b_out": b_out,
+                    "mask": keep.numpy(), "cos": cos, "sin": sin}, {"out": out})
+
+
 def main():
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(OUT)
@@ -148,6 +182,7 @@ def main():
     rope_cases(gen)
     swiglu_cases(gen)
     quantized_cases(gen)
+    block_cases(gen)
     print("wrote", len(os.listdir(OUT)), "cases to", OUT)
 
 

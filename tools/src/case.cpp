@@ -170,10 +170,6 @@ void parse_storage(const json& j, const OpInfo& info, const JsonReader& r, CaseS
   if (j.contains("dtype")) {
     spec.dtype = r.choice<DType>(j.at("dtype"), "dtype",
                                  {{"f32", DType::f32}, {"bf16", DType::bf16}, {"f16", DType::f16}});
-    if (spec.dtype != DType::f32 && !info.low_precision) {
-      r.error("dtype", "= \"" + std::string(to_string(spec.dtype)) + "\" is not offered for op " +
-                           info.name + ": it runs in f32 only");
-    }
   }
   if (j.contains("rounding")) {
     const json& v = j.at("rounding");
@@ -270,8 +266,7 @@ const std::vector<OpInfo>& op_table() {
        {"b_qkv", "b_out", "mask", "cos", "sin"},
        {"out"},
        {"num_heads"},
-       {1e-3, 1e-4},
-       false},
+       {1e-3, 1e-4}},
   };
   return table;
 }

@@ -79,7 +79,6 @@ struct OpInfo {
   std::vector<std::string> outputs;
   std::vector<std::string> attrs;  ///< every attr the op accepts
   Tolerance tolerance;             ///< the default for float32 results
-  bool low_precision = true;       ///< has bf16 and f16 kernels (Kernels<T>, SPEC §10.1)
 };
 
 /// All ops, in the order of SPEC §9's table.

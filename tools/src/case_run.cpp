@@ -190,18 +190,18 @@ void run_elementwise(const Case& c, const Typed<T>& b,
   }
 }
 
-/// attention_block is float32 only (SPEC §7).
-void run_block(const Case& c, const Backend& backend,
-               std::map<std::string, std::vector<float>>& out) {
+/// attention_block at the case's storage type (SPEC §7, §10.2); the keep mask is float32.
+template <class T>
+void run_block(const Case& c, const Typed<T>& b, std::map<std::string, std::vector<float>>& out) {
   const auto& plan = std::get<AttentionBlockPlan>(c.planned.plan);
-  need(c, backend, backend.attention_block, "attention_block");
-  const TypedInputs<float> in(c);
-  std::vector<float> y(static_cast<std::size_t>(plan.x_size()));
-  backend.attention_block(plan,
-                          {in("x"), in("w_qkv"), in("b_qkv"), in("w_out"), in("b_out"),
-                           in.f32("mask"), in("cos"), in("sin")},
-                          y);
-  out["out"] = std::move(y);
+  need(c, b.backend, b.k.attention_block, "attention_block");
+  const TypedInputs<T> in(c);
+  auto y = sized<T>(plan.x_size());
+  b.k.attention_block(plan,
+                      {in("x"), in("w_qkv"), in("b_qkv"), in("w_out"), in("b_out"), in.f32("mask"),
+                       in("cos"), in("sin")},
+                      y);
+  out["out"] = widen(y);
 }
 
 template <class T>
@@ -234,7 +234,7 @@ std::map<std::string, std::vector<float>> run_typed(const Case& c, const Backend
       run_elementwise(c, b, out);
       break;
     case Op::attention_block:
-      if constexpr (std::is_same_v<T, float>) run_block(c, backend, out);
+      run_block(c, b, out);
       break;
   }
   return out;

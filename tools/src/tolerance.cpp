@@ -75,8 +75,10 @@ Tolerance low_precision_tolerance(const Case& c) {
     case Op::attention_block:
       break;
   }
-  // SPEC §10.5 bounds the forwards only; a gradient's rounded sums are
-  // bounded in the gradient's own scale (SPEC §9.5).
+  // SPEC §10.5 bounds the forwards of single ops only; a gradient's rounded
+  // sums, and the block's roundings compounded through its parts (§10.5
+  // states no direct bound for the block), are bounded in the output's own
+  // scale (SPEC §9.5).
   double scale = 0.0;
   for (const auto& [name, t] : c.expected) {
     for (float x : t.array.values) {

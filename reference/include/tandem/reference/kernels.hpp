@@ -12,6 +12,7 @@
 
 #include "tandem/kernels.hpp"
 #include "tandem/reference/attention.hpp"
+#include "tandem/reference/attention_block.hpp"
 #include "tandem/reference/axial_rope.hpp"
 #include "tandem/reference/quantized.hpp"
 #include "tandem/reference/rope.hpp"
@@ -42,6 +43,7 @@ Kernels<T> kernels() {
   k.axial_rope_backward = axial_rope_backward<T, Acc>;
   k.swiglu_forward = swiglu_forward<T, Acc>;
   k.swiglu_backward = swiglu_backward<T, Acc>;
+  k.attention_block = attention_block<T, Acc>;
   return k;
 }
 

@@ -260,7 +260,5 @@ void register_block();
 void register_decode_stored();
 /// Attention forward and backward with f32, bf16, f16 storage (bench_low_precision.cpp).
 void register_low_precision();
-/// bf16 prefill against f32, with and without AVX512-BF16 (bench_prefill_bf16.cpp).
-void register_prefill_bf16();
 
 }  // namespace tandem::bench

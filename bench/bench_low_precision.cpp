@@ -7,6 +7,10 @@
 // (bench_attention.cpp): the storage type changes the bytes, not the
 // arithmetic the formula asks for.
 //
+// Where the CPU has AVX512-BF16 the forward times a fourth kind, `bf16_dot`:
+// the same bf16 call with optimized::enable_bf16_dot(true) (SPEC §10.5; off
+// by default), so both bf16 paths are paired with f32 in the same iterations.
+//
 // Ops `attention_forward_stored` and `attention_backward_saved_stored`,
 // tagged `stored` (the report splits each into one row per type, named
 // `<op>_<type>` without `_stored`) and `peer` (the peers run their bf16
@@ -20,12 +24,38 @@
 
 #include "bench_common.hpp"
 #include "bench_paired.hpp"
+#ifdef TANDEM_HAVE_OPTIMIZED
+#include "tandem/optimized/backend.hpp"
+#endif
 
 namespace tandem::bench {
 namespace {
 
-enum Kind : std::size_t { kF32, kBf16, kF16, kKinds };
-const std::vector<std::string> kKindNames = {"f32", "bf16", "f16"};
+enum Kind : std::size_t { kF32, kBf16, kF16, kBf16Dot };
+
+/// Whether this CPU can run the bf16 forward's AVX512-BF16 products.
+bool bf16_dot_supported() {
+#ifdef TANDEM_HAVE_OPTIMIZED
+  return optimized::bf16_dot_supported();
+#else
+  return false;
+#endif
+}
+
+/// The kinds one benchmark times: f32, bf16, f16, and bf16_dot for an
+/// optimized forward on a CPU with AVX512-BF16.
+std::vector<std::string> kind_names(bool dot) {
+  std::vector<std::string> names = {"f32", "bf16", "f16"};
+  if (dot) names.emplace_back("bf16_dot");
+  return names;
+}
+
+/// Switches the bf16 forward's AVX512-BF16 products on or off.
+void use_bf16_dot([[maybe_unused]] bool on) {
+#ifdef TANDEM_HAVE_OPTIMIZED
+  optimized::enable_bf16_dot(on);
+#endif
+}
 
 /// The buffers of one storage type T: inputs rounded once from the same f32
 /// values, the saved out and lse of one untimed forward (backward only).
@@ -85,6 +115,11 @@ struct StoredAttnFixture {
     if (kind == kF32) f32.call(plan, be, backward);
     if (kind == kBf16) bf16.call(plan, be.bf16, backward);
     if (kind == kF16) f16.call(plan, be.f16, backward);
+    if (kind == kBf16Dot) {
+      use_bf16_dot(true);
+      bf16.call(plan, be.bf16, backward);
+      use_bf16_dot(false);
+    }
   }
 };
 
@@ -102,10 +137,11 @@ void add_stored_attention(bool backward, const BackendUnderTest& bu, const AttnS
   s.params["flop"] = flop;
   const std::string key = s.name;
   const int threads = bu.threads;
+  const std::vector<std::string> names = kind_names(!backward && bf16_dot_supported());
   auto be = std::make_shared<Backend>(bu.make());
   add(
       s,
-      [be, shape, backward, flop, threads, key](benchmark::State& st) {
+      [be, shape, backward, flop, threads, key, names](benchmark::State& st) {
         StoredAttnFixture* fx = nullptr;
         try {
           if (!be->bf16.attention_forward || !be->f16.attention_forward ||
@@ -116,28 +152,21 @@ void add_stored_attention(bool backward, const BackendUnderTest& bu, const AttnS
           }
           fx = &cached_fixture<StoredAttnFixture>(
               key, [&] { return std::make_unique<StoredAttnFixture>(shape, *be, backward); });
-          for (std::size_t k = 0; k < kKinds; ++k) fx->run(k, *be);  // warm-up
+          for (std::size_t k = 0; k < names.size(); ++k) fx->run(k, *be);  // warm-up
         } catch (const std::exception& e) {
           st.SkipWithError(e.what());
           return;
         }
         StoredAttnFixture& f = *fx;
-        PairedTimes times(kKindNames);
-        for (auto _ : st) {
-          for (std::size_t k = 0; k < kKinds; ++k) {
-            const auto t0 = std::chrono::steady_clock::now();
-            f.run(k, *be);
-            benchmark::ClobberMemory();
-            times.add(k, seconds_since(t0));
-          }
-        }
+        PairedTimes times(names);
+        times.time_iterations(st, [&](std::size_t k) { f.run(k, *be); });
         times.set_counters(st);
         const double peak = peak_gflops(threads);
-        for (std::size_t k = 0; k < kKinds; ++k) {
+        for (std::size_t k = 0; k < names.size(); ++k) {
           const double t = times.mean_seconds(k);
           const double gflops = t > 0 ? flop / t / 1e9 : 0;
-          st.counters[kKindNames[k] + "_GFLOP/s"] = gflops;
-          st.counters[kKindNames[k] + "_frac_peak"] = gflops / peak;
+          st.counters[names[k] + "_GFLOP/s"] = gflops;
+          st.counters[names[k] + "_frac_peak"] = gflops / peak;
         }
         st.counters["threads"] = threads;
       },

@@ -290,7 +290,6 @@ int main(int argc, char** argv) {
   register_block();
   register_decode_stored();
   register_low_precision();
-  register_prefill_bf16();
   if (config().print_plan) {
     print_plan();
     return 0;

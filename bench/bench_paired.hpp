@@ -9,6 +9,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <string>
 #include <utility>
@@ -25,6 +26,24 @@ class PairedTimes {
 
   /// Records one call of `kind` that took `seconds`.
   void add(std::size_t kind, double seconds) { seconds_[kind].push_back(seconds); }
+
+  /// Times `run(k)` for every kind k in every iteration of `st`, iteration i
+  /// starting from kind i mod n, so that no kind always runs first (or right
+  /// after the same neighbour).
+  template <class Run>
+  void time_iterations(benchmark::State& st, Run&& run) {
+    std::size_t iteration = 0;
+    for (auto _ : st) {
+      for (std::size_t i = 0; i < kinds_.size(); ++i) {
+        const std::size_t k = (iteration + i) % kinds_.size();
+        const auto t0 = std::chrono::steady_clock::now();
+        run(k);
+        benchmark::ClobberMemory();
+        add(k, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      ++iteration;
+    }
+  }
 
   /// For every kind k, with t_k,i the time of its call in iteration i:
   /// `<k>_ms` the mean of t_k,i; `<k>_median_ms` their median; `<k>_speedup`

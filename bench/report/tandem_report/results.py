@@ -17,8 +17,9 @@ ROOFLINE_KIND = {"roofline_fma": "peak", "roofline_copy": "copy", "roofline_read
 
 # The storage types a benchmark tagged `stored` times in turn inside each iteration
 # (bench_paired.hpp), in the order of the report's tables; f32 is the one the others are
-# paired with.
-STORED_KINDS = ("f32", "bf16", "f16", "int8", "e4m3")
+# paired with. bf16_dot: the bf16 forward with the AVX512-BF16 products switched on (off by
+# default; timed only where the CPU has them).
+STORED_KINDS = ("f32", "bf16", "f16", "bf16_dot", "int8", "e4m3")
 
 
 # ---- shapes ------------------------------------------------------------------------------

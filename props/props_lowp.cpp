@@ -133,15 +133,29 @@ struct AgreeFeaturesForward {
 template <class T>
 struct AgreeBackward {
   static void run(const Subject& s) { check(s, lowp_gen()); }
-  static void check(const Subject& s, const AttentionGen& gen) {
+  /// broadcast_bias: the drawn bias (gen draws one) is shared by every batch
+  /// entry and head, so that dbias sums B·H terms per element.
+  static void check(const Subject& s, const AttentionGen& gen, bool broadcast_bias = false) {
     const Kernels<T>& kt = s.backend.kernels<T>();
     if (!kt.attention_backward) return;
     AttentionCase c = *gen_attention(gen);
+    if (broadcast_bias) c.params.bias_batch = c.params.bias_heads = 1;
     c.params.rounding = gen_profile();
     const AttentionData d = stored_as<T>(make_data(c));
     const AttentionScales sc = scales(d);
     TANDEM_REQUIRE_EMPTY(
         rounded_grads_close<T>(run_backward_t(kt, d), rounded_backward<T>(d, sc), sc));
+  }
+};
+
+/// AgreeBackward with a bias broadcast over batch and heads: the one case
+/// where a dbias summed in T (rounded after every (b, h) term, not once,
+/// SPEC §10.2) differs from the contract, which the drawn masks reach too
+/// rarely to show.
+template <class T>
+struct AgreeBackwardBroadcastBias {
+  static void run(const Subject& s) {
+    AgreeBackward<T>::check(s, lowp_gen().with_mask(MaskKind::bias), true);
   }
 };
 
@@ -553,6 +567,8 @@ std::function<void(const Subject&)> lowp() {
 void register_lowp_properties(std::vector<Property>& v) {
   v.push_back({"lowp_agree_attention_forward", "agreement", 200, lowp<AgreeForward>()});
   v.push_back({"lowp_agree_attention_backward", "agreement", 150, lowp<AgreeBackward>()});
+  v.push_back({"lowp_agree_attention_backward_broadcast_bias", "agreement", 60,
+               lowp<AgreeBackwardBroadcastBias>()});
   v.push_back({"lowp_error_within_2x_naive", "accuracy", 150, lowp<WithinNaive>()});
   v.push_back({"lowp_exact_profile_rounds_once", "agreement", 150, lowp<ExactRoundsOnce>()});
   v.push_back({"lowp_quantize_kv_bitwise", "agreement", 150,

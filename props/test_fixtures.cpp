@@ -213,7 +213,7 @@ const std::vector<Expectation>& expectations() {
       {Bug::paged_blocks_reversed_bf16,
        {"lowp_agree_attention_features_forward", "lowp_agree_attention_features_quantized"}},
       {Bug::dsinks_accumulated_in_t, {"lowp_agree_attention_features_backward"}},
-      {Bug::dbias_accumulated_in_t, {"lowp_agree_attention_backward"}},
+      {Bug::dbias_accumulated_in_t, {"lowp_agree_attention_backward_broadcast_bias"}},
       {Bug::block_qkv_unrounded, {"lowp_block_equals_composition"}},
   };
   return table;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "bench_common.hpp"
+#include "bench_paired.hpp"
 
 namespace tandem::bench {
 namespace {
@@ -36,15 +37,20 @@ struct BlockFixture {
   }
 };
 
-void add_block(const BackendUnderTest& bu, std::int64_t B, std::int64_t S, std::int64_t E,
-               std::int64_t H, const std::vector<std::string>& tags) {
+/// The benchmarked block: x `[B, S, E]`, H heads, both biases.
+AttentionBlockPlan block_plan(std::int64_t B, std::int64_t S, std::int64_t E, std::int64_t H) {
   AttentionBlockParams p;
   p.batch = B;
   p.seq = S;
   p.embed = E;
   p.heads = H;
   p.qkv_bias = p.out_bias = true;
-  const AttentionBlockPlan plan = AttentionBlockPlan::make(p);
+  return AttentionBlockPlan::make(p);
+}
+
+void add_block(const BackendUnderTest& bu, std::int64_t B, std::int64_t S, std::int64_t E,
+               std::int64_t H, const std::vector<std::string>& tags) {
+  const AttentionBlockPlan plan = block_plan(B, S, E, H);
   const double tokens = static_cast<double>(B * S);
   const double proj = 2.0 * tokens * static_cast<double>(E) * static_cast<double>(4 * E);
   const double attn = 4.0 * static_cast<double>(B * H) * static_cast<double>(S) *
@@ -114,26 +120,13 @@ struct StoredBlockFixture {
   }
 };
 
-/// Median of v (v reordered).
-double median(std::vector<double>& v) {
-  if (v.empty()) return 0.0;
-  const auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
-  std::nth_element(v.begin(), mid, v.end());
-  return *mid;
-}
-
-/// f32, bf16 and f16 blocks of one shape run in turn in every iteration: each
-/// kind's time and the per-iteration ratios bf16 ÷ f32 and f16 ÷ f32 (median,
-/// min, max), so both sides of a ratio see the same machine state.
+/// f32, bf16 and f16 blocks of one shape run in turn in every iteration
+/// (PairedTimes, bench_paired.hpp): each kind's time and the per-iteration
+/// speed-ups f32 time ÷ bf16 time and f32 ÷ f16 (median and quartiles), so
+/// both sides of a ratio see the same machine state.
 void add_block_stored(const BackendUnderTest& bu, std::int64_t B, std::int64_t S, std::int64_t E,
                       std::int64_t H) {
-  AttentionBlockParams p;
-  p.batch = B;
-  p.seq = S;
-  p.embed = E;
-  p.heads = H;
-  p.qkv_bias = p.out_bias = true;
-  const AttentionBlockPlan plan = AttentionBlockPlan::make(p);
+  const AttentionBlockPlan plan = block_plan(B, S, E, H);
   Spec s;
   s.op = "block_stored";
   s.backend = bu.name;
@@ -154,25 +147,9 @@ void add_block_stored(const BackendUnderTest& bu, std::int64_t B, std::int64_t S
       st.SkipWithError(e.what());
       return;
     }
-    std::array<std::vector<double>, 3> t;
-    for (auto _ : st) {
-      for (int k = 0; k < 3; ++k) {
-        const auto t0 = std::chrono::steady_clock::now();
-        fx->run(k, *be);
-        benchmark::ClobberMemory();
-        t[k].push_back(seconds_since(t0));
-      }
-    }
-    const char* names[] = {"f32", "bf16", "f16"};
-    for (int k = 1; k < 3; ++k) {
-      std::vector<double> r(t[0].size());
-      for (std::size_t i = 0; i < r.size(); ++i) r[i] = t[k][i] / t[0][i];
-      const auto [lo, hi] = std::minmax_element(r.begin(), r.end());
-      st.counters[std::string(names[k]) + "_over_f32_min"] = r.empty() ? 0 : *lo;
-      st.counters[std::string(names[k]) + "_over_f32_max"] = r.empty() ? 0 : *hi;
-      st.counters[std::string(names[k]) + "_over_f32"] = median(r);
-    }
-    for (int k = 0; k < 3; ++k) st.counters[std::string(names[k]) + "_ms"] = median(t[k]) * 1e3;
+    PairedTimes times({"f32", "bf16", "f16"});
+    times.time_iterations(st, [&](std::size_t k) { fx->run(static_cast<int>(k), *be); });
+    times.set_counters(st);
   });
 }
 

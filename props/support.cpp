@@ -150,20 +150,26 @@ std::vector<Subject> correct_subjects() {
     }
   }
   // The best target once more with the bf16 forward's AVX512-BF16 products
-  // switched on (off by default), where this CPU has them.
+  // switched on (off by default), where this CPU has them: at the default
+  // geometry and at the small wide one, whose many key blocks per tile reach
+  // the kernels' running output.
   if (optimized::bf16_dot_supported() && !targets.empty()) {
     const std::int64_t best = targets.front();
-    Subject s =
-        optimized_subject(best, "optimized_" + optimized::target_name(best) + "_bf16dot", {});
-    s.enter = [best] {
-      optimized::force_target(best);
-      optimized::enable_bf16_dot(true);
-    };
-    s.leave = [] {
-      optimized::enable_bf16_dot(false);
-      optimized::force_target(0);
-    };
-    out.push_back(s);
+    const std::string name = "optimized_" + optimized::target_name(best) + "_bf16dot";
+    for (const auto& [geo_name, geo] :
+         {std::pair<std::string, optimized::Geometry>{"", {}}, small_geometries().front()}) {
+      Subject s = optimized_subject(best, geo_name.empty() ? name : name + "_" + geo_name, geo);
+      s.attention_only = !geo_name.empty();
+      s.enter = [best] {
+        optimized::force_target(best);
+        optimized::enable_bf16_dot(true);
+      };
+      s.leave = [] {
+        optimized::enable_bf16_dot(false);
+        optimized::force_target(0);
+      };
+      out.push_back(s);
+    }
   }
 #endif
   return out;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// A tuning changes speed, never bits (SPEC §10.6): over random tunings drawn
+// A tuning changes speed, never bits (SPEC §11): over random tunings drawn
 // from the tuner's space (optimized::tuning_space) and random calls, the
 // optimized backend with the tuning writes the bits it writes without one:
 // forward (prefill and decode), forward with lse, backward, at every

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The tuning file of the optimized backend (SPEC §10.6): a written file loads
+// The tuning file of the optimized backend (SPEC §11): a written file loads
 // back, a file for another CPU is ignored with one message, a malformed one
 // throws an Error naming the file and the field; calls are classed by shape.
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tuned geometries (tuning.hpp, SPEC §10.6): shape classes, the CPU's
+// Tuned geometries (tuning.hpp, SPEC §11): shape classes, the CPU's
 // identity, the bit-neutral fields and their search space, and the tuning
 // file (JSON) with its checks.
 #include "tandem/optimized/tuning.hpp"

@@ -463,11 +463,15 @@ int run_cli(int argc, char** argv) {
 #ifdef TANDEM_TOOL_HAVE_OPTIMIZED
   tandem::tool::TuneArgs tune_args;
   auto* tune_cmd = app.add_subcommand(
-      "tune", "Tune the optimized attention's bit-neutral geometry on this CPU (SPEC §10.6)");
+      "tune", "Tune the optimized attention's bit-neutral geometry on this CPU (SPEC §11)");
   tune_cmd->add_option("--seconds", tune_args.seconds, "Time budget of the whole search")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  tune_cmd->add_option("--out", tune_args.out, "Tuning file to write (JSON)")->required();
+  auto* out_opt = tune_cmd->add_option("--out", tune_args.out, "Tuning file to write (JSON)");
+  tune_cmd
+      ->add_option("--compare", tune_args.compare,
+                   "Time this tuning file against the default geometry instead of tuning")
+      ->excludes(out_opt);
   tune_cmd->add_option("--threads", tune_args.threads, "Threads per call, 0 = all cores")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -484,7 +488,14 @@ int run_cli(int argc, char** argv) {
     if (check_cmd->parsed()) return check(cases, check_backend, json, explain_flag);
     if (run_cmd->parsed()) return run(run_case_dir, run_backend, out_dir);
 #ifdef TANDEM_TOOL_HAVE_OPTIMIZED
-    if (tune_cmd->parsed()) return tandem::tool::tune(tune_args);
+    if (tune_cmd->parsed()) {
+      if (!tune_args.compare.empty()) return tandem::tool::compare(tune_args);
+      if (tune_args.out.empty()) {
+        fmt::print(stderr, "tandem: error: tune needs --out FILE (or --compare FILE)\n");
+        return kCannotRun;
+      }
+      return tandem::tool::tune(tune_args);
+    }
 #endif
   } catch (const std::exception& e) {
     fmt::print(stderr, "tandem: error: {}\n", e.what());

@@ -1,6 +1,7 @@
 # `tandem tune` on the tiny shapes within 2 seconds writes a tuning file with
 # this CPU's identity, which `tandem check` then loads through TANDEM_TUNING
-# (the example still passes, no message); a file for another CPU is ignored
+# (the example still passes, no message) and `tandem tune --compare` times
+# beside the default; a file for another CPU is ignored
 # with one message naming it; a malformed one is an error naming the field.
 # Usage: cmake -DTANDEM=... -DCASE=<example case dir> -DWORK=... -P tune_test.cmake
 cmake_minimum_required(VERSION 3.25)
@@ -43,6 +44,17 @@ string(FIND "${text}" "ignored" at)
 if(NOT at EQUAL -1)
   message(FATAL_ERROR "a file tuned here was ignored:\n${text}")
 endif()
+
+# --compare: a file with a tuned prefill class, timed beside the default.
+string(REGEX REPLACE "\"classes\": \\[[^]]*\\]"
+       "\"classes\": [{\"kind\": \"prefill\", \"D\": 16, \"rows_per_tile\": 64}]" tuned "${json}")
+file(WRITE "${WORK}/tuned.json" "${tuned}")
+execute_process(COMMAND "${TANDEM}" tune --tiny --seconds 1 --threads 1 --compare "${WORK}/tuned.json"
+                RESULT_VARIABLE code OUTPUT_VARIABLE out ERROR_VARIABLE err)
+expect("tune --compare" "${code}" "${out}${err}" 0 "| prefill D=16 | 384 / 64 |" "| same |"
+       "| decode D=16 | 384 (not tuned) |")
+check_with("${WORK}/tuned.json" code text)
+expect("check with a tuned class" "${code}" "${text}" 0 "pass")
 
 string(REGEX REPLACE "\"vendor\": \"[^\"]*\"" "\"vendor\": \"OtherVendor\"" foreign "${json}")
 file(WRITE "${WORK}/foreign.json" "${foreign}")

@@ -26,7 +26,7 @@ enum class DecodeTiles {
 /// same for any thread count. The defaults are the tuned ones; small
 /// geometries make a case of a dozen keys cross every block boundary (tests).
 /// Only rows_per_tile, from 64 rows up and in the forward, changes no bit of
-/// any result (SPEC §10.6): it is the field `tandem tune` tunes per CPU
+/// any result (SPEC §11): it is the field `tandem tune` tunes per CPU
 /// (tuning.hpp); every other field reorders float operations.
 ///
 /// A tile holds the rows of one (batch, kv head, query block): the G = H/Hkv

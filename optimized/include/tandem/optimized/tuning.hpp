@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file optimized/tuning.hpp
-/// @brief Tuned geometries of the optimized attention (SPEC §10.6): per
+/// @brief Tuned geometries of the optimized attention (SPEC §11): per
 ///        shape class, the fields of Geometry that change speed but never a
 ///        bit, chosen on one CPU by `tandem tune` and loaded from a small
 ///        JSON file (by load_tuning or the TANDEM_TUNING variable).

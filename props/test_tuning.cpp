@@ -2,9 +2,9 @@
 // A tuning changes speed, never bits (SPEC §11): over random tunings drawn
 // from the tuner's space (optimized::tuning_space) and random calls, the
 // optimized backend with the tuning writes the bits it writes without one:
-// forward (prefill and decode), forward with lse, backward, at every
-// supported target. Two broken spaces (a field placed where it reorders
-// float operations) must be rejected by the same property.
+// forward (prefill and decode; float, bf16, f16), forward with lse,
+// backward, at every supported target. Two broken spaces (a field placed
+// where it reorders float operations) must be rejected by the same property.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 
@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "cases.hpp"
+#include "lowp.hpp"
 #include "support.hpp"
 #include "tandem/optimized/backend.hpp"
 #include "tandem/optimized/tuning.hpp"
@@ -87,10 +88,30 @@ Backend backend_with(std::shared_ptr<const optimized::Tuning> tuning, int thread
   return optimized::backend(o);
 }
 
-/// Empty when forward, forward with lse and backward (not offered for a
-/// paged cache) of `d` give the same bits on `a` and `b`, else what differs.
+/// Empty when the forward of `d` stored in T (SPEC §10: its default rounding
+/// profile) gives the same bits on `a` and `b`, else what differs.
+template <class T>
+std::string same_bits_stored(const Backend& a, const Backend& b, const AttentionData& d,
+                             const std::string& what) {
+  const AttentionData ds = stored_as<T>(d);
+  const std::vector<double> x = run_forward_t<T>(a.kernels<T>(), ds);
+  const std::vector<double> y = run_forward_t<T>(b.kernels<T>(), ds);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (std::bit_cast<std::uint64_t>(x[i]) != std::bit_cast<std::uint64_t>(y[i])) {
+      return what + " out[" + std::to_string(i) + "] differs";
+    }
+  }
+  return {};
+}
+
+/// Empty when forward (float, bf16, f16), forward with lse and backward (not
+/// offered for a paged cache) of `d` give the same bits on `a` and `b`, else
+/// what differs.
 std::string same_bits_all(const Backend& a, const Backend& b, const AttentionData& d) {
   std::string m = bit_mismatch("out", run_forward(a, d), run_forward(b, d));
+  if (!m.empty()) return m;
+  m = same_bits_stored<bfloat16>(a, b, d, "bf16");
+  if (m.empty()) m = same_bits_stored<float16>(a, b, d, "f16");
   if (!m.empty()) return m;
   const Saved sa = run_forward_lse(a, d), sb = run_forward_lse(b, d);
   m = bit_mismatch("lse", sa.lse, sb.lse);

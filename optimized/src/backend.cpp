@@ -167,9 +167,7 @@ bool attention_decode_stored(const AttentionPlan& plan, const AttentionInputs<T>
                              std::span<T> out, std::span<float> lse, const Options& options) {
   require(options.threads >= 0, "threads", options.threads, "must be >= 0 (0 = all cores)");
   validate(options.geometry);
-  Options o = options;
-  if (!o.tuning && o.tuning_from_environment) o.tuning = environment_tuning();
-  return detail::attention_decode_stored<T>(plan, in, out, lse, for_call(o, plan, false));
+  return detail::attention_decode_stored<T>(plan, in, out, lse, options);
 }
 
 template bool attention_decode_stored<bfloat16>(const AttentionPlan&,

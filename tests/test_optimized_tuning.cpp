@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include "tandem/attention_plan.hpp"
@@ -128,6 +129,21 @@ TEST(Tuning, MalformedFileNamesFileAndField) {
   }
   std::filesystem::remove(path);
   EXPECT_NE(load_error(path).find("cannot be read"), std::string::npos);
+}
+
+// The only test of this process that reads TANDEM_TUNING (read once per process).
+TEST(Tuning, EnvironmentVariableNamesTheFile) {
+  const std::string path = temp_path("env.json");
+  save_tuning(here_tuning(), path);
+  ASSERT_EQ(::setenv("TANDEM_TUNING", path.c_str(), 1), 0);
+  const std::shared_ptr<const Tuning> t = environment_tuning();
+  ::unsetenv("TANDEM_TUNING");
+  ASSERT_NE(t, nullptr);
+  const TunedFields* f = t->find({ShapeKind::prefill, 64});
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->rows_per_tile, 128);
+  EXPECT_EQ(environment_tuning(), t);  // loaded once
+  std::filesystem::remove(path);
 }
 
 TEST(Tuning, CallsClassedByShape) {

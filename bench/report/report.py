@@ -69,6 +69,9 @@ def parse_args(argv=None):
     ap.add_argument("--strict", action="store_true",
                     help="exit 1 when a tandem benchmark or the accuracy run failed (CI); "
                          "peers never fail a run")
+    ap.add_argument("--tuning",
+                    help="a tuning file of `tandem tune`: also time the default and tuned "
+                         "geometry side by side (report/tuning.md)")
     ap.add_argument("--from-raw", action="store_true",
                     help="only re-render report.md and the plots from OUT/raw/")
     a = ap.parse_args(argv)
@@ -148,6 +151,24 @@ def problems(a, res):
     return out
 
 
+def run_tuning(a, build, out_dir):
+    """The default and a.tuning's geometry side by side (`tandem tune --compare`):
+    writes OUT/tuning.md; returns 1 when the comparison could not run."""
+    exe = os.path.join(build, "tools", "tandem")
+    cmd = [exe, "tune", "--compare", in_root(a.tuning), "--seconds", "40"]
+    if a.threads:
+        cmd += ["--threads", str(a.threads)]
+    text = run_text(cmd)
+    if not text:
+        log(f"report: {' '.join(cmd)} failed")
+        return 1
+    with open(os.path.join(out_dir, "tuning.md"), "w") as f:
+        f.write("# Default and tuned geometry\n\n" + text)
+    log(text)
+    log(f"report: wrote {os.path.relpath(os.path.join(out_dir, 'tuning.md'), ROOT)}")
+    return 0
+
+
 def main():
     a = parse_args()
     build, out_dir = in_root(a.build), in_root(a.out)
@@ -172,6 +193,8 @@ def main():
         json.dump(run, f, indent=1)
     res, _ = render(run, out_dir)
     found = problems(a, res)
+    if a.tuning and run_tuning(a, build, out_dir):
+        found.append("the tuning comparison failed")
     for p in found:
         log(f"report: {p}")
     return 1 if a.strict and found else 0

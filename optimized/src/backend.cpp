@@ -11,6 +11,7 @@
 
 #include "entry_points.hpp"
 #include "tandem/optimized/decode.hpp"
+#include "tandem/optimized/tuning.hpp"
 
 namespace tandem::optimized {
 namespace {
@@ -51,12 +52,29 @@ auto with_options(const Options& options) {
   return [options](const auto&... args) { kernel(args..., options); };
 }
 
+/// The options of one attention call of `plan`: the geometry of its shape
+/// class where the tuning has one (tuning.hpp: bit-neutral fields only).
+Options for_call(const Options& options, const AttentionPlan& plan, bool backward) {
+  if (!options.tuning) return options;
+  Options o = options;
+  o.geometry = options.tuning->geometry(shape_class(plan, backward), options.geometry);
+  return o;
+}
+
+/// As with_options, for an attention forward: the call's tuned geometry.
+template <auto kernel>
+auto forward_tuned(const Options& options) {
+  return [options](const AttentionPlan& plan, const auto&... args) {
+    kernel(plan, args..., for_call(options, plan, false));
+  };
+}
+
 /// The dq, dk or dv alone entry point at storage type T.
 template <class T>
 auto one_gradient(const Options& options, Gradient which) {
   return [options, which](const AttentionPlan& plan, const AttentionInputs<T>& in,
                           std::span<const T> dout, std::span<T> grad) {
-    detail::attention_backward_one<T>(plan, in, dout, which, grad, options);
+    detail::attention_backward_one<T>(plan, in, dout, which, grad, for_call(options, plan, true));
   };
 }
 
@@ -65,12 +83,12 @@ template <class T>
 void bind_backward(Kernels<T>& k, const Options& options) {
   k.attention_backward = [options](const AttentionPlan& plan, const AttentionInputs<T>& in,
                                    std::span<const T> dout, const AttentionGrads<T>& g) {
-    detail::attention_backward<T>(plan, in, dout, g, nullptr, options);
+    detail::attention_backward<T>(plan, in, dout, g, nullptr, for_call(options, plan, true));
   };
   k.attention_backward_saved = [options](const AttentionPlan& plan, const AttentionInputs<T>& in,
                                          const AttentionSaved<T>& saved, std::span<const T> dout,
                                          const AttentionGrads<T>& g) {
-    detail::attention_backward<T>(plan, in, dout, g, &saved, options);
+    detail::attention_backward<T>(plan, in, dout, g, &saved, for_call(options, plan, true));
   };
   k.attention_backward_dq = one_gradient<T>(options, Gradient::dq);
   k.attention_backward_dk = one_gradient<T>(options, Gradient::dk);
@@ -118,10 +136,11 @@ void bind_quantized(Kernels<T>& k, const Options& options) {
 Backend backend(Options options) {
   require(options.threads >= 0, "threads", options.threads, "must be >= 0 (0 = all cores)");
   validate(options.geometry);
+  if (!options.tuning && options.tuning_from_environment) options.tuning = environment_tuning();
   Backend b;
   b.name = "optimized";
-  b.attention_forward = with_options<detail::attention_forward>(options);
-  b.attention_forward_lse = with_options<detail::attention_forward_lse>(options);
+  b.attention_forward = forward_tuned<detail::attention_forward>(options);
+  b.attention_forward_lse = forward_tuned<detail::attention_forward_lse>(options);
   bind_backward<float>(b, options);
   bind_backward<bfloat16>(b.bf16, options);
   bind_backward<float16>(b.f16, options);
@@ -131,12 +150,12 @@ Backend backend(Options options) {
   b.attention_block = with_options<detail::attention_block<float>>(options);
   b.bf16.attention_block = with_options<detail::attention_block<bfloat16>>(options);
   b.f16.attention_block = with_options<detail::attention_block<float16>>(options);
-  b.bf16.attention_forward = with_options<detail::attention_forward_stored<bfloat16>>(options);
+  b.bf16.attention_forward = forward_tuned<detail::attention_forward_stored<bfloat16>>(options);
   b.bf16.attention_forward_lse =
-      with_options<detail::attention_forward_lse_stored<bfloat16>>(options);
-  b.f16.attention_forward = with_options<detail::attention_forward_stored<float16>>(options);
+      forward_tuned<detail::attention_forward_lse_stored<bfloat16>>(options);
+  b.f16.attention_forward = forward_tuned<detail::attention_forward_stored<float16>>(options);
   b.f16.attention_forward_lse =
-      with_options<detail::attention_forward_lse_stored<float16>>(options);
+      forward_tuned<detail::attention_forward_lse_stored<float16>>(options);
   bind_quantized<float>(b, options);
   bind_quantized<bfloat16>(b.bf16, options);
   bind_quantized<float16>(b.f16, options);

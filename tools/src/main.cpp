@@ -18,6 +18,9 @@
 #include <vector>
 
 #include "case.hpp"
+#ifdef TANDEM_TOOL_HAVE_OPTIMIZED
+#include "tune.hpp"
+#endif
 #include "tandem/reference/backend.hpp"
 #include "tandem/version.hpp"
 #ifdef TANDEM_TOOL_HAVE_OPTIMIZED
@@ -457,6 +460,24 @@ int run_cli(int argc, char** argv) {
       ->capture_default_str();
   run_cmd->add_option("--out", out_dir, "Directory for <output>.npy files")->required();
 
+#ifdef TANDEM_TOOL_HAVE_OPTIMIZED
+  tandem::tool::TuneArgs tune_args;
+  auto* tune_cmd = app.add_subcommand(
+      "tune", "Tune the optimized attention's bit-neutral geometry on this CPU (SPEC §11)");
+  tune_cmd->add_option("--seconds", tune_args.seconds, "Time budget of the whole search")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  auto* out_opt = tune_cmd->add_option("--out", tune_args.out, "Tuning file to write (JSON)");
+  tune_cmd
+      ->add_option("--compare", tune_args.compare,
+                   "Time this tuning file against the default geometry instead of tuning")
+      ->excludes(out_opt);
+  tune_cmd->add_option("--threads", tune_args.threads, "Threads per call, 0 = all cores")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  tune_cmd->add_flag("--tiny", tune_args.tiny, "A few small shapes instead of the report's");
+#endif
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -466,6 +487,16 @@ int run_cli(int argc, char** argv) {
   try {
     if (check_cmd->parsed()) return check(cases, check_backend, json, explain_flag);
     if (run_cmd->parsed()) return run(run_case_dir, run_backend, out_dir);
+#ifdef TANDEM_TOOL_HAVE_OPTIMIZED
+    if (tune_cmd->parsed()) {
+      if (!tune_args.compare.empty()) return tandem::tool::compare(tune_args);
+      if (tune_args.out.empty()) {
+        fmt::print(stderr, "tandem: error: tune needs --out FILE (or --compare FILE)\n");
+        return kCannotRun;
+      }
+      return tandem::tool::tune(tune_args);
+    }
+#endif
   } catch (const std::exception& e) {
     fmt::print(stderr, "tandem: error: {}\n", e.what());
     return kCannotRun;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 namespace tandem::optimized {
 
@@ -24,6 +25,9 @@ enum class DecodeTiles {
 /// results agree with the reference to float rounding and are bitwise the
 /// same for any thread count. The defaults are the tuned ones; small
 /// geometries make a case of a dozen keys cross every block boundary (tests).
+/// Only rows_per_tile, from 64 rows up and in the forward, changes no bit of
+/// any result (SPEC §11): it is the field `tandem tune` tunes per CPU
+/// (tuning.hpp); every other field reorders float operations.
 ///
 /// A tile holds the rows of one (batch, kv head, query block): the G = H/Hkv
 /// query heads sharing a kv head times block_q queries, block_q =
@@ -75,6 +79,8 @@ struct Geometry {
   ///@}
 };
 
+struct Tuning;  // tuning.hpp
+
 /// Settings of the optimized backend.
 struct Options {
   /// All cores, the default geometry.
@@ -85,6 +91,10 @@ struct Options {
 
   int threads = 0;    ///< OpenMP threads per call; 0 = all cores (omp_get_max_threads)
   Geometry geometry;  ///< the attention's block sizes
+  /// Per shape class, bit-neutral fields over `geometry` (tuning.hpp); null:
+  /// the tuning TANDEM_TUNING names, when `tuning_from_environment`.
+  std::shared_ptr<const Tuning> tuning;
+  bool tuning_from_environment = true;
 };
 
 }  // namespace tandem::optimized

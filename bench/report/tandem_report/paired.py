@@ -81,3 +81,9 @@ def combine(verdicts):
         if status in vs:
             return status
     return MET
+
+
+def agree(a: Spread, b: Spread):
+    """Whether two runs' Spreads of the same ratio agree: each median lies within the other's
+    quartiles."""
+    return a.lo <= b.median <= a.hi and b.lo <= a.median <= b.hi

@@ -410,6 +410,12 @@ class PairedTest(unittest.TestCase):
         self.assertEqual(paired.combine(["met", None]), "met")
         self.assertIsNone(paired.combine([None]))
 
+    def test_two_runs_agree_when_each_median_is_within_the_other_spread(self):
+        S = paired.Spread
+        self.assertTrue(paired.agree(S(1.2, 1.1, 1.3, 9), S(1.25, 1.15, 1.4, 9)))
+        self.assertFalse(paired.agree(S(1.2, 1.1, 1.3, 9), S(1.35, 1.15, 1.4, 9)))
+        self.assertFalse(paired.agree(S(1.2, 1.19, 1.21, 9), S(1.25, 1.1, 1.4, 9)))
+
 
 def with_paired_sdpa(peer_rounds, tandem_rounds):
     """quick_run.json's run with torch_sdpa's forward at S=2048, D=128 timed in rounds."""

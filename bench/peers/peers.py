@@ -183,7 +183,7 @@ def tandem_partner(task, threads):
     try:
         import numpy as np
         import tandem
-    except ImportError:
+    except Exception:  # noqa: BLE001 - no package, or one built for another Python
         return None
     tandem.set_threads(threads)
     B, H, Hkv, Sq, Sk, D, Dv, causal = attn_dims(task["params"])
@@ -759,7 +759,11 @@ def worker(lib, threads, tasks, out_path, min_time, deadline, memory, rounds):
                 out.write(json.dumps({**base, "peer": lib, "error": f"{type(e).__name__}: {e}"[:400]}) + "\n")
                 out.flush()
                 continue
-            ours = tandem_partner(task, threads) if rounds >= 2 else None
+            try:
+                ours = tandem_partner(task, threads) if rounds >= 2 else None
+            except Exception as e:  # noqa: BLE001 - time the peer alone
+                log(f"  tandem beside {lib} on {task['op']}/{task['shape']}: {e}"[:200])
+                ours = None
             for peer, fn, info in impls:
                 rec = {**base, "peer": peer, **info}
                 if time.time() > deadline:
@@ -938,7 +942,7 @@ def main():
     try:
         import tandem
         tandem_version = tandem.__version__
-    except ImportError:
+    except Exception:  # noqa: BLE001 - timed alone, unpaired
         pass
     doc = {"versions": versions, "tandem_paired": tandem_version, "rounds": args.rounds,
            "missing": [lib for lib in wanted if not versions.get(lib)],

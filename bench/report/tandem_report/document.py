@@ -160,6 +160,14 @@ def write_peers_note(doc, pd):
     missing = pd.get("missing") or []
     if pd.get("note"):
         doc.p(f"Peers: {pd['note']}.")
+    if pd.get("tandem_paired"):
+        doc.p(f"tandem {pd['tandem_paired']} (its Python package) was timed beside each peer "
+              f"in {pd.get('rounds')} alternating rounds, in the peer's process, on forward "
+              "attention and decode: those speed-ups are paired.")
+    elif pd.get("results"):
+        doc.p("The peers were timed alone (no tandem package for the peers' Python, see "
+              "`--python-venv`): their speed-ups compare figures taken minutes apart and are "
+              "marked unpaired.")
     if pd.get("disabled"):
         doc.p("Peers were not measured (`--peers none`).")
     elif missing:

@@ -472,6 +472,17 @@ class PairedTargetsTest(unittest.TestCase):
                       f"{noise.median:.1%}", md)
         self.assertIsNone(analysis.run_noise(Results.from_run(RUN)))
 
+    def test_the_peers_note_says_whether_they_were_paired(self):
+        for paired_with, text in (("0.1.0", "timed beside each peer in 9 alternating rounds"),
+                                  (None, "The peers were timed alone")):
+            run = copy.deepcopy(RUN)
+            run["peers"]["tandem_paired"], run["peers"]["rounds"] = paired_with, 9
+            res = Results.from_run(run)
+            with tempfile.TemporaryDirectory() as out:
+                document.write(res, targets.evaluate(res), {}, out, "quick", 1.0)
+                with open(os.path.join(out, "report.md")) as f:
+                    self.assertIn(text, f.read())
+
 
 class MachineLoadTest(unittest.TestCase):
     def test_the_runs_own_cpu_time_is_left_out(self):

@@ -50,6 +50,9 @@ REPORT_OPTS = --build $(BUILD) --out $(REPORT_OUT) \
 
 report: configure peers
 	cmake --build $(BUILD) -j$(JOBS) --target tandem_report_programs
+	@# the tandem package of this checkout in $(PYTHON_VENV) (as `make test` installs it), which
+	@# the report times beside each peer in the peer's process; without it the peers are unpaired
+	-python/install.sh $(PYTHON_VENV) $(BUILD)/python/wheel-build
 	/usr/bin/python3 bench/report/report.py --preset standard $(REPORT_OPTS)
 
 ## The quick preset (about 2 minutes after the build); CI runs it so the report cannot rot.

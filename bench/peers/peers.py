@@ -14,6 +14,12 @@ affinity and library thread settings are restricted to that many cores, so
 thread settings never leak between measurements; a peer that is missing or
 fails is reported, never fatal.
 
+Where tandem's Python package is importable (report.py puts the package of
+.venv/ on PYTHONPATH), each peer's forward attention and decode are timed in
+alternating rounds with tandem.attention on the same inputs in the same
+process (--rounds; measure_paired), and each record keeps both sides' seconds
+per call in every round, so that the report's speed-ups are paired ratios.
+
 Peers (each only where importable):
   torch_eager    PyTorch eager ops: QKᵀ, softmax, PV; HF rotate-half RoPE;
                  SAM 2's complex-multiply axial RoPE; silu(g)*u
@@ -133,6 +139,66 @@ def measure(fn, min_time, measure_memory=False):
         per = total / reps
         n = max(1, min(1000, int((min_time - total) / max(per, 1e-9) * 1.2) + 1))
     return total / reps, reps, extra
+
+
+def time_calls(fn, n):
+    """Mean seconds per call of n calls of fn."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n
+
+
+def measure_paired(ours, theirs, min_time, rounds):
+    """tandem's call `ours` and the peer's `theirs` timed in alternation on the same shape:
+    after a warm-up call of each, `rounds` rounds that each time both (the order swapped
+    every other round, so neither always runs first); each side calls its function for
+    about min_time / rounds seconds per round. ([our seconds per call in each round],
+    [theirs in each round])."""
+    per = []
+    for fn in (ours, theirs):
+        fn()  # warm-up (and compilation, for JIT peers)
+        per.append(max(time_calls(fn, 1), 1e-7))
+    counts = [max(1, int(min_time / rounds / t)) for t in per]
+    times = ([], [])
+    for i in range(rounds):
+        order = (0, 1) if i % 2 == 0 else (1, 0)
+        for side in order:
+            times[side].append(time_calls((ours, theirs)[side], counts[side]))
+    return times
+
+
+# ---------------------------------------------------------------------------
+# tandem, measured in the peers' process beside each peer
+
+
+def tandem_partner(task, threads):
+    """tandem's forward attention or decode of an f32 task through its Python package
+    (tandem.attention on the same NumPy inputs as the peers: seeds 1, 2, 3, and the same
+    caches cycled for decode), or None where the package is not importable or the task is
+    not one tandem is paired on."""
+    op, storage = split_op(task["op"])
+    if storage is not None or op not in ("attention_forward", "decode"):
+        return None
+    try:
+        import numpy as np
+        import tandem
+    except Exception:  # noqa: BLE001 - no package, or one built for another Python
+        return None
+    tandem.set_threads(threads)
+    B, H, Hkv, Sq, Sk, D, Dv, causal = attn_dims(task["params"])
+    caches = decode_caches(task["params"], 4) if op == "decode" else 1
+    q = rng_arrays(np, [(B, H, Sq, D)], 1)[0]
+    ks = rng_arrays(np, [(B, Hkv, Sk, D)] * caches, 2)
+    vs = rng_arrays(np, [(B, Hkv, Sk, Dv)] * caches, 3)
+    mask = "causal" if causal else None
+    state = {"c": 0}
+
+    def call():
+        c = state["c"]
+        state["c"] = (c + 1) % caches
+        return tandem.attention(q, ks[c], vs[c], layout="bhsd", mask=mask)
+    return call
 
 
 # ---------------------------------------------------------------------------
@@ -661,7 +727,23 @@ def flops_or_bytes(task, seconds, info):
     return r
 
 
-def worker(lib, threads, tasks, out_path, min_time, deadline, memory):
+def measure_task(fn, ours, min_time, rounds, want_mem):
+    """The record's timing fields: paired with tandem's call `ours` where there is one (the
+    peer's and tandem's seconds per call in each round, their medians), else the peer alone."""
+    if ours is None or rounds < 2:
+        sec, reps, extra = measure(fn, min_time, want_mem)
+        return {"seconds": sec, "reps": reps}, sec, extra
+    extra = None
+    if want_mem:  # the peer's first call alone, before the paired rounds
+        _, _, extra = measure(fn, 0.0, True)
+    mine, theirs = measure_paired(ours, fn, min_time, rounds)
+    sec = sorted(theirs)[len(theirs) // 2]
+    return ({"seconds": sec, "rounds": rounds, "peer_rounds_s": theirs,
+             "tandem_rounds_s": mine, "tandem_seconds": sorted(mine)[len(mine) // 2]},
+            sec, extra)
+
+
+def worker(lib, threads, tasks, out_path, min_time, deadline, memory, rounds):
     version = library_version_inproc(lib)
     with open(out_path, "a") as out:
         for task in tasks:
@@ -677,6 +759,11 @@ def worker(lib, threads, tasks, out_path, min_time, deadline, memory):
                 out.write(json.dumps({**base, "peer": lib, "error": f"{type(e).__name__}: {e}"[:400]}) + "\n")
                 out.flush()
                 continue
+            try:
+                ours = tandem_partner(task, threads) if rounds >= 2 else None
+            except Exception as e:  # noqa: BLE001 - time the peer alone
+                log(f"  tandem beside {lib} on {task['op']}/{task['shape']}: {e}"[:200])
+                ours = None
             for peer, fn, info in impls:
                 rec = {**base, "peer": peer, **info}
                 if time.time() > deadline:
@@ -684,20 +771,22 @@ def worker(lib, threads, tasks, out_path, min_time, deadline, memory):
                 else:
                     try:
                         want_mem = memory and task["op"] == "attention_forward" and lib == "torch"
-                        sec, reps, extra = measure(fn, min_time, want_mem)
-                        rec.update({"seconds": sec, "reps": reps,
-                                    **flops_or_bytes(task, sec, info)})
+                        timing, sec, extra = measure_task(fn, ours, min_time, rounds, want_mem)
+                        rec.update({**timing, **flops_or_bytes(task, sec, info)})
                         if extra is not None:
                             p = task["params"]
                             out_bytes = 4 * p["B"] * p["H"] * p["Sq"] * p["Dv"]
                             rec["extra_MiB"] = max(0.0, extra - out_bytes) / 2**20
-                        log(f"  {peer:22s} {task['op']}/{task['shape']} t={threads}: {sec*1e3:9.2f} ms")
+                        paired = (f" (tandem {timing['tandem_seconds'] * 1e3:.2f} ms, paired)"
+                                  if "tandem_seconds" in timing else "")
+                        log(f"  {peer:22s} {task['op']}/{task['shape']} t={threads}: {sec*1e3:9.2f} ms"
+                            + paired)
                     except Exception as e:  # noqa: BLE001
                         rec["error"] = f"{type(e).__name__}: {e}"[:400]
                         log(f"  {peer:22s} {task['op']}/{task['shape']} t={threads}: failed ({rec['error'][:120]})")
                 out.write(json.dumps(rec) + "\n")
                 out.flush()
-            del impls
+            del impls, ours
 
 
 def library_version_inproc(lib):
@@ -748,6 +837,9 @@ def main():
     ap.add_argument("--min-time", type=float, default=0.3, help="seconds per measurement")
     ap.add_argument("--budget", type=float, default=600.0,
                     help="seconds for all peers together; later measurements are skipped")
+    ap.add_argument("--rounds", type=int, default=7,
+                    help="alternating rounds of tandem and the peer where tandem's package is "
+                         "importable (0: the peer alone)")
     ap.add_argument("--list", action="store_true", help="print which peers are importable")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, help=argparse.SUPPRESS)
@@ -763,7 +855,7 @@ def main():
         with open(args.tasks) as f:
             tasks = json.load(f)
         worker(args.worker, args.threads, tasks, args.out, args.min_time, args.deadline,
-               args.memory)
+               args.memory, args.rounds)
         return 0
 
     if args.list:
@@ -827,7 +919,7 @@ def main():
             os.remove(part_file)
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", lib, "--threads", str(th),
                "--tasks", task_file, "--out", part_file, "--min-time", str(args.min_time),
-               "--deadline", str(group_deadline), "--memory"]
+               "--deadline", str(group_deadline), "--memory", "--rounds", str(args.rounds)]
         try:
             proc = subprocess.run(cmd, env=limit_threads_env(th),
                                   timeout=max(60.0, group_deadline - time.time() + 120))
@@ -846,7 +938,13 @@ def main():
                             "error": f"worker exited with {rc} after {len(got)} result(s)"})
         results.extend(got)
 
-    doc = {"versions": versions,
+    tandem_version = None
+    try:
+        import tandem
+        tandem_version = tandem.__version__
+    except Exception:  # noqa: BLE001 - timed alone, unpaired
+        pass
+    doc = {"versions": versions, "tandem_paired": tandem_version, "rounds": args.rounds,
            "missing": [lib for lib in wanted if not versions.get(lib)],
            "install": "make peers",
            "pip": {lib: PIP_NAMES[lib] for lib in wanted},

@@ -10,9 +10,11 @@ Measures, in one process:
     still pays the backend's fixed cost per call); the same for the layers
     in between (tandem.attention on NumPy, the extension's DLPack entry);
   - forward attention at the report's large shapes: tandem through
-    tandem.torch.scaled_dot_product_attention and torch's own
-    F.scaled_dot_product_attention, on [B, H, S, D] float32 tensors with the
-    same thread count.
+    tandem.torch.scaled_dot_product_attention, torch's own
+    F.scaled_dot_product_attention and (without a mask) the optimized
+    kernel's C++ entry alone, on [B, H, S, D] float32 tensors with the same
+    thread count, timed in alternating rounds so that each ratio is paired
+    within a round.
 
     usage: python_bench.py --shapes B1_H8_S2048_D128,B1_H8_S1024_D64_causal
                            --threads N --min-time S --out result.json
@@ -48,6 +50,47 @@ def per_call(fn, min_time, repeats=5):
             fn()
         runs.append((time.perf_counter() - t0) / n)
     return statistics.median(runs)
+
+
+def alternate(fns, min_time, rounds):
+    """The callables `fns` timed in alternation on the same inputs: after a warm-up call of
+    each, `rounds` rounds that each time every one (the order rotated every round, so none
+    always runs first), each calling its function for about min_time / rounds seconds.
+    [[seconds per call of fns[i] in each round] for each i]."""
+    counts = []
+    for fn in fns:
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        counts.append(max(1, int(min_time / rounds / max(time.perf_counter() - t0, 1e-7))))
+    times = [[] for _ in fns]
+    for r in range(rounds):
+        for j in range(len(fns)):
+            i = (j + r) % len(fns)
+            t0 = time.perf_counter()
+            for _ in range(counts[i]):
+                fns[i]()
+            times[i].append((time.perf_counter() - t0) / counts[i])
+    return times
+
+
+def kernel_call(q, k, v, causal):
+    """The optimized forward's C++ entry alone on contiguous [B, H, S, D] tensors (plan made
+    and addresses taken beforehand: no Python layer in between), or None with a mask."""
+    if causal:
+        return None
+    B, H, S, D = q.shape
+    p = _ext.AttentionParams()
+    p.B, p.H, p.Hkv, p.Sq, p.Sk, p.D, p.Dv = B, H, H, S, S, D, D
+    p.layout = _ext.Layout.bhsd
+    plan = _ext.AttentionPlan.make(p)
+    out = torch.empty(B, H, S, D)
+    a, b, c, o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+
+    def call():
+        _ext.attention_forward_contiguous("optimized", plan, a, b, c, o, _ext.Dtype.float32)
+        return out  # keeps the output alive while its address is in use
+    return call
 
 
 def overhead(min_time):
@@ -93,6 +136,8 @@ def main():
     ap.add_argument("--shapes", default="B1_H8_S2048_D128")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--min-time", type=float, default=0.5)
+    ap.add_argument("--rounds", type=int, default=7,
+                    help="alternating rounds of tandem, torch and the kernel call alone")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     doc = {"versions": {"tandem": tandem.__version__, "torch": torch.__version__,
@@ -107,13 +152,17 @@ def main():
         B, H, S, D, causal = shape_of(name)
         torch.manual_seed(0)
         q, k, v = (torch.randn(B, H, S, D) for _ in range(3))
-        ours = per_call(lambda: tt.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                        a.min_time, repeats=3)
-        theirs = per_call(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                          a.min_time, repeats=3)
-        doc["results"].append({"shape": name, "tandem_python_s": ours, "torch_sdpa_s": theirs})
-        print(f"python_bench: {name}: tandem {ours * 1e3:.2f} ms, torch SDPA {theirs * 1e3:.2f} ms",
-              flush=True)
+        fns = [lambda: tt.scaled_dot_product_attention(q, k, v, is_causal=causal),
+               lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)]
+        kernel = kernel_call(q, k, v, causal)
+        times = alternate(fns + ([kernel] if kernel else []), a.min_time, a.rounds)
+        ours, theirs = statistics.median(times[0]), statistics.median(times[1])
+        doc["results"].append({"shape": name, "tandem_python_s": ours, "torch_sdpa_s": theirs,
+                               "rounds": a.rounds, "tandem_python_rounds_s": times[0],
+                               "torch_sdpa_rounds_s": times[1],
+                               "kernel_rounds_s": times[2] if kernel else None})
+        print(f"python_bench: {name}: tandem {ours * 1e3:.2f} ms, torch SDPA {theirs * 1e3:.2f} ms"
+              f" (medians of {a.rounds} alternating rounds)", flush=True)
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
 

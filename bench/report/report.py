@@ -15,9 +15,12 @@ under report/raw/.
 
 Every figure is a ratio within this one run: GFLOP/s and GB/s are divided by
 the FMA peak, copy and read bandwidth that tandem_bench's roofline probe
-measures at the start of the same run (and again at its end: the report warns
-when the two differ by more than 10 %), and speed-ups compare measurements
-taken minutes apart on the same machine.
+measures just before their op group (it runs at the start, before each op
+group and at the end: the report prints the probes' spread and warns when the
+start and the end differ by more than 10 %), and speed-ups over peers are
+medians of ratios paired round by round: tandem through Python and the peer
+timed in alternation in one process, with the ratios' quartiles; a target on
+such a ratio is decided only when the quartiles lie on one side of it.
 """
 import argparse
 import json
@@ -28,7 +31,7 @@ import time
 from tandem_report import document, plots, targets
 from tandem_report.fmt import fmt_dur
 from tandem_report.machine import machine_info
-from tandem_report.proc import ROOT, load_avg, log, run_text
+from tandem_report.proc import ROOT, cpu_sample, load_avg, log, run_text
 from tandem_report.results import Results
 from tandem_report.profile import run_profiles
 from tandem_report.run import (bench_args, measured_peaks, roofline_flag, run_benchmarks,
@@ -94,6 +97,7 @@ def run_all(a, exe, build, raw_dir):
     plan = json.loads(plan_text)
     info = machine_info(plan, build)
     info["load_before"] = load_avg()
+    info["cpu_before"] = cpu_sample()
     log(f"report: {info['cpu_model']}, {plan['cores']} cores, optimized target "
         f"{plan['optimized_target']}, preset {a.preset}, load average {info['load_before'][0]:.2f}")
 
@@ -112,6 +116,7 @@ def run_all(a, exe, build, raw_dir):
     accuracy = {"results": []} if a.no_accuracy else run_accuracy(a, build, raw_dir)
     python = run_python(a, plan, raw_dir)
     info["load_after"] = load_avg()
+    info["cpu_after"] = cpu_sample()
     info["benchmark_context"] = context
     run = {"preset": a.preset, "plan": plan, "info": info, "bench": bench, "peers": peers,
            "accuracy": accuracy, "python": python}

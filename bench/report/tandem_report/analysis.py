@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 from typing import Optional
 
+from .paired import relative_spread, spread
 from .results import Measurement, where
 
 
@@ -40,3 +41,15 @@ def feature_pairs(res):
         side = 0 if "feature" in r.tags else 1
         out.setdefault(r.shape.tag, [None, None])[side] = r
     return {tag: tuple(v) for tag, v in out.items() if v[0] and v[1]}
+
+
+def run_noise(res):
+    """The run's noise: the Spread over every benchmark timed in repeated rounds (tandem
+    beside each peer, tandem through Python) of its relative spread ((75th − 25th
+    percentile) ÷ median of its rounds), or None when nothing was timed in rounds."""
+    series = [p.tandem_rounds for p in res.peer_rows if p.tandem_rounds]
+    series += [p.peer_rounds for p in res.peer_rows if p.peer_rounds]
+    for r in res.python.get("results", []):
+        series += [r.get(k) for k in ("tandem_python_rounds_s", "torch_sdpa_rounds_s",
+                                      "kernel_rounds_s") if r.get(k)]
+    return spread([relative_spread(x) for x in series])

@@ -4,13 +4,17 @@ machine, the roofline, the features, tandem through Python, the results per op, 
 the errors against the reference, what failed and how it was measured."""
 import os
 
-from .analysis import feature_pairs
+from .analysis import feature_pairs, run_noise
+from .paired import paired_ratios, spread
+from .proc import others_busy
 from .doc import Doc
 from .fmt import fms, fmt_dur, fnum, fpct, fratio
 from .op_tables import write_op_tables
 from .profile import describe
 
-STATUS = {"met": "✓ met", "not met": "✗ **not met**", "not measured": "not measured"}
+STATUS = {"met": "✓ met", "not met": "✗ **not met**",
+          "not decided": "? not decided (spread straddles the target)",
+          "not measured": "not measured"}
 
 
 def write(res, outcomes, made, out_dir, preset, run_seconds):
@@ -44,13 +48,14 @@ def write_header(doc, res, preset, run_seconds):
     local = " (with local changes)" if info.get("git_dirty") else ""
     doc.p(f"{info.get('date')} · commit `{info.get('git_commit')}`{local}"
           f" · preset `{preset}` · {res.main_threads} thread(s) · run took {fmt_dur(run_seconds)}")
-    la0, la1 = info.get("load_before"), info.get("load_after")
+    write_noise(doc, res)
     cores = info.get("cores") or 1
-    if la0 and la1 and max(la0[0], la1[0]) > 0.5 * cores:
-        doc.p(f"**Warning: the machine was busy** (1-minute load average {la0[0]:.1f} before, "
-              f"{la1[0]:.1f} after, on {cores} cores): other work shared the cores, so figures "
-              "are low and noisy; ratios within the run are affected too. Re-run on a quiet "
-              "machine for numbers to quote.")
+    others = others_busy(info.get("cpu_before"), info.get("cpu_after"), cores)
+    if others is not None and others > 0.25:
+        doc.p(f"**Warning: the machine was busy**: work other than this run kept {others:.0%} "
+              f"of the {cores} cores busy on average (/proc/stat's busy time less the run's "
+              "own processes'), so figures are low and noisy; paired ratios less so than "
+              "single figures. Re-run on a quiet machine for numbers to quote.")
     moved = [d for d in res.roofline.drift() or [] if abs(d.change) > 0.10]
     if moved:
         doc.p("**Warning: the roofline moved during the run** ("
@@ -60,15 +65,35 @@ def write_header(doc, res, preset, run_seconds):
                 "are uncertain by as much. Re-run on a quiet machine for numbers to quote.")
 
 
+def write_noise(doc, res):
+    """One line: how much repeated measurements of the same benchmark varied in this run, and
+    how far the roofline probes spread."""
+    noise = run_noise(res)
+    parts = []
+    if noise:
+        parts.append(f"repeated rounds of the same benchmark spread by {noise.median:.1%} "
+                     f"(interquartile range ÷ median; median over {noise.n} benchmarks, "
+                     f"quartiles {noise.lo:.1%}–{noise.hi:.1%})")
+    for (kind, t), (lo, hi, n) in sorted(res.roofline.spread().items()):
+        if t == res.main_threads and n > 1:
+            parts.append(f"{n} {kind} probes {fnum(lo)}–{fnum(hi)} ({hi / lo - 1:+.0%})")
+    if parts:
+        doc.p("**Noise in this run:** " + "; ".join(parts) + ".")
+
+
 def write_summary(doc, outcomes, preset):
     doc.h(2, "Summary: targets on this machine")
     count = {s: sum(1 for o in outcomes if o.status == s) for s in STATUS}
     quick = count["not measured"] and preset == "quick"
-    doc.p(f"**{count['met']} met, {count['not met']} not met, {count['not measured']} not "
-          "measured** in this run"
+    doc.p(f"**{count['met']} met, {count['not met']} not met, {count['not decided']} not "
+          f"decided, {count['not measured']} not measured** in this run"
           + (" (the quick preset leaves out the large shapes; `make report` measures them)"
              if quick else "")
-          + ". Fractions are of the FMA peak and copy bandwidth measured at the start of this run.")
+          + ". Fractions are of the FMA peak and copy bandwidth measured just before each "
+            "op group. A speed-up over a peer is the median of ratios paired round by round "
+            "(tandem through Python and the peer alternating in one process), with its "
+            "quartiles; a target on it is met or not met only when the quartiles lie on one "
+            "side of it.")
     doc.table(["target", "measured", "status"],
               [(o.target, o.measured, STATUS[o.status]) for o in outcomes])
 
@@ -113,12 +138,21 @@ def write_roofline(doc, res):
           "twice the last-level cache, whichever is larger, bytes read + written, best of eight "
           "passes (wall clock). Read: one such array summed. All three again at the end of the "
           "run (last column).")
+    spread = roof.spread()
+
+    def span(kind, t):
+        lo, hi, n = spread.get((kind, t), (None, None, 0))
+        return f"{fnum(lo)}–{fnum(hi)} ({n})" if n else "–"
     doc.table(["threads", "FMA peak (GFLOP/s)", "FMA, wall clock", "copy (GB/s)", "read (GB/s)",
-               "at the end: FMA, copy, read"],
+               "at the end: FMA, copy, read", "every probe: FMA, copy, read (count)"],
               [(t, fnum(roof.peak.get(t)), fnum(roof.peak_wall.get(t)), fnum(roof.copy.get(t)),
                 fnum(roof.read.get(t)),
-                ", ".join(fnum(roof.end[k].get(t)) for k in ("peak", "copy", "read")))
+                ", ".join(fnum(roof.end[k].get(t)) for k in ("peak", "copy", "read")),
+                "; ".join(span(k, t) for k in ("peak", "copy", "read")))
                for t in sorted(set(roof.peak) | set(roof.copy))])
+    doc.p("The probes run at the start, again before each op group and at the end; each "
+          "group's fractions divide by the probe run just before it (the last column gives "
+          "the range over all of them).")
 
 
 def write_peers_note(doc, pd):
@@ -126,6 +160,14 @@ def write_peers_note(doc, pd):
     missing = pd.get("missing") or []
     if pd.get("note"):
         doc.p(f"Peers: {pd['note']}.")
+    if pd.get("tandem_paired"):
+        doc.p(f"tandem {pd['tandem_paired']} (its Python package) was timed beside each peer "
+              f"in {pd.get('rounds')} alternating rounds, in the peer's process, on forward "
+              "attention and decode: those speed-ups are paired.")
+    elif pd.get("results"):
+        doc.p("The peers were timed alone (no tandem package for the peers' Python, see "
+              "`--python-venv`): their speed-ups compare figures taken minutes apart and are "
+              "marked unpaired.")
     if pd.get("disabled"):
         doc.p("Peers were not measured (`--peers none`).")
     elif missing:
@@ -206,21 +248,40 @@ def write_python_overhead(doc, py):
     ])
 
 
+def python_row(res, r):
+    """One shape's row of the Python table: the paired ratios where python_bench timed the
+    calls in alternating rounds, else the single figures' ratios."""
+    cpp = res.with_tag("attention_forward", r["shape"])
+    t_py, t_torch = r["tandem_python_s"], r["torch_sdpa_s"]
+    ours, torch_r, kernel = (r.get(k) for k in ("tandem_python_rounds_s", "torch_sdpa_rounds_s",
+                                                "kernel_rounds_s"))
+    if ours and torch_r:
+        vs_torch = spread(paired_ratios(torch_r, ours)).text()
+    else:
+        vs_torch = fratio(t_torch / t_py)
+    if ours and kernel:
+        s = spread([x - 1 for x in paired_ratios(ours, kernel)])
+        vs_cpp = f"{s.median:+.1%} ({s.lo:+.1%} to {s.hi:+.1%})"
+    elif cpp:
+        vs_cpp = f"{(t_py / cpp.seconds - 1) * 100:+.1f} % (unpaired, tandem_bench)"
+    else:
+        vs_cpp = "–"
+    return (r["shape"], fms(t_py), fms(cpp.seconds) if cpp else "–", vs_cpp, fms(t_torch),
+            vs_torch, r.get("rounds", "–"))
+
+
 def write_python_attention(doc, res, py):
-    rows = []
-    for r in py.get("results", []):
-        cpp = res.with_tag("attention_forward", r["shape"])
-        t_py, t_torch = r["tandem_python_s"], r["torch_sdpa_s"]
-        rows.append((r["shape"], fms(t_py), fms(cpp.seconds) if cpp else "–",
-                     f"{(t_py / cpp.seconds - 1) * 100:+.1f} %" if cpp else "–", fms(t_torch),
-                     fratio(t_torch / t_py), fratio(t_torch / cpp.seconds) if cpp else "–"))
+    rows = [python_row(res, r) for r in py.get("results", [])]
     doc.p("Forward attention, float32 [B, H, S, D] tensors: tandem called through "
-          "`tandem.torch.scaled_dot_product_attention`, the same kernel measured in C++ "
-          "(`tandem_bench`, this run), and PyTorch's `F.scaled_dot_product_attention` in the "
-          "same Python process. ×torch: torch's time ÷ tandem's, through Python and in C++ (the "
-          "C++ ratio uses the same torch time).")
-    doc.table(["shape", "tandem via Python", "tandem in C++", "Python vs C++", "torch SDPA",
-               "×torch (Python)", "×torch (C++)"], rows)
+          "`tandem.torch.scaled_dot_product_attention`, PyTorch's "
+          "`F.scaled_dot_product_attention` and (without a mask) the optimized kernel's C++ "
+          "entry alone (plan made and addresses taken beforehand), timed in alternating rounds "
+          "in the same Python process; the same kernel in `tandem_bench` (this run) for scale. "
+          "Python vs C++: tandem through Python ÷ the C++ entry in the same round, − 1; "
+          "×torch: torch's time ÷ tandem's in the same round. Each: the median of the rounds' "
+          "ratios (quartiles).")
+    doc.table(["shape", "tandem via Python", "tandem_bench (C++)", "Python vs C++",
+               "torch SDPA", "×torch (paired)", "rounds"], rows)
 
 
 PLOT_CAPTIONS = {
@@ -321,6 +382,16 @@ METHOD = [
     "natural layout). Torch's backward is autograd's backward alone (the forward graph is built "
     "once and kept), so torch is not charged for the forward that tandem's backward recomputes; "
     "JAX's jitted vjp includes its forward.",
+    "Speed-ups over peers on forward attention and decode are paired: in each peer's process "
+    "tandem's Python package (`tandem.attention` on the same NumPy inputs) and the peer are "
+    "timed in alternating rounds (the order swapped every other round), and the speed-up is "
+    "the median of the rounds' ratios with their quartiles, so that a change of the machine's "
+    "capacity between rounds cancels. Without the tandem package (no `.venv/`) the peers are "
+    "timed alone and the ratio to tandem_bench's figure is marked unpaired. The Python table "
+    "pairs the same way, in one process.",
+    "A machine is called busy when work other than the report's own processes kept more than "
+    "a quarter of its cores busy (/proc/stat's busy time less the CPU time of the report and "
+    "the programs it ran).",
     "ggml (ggml-python's bindings to ggml's CPU backend) is measured beside the other peers: "
     "ggml_flash_attn_ext with f32 and with f16 K and V (prefill and decode), ggml_rope_ext and "
     "ggml_swiglu.",
@@ -331,8 +402,9 @@ METHOD = [
     "OpenVINO lists BF16 among the CPU's OPTIMIZATION_CAPABILITIES), ggml_flash_attn_ext with "
     "f16 K/V (the same bytes as bf16) and, beside tandem's int8 decode, with q8_0 K/V (int8 "
     "codes and an f16 scale per 32 values, 34 bytes per 32).",
-    "The roofline is measured at the start of the run (every fraction divides by it) and again "
-    "at its end.",
+    "The roofline is measured at the start of the run, again before each op group (once "
+    "some seconds have passed since the last probes; the group's fractions divide by the probe "
+    "just before it) and at its end.",
 ]
 
 REPRODUCE = ("make peers          # once: the peer environment (.venv-peers/)\n"

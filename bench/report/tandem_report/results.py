@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
+from .paired import paired_ratios, spread
+
 TIME_UNIT = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 # The ops whose shapes are tandem_bench's AttnShape (bench/bench_common.hpp).
@@ -158,6 +160,18 @@ class PeerMeasurement:
     gbs: Optional[float] = None
     extra_mib: Optional[float] = None
     note: Optional[str] = None
+    # timed in alternation with tandem through Python in the same process: seconds per call
+    # of each in every round (peers.py's measure_paired); empty when timed alone
+    peer_rounds: tuple = ()
+    tandem_rounds: tuple = ()
+
+    @property
+    def speedup(self):
+        """tandem's speed-up over this peer, the Spread of the per-round ratios (the peer's
+        time ÷ tandem's in the same round), or None when not timed in alternation."""
+        if not self.tandem_rounds:
+            return None
+        return spread(paired_ratios(self.peer_rounds, self.tandem_rounds))
 
 
 @dataclass(frozen=True)
@@ -186,16 +200,30 @@ class Roofline:
     copy: dict = field(default_factory=dict)  # GB/s read + written
     read: dict = field(default_factory=dict)  # GB/s read
     end: dict = field(default_factory=lambda: {"peak": {}, "copy": {}, "read": {}})
+    # every probe of the run, in order: (when: start, before <op>, end; kind; threads; value)
+    points: list = field(default_factory=list)
 
     def add(self, m):
         kind = ROOFLINE_KIND[m.op]
         value = m.gflops if kind == "peak" else m.gbs
+        self.points.append((m.when, kind, m.threads, value))
+        if m.when not in (None, "start", "end"):
+            return  # a probe before an op group: its fractions were divided by it
         if m.when == "end":
             self.end[kind][m.threads] = value
             return
         getattr(self, kind)[m.threads] = value
         if kind == "peak":
             self.peak_wall[m.threads] = m.gflops_wall
+
+    def spread(self):
+        """{(kind, threads): (lowest, highest, probes)} over every probe of the run."""
+        out = {}
+        for _, kind, t, v in self.points:
+            if v:
+                lo, hi, n = out.get((kind, t), (v, v, 0))
+                out[(kind, t)] = (min(lo, v), max(hi, v), n + 1)
+        return out
 
     def drift(self):
         """[Drift] of every figure measured at both ends of the run, or None when the end was
@@ -247,7 +275,9 @@ def parse_peer(p, spec):
     return PeerMeasurement(
         peer=p["peer"], op=p["op"], shape=Shape(p.get("shape"), spec["params"] if spec else {}),
         threads=p["threads"], seconds=p["seconds"], gflops=p.get("GFLOP/s"),
-        gbs=p.get("GB/s"), extra_mib=p.get("extra_MiB"), note=p.get("note"))
+        gbs=p.get("GB/s"), extra_mib=p.get("extra_MiB"), note=p.get("note"),
+        peer_rounds=tuple(p.get("peer_rounds_s", ())),
+        tandem_rounds=tuple(p.get("tandem_rounds_s", ())))
 
 
 def parse_peer_failure(p):

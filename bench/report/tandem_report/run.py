@@ -17,6 +17,18 @@ from .results import STORED_KINDS, TIME_UNIT
 MIN_TIME = {"quick": 0.05, "standard": 0.3, "full": 0.5}
 
 
+# The roofline probes run again before an op group (op_group) once this many seconds have
+# passed since they last ran (each round of probes takes several seconds).
+PROBE_GAP = {"quick": 20.0, "standard": 45.0, "full": 60.0}
+
+
+def op_group(op):
+    """The op group the roofline is measured again before: attention_forward(_stored) and
+    attention_backward(_saved, _dq, ...) apart, rope_forward and rope_backward together."""
+    words = op.split("_")
+    return "_".join(words[:2]) if words[0] in ("attention", "axial") else words[0]
+
+
 def bench_args(a):
     """tandem_bench's flags for the report's options."""
     args = [f"--preset={a.preset}"]
@@ -83,7 +95,8 @@ def run_roofline(exe, args, roof, tmp, when, done, total):
     """Runs the roofline probes, each result tagged with `when` (start, end)."""
     results, context = [], {}
     for i, s in enumerate(roof):
-        log(f"[{done + i + 1:3d}/{total}] {s['name']} ({when} of the run)")
+        label = f"{when} of the run" if when in ("start", "end") else when
+        log(f"[{done + i + 1:3d}/{total}] {s['name']} ({label})")
         got, ctx, _ = run_one(exe, args, s["name"], tmp, 300)
         context = context or ctx
         for r in got:
@@ -134,7 +147,19 @@ def run_benchmarks(a, exe, plan, raw_dir):
     if peaks:
         args = args + [roofline_flag(peaks)]
     eta = Eta(rest, a.min_time or MIN_TIME[a.preset], peaks)
+    group, probed = None, time.time()
     for i, s in enumerate(rest):
+        if op_group(s["op"]) != group and group is not None \
+                and time.time() - probed >= PROBE_GAP[a.preset]:
+            # the roofline again before a new op group (PROBE_GAP after the last probes):
+            # the group's fractions divide by it
+            again, _ = run_roofline(exe, bench_args(a), roof, tmp, f"before {s['op']}",
+                                    len(roof) + i, total)
+            results.extend(again)
+            peaks = measured_peaks(again) or peaks
+            args = bench_args(a) + ([roofline_flag(peaks)] if peaks else [])
+            probed = time.time()
+        group = op_group(s["op"])
         est = eta.guess(s)
         log(f"[{len(roof) + i + 1:3d}/{total}] {s['name']}  (elapsed "
             f"{fmt_dur(time.time() - start)}, about {fmt_dur(eta.remaining(rest[i:]))} left)")

@@ -60,7 +60,8 @@ def run_python(a, plan, raw_dir):
     min_time = a.min_time or (0.3 if a.preset == "quick" else 1.0)
     cmd = [venv_py, os.path.join(ROOT, "bench", "python", "python_bench.py"),
            "--shapes", ",".join(shapes), "--threads", str(plan["threads"]),
-           "--min-time", str(min_time), "--out", out]
+           "--min-time", str(min_time), "--rounds", str(5 if a.preset == "quick" else 9),
+           "--out", out]
     try:
         subprocess.run(cmd, timeout=900)
         with open(out) as f:

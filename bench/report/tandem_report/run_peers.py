@@ -52,6 +52,29 @@ def peer_python(a, wanted):
     return None, {"missing": wanted, "versions": {}, "results": [], "no_venv": True}
 
 
+# Alternating rounds of tandem and each peer (peers.py --rounds) per preset.
+ROUNDS = {"quick": 5, "standard": 9, "full": 11}
+
+
+def tandem_path(a, raw_dir):
+    """A directory holding only the tandem package of the Python package environment (a
+    link to it), for the peers' Python to import tandem and time it beside each peer in the
+    same process; None where that environment has no tandem."""
+    venv_py = os.path.join(ROOT, a.python_venv, "bin", "python")
+    if a.no_python or not os.path.exists(venv_py):
+        return None
+    pkg = run_text([venv_py, "-c", "import os, tandem; print(os.path.dirname(tandem.__file__))"])
+    if not pkg:
+        return None
+    path = os.path.join(raw_dir, ".tandem-path")
+    os.makedirs(path, exist_ok=True)
+    link = os.path.join(path, "tandem")
+    if os.path.lexists(link):
+        os.remove(link)
+    os.symlink(pkg, link)
+    return path
+
+
 def run_peers(a, plan, raw_dir):
     """The peers' results document (raw/peers.json), with what is missing."""
     peers_out = os.path.join(raw_dir, "peers.json")
@@ -70,9 +93,16 @@ def run_peers(a, plan, raw_dir):
     cmd = [venv_py, os.path.join(ROOT, "bench", "peers", "peers.py"), "--plan", plan_file,
            "--out", peers_out, "--peers", ",".join(wanted),
            "--min-time", str(a.min_time or (0.05 if a.preset == "quick" else 0.3)),
-           "--budget", str(budget)]
+           "--budget", str(budget), "--rounds", str(ROUNDS[a.preset])]
+    env = dict(os.environ)
+    path = tandem_path(a, raw_dir)
+    if path:
+        env["PYTHONPATH"] = path + os.pathsep + env.get("PYTHONPATH", "")
+        log("report: tandem through Python is timed beside each peer, in alternating rounds")
+    else:
+        log("report: no tandem package for the peers' Python: peers timed alone, unpaired")
     try:
-        subprocess.run(cmd, timeout=budget + 600)
+        subprocess.run(cmd, timeout=budget + 600, env=env)
     except subprocess.TimeoutExpired:
         log("report: the peer run overran its budget and was stopped")
     try:

@@ -7,6 +7,7 @@ from typing import Optional
 
 from .analysis import block_split, feature_pairs
 from .fmt import fms, fnum, fpct
+from .paired import MISSED, Spread, combine, verdict
 from .profile import describe
 from .results import Range, Where, attn, where
 
@@ -23,6 +24,29 @@ def outcome(target, ok, measured, profile=None):
     """ok: True, False, or None when not measured."""
     return Outcome(target, measured, "not measured" if ok is None else ("met" if ok else "not met"),
                    profile)
+
+
+def decided(target, status, measured, profile=None):
+    """An Outcome of a status from paired.verdict / combine (None: not measured)."""
+    return Outcome(target, measured, status or "not measured", profile)
+
+
+def peer_speedup(row, peers):
+    """tandem's speed-up over the fastest of `peers` (PeerMeasurements) on tandem_bench row
+    `row`'s shape: the Spread of the paired per-round ratios of the peer whose median is
+    lowest; for peers timed alone, the unpaired ratio of the fastest one's time to the C++
+    row's (a spread of one value, n = 1)."""
+    paired = [s for s in (p.speedup for p in peers) if s is not None]
+    if paired:
+        return min(paired, key=lambda s: s.median)
+    x = min(p.seconds for p in peers) / row.seconds
+    return Spread(x, x, x, 1)
+
+
+def shown(s):
+    """A speed-up Spread as the report shows it: median (quartiles), or the one unpaired
+    ratio."""
+    return s.text() if s.n > 1 else f"{s.median:.2f}× (unpaired)"
 
 
 def bench_of(row):
@@ -96,20 +120,20 @@ class PeerSpeedup:
         ratios = []
         pop = self.peer_op or self.op
         for r in found:
-            times = [p.seconds for p in (res.peer(pop, r.shape.tag, x) for x in self.peers)
-                     if p]
-            if times:
-                ratios.append((min(times) / r.seconds, r.shape.tag))
+            peers = [p for p in (res.peer(pop, r.shape.tag, x) for x in self.peers) if p]
+            if peers:
+                ratios.append((peer_speedup(r, peers), r.shape.tag))
         if not ratios:
             return [outcome(self.name, None, "–")]
-        lo = min(ratios)
+        lo = min(ratios, key=lambda t: t[0].median)
         worst = next(r for r in found if r.shape.tag == lo[1])
-        text = f"lowest {lo[0]:.2f}× ({lo[1]}); " + listing(ratios, lambda x: f"{x:.2f}×")
+        text = f"lowest {shown(lo[0])} ({lo[1]}); " + listing(ratios, shown)
         complete = len(ratios) == len(found)
+        status = combine([verdict(x, self.need) for x, _ in ratios])
         if self.every_shape and not complete:
             text += f" ({len(found) - len(ratios)} shape(s) without the peer)"
-        return [outcome(self.name, lo[0] >= self.need and (complete or not self.every_shape),
-                        text, bench_of(worst))]
+            status = MISSED
+        return [decided(self.name, status, text, bench_of(worst))]
 
 
 @dataclass(frozen=True)
@@ -127,9 +151,9 @@ class PeerAt:
         p = res.peer(self.peer_op, r.shape.tag, self.peer) if r else None
         if not p:
             return [outcome(self.name, None, "–")]
-        sp = p.seconds / r.seconds
-        return [outcome(self.name, sp >= self.need,
-                        f"{sp:.2f}× ({fms(r.seconds)} vs {fms(p.seconds)})")]
+        sp = peer_speedup(r, [p])
+        return [decided(self.name, verdict(sp, self.need),
+                        f"{shown(sp)} ({fms(r.seconds)} vs {fms(p.seconds)})")]
 
 
 @dataclass(frozen=True)
@@ -147,10 +171,10 @@ class VersusPeers:
             for peer in self.peers:
                 p = res.peer(self.op, r.shape.tag, peer)
                 if p:
-                    out.append(outcome(f"{self.op} {r.shape.tag} vs {self.label} ({peer}): faster",
-                                       p.seconds >= r.seconds,
-                                       f"{p.seconds / r.seconds:.2f}× "
-                                       f"({fms(r.seconds)} vs {fms(p.seconds)})"))
+                    sp = peer_speedup(r, [p])
+                    out.append(decided(f"{self.op} {r.shape.tag} vs {self.label} ({peer}): faster",
+                                       verdict(sp, 1.0),
+                                       f"{shown(sp)} ({fms(r.seconds)} vs {fms(p.seconds)})"))
         return out
 
 
@@ -311,8 +335,9 @@ class PairedSpeedup:
         text = (f"lowest {worst.speedup:.2f}× ({worst.shape.tag}); "
                 + ", ".join(f"{r.shape.tag} {r.speedup:.2f}× ({r.speedup_lo:.2f}–"
                             f"{r.speedup_hi:.2f})" for r in shown))
-        return with_hint([outcome(self.name, worst.speedup >= self.need, text, bench_of(worst))],
-                         self.hint, res)
+        status = combine([verdict(Spread(r.speedup, r.speedup_lo, r.speedup_hi, 2), self.need)
+                          for r in rows])
+        return with_hint([decided(self.name, status, text, bench_of(worst))], self.hint, res)
 
 
 def has_avx512_bf16(res):

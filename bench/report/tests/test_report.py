@@ -18,7 +18,7 @@ import os
 import tempfile
 import unittest
 
-from tandem_report import document, profile, targets
+from tandem_report import analysis, document, paired, proc, profile, targets
 from tandem_report.results import ANY, Range, Results, Shape, attn, where
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -147,7 +147,8 @@ class TargetsTest(unittest.TestCase):
                                      .replace("85", "80")])
         self.assertEqual(names[-1], targets.TARGETS[-1].name)
         self.assertEqual(len(names), len(set(names)))
-        self.assertTrue(all(o.status in ("met", "not met", "not measured") for o in outcomes))
+        self.assertTrue(all(o.status in ("met", "not met", "not decided", "not measured")
+                            for o in outcomes))
 
     def test_fraction_of_peak(self):
         frac = raw(FWD + "B1_H8_S2048_D128")["frac_peak"]  # the quick preset's only S ≥ 2048
@@ -212,8 +213,10 @@ class DocumentTest(unittest.TestCase):
             with open(os.path.join(out, "report.md")) as f:
                 md = f.read()
             self.assertTrue(os.path.exists(os.path.join(out, "report.html")))
-        counts = [sum(o.status == s for o in outcomes) for s in ("met", "not met", "not measured")]
-        self.assertIn("**{} met, {} not met, {} not measured**".format(*counts), md)
+        counts = [sum(o.status == s for o in outcomes)
+                  for s in ("met", "not met", "not decided", "not measured")]
+        self.assertIn("**{} met, {} not met, {} not decided, {} not measured**".format(*counts),
+                      md)
         for o in outcomes:
             self.assertIn(f"| {o.target} | {o.measured} |", md)
         self.assertIn("## tandem through Python", md)
@@ -263,10 +266,13 @@ class LowPrecisionTest(unittest.TestCase):
         self.assertEqual(o.status, "met" if r["bf16_median_speedup"] >= 1.8 else "not met")
         self.assertIn(f"{r['bf16_median_speedup']:.2f}× ({r['bf16_speedup_p25']:.2f}–",
                       o.measured)
-        for median, status in ((1.81, "met"), (1.79, "not met")):
+        # decided only when the quartiles lie on one side of 1.8
+        for median, lo, hi, status in ((1.85, 1.81, 1.9, "met"), (1.75, 1.7, 1.79, "not met"),
+                                       (1.81, 1.75, 1.85, "not decided"),
+                                       (1.79, 1.75, 1.85, "not decided")):
             run = copy.deepcopy(self.run)
-            next(x for x in run["bench"] if x["name"] == DECODE_STORED)["bf16_median_speedup"] = \
-                median
+            x = next(x for x in run["bench"] if x["name"] == DECODE_STORED)
+            x["bf16_median_speedup"], x["bf16_speedup_p25"], x["bf16_speedup_p75"] = median, lo, hi
             got = self.evaluate(run)[self.DECODE_BF16]
             self.assertEqual(got.status, status)
             self.assertEqual(status == "not met", "perf record" in got.measured)
@@ -365,6 +371,164 @@ class LowPrecisionTest(unittest.TestCase):
         self.assertIn("Not measured: openvino attention_forward_bf16: RuntimeError: OpenVINO "
                       "reports no bf16 on this CPU. 1 low-precision peer task(s) skipped", md)
         self.assertIn("### attention_backward_saved_bf16", md)
+
+
+class PairedTest(unittest.TestCase):
+    """Pairing statistics and verdicts (tandem_report.paired), on hand-made figures."""
+
+    def test_quantiles_interpolate_between_order_statistics(self):
+        self.assertEqual(paired.quantile([4, 1, 3, 2], 0.5), 2.5)
+        self.assertEqual(paired.quantile([1, 2, 3, 4, 5], 0.25), 2)
+        self.assertEqual(paired.quantile([10], 0.75), 10)
+        self.assertIsNone(paired.quantile([], 0.5))
+        s = paired.spread([1.0, 2.0, 3.0, 4.0, 5.0])
+        self.assertEqual((s.median, s.lo, s.hi, s.n), (3.0, 2.0, 4.0, 5))
+
+    def test_ratios_are_paired_round_by_round(self):
+        # the peer's time ÷ tandem's in the same round: a slow round of both cancels
+        peer, ours = [2.0, 4.0, 2.2], [1.0, 2.0, 1.0]
+        self.assertEqual(paired.paired_ratios(peer, ours), [2.0, 2.0, 2.2])
+        self.assertEqual(paired.spread(paired.paired_ratios(peer, ours)).median, 2.0)
+        with self.assertRaises(ValueError):
+            paired.paired_ratios([1.0], [1.0, 2.0])
+
+    def test_relative_spread(self):
+        self.assertAlmostEqual(paired.relative_spread([1.0, 1.0, 1.2, 1.4, 1.4]), 0.4 / 1.2)
+        self.assertEqual(paired.relative_spread([3.0, 3.0, 3.0]), 0.0)
+        self.assertIsNone(paired.relative_spread([1.0]))
+
+    def test_a_target_is_decided_only_outside_the_spread(self):
+        S = paired.Spread
+        self.assertEqual(paired.verdict(S(1.3, 1.2, 1.4, 5), 1.1), "met")
+        self.assertEqual(paired.verdict(S(1.0, 0.9, 1.05, 5), 1.1), "not met")
+        self.assertEqual(paired.verdict(S(1.15, 1.05, 1.2, 5), 1.1), "not decided")
+        self.assertEqual(paired.verdict(S(1.05, 1.0, 1.2, 5), 1.1), "not decided")
+        self.assertEqual(paired.verdict(S(1.1, 1.1, 1.3, 5), 1.1), "met")
+        self.assertIsNone(paired.verdict(None, 1.1))
+        self.assertEqual(paired.combine(["met", "not decided", "met"]), "not decided")
+        self.assertEqual(paired.combine(["not decided", "not met"]), "not met")
+        self.assertEqual(paired.combine(["met", None]), "met")
+        self.assertIsNone(paired.combine([None]))
+
+    def test_two_runs_agree_when_each_median_is_within_the_other_spread(self):
+        S = paired.Spread
+        self.assertTrue(paired.agree(S(1.2, 1.1, 1.3, 9), S(1.25, 1.15, 1.4, 9)))
+        self.assertFalse(paired.agree(S(1.2, 1.1, 1.3, 9), S(1.35, 1.15, 1.4, 9)))
+        self.assertFalse(paired.agree(S(1.2, 1.19, 1.21, 9), S(1.25, 1.1, 1.4, 9)))
+
+
+def with_paired_sdpa(peer_rounds, tandem_rounds):
+    """quick_run.json's run with torch_sdpa's forward at S=2048, D=128 timed in rounds."""
+    run = copy.deepcopy(RUN)
+    rec = next(x for x in run["peers"]["results"] if x["peer"] == "torch_sdpa"
+               and x["op"] == "attention_forward")
+    rec["peer_rounds_s"], rec["tandem_rounds_s"] = peer_rounds, tandem_rounds
+    return run
+
+
+class PairedTargetsTest(unittest.TestCase):
+    SDPA = TargetsTest.SDPA
+
+    def outcome(self, peer_rounds, tandem_rounds):
+        res = Results.from_run(with_paired_sdpa(peer_rounds, tandem_rounds))
+        return by_target(targets.evaluate(res))[self.SDPA]
+
+    def test_paired_ratio_replaces_the_unpaired_one(self):
+        # the single figures give about 1.08×; the rounds say 2.5× (quartiles 2.2–2.8)
+        o = self.outcome([2.2, 2.5, 2.8, 2.5, 2.5], [1.0] * 5)
+        self.assertIn("2.50× (2.50–2.50)", o.measured)
+        self.assertNotIn("unpaired", o.measured.split(";")[0])
+
+    def test_met_not_met_and_not_decided(self):
+        # the S=2048, D=64 shape has no peer: the target wants every shape, so it cannot be
+        # met; its verdict on the paired shape still shows not met against not decided
+        spread_over = self.outcome([1.6, 1.9, 2.0, 2.1, 2.4], [1.0] * 5)  # quartiles 1.9–2.1
+        self.assertIn("2.00× (1.90–2.10)", spread_over.measured)
+        below = self.outcome([1.5, 1.6, 1.7, 1.8, 1.9], [1.0] * 5)
+        self.assertEqual(below.status, "not met")
+        res = Results.from_run(with_paired_sdpa([1.6, 1.9, 2.0, 2.1, 2.4], [1.0] * 5))
+        target = targets.PeerSpeedup("x", "attention_forward", attn(S=2048, D=128),
+                                     ("torch_sdpa",), 2.0)
+        self.assertEqual(target.evaluate(res)[0].status, "not decided")
+        target = targets.PeerSpeedup("x", "attention_forward", attn(S=2048, D=128),
+                                     ("torch_sdpa",), 1.8)
+        self.assertEqual(target.evaluate(res)[0].status, "met")
+        res = Results.from_run(with_paired_sdpa([1.5, 1.6, 1.7, 1.8, 1.9], [1.0] * 5))
+        self.assertEqual(target.evaluate(res)[0].status, "not decided")
+        res = Results.from_run(with_paired_sdpa([1.5, 1.6, 1.65, 1.7, 1.9], [1.0] * 5))
+        self.assertEqual(target.evaluate(res)[0].status, "not met")
+
+    def test_noise_line_from_the_rounds(self):
+        res = Results.from_run(with_paired_sdpa([1.0, 1.0, 1.2, 1.4, 1.4], [1.0] * 5))
+        noise = analysis.run_noise(res)
+        self.assertEqual(noise.n, 2)  # tandem's rounds and the peer's
+        self.assertAlmostEqual(noise.median, 0.4 / 1.2 / 2)  # of 1/3 (the peer's) and 0
+        self.assertAlmostEqual(noise.lo, 0.4 / 1.2 / 4)
+        with tempfile.TemporaryDirectory() as out:
+            document.write(res, targets.evaluate(res), {}, out, "quick", 1.0)
+            with open(os.path.join(out, "report.md")) as f:
+                md = f.read()
+        self.assertIn("**Noise in this run:** repeated rounds of the same benchmark spread by "
+                      f"{noise.median:.1%}", md)
+        self.assertIsNone(analysis.run_noise(Results.from_run(RUN)))
+
+    def test_the_peers_note_says_whether_they_were_paired(self):
+        for paired_with, text in (("0.1.0", "timed beside each peer in 9 alternating rounds"),
+                                  (None, "The peers were timed alone")):
+            run = copy.deepcopy(RUN)
+            run["peers"]["tandem_paired"], run["peers"]["rounds"] = paired_with, 9
+            res = Results.from_run(run)
+            with tempfile.TemporaryDirectory() as out:
+                document.write(res, targets.evaluate(res), {}, out, "quick", 1.0)
+                with open(os.path.join(out, "report.md")) as f:
+                    self.assertIn(text, f.read())
+
+
+class MachineLoadTest(unittest.TestCase):
+    def test_the_runs_own_cpu_time_is_left_out(self):
+        # 10 s on 2 cores: the machine was busy 16 CPU-s, 15 of them this run's own
+        self.assertAlmostEqual(proc.others_busy((0, 100, 5), (10, 116, 20), 2), 0.05)
+        self.assertAlmostEqual(proc.others_busy((0, 100, 5), (10, 116, 5), 2), 0.8)
+        self.assertEqual(proc.others_busy((0, 100, 5), (10, 110, 20), 2), 0.0)
+        self.assertIsNone(proc.others_busy(None, (10, 116, 20), 2))
+
+    def test_busy_warning_follows_other_work_only(self):
+        for own, warned in ((20, False), (5, True)):
+            run = copy.deepcopy(RUN)
+            run["info"]["cpu_before"], run["info"]["cpu_after"] = (0, 100, 5), (10, 116, own)
+            res = Results.from_run(run)
+            with tempfile.TemporaryDirectory() as out:
+                document.write(res, targets.evaluate(res), {}, out, "quick", 1.0)
+                with open(os.path.join(out, "report.md")) as f:
+                    self.assertEqual("the machine was busy" in f.read(), warned)
+
+
+class RooflineGroupsTest(unittest.TestCase):
+    def test_probes_before_a_group_count_in_the_spread_only(self):
+        run = copy.deepcopy(RUN)
+        fma = copy.deepcopy(raw("roofline_fma/probe/fp32/threads:2"))
+        start = fma["GFLOP/s"]
+        fma["_when"], fma["GFLOP/s"] = "before decode", start / 2
+        run["bench"].append(fma)
+        roof = Results.from_run(run).roofline
+        self.assertEqual(roof.peak[2], start)
+        lo, hi, n = roof.spread()[("peak", 2)]
+        self.assertEqual((lo, n), (start / 2, 3))
+        self.assertGreaterEqual(hi, start)
+
+
+class PythonTableTest(unittest.TestCase):
+    def test_paired_python_ratios(self):
+        run = copy.deepcopy(RUN)
+        r = run["python"]["results"][0]
+        r.update({"rounds": 3, "tandem_python_rounds_s": [1.1, 2.2, 1.1],
+                  "torch_sdpa_rounds_s": [1.65, 3.3, 1.65], "kernel_rounds_s": [1.0, 2.0, 1.0]})
+        row = document.python_row(Results.from_run(run), r)
+        self.assertEqual(row[3], "+10.0% (+10.0% to +10.0%)")
+        self.assertEqual(row[5], "1.50× (1.50–1.50)")
+        self.assertEqual(row[6], 3)
+        unpaired = document.python_row(Results.from_run(RUN), RUN["python"]["results"][0])
+        self.assertIn("unpaired", unpaired[3])
 
 
 if __name__ == "__main__":

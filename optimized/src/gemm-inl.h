@@ -27,9 +27,14 @@ namespace tandem::optimized::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // Register tile of the micro-kernel: kMR broadcast rows times kNR vectors of
-// accumulators (AVX-512 has 32 vector registers, the others 16).
+// accumulators (AVX-512 has 32 vector registers, the others 16). AVX2 takes
+// 4 × 3 rather than 6 × 2: the same 12 accumulators with 7 loads per 12
+// multiply-adds instead of 8, and key blocks and head widths that are
+// multiples of 4 leave no short tile of rows (bench/README.md, AVX2).
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 inline constexpr std::size_t kMR = 8, kNR = 3;
+#elif HWY_TARGET == HWY_AVX2
+inline constexpr std::size_t kMR = 4, kNR = 3;
 #else
 inline constexpr std::size_t kMR = 6, kNR = 2;
 #endif

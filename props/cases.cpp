@@ -1064,26 +1064,14 @@ std::vector<double> reference_block(const BlockData& d) {
       qkv[r * 3 * E + o] = acc;
     }
   }
-  const std::span<const double> all(qkv);
-  std::vector<double> qr, kr;
-  AttentionInputs<double> in;
-  if (p.has_rope) {
-    qr.resize(rows * E);
-    kr.resize(rows * E);
-    const std::vector<double> c(d.cos.begin(), d.cos.end()), s(d.sin.begin(), d.sin.end());
-    const RopeTables<double> t{cspan(c), cspan(s)};
-    reference::rope_forward<double>(p.rope, all.subspan(0, p.rope.src_extent()), t,
-                                    std::span<double>(qr));
-    reference::rope_forward<double>(p.rope, all.subspan(E, p.rope.src_extent()), t,
-                                    std::span<double>(kr));
-    in.q = cspan(qr);
-    in.k = cspan(kr);
-  } else {
-    in.q = all.subspan(0, p.attention.q.extent);
-    in.k = all.subspan(E, p.attention.k.extent);
-  }
-  in.v = all.subspan(2 * E, p.attention.v.extent);
-  in.mask = cspan(d.keep);
+  std::vector<double> qr(p.rotated_size()), kr(p.rotated_size());
+  const std::vector<double> c(d.cos.begin(), d.cos.end()), s(d.sin.begin(), d.sin.end());
+  const RopeTables<double> t{cspan(c), cspan(s)};
+  const AttentionInputs<double> in = block_attention_inputs<double>(
+      p, cspan(qkv), cspan(d.keep), std::span<double>(qr), std::span<double>(kr),
+      [&](const RopePlan& rp, std::span<const double> src, std::span<double> dst) {
+        reference::rope_forward<double>(rp, src, t, dst);
+      });
   std::vector<double> att(p.attention.o.extent);
   reference::attention_forward<double>(p.attention, in, std::span<double>(att));
   std::vector<double> out(rows * E);

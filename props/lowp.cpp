@@ -636,23 +636,13 @@ BlockOracle block_from_parts(const Kernels<T>& kt, const BlockData& d) {
       qkv[r * 3 * E + o] = T(acc);
     }
   }
-  const std::span<const T> all(qkv);
-  std::vector<T> qr, kr;
-  AttentionInputs<T> ai;
-  if (p.has_rope) {
-    qr.resize(static_cast<std::size_t>(rows * E));
-    kr.resize(static_cast<std::size_t>(rows * E));
-    const RopeTables<T> t{in.cos, in.sin};
-    kt.rope_forward(p.rope, all.subspan(0, p.rope.src_extent()), t, qr);
-    kt.rope_forward(p.rope, all.subspan(E, p.rope.src_extent()), t, kr);
-    ai.q = qr;
-    ai.k = kr;
-  } else {
-    ai.q = all.subspan(0, p.attention.q.extent);
-    ai.k = all.subspan(E, p.attention.k.extent);
-  }
-  ai.v = all.subspan(2 * E, p.attention.v.extent);
-  ai.mask = d.keep;
+  std::vector<T> qr(static_cast<std::size_t>(p.rotated_size())), kr(qr.size());
+  const RopeTables<T> t{in.cos, in.sin};
+  const AttentionInputs<T> ai = block_attention_inputs<T>(
+      p, std::span<const T>(qkv), d.keep, std::span<T>(qr), std::span<T>(kr),
+      [&](const RopePlan& rp, std::span<const T> src, std::span<T> dst) {
+        kt.rope_forward(rp, src, t, dst);
+      });
   std::vector<T> a(static_cast<std::size_t>(p.attention.o.extent));
   kt.attention_forward(p.attention, ai, a);
   // y*[r,o] = b_out[o] + Σ_e a[r,e]·w_out[o,e], tol = γ_{E+1}(|b_out[o]| + Σ_e |a||w|)

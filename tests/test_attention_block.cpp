@@ -207,6 +207,52 @@ TEST(AttentionBlock, RopeByNinetyDegreesTurnsQAndKButNotV) {
   expect_near(blk.run(), {ep / (ep + em), em / (ep + em), em / (ep + em), ep / (ep + em)}, 1e-6);
 }
 
+TEST(AttentionBlock, AttentionInputsAreQkvColumnsOrTheirRotations) {
+  // qkv [B=1, S=2, 3E = 6] holding its own index; E = 2, one head.
+  tandem::AttentionBlockParams bp;
+  bp.seq = 2;
+  bp.embed = 2;
+  bp.heads = 1;
+  std::vector<float> qkv(6 * 2);
+  for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>(i);
+  const std::vector<float> keep;
+  const auto no_rope = [](const tandem::RopePlan&, std::span<const float>, std::span<float>) {
+    ADD_FAILURE() << "rope called without tables";
+  };
+  // Without tables q, k and v are read in place at columns 0, E and 2E (row stride 3E).
+  const AttentionBlockPlan plain = AttentionBlockPlan::make(bp);
+  const tandem::AttentionInputs<float> in =
+      tandem::block_attention_inputs<float>(plain, qkv, keep, {}, {}, no_rope);
+  EXPECT_EQ(in.q.data(), qkv.data());
+  EXPECT_EQ(in.k.data(), qkv.data() + 2);
+  EXPECT_EQ(in.v.data(), qkv.data() + 4);
+  EXPECT_EQ(in.v.size(), static_cast<std::size_t>(plain.attention.v.extent));
+
+  // With tables rope runs on q's columns, then k's, into q_rot and k_rot.
+  bp.rope = true;
+  bp.table_rows = 2;
+  bp.table_stride = 1;
+  const AttentionBlockPlan roped = AttentionBlockPlan::make(bp);
+  std::vector<float> q_rot(4), k_rot(4);
+  std::vector<float> firsts;
+  const tandem::AttentionInputs<float> rot = tandem::block_attention_inputs<float>(
+      roped, qkv, keep, q_rot, k_rot,
+      [&](const tandem::RopePlan&, std::span<const float> src, std::span<float> dst) {
+        firsts.push_back(src[0]);
+        dst[0] = -1;
+      });
+  EXPECT_EQ(firsts, (std::vector<float>{0, 2}));
+  EXPECT_EQ(rot.q.data(), q_rot.data());
+  EXPECT_EQ(rot.k.data(), k_rot.data());
+  EXPECT_EQ(rot.v.data(), qkv.data() + 4);
+  EXPECT_EQ(q_rot[0], -1);
+
+  // A rotated buffer of the wrong size is rejected before rope runs.
+  std::vector<float> short_rot(3);
+  EXPECT_THROW(tandem::block_attention_inputs<float>(roped, qkv, keep, short_rot, k_rot, no_rope),
+               tandem::Error);
+}
+
 TEST(AttentionBlock, EqualsItsPartsComposedOnSeparateBuffers) {
   // The block reads q, k and v out of one [B, S, 3E] buffer with row stride 3E;
   // here the parts run on separate contiguous q, k, v buffers instead:

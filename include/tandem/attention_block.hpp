@@ -60,6 +60,10 @@ struct AttentionBlockPlan {
 
   /// Elements of x and of the output: B·S·E.
   [[nodiscard]] std::int64_t x_size() const { return B * S * E; }
+  /// Elements of the qkv buffer `[B, S, 3E]`: B·S·3E.
+  [[nodiscard]] std::int64_t qkv_size() const { return 3 * B * S * E; }
+  /// Elements of each of the rotated q and k `[B, S, E]`: B·S·E with RoPE, 0 without.
+  [[nodiscard]] std::int64_t rotated_size() const { return has_rope ? B * S * E : 0; }
 
   /// Validates by SPEC §8 — the only place that does.
   static AttentionBlockPlan make(const AttentionBlockParams& p);
@@ -107,6 +111,48 @@ void check_views(const AttentionBlockPlan& plan, const AttentionBlockInputs<T>& 
   require_size(in.cos.size(), table, "cos");
   require_size(in.sin.size(), table, "sin");
   require_size(out_size, plan.x_size(), "out");
+}
+
+/// The attention's inputs of a block (SPEC §7) out of its qkv buffer
+/// `[B, S, 3E]` (q, then k, then v in each row), at storage type T:
+///
+///     q = rope(qkv[:, :, 0:E]),  k = rope(qkv[:, :, E:2E])   into q_rot, k_rot `[B, S, E]`
+///                                                          (row stride E); without tables q
+///                                                          and k are read in place (stride 3E)
+///     v = qkv[:, :, 2E:3E]                                   in place (row stride 3E)
+///     mask = keep `[B, S]`                                   (empty without key padding)
+///
+/// With tables, rope(plan.rope, src, dst) is called for q and then for k:
+/// src the qkv columns (row stride 3E, plan.rope.src_extent() elements), dst
+/// `[B, S, E]`; the caller's rope decides at what precision it rotates.
+///
+/// @param qkv   `[B, S, 3E]`, plan.qkv_size() elements
+/// @param q_rot, k_rot plan.rotated_size() elements each (empty without RoPE)
+/// @return views into qkv, q_rot and k_rot, which must outlive them
+/// @throws tandem::Error (before calling rope) when a view does not fit
+template <class T, class Rope>
+AttentionInputs<T> block_attention_inputs(const AttentionBlockPlan& plan, std::span<const T> qkv,
+                                          std::span<const float> keep, std::span<T> q_rot,
+                                          std::span<T> k_rot, Rope&& rope) {
+  const std::int64_t E = plan.E;
+  const AttentionPlan& ap = plan.attention;
+  require_size(qkv.size(), plan.qkv_size(), "qkv");
+  require_size(q_rot.size(), plan.rotated_size(), "q_rot");
+  require_size(k_rot.size(), plan.rotated_size(), "k_rot");
+  AttentionInputs<T> ai;
+  if (plan.has_rope) {
+    const auto src = static_cast<std::size_t>(plan.rope.src_extent());
+    rope(plan.rope, qkv.subspan(0, src), q_rot);
+    rope(plan.rope, qkv.subspan(static_cast<std::size_t>(E), src), k_rot);
+    ai.q = q_rot;
+    ai.k = k_rot;
+  } else {
+    ai.q = qkv.subspan(0, static_cast<std::size_t>(ap.q.extent));
+    ai.k = qkv.subspan(static_cast<std::size_t>(E), static_cast<std::size_t>(ap.k.extent));
+  }
+  ai.v = qkv.subspan(static_cast<std::size_t>(2 * E), static_cast<std::size_t>(ap.v.extent));
+  ai.mask = keep;
+  return ai;
 }
 
 // ---------------------------------------------------------------------------

@@ -261,26 +261,17 @@ void attention_block(const AttentionBlockPlan& plan, const AttentionBlockInputs<
   const std::int64_t rows = plan.B * plan.S, E = plan.E, E3 = 3 * plan.E;
   const AttentionPlan& ap = plan.attention;
   // Every buffer up front, so an allocation failure leaves out unwritten.
-  const Stored<T> qkv(rows * E3), attn(ap.o.extent);
-  const Stored<T> q_rot(plan.has_rope ? rows * E : 0), k_rot(plan.has_rope ? rows * E : 0);
+  const Stored<T> qkv(plan.qkv_size()), attn(ap.o.extent);
+  const Stored<T> q_rot(plan.rotated_size()), k_rot(plan.rotated_size());
   // qkv = RN_T(x · W_qkvᵀ + b_qkv): [B·S, 3E], q then k then v in each row.
   project(in.x.data(), in.w_qkv.data(), in.b_qkv, qkv.get(), rows, E3, E, threads);
-  const std::span<const T> all = qkv.span();
-  AttentionInputs<T> ai;
-  if (plan.has_rope) {
-    // q and k rotated out of the qkv rows (row stride 3E) into contiguous [B·S, E], in T.
-    const RopeTables<T> tables{in.cos, in.sin};
-    const std::int64_t src = plan.rope.src_extent();
-    rope_forward<T>(plan.rope, all.subspan(0, src), tables, q_rot.span(), options);
-    rope_forward<T>(plan.rope, all.subspan(E, src), tables, k_rot.span(), options);
-    ai.q = q_rot.span();
-    ai.k = k_rot.span();
-  } else {
-    ai.q = all.subspan(0, ap.q.extent);
-    ai.k = all.subspan(E, ap.k.extent);
-  }
-  ai.v = all.subspan(2 * E, ap.v.extent);
-  ai.mask = in.keep;
+  // q and k rotated out of the qkv rows (row stride 3E) into contiguous [B·S, E], in T.
+  const RopeTables<T> tables{in.cos, in.sin};
+  const AttentionInputs<T> ai = block_attention_inputs<T>(
+      plan, std::span<const T>(qkv.span()), in.keep, q_rot.span(), k_rot.span(),
+      [&](const RopePlan& rp, std::span<const T> src, std::span<T> dst) {
+        rope_forward<T>(rp, src, tables, dst, options);
+      });
   // a = attention(q, k, v, keep): [B, S, H, D] = [B·S, E], in T.
   block_attention<T>(ap, ai, attn.span(), options);
   // y = RN_T(a · W_outᵀ + b_out)

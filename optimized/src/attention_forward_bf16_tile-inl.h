@@ -113,32 +113,15 @@ struct Bf16Scratch {
 /// blocks the tile may see, St = factor·(K·Qt) by bf16 pairs, the online
 /// softmax step, then Ot = diag(alpha)·Ot + V^T·P (bf16 pairs where P is
 /// rounded to bf16). After Run, s.m, s.l and s.Ot are as WideTile's.
-class Bf16Tile {
+class Bf16Tile : public KeyBlockTile<Bf16Tile> {
  public:
   Bf16Tile(const Call& c, const Tile& t, ForwardScratch& s, Bf16Scratch& b)
-      : c_(c),
-        t_(t),
-        s_(s),
-        b_(b),
-        d_pairs_((c.plan->D + 1) / 2),
-        keys_(c.keys(t.n, t.g)),
-        values_(c.values(t.n, t.g)),
-        head_(t.kv_index(c)),
-        score_(c, t_, s.score),
-        softmax_(s.m.get(), s.l.get(), s.alpha.get(), t.rows_p, t.stride, c.weights) {
-    std::fill(s.Ot.get(), s.Ot.get() + c.plan->Dv * t.stride, 0.0f);
+      : KeyBlockTile(c, t, s, true), b_(b), d_pairs_((c.plan->D + 1) / 2) {
     q_denormal_ = PackQueries();
   }
-  Bf16Tile(const Bf16Tile&) = delete;
-  Bf16Tile& operator=(const Bf16Tile&) = delete;
-
-  /// As WideTile::Run.
-  void Run(std::int64_t j_from, std::int64_t j_to) {
-    ForEachKeyBlock(c_, t_, j_from, j_to, [&](const KeyBlock& kb) { Block(kb); });
-  }
-  OutputRows output() const { return {s_.Ot.get(), 1, t_.stride}; }
 
  private:
+  friend class KeyBlockTile<Bf16Tile>;
   void Block(const KeyBlock& kb) {
     const AttentionPlan& p = *c_.plan;
     const std::int64_t R = t_.stride, ks = s_.Kp->stride();
@@ -255,15 +238,8 @@ class Bf16Tile {
     }
   }
 
-  const Call& c_;
-  const Tile t_;
-  ForwardScratch& s_;
   Bf16Scratch& b_;
-  std::int64_t d_pairs_;  ///< pairs of d: ⌈D/2⌉
-  KeyRows keys_, values_;
-  std::int64_t head_;  ///< Tile::kv_index: which packed rows are the tile's
-  ScoreTransform score_;
-  OnlineSoftmax softmax_;
+  std::int64_t d_pairs_;     ///< pairs of d: ⌈D/2⌉
   bool q_denormal_ = false;  ///< a query element is a bf16 denormal
 };
 

@@ -130,38 +130,60 @@ inline void AddValuesFloat(std::int64_t Dv, std::int64_t nk, std::int64_t lo, st
                           Ot + lo, R, true, St + lo);
 }
 
+/// What the forward tiles (WideTile, Bf16Tile) share: the call, the tile,
+/// its scratch, its K and V rows, the score transform and the online
+/// softmax over the tile's rows, and Run, which hands each key block the tile
+/// may see to Derived::Block. With zero_output, s.Ot starts at 0.
+template <class Derived>
+class KeyBlockTile {
+ public:
+  KeyBlockTile(const KeyBlockTile&) = delete;
+  KeyBlockTile& operator=(const KeyBlockTile&) = delete;
+
+  /// Adds the keys of [j_from, j_to) that the tile may see (call with
+  /// consecutive ranges; the blocks depend on the ranges given).
+  void Run(std::int64_t j_from, std::int64_t j_to) {
+    ForEachKeyBlock(c_, t_, j_from, j_to,
+                    [&](const KeyBlock& kb) { static_cast<Derived*>(this)->Block(kb); });
+  }
+  OutputRows output() const { return {s_.Ot.get(), 1, t_.stride}; }
+
+ protected:
+  KeyBlockTile(const Call& c, const Tile& t, ForwardScratch& s, bool zero_output)
+      : c_(c),
+        t_(t),
+        s_(s),
+        keys_(c.keys(t.n, t.g)),
+        values_(c.values(t.n, t.g)),
+        head_(t.kv_index(c)),
+        score_(c, t_, s.score),
+        softmax_(s.m.get(), s.l.get(), s.alpha.get(), t.rows_p, t.stride, c.weights) {
+    if (zero_output) std::fill(s.Ot.get(), s.Ot.get() + c.plan->Dv * t.stride, 0.0f);
+  }
+  ~KeyBlockTile() = default;
+
+  const Call& c_;
+  const Tile t_;
+  ForwardScratch& s_;
+  KeyRows keys_, values_;
+  std::int64_t head_;  ///< Tile::kv_index: which packed rows are the tile's
+  ScoreTransform score_;
+  OnlineSoftmax softmax_;
+};
+
 /// The FlashAttention-2 forward of one tile by vectors across rows: with the
 /// queries in s.Qt, over the key blocks the tile may see, St = K·Qt, then the
 /// online softmax step, then Ot = diag(alpha)·Ot + V^T·P (with `with_pv`;
 /// without, only m and l are formed: the backward's dV-only path). After
 /// Run, s.m and s.l hold the row max and the row sum of exp(s − m) (−inf and
 /// 0 for a row with no visible key) and s.Ot the unnormalized output.
-class WideTile {
+class WideTile : public KeyBlockTile<WideTile> {
  public:
   WideTile(const Call& c, const Tile& t, ForwardScratch& s, bool with_pv)
-      : c_(c),
-        t_(t),
-        s_(s),
-        with_pv_(with_pv),
-        keys_(c.keys(t.n, t.g)),
-        values_(c.values(t.n, t.g)),
-        head_(t.kv_index(c)),
-        score_(c, t_, s.score),
-        softmax_(s.m.get(), s.l.get(), s.alpha.get(), t.rows_p, t.stride, c.weights),
-        prefetched_(t.j_begin + c.key_block) {
-    if (with_pv) std::fill(s.Ot.get(), s.Ot.get() + c.plan->Dv * t.stride, 0.0f);
-  }
-  WideTile(const WideTile&) = delete;
-  WideTile& operator=(const WideTile&) = delete;
-
-  /// Adds the keys of [j_from, j_to) that the tile may see (call with
-  /// consecutive ranges; the blocks depend on the ranges given).
-  void Run(std::int64_t j_from, std::int64_t j_to) {
-    ForEachKeyBlock(c_, t_, j_from, j_to, [&](const KeyBlock& kb) { Block(kb); });
-  }
-  OutputRows output() const { return {s_.Ot.get(), 1, t_.stride}; }
+      : KeyBlockTile(c, t, s, with_pv), with_pv_(with_pv), prefetched_(t.j_begin + c.key_block) {}
 
  private:
+  friend class KeyBlockTile<WideTile>;
   void Block(const KeyBlock& kb) {
     const AttentionPlan& p = *c_.plan;
     const std::int64_t R = t_.stride, ks = s_.Kp->stride();
@@ -207,14 +229,7 @@ class WideTile {
     prefetched_ = ahead;
   }
 
-  const Call& c_;
-  const Tile t_;
-  ForwardScratch& s_;
   bool with_pv_;
-  KeyRows keys_, values_;
-  std::int64_t head_;  ///< Tile::kv_index: which packed rows are the tile's
-  ScoreTransform score_;
-  OnlineSoftmax softmax_;
   std::int64_t prefetched_;
 };
 

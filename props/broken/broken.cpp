@@ -483,23 +483,13 @@ void block(const AttentionBlockPlan& p, const AttentionBlockInputs<float>& in, s
       qkv[r * 3 * E + o] = static_cast<float>(acc);
     }
   }
-  const std::span<const float> all(qkv);
-  std::vector<float> qr, kr;
-  AttentionInputs<float> ai;
-  if (p.has_rope) {
-    qr.resize(rows * E);
-    kr.resize(rows * E);
-    const RopeTables<float> t{in.cos, in.sin};
-    rope(p.rope, all.subspan(0, p.rope.src_extent()), t, qr, false, Bug::none);
-    rope(p.rope, all.subspan(E, p.rope.src_extent()), t, kr, false, Bug::none);
-    ai.q = qr;
-    ai.k = kr;
-  } else {
-    ai.q = all.subspan(0, p.attention.q.extent);
-    ai.k = all.subspan(E, p.attention.k.extent);
-  }
-  ai.v = all.subspan(2 * E, p.attention.v.extent);
-  ai.mask = in.keep;
+  std::vector<float> qr(p.rotated_size()), kr(p.rotated_size());
+  const RopeTables<float> t{in.cos, in.sin};
+  const AttentionInputs<float> ai = block_attention_inputs<float>(
+      p, std::span<const float>(qkv), in.keep, std::span<float>(qr), std::span<float>(kr),
+      [&](const RopePlan& rp, std::span<const float> src, std::span<float> dst) {
+        rope(rp, src, t, dst, false, Bug::none);
+      });
   std::vector<float> att(p.attention.o.extent);
   Attention{p.attention, ai, Bug::none, 1}.forward(att);
   for (i64 r = 0; r < rows; ++r) {

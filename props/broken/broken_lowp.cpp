@@ -513,23 +513,13 @@ void block_t(const Kernels<T>& kt, const Kernels<float>& f, const AttentionBlock
     return;
   }
   const std::vector<T> qkv = project<T>(in.x, in.w_qkv, in.b_qkv, rows, 3 * E, E, bug);
-  const std::span<const T> all(qkv);
-  std::vector<T> qr, kr;
-  AttentionInputs<T> ai;
-  if (p.has_rope) {
-    qr.resize(rows * E);
-    kr.resize(rows * E);
-    const RopeTables<T> t{in.cos, in.sin};
-    kt.rope_forward(p.rope, all.subspan(0, p.rope.src_extent()), t, qr);
-    kt.rope_forward(p.rope, all.subspan(E, p.rope.src_extent()), t, kr);
-    ai.q = qr;
-    ai.k = kr;
-  } else {
-    ai.q = all.subspan(0, p.attention.q.extent);
-    ai.k = all.subspan(E, p.attention.k.extent);
-  }
-  ai.v = all.subspan(2 * E, p.attention.v.extent);
-  ai.mask = in.keep;
+  std::vector<T> qr(p.rotated_size()), kr(p.rotated_size());
+  const RopeTables<T> t{in.cos, in.sin};
+  const AttentionInputs<T> ai = block_attention_inputs<T>(
+      p, std::span<const T>(qkv), in.keep, std::span<T>(qr), std::span<T>(kr),
+      [&](const RopePlan& rp, std::span<const T> src, std::span<T> dst) {
+        kt.rope_forward(rp, src, t, dst);
+      });
   std::vector<T> att(p.attention.o.extent);
   kt.attention_forward(p.attention, ai, att);
   const std::vector<T> y = project<T>(att, in.w_out, in.b_out, rows, E, E, bug);

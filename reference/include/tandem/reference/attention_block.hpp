@@ -53,7 +53,7 @@ void attention_block(const AttentionBlockPlan& plan, const AttentionBlockInputs<
   const std::int64_t B = plan.B, S = plan.S, E = plan.E;
 
   // qkv[b,s,o] = RN_M(b_qkv[o] + Σ_e x[b,s,e]·w_qkv[o,e])   for o < 3E (rows q, k, v of w_qkv)
-  std::vector<M> qkv(static_cast<std::size_t>(B * S * 3 * E));
+  std::vector<M> qkv(static_cast<std::size_t>(plan.qkv_size()));
   for (std::int64_t b = 0; b < B; ++b) {
     for (std::int64_t s = 0; s < S; ++s) {
       for (std::int64_t o = 0; o < 3 * E; ++o) {
@@ -66,30 +66,21 @@ void attention_block(const AttentionBlockPlan& plan, const AttentionBlockInputs<
       }
     }
   }
-  const std::span<const M> qkv_view(qkv);
-  // q, k and v start at columns 0, E and 2E of each qkv row (row stride 3E).
-  std::span<const M> q = qkv_view.subspan(0);
-  std::span<const M> k = qkv_view.subspan(static_cast<std::size_t>(E));
-  const std::span<const M> v = qkv_view.subspan(static_cast<std::size_t>(2 * E));
-
-  // q ← rope(q), k ← rope(k): NeoX, n_rot = D, position rows; outputs
-  // contiguous [B, S, E] (the attention plan reads them with row stride E).
-  std::vector<M> q_rot, k_rot;
-  if (plan.has_rope) {
-    const std::vector<M> cos(in.cos.begin(), in.cos.end());  // exact: T is M or narrower
-    const std::vector<M> sin(in.sin.begin(), in.sin.end());
-    const RopeTables<M> tables{cos, sin};
-    q_rot.resize(static_cast<std::size_t>(plan.rope.out_size()));
-    k_rot.resize(static_cast<std::size_t>(plan.rope.out_size()));
-    rope_forward<M, Acc>(plan.rope, q, tables, std::span<M>(q_rot));
-    rope_forward<M, Acc>(plan.rope, k, tables, std::span<M>(k_rot));
-    q = q_rot;
-    k = k_rot;
-  }
+  // q = rope(qkv[:, :, 0:E]), k = rope(qkv[:, :, E:2E]): NeoX, n_rot = D, position rows, into
+  // contiguous [B, S, E] (without tables read in place); v = qkv[:, :, 2E:3E] in place.
+  std::vector<M> q_rot(static_cast<std::size_t>(plan.rotated_size()));
+  std::vector<M> k_rot(q_rot.size());
+  const std::vector<M> cos(in.cos.begin(), in.cos.end());  // exact: T is M or narrower
+  const std::vector<M> sin(in.sin.begin(), in.sin.end());
+  const RopeTables<M> tables{cos, sin};
+  const AttentionInputs<M> att_in = block_attention_inputs<M>(
+      plan, std::span<const M>(qkv), in.keep, std::span<M>(q_rot), std::span<M>(k_rot),
+      [&](const RopePlan& rp, std::span<const M> src, std::span<M> dst) {
+        rope_forward<M, Acc>(rp, src, tables, dst);
+      });
 
   // a = attention(q, k, v, keep), a [B, S, H, D] = [B, S, E]
   std::vector<M> a(static_cast<std::size_t>(B * S * E));
-  const AttentionInputs<M> att_in{q, k, v, in.keep};
   attention_forward<M, Acc>(plan.attention, att_in, std::span<M>(a));
 
   // out[b,s,o] = RN_T(b_out[o] + Σ_e a[b,s,e]·w_out[o,e])   for o < E

@@ -75,6 +75,7 @@ struct TuningSpace {
   std::vector<std::int64_t> rows_per_tile;
   bool empty() const { return rows_per_tile.empty(); }
 };
+/// The tuner's space for calls of kind `kind` (spec §11.2).
 TuningSpace tuning_space(ShapeKind kind);
 
 /// One tuned class.

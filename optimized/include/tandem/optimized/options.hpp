@@ -94,6 +94,7 @@ struct Options {
   /// Per shape class, bit-neutral fields over `geometry` (tuning.hpp); null:
   /// the tuning TANDEM_TUNING names, when `tuning_from_environment`.
   std::shared_ptr<const Tuning> tuning;
+  /// Whether a null `tuning` takes TANDEM_TUNING's (false: the geometry alone).
   bool tuning_from_environment = true;
 };
 

@@ -28,8 +28,9 @@ std::string to_string(ShapeKind kind);
 
 /// The class of one call: its kind and its head width D.
 struct ShapeClass {
-  ShapeKind kind = ShapeKind::prefill;
-  std::int64_t D = 0;
+  ShapeKind kind = ShapeKind::prefill;  ///< prefill, decode or backward
+  std::int64_t D = 0;                   ///< the head width of q and k
+  /// Equal kinds and widths.
   friend bool operator==(const ShapeClass&, const ShapeClass&) = default;
 };
 /// The class of a forward (`backward` false) or backward call of `plan`:
@@ -39,8 +40,12 @@ ShapeClass shape_class(const AttentionPlan& plan, bool backward);
 /// The CPU a tuning was made on: cpuid's vendor, family, model and brand
 /// string (empty and 0 off x86) and the best Highway target of this binary.
 struct CpuIdentity {
-  std::string vendor, brand, target;
-  std::int64_t family = 0, model = 0;
+  std::string vendor;       ///< cpuid's vendor string ("AuthenticAMD")
+  std::string brand;        ///< cpuid's brand string
+  std::string target;       ///< the best Highway target ("AVX2")
+  std::int64_t family = 0;  ///< cpuid's display family
+  std::int64_t model = 0;   ///< cpuid's display model
+  /// The same CPU and target.
   friend bool operator==(const CpuIdentity&, const CpuIdentity&) = default;
 };
 /// This CPU's identity.
@@ -61,7 +66,8 @@ std::string to_string(const CpuIdentity& cpu);
 /// backward's (dK/dV sums over tiles and query parts), and rows_per_tile
 /// in the backward (the same sums).
 struct TunedFields {
-  std::optional<std::int64_t> rows_per_tile;
+  std::optional<std::int64_t> rows_per_tile;  ///< Geometry::rows_per_tile, or unset
+  /// The same fields set to the same values.
   friend bool operator==(const TunedFields&, const TunedFields&) = default;
 };
 /// `base` with the set fields of `t`.
@@ -72,7 +78,8 @@ Geometry apply(const TunedFields& t, Geometry base);
 /// prefill, nothing for decode (one query per tile whatever the size) and
 /// backward.
 struct TuningSpace {
-  std::vector<std::int64_t> rows_per_tile;
+  std::vector<std::int64_t> rows_per_tile;  ///< candidates for rows_per_tile
+  /// Whether there is nothing to try.
   bool empty() const { return rows_per_tile.empty(); }
 };
 /// The tuner's space for calls of kind `kind` (spec §11.2).
@@ -80,14 +87,14 @@ TuningSpace tuning_space(ShapeKind kind);
 
 /// One tuned class.
 struct TunedClass {
-  ShapeClass cls;
-  TunedFields fields;
+  ShapeClass cls;      ///< the calls it is for
+  TunedFields fields;  ///< their tuned fields
 };
 
 /// A tuning file's content: the CPU it was made on and its classes.
 struct Tuning {
-  CpuIdentity cpu;
-  std::vector<TunedClass> classes;
+  CpuIdentity cpu;                  ///< the CPU and target it was tuned on
+  std::vector<TunedClass> classes;  ///< the tuned classes, one entry each
   /// The fields for `cls`, or null when the tuning has none.
   const TunedFields* find(const ShapeClass& cls) const;
   /// The geometry a call of class `cls` runs at: `base` with its fields.

@@ -8,17 +8,7 @@ cmake_minimum_required(VERSION 3.25)
 file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}")
 
-function(expect what code text want_code)
-  if(NOT code STREQUAL want_code)
-    message(FATAL_ERROR "${what}: exit ${code}, expected ${want_code}\n${text}")
-  endif()
-  foreach(fragment ${ARGN})
-    string(FIND "${text}" "${fragment}" at)
-    if(at EQUAL -1)
-      message(FATAL_ERROR "${what}: output lacks '${fragment}'\n${text}")
-    endif()
-  endforeach()
-endfunction()
+include("${CMAKE_CURRENT_LIST_DIR}/expect.cmake")
 
 function(check_with tuning out_code out_text)
   execute_process(COMMAND ${CMAKE_COMMAND} -E env TANDEM_TUNING=${tuning}

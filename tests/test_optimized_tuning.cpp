@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "support/tandem_test_support.hpp"
 #include "tandem/attention_plan.hpp"
 #include "tandem/error.hpp"
 #include "tandem/optimized/tuning.hpp"
@@ -147,13 +148,7 @@ TEST(Tuning, EnvironmentVariableNamesTheFile) {
 }
 
 TEST(Tuning, CallsClassedByShape) {
-  tandem::AttentionParams p;
-  p.Sq = 1;
-  p.Sk = 100;
-  p.H = 32;
-  p.Hkv = 8;
-  p.D = 128;
-  p.Dv = 128;
+  tandem::AttentionParams p = tandem::test::attention_params(1, 1, 100, 32, 8, 128, 128);
   const tandem::AttentionPlan decode = tandem::AttentionPlan::make(p);
   EXPECT_EQ(shape_class(decode, false), (ShapeClass{ShapeKind::decode, 128}));
   EXPECT_EQ(shape_class(decode, true), (ShapeClass{ShapeKind::backward, 128}));

@@ -52,6 +52,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from alternate import alternate  # noqa: E402 - bench/alternate.py, beside this directory
+
 LIBRARIES = ("torch", "openvino", "onnxruntime", "jax", "ggml")
 PIP_NAMES = {"torch": "torch", "openvino": "openvino", "onnxruntime": "onnxruntime onnx",
              "jax": "jax", "ggml": "ggml-python"}
@@ -141,31 +144,11 @@ def measure(fn, min_time, measure_memory=False):
     return total / reps, reps, extra
 
 
-def time_calls(fn, n):
-    """Mean seconds per call of n calls of fn."""
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - t0) / n
-
-
 def measure_paired(ours, theirs, min_time, rounds):
-    """tandem's call `ours` and the peer's `theirs` timed in alternation on the same shape:
-    after a warm-up call of each, `rounds` rounds that each time both (the order swapped
-    every other round, so neither always runs first); each side calls its function for
-    about min_time / rounds seconds per round. ([our seconds per call in each round],
-    [theirs in each round])."""
-    per = []
-    for fn in (ours, theirs):
-        fn()  # warm-up (and compilation, for JIT peers)
-        per.append(max(time_calls(fn, 1), 1e-7))
-    counts = [max(1, int(min_time / rounds / t)) for t in per]
-    times = ([], [])
-    for i in range(rounds):
-        order = (0, 1) if i % 2 == 0 else (1, 0)
-        for side in order:
-            times[side].append(time_calls((ours, theirs)[side], counts[side]))
-    return times
+    """tandem's call `ours` and the peer's `theirs` timed in alternation on the same shape
+    (bench/alternate.py): ([our seconds per call in each round], [theirs in each round])."""
+    mine, peer = alternate([ours, theirs], min_time, rounds)
+    return mine, peer
 
 
 # ---------------------------------------------------------------------------

@@ -22,8 +22,10 @@ Measures, in one process:
 
 import argparse
 import json
+import os
 import re
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -33,6 +35,9 @@ import torch.nn.functional as F
 import tandem
 import tandem.torch as tt
 from tandem import _ext
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from alternate import alternate  # noqa: E402 - bench/alternate.py, beside this directory
 
 
 def per_call(fn, min_time, repeats=5):
@@ -50,28 +55,6 @@ def per_call(fn, min_time, repeats=5):
             fn()
         runs.append((time.perf_counter() - t0) / n)
     return statistics.median(runs)
-
-
-def alternate(fns, min_time, rounds):
-    """The callables `fns` timed in alternation on the same inputs: after a warm-up call of
-    each, `rounds` rounds that each time every one (the order rotated every round, so none
-    always runs first), each calling its function for about min_time / rounds seconds.
-    [[seconds per call of fns[i] in each round] for each i]."""
-    counts = []
-    for fn in fns:
-        fn()
-        t0 = time.perf_counter()
-        fn()
-        counts.append(max(1, int(min_time / rounds / max(time.perf_counter() - t0, 1e-7))))
-    times = [[] for _ in fns]
-    for r in range(rounds):
-        for j in range(len(fns)):
-            i = (j + r) % len(fns)
-            t0 = time.perf_counter()
-            for _ in range(counts[i]):
-                fns[i]()
-            times[i].append((time.perf_counter() - t0) / counts[i])
-    return times
 
 
 def kernel_call(q, k, v, causal):

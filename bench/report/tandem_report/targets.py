@@ -7,7 +7,7 @@ from typing import Optional
 
 from .analysis import block_split, feature_pairs
 from .fmt import fms, fnum, fpct
-from .paired import MISSED, Spread, combine, verdict
+from .paired import MISSED, Spread, combine, quantile, verdict
 from .profile import describe
 from .results import Range, Where, attn, where
 
@@ -41,6 +41,16 @@ def peer_speedup(row, peers):
         return min(paired, key=lambda s: s.median)
     x = min(p.seconds for p in peers) / row.seconds
     return Spread(x, x, x, 1)
+
+
+def times_shown(row, p):
+    """The two times behind a speed-up over one peer: where paired, the medians of the
+    rounds the ratios were taken from (tandem through Python beside the peer), else the C++
+    row's time and the peer's."""
+    if p.tandem_rounds:
+        return (f"{fms(quantile(p.tandem_rounds, 0.5))} vs {fms(quantile(p.peer_rounds, 0.5))},"
+                f" paired medians")
+    return f"{fms(row.seconds)} vs {fms(p.seconds)}"
 
 
 def shown(s):
@@ -153,7 +163,7 @@ class PeerAt:
             return [outcome(self.name, None, "–")]
         sp = peer_speedup(r, [p])
         return [decided(self.name, verdict(sp, self.need),
-                        f"{shown(sp)} ({fms(r.seconds)} vs {fms(p.seconds)})")]
+                        f"{shown(sp)} ({times_shown(r, p)})")]
 
 
 @dataclass(frozen=True)
@@ -174,7 +184,7 @@ class VersusPeers:
                     sp = peer_speedup(r, [p])
                     out.append(decided(f"{self.op} {r.shape.tag} vs {self.label} ({peer}): faster",
                                        verdict(sp, 1.0),
-                                       f"{shown(sp)} ({fms(r.seconds)} vs {fms(p.seconds)})"))
+                                       f"{shown(sp)} ({times_shown(r, p)})"))
         return out
 
 

@@ -472,6 +472,16 @@ class PairedTargetsTest(unittest.TestCase):
                       f"{noise.median:.1%}", md)
         self.assertIsNone(analysis.run_noise(Results.from_run(RUN)))
 
+    def test_times_beside_a_paired_ratio_are_the_rounds_medians(self):
+        # the ratio comes from the rounds, so the times shown beside it must too (not the C++
+        # row's time, measured at another moment)
+        res = Results.from_run(with_paired_sdpa([0.004, 0.005, 0.006], [0.002, 0.0025, 0.003]))
+        row = res.one("attention_forward", attn(S=2048, D=128))
+        peer = res.peer("attention_forward", row.shape.tag, "torch_sdpa")
+        self.assertEqual(targets.times_shown(row, peer), "2.50 ms vs 5.00 ms, paired medians")
+        unpaired = Results.from_run(RUN).peer("attention_forward", row.shape.tag, "torch_sdpa")
+        self.assertNotIn("paired", targets.times_shown(row, unpaired))
+
     def test_the_peers_note_says_whether_they_were_paired(self):
         for paired_with, text in (("0.1.0", "timed beside each peer in 9 alternating rounds"),
                                   (None, "The peers were timed alone")):

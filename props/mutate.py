@@ -164,6 +164,11 @@ MUTATIONS = [
     Mutation("paged_run_past_block", "attention_call-inl.h",
              [(": seq->block_size - j % seq->block_size;", ": seq->block_size - j % seq->block_size + 1;")],
              "paged cache: a block of keys is read in place one row past the end of its cache block"),
+    Mutation("gemm_narrow_strip", "gemm-inl.h",
+             [("const auto nr = static_cast<std::size_t>(std::min<std::int64_t>(kNR, (NC - c0) / N));",
+               "const auto nr = static_cast<std::size_t>((NC - c0) / N >= static_cast<std::int64_t>(kNR)"
+               " ? kNR : (NC - c0) / N - 1);")],
+             "Gemm's last strip of columns, when narrower than the register tile, loses its last vector"),
     Mutation("finite_check_tail", "gemm-inl.h",
              [("for (; x < width; ++x) finite = finite && std::isfinite(row[x]);", "")],
              "RowsFinite ignores the last partial vector of a row (the careful path's test)"),

@@ -77,7 +77,27 @@ struct Geometry {
   std::int64_t backward_min_tasks = 8;
   std::int64_t backward_query_parts = 0;
   ///@}
+
+  /// Batch-invariant, deterministic inference (SPEC §12): a query row's out
+  /// and lse (and a sequence's dq, dk, dv) are bitwise the same whatever
+  /// else the call holds and however it is split: the Sq of the call
+  /// (prefill, decode step, prefill chunk), the batch, packed or separate
+  /// sequences, a paged or contiguous cache, split-key decisions, the other
+  /// fields of this geometry and the thread count. The float operations
+  /// then follow one fixed order: key blocks of kInvariantKeyBlock keys at
+  /// multiples of it from each sequence's key 0, chunks of
+  /// kInvariantChunk keys merged in chunk order, and dot products summed
+  /// along d in order, in the wide and the decode tile alike; key_block,
+  /// edge_block and backward_query_parts no longer apply.
+  bool invariant = false;
 };
+
+/// Keys per block of the online softmax under Geometry::invariant.
+inline constexpr std::int64_t kInvariantKeyBlock = 64;
+/// Keys per chunk under Geometry::invariant: each row's keys are split at
+/// multiples of it, each chunk's softmax sums formed alone and the chunks
+/// merged in order (as a split-key decode merges them).
+inline constexpr std::int64_t kInvariantChunk = 1024;
 
 struct Tuning;  // tuning.hpp
 

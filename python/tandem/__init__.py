@@ -9,8 +9,9 @@ readable reference and an optimized SIMD backend — for NumPy and PyTorch.
 offers `scaled_dot_product_attention` with PyTorch's signature;
 `tandem.transformers` registers the attention implementation "tandem" with
 Hugging Face transformers; `tandem.testing` checks your own kernels against
-the reference with Hypothesis. Every invalid call raises tandem.Error (a
-ValueError) naming the parameter. The three modules need the package's extras
+the reference with Hypothesis, and their batch invariance (which
+`tandem.invariant()` gives the optimized backend). Every invalid call
+raises tandem.Error (a ValueError) naming the parameter. The three modules need the package's extras
 (pip install 'tandem[torch,testing,transformers]'); imported without one,
 they raise tandem.MissingExtra (a ModuleNotFoundError) naming it.
 """

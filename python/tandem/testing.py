@@ -38,6 +38,12 @@ operands RN_T(p_ij), RN_T(dx_ij) that float32 may round the other way, both
 computed by the C++ reference (reference::attention_backward_rounding);
 explain_rounding_backward(fn, config) names the nearest profile.
 
+Batch invariance (SPEC §12): check_invariance(fn) runs a kernel on a batch
+and on its parts, packed and separate, on a paged cache and contiguous keys,
+on a prefill and on its decode steps and chunks, and raises
+InvarianceFailure at the first query row whose bits differ (which check,
+sequence, query, head, max |diff|).
+
 A failure raises CheckFailure with the minimal configuration, its seed and
 a pytest test to paste. Exploration stops after `time_budget` seconds
 (Hypothesis' per-example deadline is off); shrinking a failure always runs
@@ -1076,21 +1082,23 @@ class _Invariance:
         """got and want: (out [R, H, Dv], lse [R, H] or None) for the rows
         (seq[r], pos[r]); raises InvarianceFailure at the first that differs."""
         self.rows[check] += len(seq)
+        bad = {}
         for name, g, w in (("out", got[0], want[0]), ("lse", got[1], want[1])):
             if g is None or w is None:
                 continue
             if g.shape != w.shape or g.dtype != w.dtype:
                 raise AssertionError(f"tandem.testing: {check}: {name} {g.dtype}"
                                      f"{list(g.shape)} vs {w.dtype}{list(w.shape)} ({detail})")
-            bad = _bits(g) != _bits(w)
-            bad = bad.reshape(len(seq), self.c.H, -1).any(-1)
-            if bad.any():
-                r, h = (int(i) for i in np.argwhere(bad)[0])
-                with np.errstate(invalid="ignore"):
-                    d = np.abs(g[r, h].astype(np.float64) - w[r, h].astype(np.float64))
-                d = float(np.max(np.where(np.isnan(d), np.inf, d), initial=0.0))
-                raise InvarianceFailure(check, int(seq[r]), int(pos[r]), h, name, d, detail,
-                                        self.c)
+            bad[name] = (_bits(g) != _bits(w)).reshape(len(seq), self.c.H, -1).any(-1)
+        either = np.logical_or.reduce(list(bad.values()))
+        if either.any():
+            r, h = (int(i) for i in np.argwhere(either)[0])
+            name = "out" if bad["out"][r, h] else "lse"
+            g, w = (x[0 if name == "out" else 1][r, h] for x in (got, want))
+            with np.errstate(invalid="ignore"):
+                d = np.abs(np.asarray(g).astype(np.float64) - np.asarray(w).astype(np.float64))
+            d = float(np.max(np.where(np.isnan(d), np.inf, d), initial=0.0))
+            raise InvarianceFailure(check, int(seq[r]), int(pos[r]), h, name, d, detail, self.c)
 
     # -- per-sequence calls --------------------------------------------------
 

@@ -93,6 +93,39 @@ def test_the_optimized_backend_passes_under_the_switch():
     assert min(rows.values()) > 0, rows
 
 
+def test_the_switch_reaches_the_kernels():
+    # Without it the default geometry's order is another: sequences packed
+    # together are not summed as each alone (the check's default sequences
+    # show it), so the pass above is the switch's doing.
+    config = T.InvarianceConfig(sinks=True)
+    with pytest.raises(T.InvarianceFailure) as info:
+        T.check_invariance(tandem.attention, config=config, checks=("packed",))
+    assert info.value.check == "packed"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_optimized_backend_passes_in_low_precision(dtype):
+    config = T.InvarianceConfig(lengths=(1, 65, 1030), chunks=(64,), block_sizes=(16,),
+                                dtype=dtype, sinks=True)
+    with tandem.invariant():
+        rows = T.check_invariance(tandem.attention, paged_fn=tandem.attention_with_kvcache,
+                                  config=config, array="torch")
+    assert min(rows.values()) > 0, rows
+
+
+def test_under_the_switch_the_thread_count_changes_no_bit():
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((3, 1100, h, 32)).astype(np.float32) for h in (8, 2, 2))
+    with tandem.invariant():
+        runs = []
+        for n in (1, 2, 0):
+            tandem.set_threads(n)
+            runs.append(tandem.attention_forward_lse(q[:, -5:], k, v, mask="causal"))
+        tandem.set_threads(0)
+    for out, lse in runs[1:]:
+        assert np.array_equal(out, runs[0][0]) and np.array_equal(lse, runs[0][1])
+
+
 # -- broken kernels are caught at the row that differs --------------------------------
 
 def caught(bug, **kw):
@@ -150,6 +183,19 @@ def test_a_decode_step_summing_in_another_order_is_caught_at_the_first_such_step
             break
     assert first == (e.sequence, e.query, e.head), (first, str(e))
     assert first[1] >= 2  # one key, or two added either way round, agree
+
+
+def test_an_lse_that_depends_on_the_batch_is_caught_at_its_row():
+    def lse_moved_in_a_batch(q, k, v, **kw):  # out right, lse [B, H, Sq] not
+        out, lse = reference_lse(q, k, v, **kw)
+        if q.shape[0] > 1 and "cu_seqlens_q" not in kw:
+            lse[1, 3, -1] = np.nextafter(lse[1, 3, -1], np.float32(np.inf))
+        return out, lse
+
+    with pytest.raises(T.InvarianceFailure) as info:
+        T.check_invariance(lse_moved_in_a_batch, config=SMALL)
+    e = info.value
+    assert (e.check, e.sequence, e.query, e.head, e.output) == ("batch", 1, 0, 3, "lse")
 
 
 def test_a_packed_call_that_differs_is_caught_at_its_row():

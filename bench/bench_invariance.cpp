@@ -180,12 +180,13 @@ struct InvarianceFixture {
     AttentionParams p = s.params();
     const bool decode = c == Case::decode || c == Case::paged_decode || c == Case::decode_bf16;
     caches = decode ? cache_count(kv_bytes(s, c == Case::decode_bf16 ? 2.0 : 4.0)) : 1;
-    const std::int64_t per_cache = block_size > 0 ? s.Sk / block_size : 0;
+    // paged: each sequence's Sk keys in Sk / block_size blocks, B sequences a cache
+    const std::int64_t per_seq = block_size > 0 ? s.Sk / block_size : 0, per_cache = s.B * per_seq;
     if (block_size > 0) {
       p.Sk = 0;
       p.num_blocks = per_cache * static_cast<std::int64_t>(caches);
       p.block_size = block_size;
-      p.max_blocks = per_cache;
+      p.max_blocks = per_seq;
     }
     plan = AttentionPlan::make(p);
     q = random_buffer(static_cast<std::size_t>(plan.q.extent), 1);

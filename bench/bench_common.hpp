@@ -260,5 +260,7 @@ void register_block();
 void register_decode_stored();
 /// Attention forward and backward with f32, bf16, f16 storage (bench_low_precision.cpp).
 void register_low_precision();
+/// The default and the batch-invariant order timed in turn (bench_invariance.cpp).
+void register_invariance();
 
 }  // namespace tandem::bench

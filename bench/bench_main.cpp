@@ -290,6 +290,7 @@ int main(int argc, char** argv) {
   register_block();
   register_decode_stored();
   register_low_precision();
+  register_invariance();
   if (config().print_plan) {
     print_plan();
     return 0;

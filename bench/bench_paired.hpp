@@ -32,17 +32,29 @@ class PairedTimes {
   /// after the same neighbour).
   template <class Run>
   void time_iterations(benchmark::State& st, Run&& run) {
-    std::size_t iteration = 0;
-    for (auto _ : st) {
-      for (std::size_t i = 0; i < kinds_.size(); ++i) {
-        const std::size_t k = (iteration + i) % kinds_.size();
-        const auto t0 = std::chrono::steady_clock::now();
-        run(k);
-        benchmark::ClobberMemory();
-        add(k, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      }
-      ++iteration;
+    for (auto _ : st) time_round(run);
+  }
+
+  /// One round outside a benchmark's loop: `run(k)` timed for every kind k,
+  /// round i (counted over every round recorded) starting from kind i mod n.
+  template <class Run>
+  void time_round(Run&& run) {
+    const std::size_t round = rounds();
+    for (std::size_t i = 0; i < kinds_.size(); ++i) {
+      const std::size_t k = (round + i) % kinds_.size();
+      const auto t0 = std::chrono::steady_clock::now();
+      run(k);
+      benchmark::ClobberMemory();
+      add(k, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
+  }
+
+  /// Rounds recorded so far (calls of the last kind).
+  [[nodiscard]] std::size_t rounds() const { return seconds_.back().size(); }
+
+  /// The seconds of every call of `kind`, in round order.
+  [[nodiscard]] const std::vector<double>& seconds(std::size_t kind) const {
+    return seconds_[kind];
   }
 
   /// For every kind k, with t_k,i the time of its call in iteration i:
@@ -73,13 +85,8 @@ class PairedTimes {
 
   [[nodiscard]] const std::vector<std::string>& kinds() const { return kinds_; }
 
- private:
-  static double mean(const std::vector<double>& x) {
-    double s = 0;
-    for (const double v : x) s += v;
-    return x.empty() ? 0 : s / static_cast<double>(x.size());
-  }
-  /// The q-quantile of x by linear interpolation between order statistics.
+  /// The q-quantile of x by linear interpolation between order statistics
+  /// (0 for no values).
   static double quantile(std::vector<double> x, double q) {
     if (x.empty()) return 0;
     std::sort(x.begin(), x.end());
@@ -87,6 +94,13 @@ class PairedTimes {
     const auto lo = static_cast<std::size_t>(pos);
     const std::size_t hi = std::min(lo + 1, x.size() - 1);
     return x[lo] + (pos - static_cast<double>(lo)) * (x[hi] - x[lo]);
+  }
+
+ private:
+  static double mean(const std::vector<double>& x) {
+    double s = 0;
+    for (const double v : x) s += v;
+    return x.empty() ? 0 : s / static_cast<double>(x.size());
   }
 
   std::vector<std::string> kinds_;

@@ -652,9 +652,9 @@ BlockOracle block_from_parts(const Kernels<T>& kt, const BlockData& d) {
     for (i64 o = 0; o < E; ++o) {
       double acc = p.out_bias ? double(d.b_out[o]) : 0.0, mag = std::abs(acc);
       for (i64 e = 0; e < E; ++e) {
-        const double t = static_cast<double>(a[r * E + e]) * double(d.w_out[o * E + e]);
-        acc += t;
-        mag += std::abs(t);
+        const double term = static_cast<double>(a[r * E + e]) * double(d.w_out[o * E + e]);
+        acc += term;
+        mag += std::abs(term);
       }
       out.y[r * E + o] = acc;
       out.tol[r * E + o] = gamma * mag;

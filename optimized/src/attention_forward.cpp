@@ -30,6 +30,10 @@
 // tiles (attn::Call).
 // The result of every tile depends only on the plan, never on the thread
 // count or the schedule: bitwise identical for any number of threads.
+// With Geometry::invariant (SPEC §12) a row's bits depend on nothing but its
+// own inputs: key blocks at multiples of 64 from the sequence's key 0, 1024-
+// key chunks merged in order (attention_chunk_merge-inl.h), decode tiles'
+// scores formed as the wide tiles' are, split-key chunks at those chunks.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention_forward.cpp"

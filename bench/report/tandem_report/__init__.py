@@ -8,6 +8,7 @@
 - analysis: figures derived from several results (the block's projections, feature pairs);
 - targets: the performance targets, each a small declarative record, and their evaluation;
 - plots: the figures (matplotlib, imported there alone);
+- invariance: the cost of the batch-invariant order, its verdict against the 5 % criterion;
 - document, op_tables, doc: the report's text, written as Markdown and HTML.
 
 Only the standard library is needed outside plots (Debian's /usr/bin/python3 runs it).

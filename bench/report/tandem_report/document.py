@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Writes report.md and report.html: the run's header and warnings, the targets, the
-machine, the roofline, the features, tandem through Python, the results per op, the plots,
-the errors against the reference, what failed and how it was measured."""
+machine, the roofline, the features, tandem through Python, the low-precision storage, the
+cost of invariance, the results per op, the plots, the errors against the reference, what
+failed and how it was measured."""
 import os
 
 from .analysis import feature_pairs, run_noise
@@ -9,6 +10,7 @@ from .paired import paired_ratios, spread
 from .proc import others_busy
 from .doc import Doc
 from .fmt import fms, fmt_dur, fnum, fpct, fratio
+from .invariance import write_invariance
 from .op_tables import write_op_tables
 from .profile import describe
 
@@ -29,6 +31,7 @@ def write(res, outcomes, made, out_dir, preset, run_seconds):
     write_features(doc, res)
     write_python(doc, res)
     write_low_precision(doc, res)
+    write_invariance(doc, res, machine_line(res.info))
     write_op_tables(doc, res)
     write_plots(doc, made)
     write_accuracy(doc, res.accuracy)
@@ -103,6 +106,12 @@ def cpu_line(info):
     guest = f", {info['Hypervisor vendor']} guest" if info.get("Hypervisor vendor") else ""
     return (f"{info.get('cpu_model')} (family {info.get('CPU family', '?')}, model "
             f"{info.get('Model', '?')}; {info.get('cores')} cores available{mhz}{guest})")
+
+
+def machine_line(info):
+    """The CPU, its SIMD flags and the Highway target of the optimized backend, in a line."""
+    return (f"{cpu_line(info)}, SIMD {info.get('simd_flags') or '?'}, Highway target "
+            f"{info.get('optimized_target')}")
 
 
 def write_machine(doc, res):
@@ -402,6 +411,11 @@ METHOD = [
     "OpenVINO lists BF16 among the CPU's OPTIMIZATION_CAPABILITIES), ggml_flash_attn_ext with "
     "f16 K/V (the same bytes as bf16) and, beside tandem's int8 decode, with q8_0 K/V (int8 "
     "codes and an f16 scale per 32 values, 34 bytes per 32).",
+    "Cost of invariance: each benchmark times the optimized attention with the default "
+    "Geometry and with `Geometry::invariant` (and the default with one ingredient of the "
+    "invariant order imitated) in turn inside every round, the kind that starts a round "
+    "rotating; at least 7 rounds (more rounds run after Google Benchmark's loop when a round "
+    "takes seconds); decode cycles through caches that together exceed the last-level cache.",
     "The roofline is measured at the start of the run, again before each op group (once "
     "some seconds have passed since the last probes; the group's fractions divide by the probe "
     "just before it) and at its end.",

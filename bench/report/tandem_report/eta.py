@@ -36,6 +36,8 @@ class Eta:
         stored = "stored" in s["tags"]
         if stored:  # every storage type in turn, each about as long as f32
             work *= STORED_TYPES.get(s["op"], 3)
+        if "invariance" in s["tags"]:  # every kind in turn, at least 7 rounds
+            work *= 7 * max(1, sum(1 for k in p if k.startswith("kind_")))
         rate = self.rate.get((s["op"], s["backend"], s["threads"]))
         if rate is None:
             peak, copy = self.peaks.get(s["threads"], (100.0, 10.0, None))[:2]

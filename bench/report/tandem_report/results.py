@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
-from .paired import paired_ratios, spread
+from .paired import Spread, paired_ratios, spread
 
 TIME_UNIT = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
@@ -237,6 +237,43 @@ class Roofline:
         return out or None
 
 
+# The kinds a benchmark tagged `invariance` times in turn inside each round
+# (bench_invariance.cpp), in the order of the report's table: the default order (the
+# baseline), the invariant order, and the default order with one ingredient of the
+# invariant one imitated by a Geometry field.
+INVARIANCE_KINDS = ("default", "invariant", "no_edge", "wide_decode", "no_split", "chunk1024",
+                    "one_part")
+
+
+@dataclass(frozen=True, eq=False)
+class InvarianceRow:
+    """One `invariance` benchmark: its case (prefill, decode, paged_decode, backward,
+    decode_bf16), shape and, for every kind it timed, the median time of one call (s) and
+    the Spread of the per-round ratio of that kind's time to the default's."""
+    name: str
+    case: str
+    shape: Shape
+    threads: int
+    seconds: dict  # {kind: median seconds of one call}
+    cost: dict  # {kind: Spread of t_kind / t_default over the rounds}
+
+    @staticmethod
+    def parse(r):
+        s = r.get("_spec", {})
+        tags = s.get("tags", [])
+        case = next((t for t in tags if t != "invariance"), "?")
+        n = int(r.get("paired_iterations", 0))
+        seconds, cost = {}, {}
+        for k in INVARIANCE_KINDS:
+            if f"{k}_cost_median" not in r:
+                continue
+            seconds[k] = r[f"{k}_median_ms"] * 1e-3
+            cost[k] = Spread(r[f"{k}_cost_median"], r[f"{k}_cost_p25"], r[f"{k}_cost_p75"], n)
+        return InvarianceRow(name=r["name"], case=case,
+                             shape=Shape(s.get("shape"), s.get("params", {})),
+                             threads=s.get("threads", 1), seconds=seconds, cost=cost)
+
+
 # ---- the run -------------------------------------------------------------------------------
 
 
@@ -300,10 +337,11 @@ class Results:
     plan: dict  # tandem_bench --plan
     python: dict  # bench/python/python_bench.py's document
     profiles: dict = field(default_factory=dict)  # {benchmark: profile.py's profile}
+    invariance: list = field(default_factory=list)  # InvarianceRow, in the run's order
 
     @staticmethod
     def parse(bench, peers, accuracy, info, plan, python=None, profiles=None):
-        rows, errors, roofline = [], [], Roofline()
+        rows, errors, roofline, invariance = [], [], Roofline(), []
         for r in bench:
             if r.get("error_occurred"):
                 errors.append((r.get("name"), r.get("error_message", "")))
@@ -313,6 +351,8 @@ class Results:
                     roofline.add(m)
                 elif "stored" in m.tags:
                     rows.extend(split_stored(r))
+                elif "invariance" in m.tags:
+                    invariance.append(InvarianceRow.parse(r))
                 else:
                     rows.append(m)
         by_name = {s["name"]: s for s in plan.get("benchmarks", [])}
@@ -323,7 +363,7 @@ class Results:
                      for p in records if "seconds" in p]
         peer_errors = [parse_peer_failure(p) for p in records if "error" in p]
         return Results(rows, errors, roofline, peer_rows, peer_errors, peers, accuracy, info,
-                       plan, python or {}, profiles or {})
+                       plan, python or {}, profiles or {}, invariance)
 
     @staticmethod
     def from_run(run):

@@ -11,7 +11,7 @@ import time
 from .eta import Eta
 from .fmt import fms, fmt_dur, fnum, fpct
 from .proc import log
-from .results import STORED_KINDS, TIME_UNIT
+from .results import INVARIANCE_KINDS, STORED_KINDS, TIME_UNIT
 
 # Minimum seconds per benchmark of each preset (when --min-time is not given).
 MIN_TIME = {"quick": 0.05, "standard": 0.3, "full": 0.5}
@@ -79,7 +79,11 @@ def log_result(r, spec):
         log(f"      failed: {r.get('error_message', '')[:200]}")
     elif "real_time" in r:
         unit = TIME_UNIT[r.get("time_unit", "ns")]
-        if "stored" in spec["tags"]:
+        if "invariance" in spec["tags"]:
+            kinds = [k for k in INVARIANCE_KINDS[1:] if f"{k}_cost_median" in r]
+            rate = "÷ default (median of paired ratios): " + ", ".join(
+                f"{k} {r[k + '_cost_median']:.3f}×" for k in kinds)
+        elif "stored" in spec["tags"]:
             kinds = [k for k in STORED_KINDS if f"{k}_median_speedup" in r]
             rate = "vs f32 (median of paired ratios): " + ", ".join(
                 f"{k} {r[k + '_median_speedup']:.2f}×" for k in kinds[1:])

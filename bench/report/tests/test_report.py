@@ -8,7 +8,9 @@ results on them (the build directory's path shortened). Expected figures are tak
 the recorded JSON by benchmark name, not through the code under test.
 
 stored_run.json holds the benchmarks tagged `stored` (several storage types timed in turn)
-of another quick run; the tests add them to quick_run.json's run.
+of another quick run; the tests add them to quick_run.json's run. invariance_run.json holds
+the benchmarks tagged `invariance` (the default and the invariant order timed in turn) of a
+`--ops invariance --preset quick` run on a 2-core AMD EPYC (Zen 3), added the same way.
 
 Usage: PYTHONPATH=bench/report test_report.py
 """
@@ -18,7 +20,8 @@ import os
 import tempfile
 import unittest
 
-from tandem_report import analysis, document, paired, proc, profile, targets
+from tandem_report import analysis, document, invariance, paired, proc, profile, targets
+from tandem_report.fmt import fms
 from tandem_report.results import ANY, Range, Results, Shape, attn, where
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -27,6 +30,9 @@ with open(os.path.join(HERE, "quick_run.json")) as f:
 
 with open(os.path.join(HERE, "stored_run.json")) as f:
     STORED = json.load(f)
+
+with open(os.path.join(HERE, "invariance_run.json")) as f:
+    INVARIANCE = json.load(f)
 
 FWD = "attention_forward/optimized/"
 DECODE_STORED = "decode_stored/optimized/B1_H32_Hkv8_Sq1_Sk4096_D128"
@@ -371,6 +377,100 @@ class LowPrecisionTest(unittest.TestCase):
         self.assertIn("Not measured: openvino attention_forward_bf16: RuntimeError: OpenVINO "
                       "reports no bf16 on this CPU. 1 low-precision peer task(s) skipped", md)
         self.assertIn("### attention_backward_saved_bf16", md)
+
+
+def with_invariance(run=RUN):
+    """quick_run.json's run with invariance_run.json's benchmarks and plan entries added."""
+    run = copy.deepcopy(run)
+    run["bench"].extend(copy.deepcopy(INVARIANCE["bench"]))
+    run["plan"]["benchmarks"].extend(copy.deepcopy(INVARIANCE["plan"]))
+    return run
+
+
+INV_DECODE = "invariance/optimized/decode_B1_H32_Hkv8_Sq1_Sk4096_D128"
+
+
+def report_md(run):
+    res = Results.from_run(run)
+    with tempfile.TemporaryDirectory() as out:
+        document.write(res, targets.evaluate(res), {}, out, "quick", 1.0)
+        with open(os.path.join(out, "report.md")) as f:
+            return f.read()
+
+
+def set_cost(run, kind, median, lo, hi, name=None):
+    """Sets the recorded cost counters of `kind` in benchmark `name` (None: every one)."""
+    for r in run["bench"]:
+        if "invariance" in r.get("_spec", {}).get("tags", []) and name in (None, r["name"]):
+            r[f"{kind}_cost_median"], r[f"{kind}_cost_p25"], r[f"{kind}_cost_p75"] = \
+                median, lo, hi
+
+
+class InvarianceTest(unittest.TestCase):
+    def setUp(self):
+        self.run = with_invariance()
+        self.res = Results.from_run(self.run)
+
+    def raw(self, name):
+        return next(r for r in INVARIANCE["bench"] if r["name"] == name)
+
+    def test_a_benchmark_is_one_row_with_every_kind_it_timed(self):
+        self.assertEqual(len(self.res.invariance), len(INVARIANCE["bench"]))
+        self.assertFalse(any(r.op == "invariance" for r in self.res.rows))  # no op table
+        row = next(x for x in self.res.invariance if x.name == INV_DECODE)
+        r = self.raw(INV_DECODE)
+        self.assertEqual(row.case, "decode")
+        self.assertEqual((row.shape.B, row.shape.Sk, row.shape.H, row.shape.Hkv), (1, 4096, 32, 8))
+        self.assertEqual(list(row.cost), ["default", "invariant", "wide_decode", "no_split",
+                                          "chunk1024"])
+        inv = row.cost["invariant"]
+        self.assertEqual((inv.median, inv.lo, inv.hi, inv.n),
+                         (r["invariant_cost_median"], r["invariant_cost_p25"],
+                          r["invariant_cost_p75"], r["paired_iterations"]))
+        self.assertGreaterEqual(inv.n, 7)
+        self.assertAlmostEqual(row.seconds["invariant"], r["invariant_median_ms"] * 1e-3)
+        cases = sorted({x.case for x in self.res.invariance})
+        self.assertEqual(cases, ["backward", "decode", "decode_bf16", "paged_decode", "prefill"])
+        bwd = next(x for x in self.res.invariance if x.case == "backward")
+        self.assertIn("one_part", bwd.cost)
+
+    def test_verdict_against_five_percent(self):
+        S = paired.Spread
+        v = invariance.cost_verdict
+        self.assertEqual(v(S(1.02, 1.01, 1.04, 7)), "met")
+        self.assertEqual(v(S(1.03, 1.0, 1.05, 7)), "met")
+        self.assertEqual(v(S(1.10, 1.07, 1.12, 7)), "not met")
+        self.assertEqual(v(S(1.04, 1.02, 1.07, 7)), "not decided")
+        self.assertEqual(v(S(1.06, 1.05, 1.07, 7)), "not decided")
+        self.assertIsNone(v(None))
+
+    def test_the_section_shows_each_recorded_ratio(self):
+        md = report_md(self.run)
+        self.assertIn("## Cost of invariance", md)
+        r = self.raw(INV_DECODE)
+        tag = r["_spec"]["shape"]
+        inv = (f"{r['invariant_cost_median']:.3f}× ({r['invariant_cost_p25']:.3f}–"
+               f"{r['invariant_cost_p75']:.3f})")
+        self.assertIn(f"| decode | {tag} | {fms(r['default_median_ms'] * 1e-3)} | "
+                      f"{fms(r['invariant_median_ms'] * 1e-3)} | {inv} |", md)
+        self.assertIn(f"wide_decode {r['wide_decode_cost_median']:.3f}× "
+                      f"({r['wide_decode_cost_p25']:.3f}–", md)
+        self.assertIn(f"Measured on {self.run['info']['cpu_model']} ", md)
+        self.assertIn(f"Highway target {self.run['info']['optimized_target']}, 2 thread(s)", md)
+        self.assertIn("Not measured (no `invariance` results", report_md(RUN))
+
+    def test_the_criterion_follows_the_figures(self):
+        run = copy.deepcopy(self.run)
+        set_cost(run, "invariant", 1.0, 0.99, 1.01)
+        md = report_md(run)
+        self.assertIn("Criterion on this machine: **met**", md)
+        self.assertNotIn("costs more than 5 %**", md)
+        set_cost(run, "invariant", 1.2, 1.1, 1.3, INV_DECODE)
+        md = report_md(run)
+        self.assertIn("Criterion on this machine: **not met**", md)
+        self.assertEqual(md.count("✗ **costs more than 5 %**"), 1)
+        set_cost(run, "invariant", 1.04, 1.02, 1.08, INV_DECODE)
+        self.assertIn("Criterion on this machine: **not decided**", report_md(run))
 
 
 class PairedTest(unittest.TestCase):

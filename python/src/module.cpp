@@ -42,30 +42,44 @@ namespace {
 // Which implementation runs a call
 
 /// The implementations by name, built once (the optimized one again when
-/// its thread count changes).
+/// its thread count or its batch-invariant switch changes).
 struct Implementations {
   int threads = 0;
+  /// optimized::Geometry::invariant of the optimized backend (SPEC §12).
+  bool invariant = false;
   std::optional<Backend> optimized;
   Backend reference = tandem::reference::backend();
   Kernels<float> optimized_k, reference_k = reference,
                               reference_fp32acc = tandem::reference::kernels<float, float>();
   Kernels<double> reference_f64 = tandem::reference::kernels<double>();
 
-  void set_threads(int n) {
+  /// Rebuilds the optimized backend with `n` threads per call (0 = every
+  /// core) and Geometry::invariant = `inv`, the other fields the defaults.
+  void rebuild(int n, bool inv) {
 #ifdef TANDEM_PYTHON_HAVE_OPTIMIZED
-    threads = n;
-    optimized = tandem::optimized::backend(tandem::optimized::Options{n});
+    tandem::optimized::Geometry geo;
+    geo.invariant = inv;
+    optimized = tandem::optimized::backend(tandem::optimized::Options{n, geo});
     optimized_k = *optimized;
+    threads = n;
+    invariant = inv;
 #else
     (void)n;
+    (void)inv;
 #endif
+  }
+  void set_threads(int n) {
+    rebuild(n, invariant);
+  }
+  void set_invariant(bool on) {
+    rebuild(threads, on);
   }
 };
 
 Implementations& implementations() {
   static Implementations impl = [] {
     Implementations i;
-    i.set_threads(0);
+    i.rebuild(0, false);
     return i;
   }();
   return impl;
@@ -1015,6 +1029,9 @@ NB_MODULE(_ext, m) {
     implementations().set_threads(n);
   });
   m.def("threads", [] { return implementations().threads; });
+  m.def(
+      "set_invariant", [](bool on) { implementations().set_invariant(on); }, "on"_a);
+  m.def("invariant", [] { return implementations().invariant; });
   m.def("has_optimized", [] { return implementations().optimized.has_value(); });
 #ifdef TANDEM_PYTHON_HAVE_OPTIMIZED
   m.def("simd_target", [] { return optimized::current_target(); });

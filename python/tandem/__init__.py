@@ -9,11 +9,14 @@ readable reference and an optimized SIMD backend — for NumPy and PyTorch.
 offers `scaled_dot_product_attention` with PyTorch's signature;
 `tandem.transformers` registers the attention implementation "tandem" with
 Hugging Face transformers; `tandem.testing` checks your own kernels against
-the reference with Hypothesis. Every invalid call raises tandem.Error (a
-ValueError) naming the parameter. The three modules need the package's extras
+the reference with Hypothesis, and their batch invariance (which
+`tandem.invariant()` gives the optimized backend). Every invalid call
+raises tandem.Error (a ValueError) naming the parameter. The three modules need the package's extras
 (pip install 'tandem[torch,testing,transformers]'); imported without one,
 they raise tandem.MissingExtra (a ModuleNotFoundError) naming it.
 """
+
+import contextlib
 
 from . import _ext
 from ._api import (alibi_slopes, attention, attention_backward, attention_backward_saved,
@@ -29,7 +32,7 @@ __all__ = [
     "attention_backward_saved", "attention_with_kvcache", "alibi_slopes", "rope",
     "rope_backward", "rope_qk", "rope_qk_backward", "axial_rope", "axial_rope_backward",
     "swiglu", "swiglu_backward", "attention_block", "quantize_kv", "QuantizedKv", "offers",
-    "set_threads", "threads", "simd_target",
+    "set_threads", "threads", "set_invariant", "is_invariant", "invariant", "simd_target",
 ]
 
 
@@ -54,6 +57,40 @@ def set_threads(n):
 def threads():
     """The thread count set by set_threads (0 = every core)."""
     return _ext.threads()
+
+
+def set_invariant(on):
+    """Batch-invariant inference on the optimized backend (SPEC §12): with
+    `on`, the backend is rebuilt with optimized::Geometry::invariant, and a
+    query row's out and lse (a sequence's dq, dk, dv) are bitwise the same
+    whatever else its call holds and however the call is split: the Sq of
+    the call (prefill, decode step, prefill chunk against the same cache),
+    the batch, packed or separate sequences, a paged or contiguous cache and
+    the thread count (same storage type, same SIMD target). The reference
+    backend is invariant either way. Process-wide, like set_threads: not to
+    be called while another thread runs a kernel."""
+    _ext.set_invariant(bool(on))
+
+
+def is_invariant():
+    """Whether set_invariant(True) is in force."""
+    return _ext.invariant()
+
+
+@contextlib.contextmanager
+def invariant(on=True):
+    """set_invariant(on) for the body of a `with` block, the previous state
+    restored on leaving it (also on an exception):
+
+        with tandem.invariant():
+            tokens = model.generate(ids, max_new_tokens=32)
+    """
+    before = is_invariant()
+    set_invariant(on)
+    try:
+        yield
+    finally:
+        set_invariant(before)
 
 
 def simd_target():

@@ -38,6 +38,12 @@ operands RN_T(p_ij), RN_T(dx_ij) that float32 may round the other way, both
 computed by the C++ reference (reference::attention_backward_rounding);
 explain_rounding_backward(fn, config) names the nearest profile.
 
+Batch invariance (SPEC §12): check_invariance(fn) runs a kernel on a batch
+and on its parts, packed and separate, on a paged cache and contiguous keys,
+on a prefill and on its decode steps and chunks, and raises
+InvarianceFailure at the first query row whose bits differ (which check,
+sequence, query, head, max |diff|).
+
 A failure raises CheckFailure with the minimal configuration, its seed and
 a pytest test to paste. Exploration stops after `time_budget` seconds
 (Hypothesis' per-example deadline is off); shrinking a failure always runs
@@ -69,7 +75,8 @@ __all__ = [
     "check_attention_config", "check_attention_backward_config", "check_rope_config",
     "check_swiglu_config", "explain_rounding", "explain_rounding_backward", "MASKS", "LAYOUTS",
     "ALIBI", "DTYPES",
-    "ROUNDINGS",
+    "ROUNDINGS", "INVARIANCE_CHECKS", "InvarianceConfig", "InvarianceFailure",
+    "check_invariance",
 ]
 
 MASKS = ("none", "causal", "sliding_window", "key_padding", "bias")
@@ -952,3 +959,312 @@ def check_swiglu(fn, *, array="numpy", policy=Policy(), max_examples=200, time_b
     drawn SwigluConfigs."""
     _run(fn, "swiglu", swiglu_configs(**space), _swiglu_problem, array, policy, max_examples,
          time_budget, seed)
+
+
+# ---------------------------------------------------------------------------
+# Batch invariance (SPEC §12)
+
+#: The invariance checks, in the order check_invariance runs them.
+INVARIANCE_CHECKS = ("batch", "packed", "paged", "decode", "chunked_prefill")
+
+
+class InvarianceFailure(AssertionError):
+    """A query row whose bits differ between two ways of computing it: the
+    `check` (one of INVARIANCE_CHECKS), the `sequence` (an index into the
+    configuration's lengths), the `query` (its position in the sequence),
+    the `head`, the output that differs (`output`: "out" or "lse"), the
+    largest |difference| over the row (`max_diff`, inf when a NaN or inf
+    differs) and what the row was compared with (`detail`)."""
+
+    def __init__(self, check, sequence, query, head, output, max_diff, detail, config):
+        self.check, self.sequence, self.query, self.head = check, sequence, query, head
+        self.output, self.max_diff, self.detail, self.config = output, max_diff, detail, config
+        super().__init__(
+            f"tandem.testing: {check} invariance broken: sequence {sequence} (length "
+            f"{config.lengths[sequence]}), query {query}, head {head}: the bits of {output} "
+            f"differ, max |diff| {max_diff:.3e} ({detail})\n    {config!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class InvarianceConfig:
+    """The sequences of an invariance check: one per entry of `lengths`
+    (prefill: Sq = Sk = length, bottom-right `mask` "causal" or
+    "sliding_window" with `window`), q [L, H, D], k [L, Hkv, D], v
+    [L, Hkv, Dv] drawn from `seed` and rounded to `dtype`; sinks [H] when
+    `sinks`; `softcap`. `chunks`: the chunk sizes of the chunked prefills;
+    `block_sizes`: those of the paged caches; `paged_queries`: the Sq of a
+    paged call besides decode steps (Sq = 1). The default lengths cross the
+    64-key blocks and the 1024-key chunks of tandem's invariant order."""
+    lengths: tuple = (1, 5, 63, 64, 65, 130, 1100)
+    H: int = 4
+    Hkv: int = 2
+    D: int = 16
+    Dv: int = 16
+    mask: str = "causal"
+    window: int = 0
+    softcap: float = 0.0
+    sinks: bool = False
+    chunks: tuple = (7, 64, 100)
+    block_sizes: tuple = (1, 16, 64, 48)
+    paged_queries: int = 3
+    dtype: str = "float32"
+    seed: int = 0
+
+    def sequences(self):
+        """[(q, k, v)] per sequence, NumPy arrays [L, heads, width]."""
+        rng = _rng(self.seed)
+        out = []
+        for L in self.lengths:
+            q, k, v = (_storage(rng.standard_normal((L, h, w)).astype(np.float32), self.dtype)
+                       for h, w in ((self.H, self.D), (self.Hkv, self.D), (self.Hkv, self.Dv)))
+            out.append((q, k, v))
+        return out
+
+    def sink_logits(self):
+        if not self.sinks:
+            return None
+        return _storage(_rng(self.seed + 1).standard_normal(self.H).astype(np.float32),
+                        self.dtype)
+
+    def kwargs(self):
+        """The keyword arguments of every call (tandem.attention's)."""
+        return {"mask": self.mask, "window": self.window if self.mask == "sliding_window"
+                else None, "scale": None, "softcap": self.softcap}
+
+
+def _bits(x):
+    """x's elements as unsigned integers of their width (bitwise comparison)."""
+    x = np.ascontiguousarray(x)
+    return x.view(np.dtype(f"u{x.dtype.itemsize}"))
+
+
+class _Invariance:
+    """The calls of check_invariance and their comparison. A row is
+    (sequence, query position, head); each check computes rows two ways and
+    `compare` raises InvarianceFailure at the first row (in the order of the
+    rows given, then heads) whose bits differ."""
+
+    def __init__(self, fn, paged_fn, config, array):
+        self.fn, self.paged_fn, self.c, self.array = fn, paged_fn, config, array
+        self.seqs = config.sequences()
+        self.sinks = config.sink_logits()
+        self.rows = dict.fromkeys(INVARIANCE_CHECKS, 0)
+        self._alone = {}  # (sequence, Sq) -> its rows, fn on it alone
+
+    def _kw(self, extra):
+        kw = dict(self.c.kwargs(), **extra)
+        if self.sinks is not None:
+            kw["sinks"] = self.sinks
+        return kw
+
+    def _run(self, fn, arrays, kw):
+        """fn(*arrays, **kw) in the chosen framework; (out, lse or None) as
+        NumPy arrays."""
+        arrays = [np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a for a in arrays]
+        named = _framework(dict(enumerate(arrays), **{k: v for k, v in kw.items()
+                                                       if isinstance(v, np.ndarray)}),
+                           self.array)
+        kw = {k: named.get(k, v) for k, v in kw.items()}
+        got = fn(*(named[i] for i in range(len(arrays))), **kw)
+        if isinstance(got, (tuple, list)):
+            return _numpy(got[0]), None if got[1] is None else _numpy(got[1])
+        return _numpy(got), None
+
+    def call(self, q, k, v, **extra):
+        """fn on q [B, Sq, H, D] (or packed [total, H, D] with cu_seqlens)."""
+        layout = "thd" if "cu_seqlens_q" in extra else "bshd"
+        return self._run(self.fn, (q, k, v), self._kw(dict(extra, layout=layout)))
+
+    def paged_call(self, q, k_cache, v_cache, table, seqlens):
+        return self._run(self.paged_fn, (q, k_cache, v_cache, table, seqlens), self._kw({}))
+
+    def compare(self, check, detail, seq, pos, got, want):
+        """got and want: (out [R, H, Dv], lse [R, H] or None) for the rows
+        (seq[r], pos[r]); raises InvarianceFailure at the first that differs."""
+        self.rows[check] += len(seq)
+        bad = {}
+        for name, g, w in (("out", got[0], want[0]), ("lse", got[1], want[1])):
+            if g is None or w is None:
+                continue
+            if g.shape != w.shape or g.dtype != w.dtype:
+                raise AssertionError(f"tandem.testing: {check}: {name} {g.dtype}"
+                                     f"{list(g.shape)} vs {w.dtype}{list(w.shape)} ({detail})")
+            bad[name] = (_bits(g) != _bits(w)).reshape(len(seq), self.c.H, -1).any(-1)
+        either = np.logical_or.reduce(list(bad.values()))
+        if either.any():
+            r, h = (int(i) for i in np.argwhere(either)[0])
+            name = "out" if bad["out"][r, h] else "lse"
+            g, w = (x[0 if name == "out" else 1][r, h] for x in (got, want))
+            with np.errstate(invalid="ignore"):
+                d = np.abs(np.asarray(g).astype(np.float64) - np.asarray(w).astype(np.float64))
+            d = float(np.max(np.where(np.isnan(d), np.inf, d), initial=0.0))
+            raise InvarianceFailure(check, int(seq[r]), int(pos[r]), h, name, d, detail, self.c)
+
+    # -- per-sequence calls --------------------------------------------------
+
+    def alone(self, s, Sq):
+        """fn on sequence s alone, its last Sq queries against all its keys:
+        (out [Sq, H, Dv], lse [Sq, H] or None)."""
+        if (s, Sq) not in self._alone:
+            q, k, v = self.seqs[s]
+            out, lse = self.call(q[None, len(q) - Sq:], k[None], v[None])
+            self._alone[s, Sq] = out[0], None if lse is None else lse[0].T
+        return self._alone[s, Sq]
+
+    # -- the checks ------------------------------------------------------------
+
+    def batch(self):
+        """Every sequence of at least m keys, cut to its first m (a prefill,
+        and a decode step at m - 1), for each length m: the batch in one
+        call, then each entry alone and the two halves of the batch."""
+        for m in sorted(set(self.c.lengths)):
+            members = [s for s, L in enumerate(self.c.lengths) if L >= m]
+            for Sq in sorted({m, 1}):
+                def part(ids):
+                    q, k, v = (np.stack([self.seqs[s][i][:m] for s in ids]) for i in range(3))
+                    return self.call(q[:, m - Sq:], k, v)
+                whole = part(members)
+                half = (len(members) + 1) // 2
+                parts = [[s] for s in members] + ([members[:half], members[half:]]
+                                                   if len(members) > 2 else [])
+                for ids in parts:
+                    got = part(ids)
+                    at = [members.index(s) for s in ids]
+                    seq = np.repeat(ids, Sq)
+                    pos = np.tile(np.arange(m - Sq, m), len(ids))
+                    self.compare("batch", f"entries {ids} alone vs a batch of "
+                                 f"{len(members)} (Sq {Sq}, Sk {m})", seq, pos,
+                                 _flat(got), _flat(_take(whole, at)))
+
+    def packed(self):
+        """The sequences packed along the token axis (cu_seqlens_q,
+        cu_seqlens_k) against each alone: the prefills, and each sequence's
+        last paged_queries queries (fewer when shorter)."""
+        lengths = list(self.c.lengths)
+        for sq in (lengths, [min(L, self.c.paged_queries) for L in lengths]):
+            q = np.concatenate([s[0][L - n:] for s, L, n in zip(self.seqs, lengths, sq)])
+            k, v = (np.concatenate([s[i] for s in self.seqs]) for i in (1, 2))
+            cu_q = np.concatenate([[0], np.cumsum(sq)]).astype(np.int32)
+            cu_k = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+            out, lse = self.call(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+            lse = None if lse is None else lse.reshape(self.c.H, -1).T
+            for s, (L, n) in enumerate(zip(lengths, sq)):
+                rows = slice(cu_q[s], cu_q[s + 1])
+                self.compare("packed", f"sequence {s} alone vs {len(lengths)} packed "
+                             f"(Sq {n}, Sk {L})", np.full(n, s), np.arange(L - n, L),
+                             self.alone(s, n), (out[rows], None if lse is None else lse[rows]))
+
+    def paged(self):
+        """Every sequence's keys in a paged cache of each block size (blocks
+        in a shuffled order, spare blocks between them), its last Sq queries
+        (Sq = 1 and paged_queries) in one batched paged call, against the
+        same keys contiguous, each sequence alone."""
+        if self.paged_fn is None:
+            return
+        rng = _rng(self.c.seed + 2)
+        for bs in self.c.block_sizes:
+            for Sq in sorted({1, self.c.paged_queries}):
+                ids = [s for s, L in enumerate(self.c.lengths) if L >= Sq]
+                need = [-(-self.c.lengths[s] // bs) for s in ids]
+                nblocks = 2 * sum(need) + 1
+                kc = np.zeros((nblocks, bs, self.c.Hkv, self.c.D), self.seqs[0][1].dtype)
+                vc = np.zeros((nblocks, bs, self.c.Hkv, self.c.Dv), self.seqs[0][2].dtype)
+                for x in (kc, vc):  # what no sequence owns: never read
+                    x[...] = _storage(rng.standard_normal(x.shape).astype(np.float32),
+                                      self.c.dtype)
+                order = rng.permutation(nblocks)
+                table = np.zeros((len(ids), max(need)), np.int32)
+                used = 0
+                for b, s in enumerate(ids):
+                    _, k, v = self.seqs[s]
+                    for j in range(need[b]):
+                        blk = table[b, j] = order[used]
+                        used += 1
+                        n = min(bs, len(k) - j * bs)
+                        kc[blk, :n], vc[blk, :n] = k[j * bs:j * bs + n], v[j * bs:j * bs + n]
+                q = np.stack([self.seqs[s][0][self.c.lengths[s] - Sq:] for s in ids])
+                seqlens = np.array([self.c.lengths[s] for s in ids], np.int32)
+                got = self.paged_call(q, kc, vc, table, seqlens)
+                for b, s in enumerate(ids):
+                    L = self.c.lengths[s]
+                    self.compare("paged", f"block size {bs}, a batch of {len(ids)} (Sq {Sq}) "
+                                 f"vs the same keys contiguous, sequence {s} alone",
+                                 np.full(Sq, s), np.arange(L - Sq, L), _flat(_take(got, [b])),
+                                 self.alone(s, Sq))
+
+    def decode(self):
+        """Each sequence's prefill against its decode steps: query t alone
+        against keys 0..t (the growing cache)."""
+        for s, (q, k, v) in enumerate(self.seqs):
+            L = len(q)
+            want = self.alone(s, L)
+            for t in range(L):
+                out, lse = self.call(q[None, t:t + 1], k[None, :t + 1], v[None, :t + 1])
+                self.compare("decode", f"decode step {t} vs the prefill of {L}", [s], [t],
+                             (out[0], None if lse is None else lse[0].T),
+                             (want[0][t:t + 1], None if want[1] is None else want[1][t:t + 1]))
+
+    def chunked_prefill(self):
+        """Each sequence's prefill against its prefill in chunks of c
+        queries, each chunk against the keys up to its last query."""
+        for s, (q, k, v) in enumerate(self.seqs):
+            L = len(q)
+            want = self.alone(s, L)
+            for c in self.c.chunks:
+                if c >= L:
+                    continue
+                for a in range(0, L, c):
+                    b = min(a + c, L)
+                    out, lse = self.call(q[None, a:b], k[None, :b], v[None, :b])
+                    self.compare("chunked_prefill", f"chunk {a}:{b} (chunks of {c}) vs the "
+                                 f"prefill of {L}", np.full(b - a, s), np.arange(a, b),
+                                 (out[0], None if lse is None else lse[0].T),
+                                 (want[0][a:b], None if want[1] is None else want[1][a:b]))
+
+
+def _take(got, entries):
+    """The batch entries `entries` of (out [B, Sq, H, Dv], lse [B, H, Sq])."""
+    out, lse = got
+    return out[entries], None if lse is None else lse[entries]
+
+
+def _flat(got):
+    """(out [B, Sq, H, Dv], lse [B, H, Sq]) as rows: ([B*Sq, H, Dv], [B*Sq, H])."""
+    out, lse = got
+    B, Sq, H = out.shape[:3]
+    return (out.reshape(B * Sq, H, -1),
+            None if lse is None else lse.transpose(0, 2, 1).reshape(B * Sq, H))
+
+
+def check_invariance(fn, *, paged_fn=None, config=InvarianceConfig(), checks=INVARIANCE_CHECKS,
+                     array="numpy"):
+    """Checks that `fn` (tandem.attention's signature: fn(q, k, v, *, layout,
+    mask, window, scale, softcap[, sinks][, cu_seqlens_q, cu_seqlens_k]) ->
+    out, or (out, lse) as tandem.attention_forward_lse returns them)
+    computes every query row bitwise the same however the call is cut (SPEC
+    §12), on the sequences of `config` (InvarianceConfig):
+
+    - "batch": a batch against its entries alone and its halves (prefills
+      and decode steps; q [B, Sq, H, D], bshd);
+    - "packed": the sequences packed (layout "thd", cu_seqlens_q,
+      cu_seqlens_k) against each alone;
+    - "paged": with `paged_fn` (tandem.attention_with_kvcache's signature:
+      paged_fn(q, k_cache, v_cache, block_table, cache_seqlens, *, mask,
+      window, scale, softcap[, sinks])), a batch over a paged cache of each
+      block size against the same keys contiguous (fn, each sequence alone);
+    - "decode": a prefill against its decode steps (query t alone against
+      keys 0..t, mask bottom-right);
+    - "chunked_prefill": a prefill against the same in chunks.
+
+    `checks` picks some; `array` "torch" passes torch tensors. Raises
+    InvarianceFailure at the first row whose bits differ (which check,
+    sequence, query, head, output, max |diff|); else returns the number of
+    rows each check compared."""
+    unknown = set(checks) - set(INVARIANCE_CHECKS)
+    if unknown:
+        raise ValueError(f"checks: {sorted(unknown)} are not among {INVARIANCE_CHECKS}")
+    run = _Invariance(fn, paged_fn, config, array)
+    for name in INVARIANCE_CHECKS:
+        if name in checks:
+            getattr(run, name)()
+    return {name: n for name, n in run.rows.items() if name in checks}

@@ -229,3 +229,115 @@ def lowp_attention_backward(q, k, v, dout, *, layout, mask, window, scale, softc
         p_sink = np.where(seen, np.exp(sink - np.where(seen, lse, 0)), 0)
     dsinks = -(p_sink * delta).sum(axis=(0, 2, 3))
     return tuple(grads) + (dsinks.astype(np.float32).astype(dt),)
+
+
+def _ordered_rows(q, k, v, mask, window, scale, sinks, split):
+    """One sequence, float32, written for a fixed order of operations: q
+    [Sq, H, D], k, v [Sk, Hkv, *]; the keys visited one by one in key order
+    (reversed when split < 0), or in |split| chunks of equal size merged in
+    order (split > 1): out [Sq, H, Dv]."""
+    Sq, H, D = q.shape
+    Sk, Hkv = k.shape[:2]
+    heads = np.arange(H) // (H // Hkv)
+    kh, vh = k[:, heads], v[:, heads]  # [Sk, H, *]
+    f = np.float32
+    sc = f(scale if scale is not None else 1 / np.sqrt(D))
+    s = np.zeros((H, Sq, Sk), f)  # each score summed along d in order
+    for d in range(D):
+        s = s + q[:, :, d].T[:, :, None] * kh[:, :, d].T[:, None, :]
+    s = sc * s
+    visible = _visible(Sq, Sk, mask, window, max(Sk - Sq, 0))[None]
+    s = np.where(visible, s, -np.inf).astype(f)
+    sink = None if sinks is None else np.asarray(sinks, f)[:, None]
+
+    def part(keys):
+        """(m [H, Sq], l [H, Sq], acc [H, Sq, Dv]) of the keys `keys`, in order."""
+        m = np.max(s[:, :, keys], axis=-1, initial=-np.inf) if len(keys) else \
+            np.full(s.shape[:2], -np.inf, f)
+        m0 = np.where(np.isfinite(m), m, 0).astype(f)
+        l = np.zeros(s.shape[:2], f)
+        acc = np.zeros(s.shape[:2] + (vh.shape[-1],), f)
+        for j in keys:
+            p = np.exp(s[:, :, j] - m0).astype(f)
+            l = l + p
+            acc = acc + p[..., None] * vh[j][:, None, :]
+        return m, l, acc
+
+    order = list(range(Sk))[::-1] if split < 0 else list(range(Sk))
+    n = max(1, split)
+    bounds = [Sk * c // n for c in range(n + 1)]
+    m, l, acc = part(order[bounds[0]:bounds[1]])
+    for c in range(1, n):  # merge the chunks' partial sums in chunk order
+        m2, l2, acc2 = part(order[bounds[c]:bounds[c + 1]])
+        mm = np.maximum(m, m2)
+        mm0 = np.where(np.isfinite(mm), mm, 0).astype(f)
+        a = np.where(np.isfinite(m), np.exp(m - mm0), 0).astype(f)
+        b = np.where(np.isfinite(m2), np.exp(m2 - mm0), 0).astype(f)
+        m, l, acc = mm, a * l + b * l2, a[..., None] * acc + b[..., None] * acc2
+    if sink is not None:
+        m0 = np.where(np.isfinite(m), m, 0).astype(f)
+        big = np.maximum(m0, sink)
+        l = l * np.exp(m0 - big) + np.exp(sink - big)
+        acc = acc * np.exp(m0 - big)[..., None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(l[..., None] > 0, acc / np.where(l > 0, l, 1)[..., None], 0).astype(f)
+    return out.transpose(1, 0, 2)  # [Sq, H, Dv]
+
+
+def ordered_attention(q, k, v, *, layout, mask, window, scale, softcap, sinks=None,
+                      cu_seqlens_q=None, cu_seqlens_k=None, bug=None):
+    """A batch-invariant attention in NumPy float32 (SPEC §12's contract
+    for a user kernel): each sequence alone, its keys in key order (causal
+    and sliding-window masks bottom-right; no softcap), so a row's bits do
+    not depend on the batch, the packing or the Sq of the call. q [B, Sq,
+    H, D] (bshd) or packed [total, H, D] with cu_seqlens. bug
+    "split_by_batch": a decode call (Sq = 1) splits the keys into 4 // B
+    chunks merged in order (flash-decoding sized by the batch);
+    "decode_order": a decode call visits the keys last to first;
+    "nudge_batch", "nudge_packed", "nudge_chunk": one value moved by an ulp
+    (the last row of entry 1, head 2, of a batch of several; the first row of
+    packed sequence 2, head 1; the first row, head 3, of a call of several
+    queries with keys before them, Sq < Sk: a chunk after the first)."""
+    assert softcap == 0.0 and layout in ("bshd", "thd")
+    q, k, v = (np.asarray(x) for x in (q, k, v))
+    if cu_seqlens_q is not None:
+        cq, ck = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
+        outs = [_ordered_rows(q[cq[s]:cq[s + 1]], k[ck[s]:ck[s + 1]], v[ck[s]:ck[s + 1]], mask,
+                              window, scale, sinks, 1) for s in range(len(cq) - 1)]
+        out = np.concatenate(outs)
+        if bug == "nudge_packed" and len(cq) > 3 and cq[3] > cq[2]:
+            out[cq[2], 1] = np.nextafter(out[cq[2], 1], np.float32(np.inf))
+        return out
+    B, Sq = q.shape[:2]
+    split = 1
+    if Sq == 1 and bug == "split_by_batch":
+        split = max(1, 4 // B)
+    if Sq == 1 and bug == "decode_order":
+        split = -1
+    out = np.stack([_ordered_rows(q[b], k[b], v[b], mask, window, scale, sinks, split)
+                    for b in range(B)])
+    if bug == "nudge_batch" and B > 1:
+        out[1, -1, 2] = np.nextafter(out[1, -1, 2], np.float32(np.inf))
+    if bug == "nudge_chunk" and 1 < Sq < k.shape[1]:
+        out[:, 0, 3] = np.nextafter(out[:, 0, 3], np.float32(np.inf))
+    return out
+
+
+def ordered_paged_attention(q, k_cache, v_cache, block_table, cache_seqlens, *, bug=None,
+                            **kwargs):
+    """ordered_attention over a paged cache (attention_with_kvcache's
+    signature): each entry's keys gathered from its blocks in order. bug
+    "nudge_paged": with blocks of fewer than 16 keys, the last row of entry
+    0, head 0, moved by an ulp."""
+    bs = k_cache.shape[1]
+    outs = []
+    for b in range(q.shape[0]):
+        n = int(cache_seqlens[b])
+        blocks = [int(block_table[b, j]) for j in range(-(-n // bs))]
+        k = np.concatenate([k_cache[x] for x in blocks])[:n]
+        v = np.concatenate([v_cache[x] for x in blocks])[:n]
+        outs.append(ordered_attention(q[b:b + 1], k[None], v[None], layout="bshd", **kwargs)[0])
+    out = np.stack(outs)
+    if bug == "nudge_paged" and bs < 16:
+        out[0, -1, 0] = np.nextafter(out[0, -1, 0], np.float32(np.inf))
+    return out

@@ -297,6 +297,16 @@ MUTATIONS = [
              [("require(dim1 != dim2, \"layout\"", "require(dim1 || dim2, \"layout\"")],
              "attention shapes: a rank-4 q whose dims 1 and 2 both equal num_heads is taken as "
              "bhsd instead of refused as ambiguous", root="include/tandem"),
+    Mutation("block_table_partial_block_unchecked", "attention_views.hpp",
+             [("const std::int64_t used = (len + plan.block_size - 1) / plan.block_size;",
+               "const std::int64_t used = len / plan.block_size;")],
+             "paged cache: the block-table entry of a cache's last, partial block is not checked",
+             root="include/tandem"),
+    Mutation("rows_extent_whole_last_row", "shape.hpp",
+             [("st.extent = rows == 0 ? 0 : checked_add(checked_mul(rows - 1, rs, what), row, what);",
+               "st.extent = checked_mul(rows, rs, what);")],
+             "strides: a bshd tensor with padded rows must hold its last row's padding too",
+             root="include/tandem"),
 ]
 
 

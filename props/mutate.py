@@ -2,7 +2,8 @@
 """Testing the tests: plants one bug at a time in the optimized kernels and
 checks that the property suite alone rejects each one.
 
-Every mutation is a file of optimized/src, one or more (exact fragment,
+Every mutation is a file of optimized/src (or, for the plan layer's checks
+and addressing, of include/tandem), one or more (exact fragment,
 replacement) edits and what the bug means. The script copies the checkout
 once into WORK/src (WORK defaults to build-mutate/), configures one Release
 build of it in WORK/build, and for each mutation applies its edits to the
@@ -15,7 +16,10 @@ By default the copy compiles the kernels for the one Highway target AVX2
 (HWY_COMPILE_ONLY_STATIC, -march=haswell -maes: Highway's AVX2 baseline also
 asks for AES, which GCC's haswell leaves out) instead of every target, a
 quarter of the compile time; the suite runs the same properties at every target, so
-a bug killed here is killed by `ctest -L props` too. --all-targets builds
+a bug killed here is killed by `ctest -L props` too. The mutations of
+include/tandem (the plan layer) change what every backend checks and
+addresses; --reference-only rebuilds the copy without the optimized backend,
+at -O0, and runs the reference and broken_none subjects, which share them. --all-targets builds
 as shipped. The mutations marked avx3 (the bf16 forward's AVX512-BF16
 products, which only AVX3 kernels take) are skipped in that build: --avx3
 compiles the one target AVX3 (-march=skylake-avx512) instead, for a CPU with
@@ -24,6 +28,8 @@ AVX512-BF16.
   props/mutate.py                       # every mutation; a Markdown table at the end
   props/mutate.py --only gqa_mod,tail   # some of them
   props/mutate.py --list                # names and descriptions
+  props/mutate.py --reference-only --work build-mutate-ref --only block_table_one_past
+                                        # a plan-layer mutation (include/tandem)
 Exit status 1 when a mutation survives, 2 when the list does not apply.
 """
 
@@ -43,10 +49,11 @@ ROOT = Path(__file__).resolve().parent.parent
 @dataclass
 class Mutation:
     name: str
-    file: str  # relative to optimized/src
+    file: str  # relative to root
     edits: list  # [(fragment, replacement)], each fragment exactly once in the file
     description: str
     avx3: bool = False  # reached only by the AVX3 kernels (the default build compiles AVX2)
+    root: str = "optimized/src"  # the folder of file: include/tandem for the plan layer
 
 
 MUTATIONS = [
@@ -275,6 +282,31 @@ MUTATIONS = [
              [("VF v = hn::LoadU(d, tile + j);", "VF v = RoundAs<T>(d, hn::LoadU(d, tile + j));")],
              "bf16/f16 attention block: each projection's sum rounded to T before its bias is "
              "added (two roundings)"),
+    # the plan layer (include/tandem): every backend takes these checks and
+    # strides, so only properties that hold the plan to SPEC's own formulas
+    # and bounds (props_plan.cpp) can reject them
+    Mutation("block_table_one_past", "attention_views.hpp",
+             [("e >= 0 && e < plan.num_blocks", "e >= 0 && e <= plan.num_blocks")],
+             "paged cache: a block-table entry equal to num_blocks passes the check (a call "
+             "reads one block past the cache)", root="include/tandem"),
+    Mutation("rope_thd_bhsd_strides", "rope.hpp",
+             [("const Layout L = p.layout == RopeLayout::bhsd ? Layout::bhsd : Layout::bshd;",
+               "const Layout L = p.layout == RopeLayout::bshd ? Layout::bshd : Layout::bhsd;")],
+             "RoPE plan: a thd source and output addressed with bhsd strides", root="include/tandem"),
+    Mutation("rank4_layout_ambiguous_accepted", "attention_shapes.hpp",
+             [("require(dim1 != dim2, \"layout\"", "require(dim1 || dim2, \"layout\"")],
+             "attention shapes: a rank-4 q whose dims 1 and 2 both equal num_heads is taken as "
+             "bhsd instead of refused as ambiguous", root="include/tandem"),
+    Mutation("block_table_partial_block_unchecked", "attention_views.hpp",
+             [("const std::int64_t used = (len + plan.block_size - 1) / plan.block_size;",
+               "const std::int64_t used = len / plan.block_size;")],
+             "paged cache: the block-table entry of a cache's last, partial block is not checked",
+             root="include/tandem"),
+    Mutation("rows_extent_whole_last_row", "shape.hpp",
+             [("st.extent = rows == 0 ? 0 : checked_add(checked_mul(rows - 1, rs, what), row, what);",
+               "st.extent = checked_mul(rows, rs, what);")],
+             "strides: a bshd tensor with padded rows must hold its last row's padding too",
+             root="include/tandem"),
 ]
 
 
@@ -304,7 +336,7 @@ def apply(m: Mutation, text: str) -> str:
         count = text.count(fragment)
         if count != 1:
             print(f"mutate.py: {m.name}: the fragment {fragment!r} occurs {count} times in "
-                  f"optimized/src/{m.file} (must be exactly once): update the mutation list",
+                  f"{m.root}/{m.file} (must be exactly once): update the mutation list",
                   file=sys.stderr)
             sys.exit(2)
         text = text.replace(fragment, replacement)
@@ -368,12 +400,21 @@ def main():
     ap.add_argument("--avx3", action="store_true",
                     help="compile the one target AVX3 (-march=skylake-avx512): the mutations "
                          "marked avx3, on a CPU with AVX512-BF16")
-    ap.add_argument("--filter", default="optimized_*", help="gtest filter of the props run")
+    ap.add_argument("--filter", default=None,
+                    help="gtest filter of the props run (default optimized_*; with "
+                         "--reference-only reference.*:broken_none.*)")
+    ap.add_argument("--reference-only", action="store_true",
+                    help="build without the optimized backend, at -O0, and run the reference "
+                         "and broken_none subjects: a plan-layer mutation of include/tandem "
+                         "reaches every backend and rebuilds every file that includes it, "
+                         "so compile time is what counts")
     ap.add_argument("--scale", type=float, default=1.0, help="TANDEM_PROPS_SCALE of the props run")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per props run")
     ap.add_argument("--fail-fast", action="store_true", help="stop each props run at its first failure")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     args = ap.parse_args()
+    if args.filter is None:
+        args.filter = "reference.*:broken_none.*" if args.reference_only else "optimized_*"
 
     names = [m.name for m in MUTATIONS]
     assert len(set(names)) == len(names), "mutation names must be unique"
@@ -388,7 +429,7 @@ def main():
 
     # Every edit applies to the checkout as it is, before anything is built.
     for m in MUTATIONS:
-        apply(m, (ROOT / "optimized" / "src" / m.file).read_text())
+        apply(m, (ROOT / m.root / m.file).read_text())
 
     work = Path(args.work).resolve()
     src, bld = work / "src", work / "build"
@@ -403,18 +444,20 @@ def main():
         chosen = [m for m in chosen if not m.avx3]
     run(["cmake", "-S", str(src), "-B", str(bld), "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_CXX_FLAGS={flags}",
          "-DTANDEM_BUILD_BENCH=OFF", "-DTANDEM_BUILD_TOOLS=OFF", "-DTANDEM_BUILD_DOCS=OFF",
-         "-DTANDEM_PYTHON_VENV="], stdout=subprocess.DEVNULL)
+         "-DTANDEM_PYTHON_VENV=", f"-DTANDEM_WITH_OPTIMIZED={'OFF' if args.reference_only else 'ON'}",
+         f"-DCMAKE_CXX_FLAGS_RELEASE={'-O0' if args.reference_only else '-O3'} -DNDEBUG"],
+        stdout=subprocess.DEVNULL)
     b = build(bld, args.jobs)
     if b.returncode != 0:
         sys.exit("mutate.py: the unmutated copy does not build:\n" + b.stdout[-4000:] + b.stderr[-4000:])
     out, code, secs = run_props(bld, args)
     if code != 0:
         sys.exit(f"mutate.py: the unmutated suite fails ({verdict(out, code)[1]}):\n{out[-4000:]}")
-    print(f"baseline: the optimized subjects' properties pass ({secs:.0f} s)", flush=True)
+    print(f"baseline: the properties of {args.filter} pass ({secs:.0f} s)", flush=True)
 
     rows, survivors = [], []
     for m in chosen:
-        path = src / "optimized" / "src" / m.file
+        path = src / m.root / m.file
         original = path.read_text()
         path.write_text(apply(m, original))
         t0 = time.monotonic()

@@ -181,6 +181,7 @@ void register_bias_properties(std::vector<Property>& out);
 void register_rope_properties(std::vector<Property>& out);
 void register_other_properties(std::vector<Property>& out);
 void register_lowp_properties(std::vector<Property>& out);
+void register_plan_properties(std::vector<Property>& out);
 
 const std::vector<Property>& properties() {
   static const std::vector<Property> all = [] {
@@ -191,6 +192,7 @@ const std::vector<Property>& properties() {
     register_rope_properties(v);
     register_other_properties(v);
     register_lowp_properties(v);
+    register_plan_properties(v);
     return v;
   }();
   return all;

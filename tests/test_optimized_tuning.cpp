@@ -121,6 +121,22 @@ TEST(Tuning, MalformedFileNamesFileAndField) {
       {R"({"format": 1, )" + cpu +
            R"(, "classes": [{"kind": "decode", "D": 8}, {"kind": "decode", "D": 8}]})",
        "classes[1].kind repeats an earlier class"},
+      {R"({"cpu": {}, "classes": []})", "format is missing"},
+      {R"({"format": 1, "cpu": "AVX2", "classes": []})", "cpu.vendor is missing"},
+      {R"({"format": 1, )" + cpu + R"(, "classes": [7]})", "classes[0].kind is missing"},
+      {R"({"format": 1, )" + cpu + R"(, "classes": [{"kind": "decode", "D": 0}]})",
+       "classes[0].D must be >= 1"},
+      // an unsigned 2^64 − 1 must not wrap into a valid D
+      {R"({"format": 1, )" + cpu +
+           R"(, "classes": [{"kind": "decode", "D": 18446744073709551615}]})",
+       "classes[0].D must be >= 1"},
+      {R"({"format": 1, )" + cpu +
+           R"(, "classes": [{"kind": "prefill", "D": 64, "rows_per_tile": 128.0}]})",
+       "classes[0].rows_per_tile must be an integer"},
+      // the batch-invariant order changes bits: never a tuned field
+      {R"({"format": 1, )" + cpu +
+           R"(, "classes": [{"kind": "prefill", "D": 64, "invariant": true}]})",
+       "classes[0].invariant is not a bit-neutral field"},
   };
   for (const auto& c : cases) {
     write(path, c.text);
@@ -130,6 +146,15 @@ TEST(Tuning, MalformedFileNamesFileAndField) {
   }
   std::filesystem::remove(path);
   EXPECT_NE(load_error(path).find("cannot be read"), std::string::npos);
+}
+
+TEST(Tuning, UnwritablePathIsAnErrorAndWritesNothing) {
+  const std::string dir = temp_path("missing_dir");
+  const std::string path = dir + "/tuning.json";
+  ASSERT_FALSE(std::filesystem::exists(dir));
+  tandem::test::expect_error([&] { save_tuning(here_tuning(), path); }, "tuning",
+                             {"tuning file " + path + ": cannot be written"});
+  EXPECT_FALSE(std::filesystem::exists(dir));
 }
 
 // The only test of this process that reads TANDEM_TUNING (read once per process).

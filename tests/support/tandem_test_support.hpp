@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <initializer_list>
 #include <random>
@@ -97,6 +98,52 @@ class Guarded {
  private:
   std::size_t n_;
   std::vector<float> buf_;
+};
+
+/// The sentinel of an output of T before a call, a value no kernel writes:
+/// sentinel() for float, a NaN of both bfloat16 and float16 (0x7FA5) for the
+/// 16-bit storage types.
+template <class T>
+T sentinel_of() {
+  if constexpr (std::is_same_v<T, float>) {
+    return sentinel();
+  } else {
+    static_assert(sizeof(T) == 2, "float, bfloat16 or float16");
+    return T::from_bits(0x7FA5);
+  }
+}
+
+/// Guarded for any output type T (bfloat16 and float16 outputs, a quantized
+/// cache's code bytes), compared by bits: a view of n elements with kGuard
+/// copies of `fill` on either side and in it, `fill` a value the kernel
+/// never writes (sentinel_of<T>() by default).
+template <class T>
+class GuardedOf {
+ public:
+  static constexpr std::size_t kGuard = 16;
+  explicit GuardedOf(std::int64_t n, T fill = sentinel_of<T>())
+      : n_(static_cast<std::size_t>(n)), fill_(fill), buf_(n_ + 2 * kGuard, fill) {}
+  [[nodiscard]] std::span<T> view() { return {buf_.data() + kGuard, n_}; }
+  /// Every element `fill` again, in place (views taken before stay valid).
+  void reset() { std::fill(buf_.begin(), buf_.end(), fill_); }
+  /// Whether no element of the buffer, guards included, was written.
+  [[nodiscard]] bool untouched() const { return std::all_of(buf_.begin(), buf_.end(), is_fill()); }
+  /// Whether every element of the view was written and neither guard was.
+  [[nodiscard]] bool written_within_guards() const {
+    const auto view_begin = buf_.begin() + static_cast<std::ptrdiff_t>(kGuard);
+    const auto view_end = view_begin + static_cast<std::ptrdiff_t>(n_);
+    return std::all_of(buf_.begin(), view_begin, is_fill()) &&
+           std::all_of(view_end, buf_.end(), is_fill()) &&
+           std::none_of(view_begin, view_end, is_fill());
+  }
+
+ private:
+  [[nodiscard]] auto is_fill() const {
+    return [this](const T& x) { return std::memcmp(&x, &fill_, sizeof(T)) == 0; };
+  }
+  std::size_t n_;
+  T fill_;
+  std::vector<T> buf_;
 };
 
 /// Empty when every element satisfies `|got − exp| <= atol + rtol·|exp|`

@@ -289,9 +289,30 @@ void check_inputs(const AttentionPlan& plan, const AttentionInputs<T>& in, const
   detail::check_features(plan, rest);
 }
 
+namespace detail {
+/// Throws Error naming `name` unless every value of x `[B',S',Hkv,width]`
+/// (through `view`) is finite: a scale of inf or NaN has no codes.
+template <class T>
+void require_quantizable(const AttentionPlan& plan, const Strides& view, std::int64_t width,
+                         std::span<const T> x, const char* name) {
+  for (std::int64_t b = 0; b < plan.kv_batch(); ++b) {
+    for (std::int64_t s = 0; s < plan.kv_seq(); ++s) {
+      for (std::int64_t g = 0; g < plan.Hkv; ++g) {
+        for (std::int64_t d = 0; d < width; ++d) {
+          const std::int64_t at = view.at(b, s, g) + d;
+          require_entry(std::isfinite(static_cast<double>(x[at])), name, at,
+                        std::to_string(static_cast<double>(x[at])),
+                        "must be finite to be quantized (SPEC §10.4)");
+        }
+      }
+    }
+  }
+}
+}  // namespace detail
+
 /// Throws Error unless quantize_kv's views fit the plan: k and v hold
-/// plan.k.extent and plan.v.extent elements, and the output codes and scales
-/// their full sizes (SPEC §10.4).
+/// plan.k.extent and plan.v.extent elements, every value of them finite,
+/// and the output codes and scales their full sizes (SPEC §10.4).
 template <class T>
 void check_quantize(const AttentionPlan& plan, std::span<const T> k, std::span<const T> v,
                     const QuantizedKvOut& out) {
@@ -303,6 +324,8 @@ void check_quantize(const AttentionPlan& plan, std::span<const T> k, std::span<c
   require_size(out.v.size(), plan.v.extent, "v_codes");
   require_size(out.k_scale.size(), plan.kv_scale_size(), "k_scale");
   require_size(out.v_scale.size(), plan.kv_scale_size(), "v_scale");
+  detail::require_quantizable(plan, plan.k, plan.D, k, "k");
+  detail::require_quantizable(plan, plan.v, plan.Dv, v, "v");
 }
 
 /// Throws Error unless the saved out and lse have their full sizes.

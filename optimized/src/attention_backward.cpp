@@ -475,11 +475,15 @@ class TileBackward {
 /// kPartialBytes; or backward_query_parts when set. Each part sums its own
 /// dK/dV partial over its query rows and the partials are added in part
 /// order afterwards; the count depends on the shape, the sequences' lengths
-/// and the geometry alone, never on the thread count.
+/// and the geometry alone, never on the thread count. An invariant call
+/// (SPEC §12) takes one part: the count depends on the other sequences of
+/// the call, and with one part dK and dV are chains over a sequence's query
+/// rows in order whatever its tiles.
 constexpr std::int64_t kPartialBytes = std::int64_t{64} << 20;
 std::int64_t QueryParts(const Call& c) {
   const AttentionPlan& p = *c.plan;
   const Geometry& geo = *c.geometry;
+  if (c.invariant) return 1;
   std::int64_t max_qblocks = 1;
   for (std::int64_t n = 0; n < c.sequences(); ++n)
     max_qblocks = std::max(max_qblocks, c.qblocks(n));

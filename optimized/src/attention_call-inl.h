@@ -141,8 +141,14 @@ struct Call {
   std::int64_t max_rows_p = 1;  ///< max_rows rounded up to whole vectors
   std::int64_t max_stride = 1;  ///< LineStride(max_rows_p)
   std::int64_t window = 0;      ///< w, capped at Sk + Sq (no key lies further back)
-  std::int64_t key_block = 1;   ///< Geometry::key_block
-  std::int64_t edge_block = 1;  ///< Geometry::edge_block
+  std::int64_t key_block = 1;   ///< Geometry::key_block (kInvariantKeyBlock when invariant)
+  std::int64_t edge_block = 1;  ///< Geometry::edge_block (key_block when invariant)
+  /// Geometry::invariant (SPEC §12): key blocks end at multiples of
+  /// key_block counted from the sequence's key 0, whatever the tile; each
+  /// kInvariantChunk keys' softmax sums are formed alone and merged in chunk
+  /// order (ChunkMerge); decode tiles sum their dot products along d in
+  /// order, as the wide tiles do.
+  bool invariant = false;
   /// Whether the tiles take the decode algorithm (DecodeTile: vectors along
   /// d) rather than the wide one (WideTile: vectors across rows): decided per
   /// call, so that the scratch is sized once; the short last query block of
@@ -163,7 +169,11 @@ struct Call {
   bool bf16_operands = false;
 
   Call(const AttentionPlan& p, const AttentionInputs<float>& in, const Geometry& geo)
-      : plan(&p), geometry(&geo), key_block(geo.key_block), edge_block(geo.edge_block) {
+      : plan(&p),
+        geometry(&geo),
+        key_block(geo.invariant ? kInvariantKeyBlock : geo.key_block),
+        edge_block(geo.invariant ? kInvariantKeyBlock : geo.edge_block),
+        invariant(geo.invariant) {
     q = in.q.data();
     k = in.k.data();
     v = in.v.data();
@@ -337,8 +347,12 @@ struct Tile {
   /// Keys in the block starting at j0 (j0 < j_end): c.key_block, or
   /// c.edge_block where the causal or sliding-window edge runs through the
   /// tile's rows (only some rows see such a block, and a short block wastes
-  /// less on the rest).
+  /// less on the rest). An invariant call's blocks end at the multiples of
+  /// key_block instead, for every tile alike (a tile that starts or ends
+  /// inside one holds its visible part: the keys it leaves out would add
+  /// exact zeros to every sum of the rows).
   std::int64_t BlockSize(const Call& c, std::int64_t j0) const {
+    if (c.invariant) return std::min(c.key_block - j0 % c.key_block, j_end - j0);
     const std::int64_t nk = std::min(c.key_block, j_end - j0);
     if (!c.banded()) return nk;
     const std::int64_t a_first = q_offset + i0, a_last = a_first + nq - 1;

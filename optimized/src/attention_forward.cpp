@@ -30,6 +30,10 @@
 // tiles (attn::Call).
 // The result of every tile depends only on the plan, never on the thread
 // count or the schedule: bitwise identical for any number of threads.
+// With Geometry::invariant (SPEC §12) a row's bits depend on nothing but its
+// own inputs: key blocks at multiples of 64 from the sequence's key 0, 1024-
+// key chunks merged in order (attention_chunk_merge-inl.h), decode tiles'
+// scores formed as the wide tiles' are, split-key chunks at those chunks.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention_forward.cpp"
@@ -64,17 +68,6 @@ using attn::ForwardScratch;
 using attn::OutputRows;
 using attn::Tile;
 
-/// out = O / l for the rows of a finished tile, in the layout of q, and lse
-/// when lse_out is given (inv = 1/l and lse_rows per row, FinishRows).
-void WriteRows(const Call& c, const Tile& t, const OutputRows& o, const float* inv,
-               const float* lse_rows, float* out, float* lse_out) {
-  // O <- diag(1/l)·O
-  attn::StoreRows(o, t.rows, c.plan->Dv, inv, [&](std::int64_t r) { return out + t.o_at(c, r); });
-  for (std::int64_t r = 0; lse_out != nullptr && r < t.rows; ++r) {
-    lse_out[t.lse_at(c, r)] = lse_rows[r];
-  }
-}
-
 /// Per-thread scratch of the tiled forward: the tile's (and the bf16
 /// tile's), and 1/l and lse of its rows.
 struct TileScratch {
@@ -90,26 +83,29 @@ struct TileScratch {
 void ForwardTile(const Call& c, const Tile& t, TileScratch& scratch, float* out, float* lse_out) {
   ForwardScratch& s = scratch.tile;
   OutputRows o;
+  const auto run = [&](auto& tile) {
+    tile.Run(t.j_begin, t.j_end);
+    tile.Close();
+    o = tile.output();
+  };
   if (c.decode) {
     attn::PackQueriesNatural(c, t, s.Qn.get());
+    if (c.invariant) attn::PackQueriesTransposed(c, t, s.Qt.get());
     DecodeTile tile(c, t, s, true, {attn::kPrefetchKeys, t.j_end});
-    tile.Run(t.j_begin, t.j_end);
-    o = tile.output();
+    run(tile);
   } else {
     attn::PackQueriesTransposed(c, t, s.Qt.get());
     if (attn::UseBf16Tile(c)) {
       attn::Bf16Tile tile(c, t, s, scratch.bf16);
-      tile.Run(t.j_begin, t.j_end);
-      o = tile.output();
+      run(tile);
     } else {
       attn::WideTile tile(c, t, s, true);
-      tile.Run(t.j_begin, t.j_end);
-      o = tile.output();
+      run(tile);
     }
   }
   float* lse_rows = lse_out != nullptr ? scratch.lse_rows.get() : nullptr;
   attn::FinishRows(c, t, s.m.get(), s.l.get(), scratch.inv.get(), lse_rows);
-  WriteRows(c, t, o, scratch.inv.get(), lse_rows, out, lse_out);
+  attn::WriteRows(c, t, o, scratch.inv.get(), lse_rows, out, lse_out);
 }
 
 /// The tiled forward: one OpenMP task per (sequence, kv head, query block)
@@ -276,10 +272,13 @@ namespace {
 /// and V in T where they lie (attention_decode_stored.cpp), instead of
 /// ForwardStored widening the whole cache first. Called after validation;
 /// returns whether it computed the call (false: not decode-shaped, nothing
-/// written).
+/// written). An invariant call stays (SPEC §12): that kernel's blocks and
+/// sums are its own, and its decode steps would not have the bits of the
+/// prefill's rows.
 template <class T>
 bool stored_decode(const AttentionPlan& plan, const AttentionInputs<T>& in, std::span<T> out,
                    std::span<float> lse, const Options& options) {
+  if (options.geometry.invariant) return false;
   return detail::attention_decode_stored<T>(plan, in, out, lse, options);
 }
 

@@ -53,12 +53,15 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 /// Whether a call's wide tiles take Bf16Tile: a bf16 call, on an AVX3 (or
 /// better) x86 target, on a CPU with AVX512-BF16, the path not switched off
-/// (tandem::optimized::enable_bf16_dot). One vector of this target is then
-/// one vector of the instruction (bf16dot::kLanes rows).
+/// (tandem::optimized::enable_bf16_dot), the call not invariant (SPEC §12:
+/// its decode steps take the float decode tile, whose products are not the
+/// instruction's). One vector of this target is then one vector of the
+/// instruction (bf16dot::kLanes rows).
 inline bool UseBf16Tile(const Call& c) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   static_assert(HWY_LANES(float) >= bf16dot::kLanes);
-  return c.bf16_operands && !c.decode && Lanes() == bf16dot::kLanes && bf16dot::Enabled();
+  return c.bf16_operands && !c.decode && !c.invariant && Lanes() == bf16dot::kLanes &&
+         bf16dot::Enabled();
 #else
   (void)c;
   return false;

@@ -34,6 +34,7 @@
 #include <optional>
 
 #include "attention_call-inl.h"
+#include "attention_chunk_merge-inl.h"
 #include "attention_packed_rows-inl.h"
 #include "attention_score-inl.h"
 #include "attention_softmax-inl.h"
@@ -50,13 +51,15 @@ namespace hn = hwy::HWY_NAMESPACE;
 /// the call: St (scores, then probabilities, [key_block][stride]) and the
 /// online softmax's m, l, alpha for every tile; Qt, Ot, Kp, Vp for the wide
 /// tile (and the backward) when `transposed`; Qn, On, Kn, Vn for the decode
-/// tile when the call takes it.
+/// tile when the call takes it (and Qt, which its scores are formed from,
+/// in an invariant call); the chunk merge's state in an invariant call.
 struct ForwardScratch {
   Buffer St, m, l, alpha;
   ScoreScratch score;
   Buffer Qt, Ot;
   std::optional<PackedRows> Kp, Vp;
   Buffer Qn, On, Kn, Vn;
+  ChunkScratch chunk;
   ForwardScratch(const Call& c, bool transposed) : score(c.max_rows_p) {
     const AttentionPlan& p = *c.plan;
     const std::int64_t R = c.max_rows_p, ld = c.max_stride;
@@ -64,8 +67,8 @@ struct ForwardScratch {
     m.resize(R);
     l.resize(R);
     alpha.resize(R);
+    if (transposed || (c.decode && c.invariant)) Qt.resize(p.D * ld);
     if (transposed) {
-      Qt.resize(p.D * ld);
       Ot.resize(p.Dv * ld);
       Kp.emplace(c.max_Sk, p.D, c.key_block);
       Vp.emplace(c.max_Sk, p.Dv, c.key_block);
@@ -79,6 +82,10 @@ struct ForwardScratch {
       const bool padding = p.mask == MaskKind::key_padding;
       if (p.D != Dp || padding) Kn.resize(c.key_block * Dp);
       if (p.Dv != Dvp || padding) Vn.resize(c.key_block * Dvp);
+    }
+    if (c.invariant) {
+      const std::int64_t Dvp = RoundUp(p.Dv, Lanes());
+      chunk = ChunkScratch(R, std::max(transposed ? p.Dv * ld : 0, c.decode ? R * Dvp : 0));
     }
   }
 };
@@ -141,11 +148,16 @@ class KeyBlockTile {
   KeyBlockTile& operator=(const KeyBlockTile&) = delete;
 
   /// Adds the keys of [j_from, j_to) that the tile may see (call with
-  /// consecutive ranges; the blocks depend on the ranges given).
+  /// consecutive ranges; the blocks depend on the ranges given, but in an
+  /// invariant call).
   void Run(std::int64_t j_from, std::int64_t j_to) {
-    ForEachKeyBlock(c_, t_, j_from, j_to,
-                    [&](const KeyBlock& kb) { static_cast<Derived*>(this)->Block(kb); });
+    ForEachKeyBlock(c_, t_, j_from, j_to, [&](const KeyBlock& kb) {
+      merge_.Enter(kb.j0, [&] { Restart(); });
+      static_cast<Derived*>(this)->Block(kb);
+    });
   }
+  /// After the last Run: an invariant call's chunks merged (ChunkMerge).
+  void Close() { merge_.Close(); }
   OutputRows output() const { return {s_.Ot.get(), 1, t_.stride}; }
 
  protected:
@@ -157,10 +169,22 @@ class KeyBlockTile {
         values_(c.values(t.n, t.g)),
         head_(t.kv_index(c)),
         score_(c, t_, s.score),
-        softmax_(s.m.get(), s.l.get(), s.alpha.get(), t.rows_p, t.stride, c.weights) {
-    if (zero_output) std::fill(s.Ot.get(), s.Ot.get() + c.plan->Dv * t.stride, 0.0f);
+        softmax_(s.m.get(), s.l.get(), s.alpha.get(), t.rows_p, t.stride, c.weights),
+        with_output_(zero_output),
+        merge_(c.invariant, {s.m.get(), s.l.get(), zero_output ? s.Ot.get() : nullptr, 1, t.stride},
+               t.rows_p, c.plan->Dv, s.chunk) {
+    ZeroOutput();
   }
   ~KeyBlockTile() = default;
+
+  /// No key seen: the softmax's start and a zero output.
+  void Restart() {
+    softmax_.Restart();
+    ZeroOutput();
+  }
+  void ZeroOutput() {
+    if (with_output_) std::fill(s_.Ot.get(), s_.Ot.get() + c_.plan->Dv * t_.stride, 0.0f);
+  }
 
   const Call& c_;
   const Tile t_;
@@ -169,6 +193,8 @@ class KeyBlockTile {
   std::int64_t head_;  ///< Tile::kv_index: which packed rows are the tile's
   ScoreTransform score_;
   OnlineSoftmax softmax_;
+  bool with_output_;
+  ChunkMerge merge_;
 };
 
 /// The FlashAttention-2 forward of one tile by vectors across rows: with the
@@ -279,16 +305,26 @@ class DecodeTile {
         keys_(c.keys(t.n, t.g)),
         values_(c.values(t.n, t.g)),
         score_(c, t_, s.score),
-        softmax_(s.m.get(), s.l.get(), s.alpha.get(), t.rows_p, t.stride, c.weights) {
-    if (with_pv) std::fill(s.On.get(), s.On.get() + t.rows_p * Dvp_, 0.0f);
+        softmax_(s.m.get(), s.l.get(), s.alpha.get(), t.rows_p, t.stride, c.weights),
+        merge_(c.invariant, {s.m.get(), s.l.get(), with_pv ? s.On.get() : nullptr, Dvp_, 1},
+               t.rows_p, Dvp_, s.chunk) {
+    ZeroOutput();
   }
   DecodeTile(const DecodeTile&) = delete;
   DecodeTile& operator=(const DecodeTile&) = delete;
 
   /// As WideTile::Run.
   void Run(std::int64_t j_from, std::int64_t j_to) {
-    ForEachKeyBlock(c_, t_, j_from, j_to, [&](const KeyBlock& kb) { Block(kb); });
+    ForEachKeyBlock(c_, t_, j_from, j_to, [&](const KeyBlock& kb) {
+      merge_.Enter(kb.j0, [&] {
+        softmax_.Restart();
+        ZeroOutput();
+      });
+      Block(kb);
+    });
   }
+  /// As WideTile::Close.
+  void Close() { merge_.Close(); }
   const Tile& tile() const { return t_; }
   OutputRows output() const { return {s_.On.get(), Dvp_, 1}; }
 
@@ -299,7 +335,11 @@ class DecodeTile {
     const std::int64_t r_end = std::min(kb.hi, t_.rows);
     float* St = s_.St.get();
     score_.SetBlock(kb.j0, kb.nk);
-    Scores(kb, r_end);
+    if (c_.invariant) {
+      ScoresInOrder(kb);
+    } else {
+      Scores(kb, r_end);
+    }
     const ValueBlock v = with_pv_ ? Values(kb) : ValueBlock{};
     const bool careful = with_pv_ && CarefulPV(score_, v, c_.plan->Dv, kb.nk);
     const bool rescale = softmax_.Step(St, kb.nk, kb.lo, kb.hi, score_, careful);
@@ -349,6 +389,34 @@ class DecodeTile {
       for (; r < kb.hi; ++r) out[r] = 0.0f;  // padding rows, never stored
     }
   }
+  /// S <- Q K^T as the wide tile forms it (an invariant call, SPEC §12):
+  /// St[jj][r] = one multiply-add chain over d in order (Gemm, with the
+  /// queries in s.Qt as vectors across rows) for the block's columns, the K
+  /// rows read in place (a run per block of a paged cache) unless a padding
+  /// key must be zeroed.
+  void ScoresInOrder(const KeyBlock& kb) {
+    const std::int64_t R = t_.stride, D = c_.plan->D, cols = kb.hi - kb.lo;
+    float* St = s_.St.get() + kb.lo;
+    const float* Qt = s_.Qt.get() + kb.lo;
+    for (std::int64_t j = kb.j0 + pf_.ahead; j < std::min(kb.j0 + kb.nk + pf_.ahead, pf_.end);
+         ++j) {
+      PrefetchRows(keys_, j, 1);
+      if (with_pv_) PrefetchRows(values_, j, 1);
+    }
+    if (score_.any_hidden()) {
+      PackKeyRows(keys_, kb.j0, kb.nk, Dp_, s_.Kn.get());
+      score_.ZeroHiddenRows(s_.Kn.get(), Dp_, kb.nk);
+      Gemm(kb.nk, cols, D, s_.Kn.get(), Dp_, 1, Qt, R, St, R, false);
+      return;
+    }
+    ForEachRun(keys_, kb.j0, kb.nk, [&](std::int64_t jj, std::int64_t n, const float* rows) {
+      Gemm(n, cols, D, rows, keys_.stride, 1, Qt, R, St + jj * R, R, false);
+    });
+  }
+  /// On = 0 (with P·V).
+  void ZeroOutput() {
+    if (with_pv_) std::fill(s_.On.get(), s_.On.get() + t_.rows_p * Dvp_, 0.0f);
+  }
   /// The block's V rows: in place where they are whole vectors wide and no
   /// padding key needs zeroing (a paged cache's too, a run per block), else
   /// packed with whole-vector rows.
@@ -368,7 +436,19 @@ class DecodeTile {
   KeyRows keys_, values_;
   ScoreTransform score_;
   OnlineSoftmax softmax_;
+  ChunkMerge merge_;
 };
+
+/// out = O / l for the rows of a finished tile, in the layout of q, and lse
+/// when lse_out is given (inv = 1/l and lse_rows per row, FinishRows).
+inline void WriteRows(const Call& c, const Tile& t, const OutputRows& o, const float* inv,
+                      const float* lse_rows, float* out, float* lse_out) {
+  // O <- diag(1/l)·O
+  StoreRows(o, t.rows, c.plan->Dv, inv, [&](std::int64_t r) { return out + t.o_at(c, r); });
+  for (std::int64_t r = 0; lse_out != nullptr && r < t.rows; ++r) {
+    lse_out[t.lse_at(c, r)] = lse_rows[r];
+  }
+}
 
 /// The whole forward of one tile with the queries in s.Qt and the
 /// unnormalized output left in s.Ot (the backward's layout), by the call's
@@ -376,7 +456,9 @@ class DecodeTile {
 /// back to s.Ot.
 inline void ForwardTileTransposed(const Call& c, const Tile& t, ForwardScratch& s, bool with_pv) {
   if (!c.decode) {
-    WideTile(c, t, s, with_pv).Run(t.j_begin, t.j_end);
+    WideTile tile(c, t, s, with_pv);
+    tile.Run(t.j_begin, t.j_end);
+    tile.Close();
     return;
   }
   const std::int64_t R = t.stride, D = c.plan->D, Dp = RoundUp(D, Lanes());
@@ -386,6 +468,7 @@ inline void ForwardTileTransposed(const Call& c, const Tile& t, ForwardScratch& 
   }
   DecodeTile tile(c, t, s, with_pv, {kPrefetchKeys, t.j_end});
   tile.Run(t.j_begin, t.j_end);
+  tile.Close();
   if (!with_pv) return;
   const OutputRows o = tile.output();
   for (std::int64_t r = 0; r < t.rows_p; ++r) {

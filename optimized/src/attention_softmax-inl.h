@@ -69,11 +69,18 @@ class OnlineSoftmax {
       : m_(m),
         l_(l),
         alpha_(alpha),
+        rows_p_(rows_p),
         R_(stride),
         weights_(weights),
         rescaled_(static_cast<std::size_t>(rows_p / Lanes()), 0) {
+    Restart();
+  }
+
+  /// m = −inf and l = 0 for every row: no key seen (the start, and an
+  /// invariant call's next chunk, ChunkMerge).
+  void Restart() {
     const DF d;
-    for (std::int64_t r = 0; r < rows_p; r += Lanes()) {
+    for (std::int64_t r = 0; r < rows_p_; r += Lanes()) {
       hn::StoreU(hn::Set(d, -std::numeric_limits<float>::infinity()), d, m_ + r);
       hn::StoreU(hn::Zero(d), d, l_ + r);
     }
@@ -190,6 +197,7 @@ class OnlineSoftmax {
   float* m_;
   float* l_;
   float* alpha_;
+  std::int64_t rows_p_;
   std::int64_t R_;
   WeightRounding weights_;
   std::vector<char> rescaled_;  ///< per vector of rows, for the last block

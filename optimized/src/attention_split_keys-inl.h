@@ -50,12 +50,13 @@ namespace hn = hwy::HWY_NAMESPACE;
 /// shape, the sequences' lengths and the geometry alone, never on the thread
 /// count; chunks of a paged cache start at block boundaries whenever the
 /// chunk is a multiple of the block size (the default chunks are powers of
-/// two).
+/// two). An invariant call's chunks are its kInvariantChunk keys (SPEC
+/// §12), which its tiles merge alike.
 inline std::int64_t SplitKeysChunk(const Call& c) {
   const AttentionPlan& p = *c.plan;
   const Geometry& geo = *c.geometry;
   if (!c.decode || geo.split_keys_min_chunks == 0) return 0;
-  std::int64_t chunk = geo.split_keys_chunk;
+  std::int64_t chunk = c.invariant ? kInvariantChunk : geo.split_keys_chunk;
   if (chunk == 0) {  // about 1 MiB of K and V rows, key_block to 1024 keys
     const std::int64_t bytes_per_key =
         static_cast<std::int64_t>(sizeof(float)) * p.Hkv * (p.D + p.Dv);
@@ -114,13 +115,21 @@ struct SplitScratch {
   }
 };
 
+/// Keys per step of a split-key task: Geometry::split_keys_step, a whole
+/// number of key blocks in an invariant call (whose blocks must not depend
+/// on the steps).
+inline std::int64_t SplitKeysStep(const Call& c) {
+  const std::int64_t step = c.geometry->split_keys_step;
+  return c.invariant ? RoundUp(step, c.key_block) : step;
+}
+
 /// One split-key task: the keys [k0, k1) of sequence n for every query row
 /// of the sequence, each (kv head, query block) tile in turn per step, so
 /// that whole K and V rows are read one after the other; the partials go to
 /// chunk `ch` of `part`.
 inline void SplitKeysTask(const Call& c, std::int64_t n, std::int64_t ch, std::int64_t k0,
                           std::int64_t k1, SplitScratch& ss, const SplitPartials& part) {
-  const std::int64_t step = c.geometry->split_keys_step, nqb = c.qblocks(n);
+  const std::int64_t step = SplitKeysStep(c), nqb = c.qblocks(n);
   const auto n_tiles = static_cast<std::size_t>(c.plan->Hkv * nqb);
   for (std::int64_t g = 0; g < c.plan->Hkv; ++g) {
     for (std::int64_t qb = 0; qb < nqb; ++qb) {
@@ -131,6 +140,7 @@ inline void SplitKeysTask(const Call& c, std::int64_t n, std::int64_t ch, std::i
       const DecodePrefetch pf{step, t.j_end};
       t.ClipKeys(k0, k1);
       PackQueriesNatural(c, t, s.Qn.get());
+      if (c.invariant) PackQueriesTransposed(c, t, s.Qt.get());
       ss.tiles[at].emplace(c, t, s, true, pf);
     }
   }
@@ -139,6 +149,7 @@ inline void SplitKeysTask(const Call& c, std::int64_t n, std::int64_t ch, std::i
   }
   const std::int64_t Dvp = part.Dvp();
   for (std::size_t at = 0; at < n_tiles; ++at) {
+    ss.tiles[at]->Close();
     const Tile& t = ss.tiles[at]->tile();
     const ForwardScratch& s = *ss.scratch[at];
     for (std::int64_t r = 0; r < t.rows; ++r) {
@@ -193,6 +204,56 @@ inline void MergeRow(const Call& c, const SplitPartials& part, std::int64_t n, s
   if (lse_out != nullptr) lse_out[c.lse_at(n, h, i)] = FinishLse(m, l);
 }
 
+/// The merge of an invariant call's chunks for the rows of tile (n, g, qb),
+/// as its tile would have merged them (ChunkMerge: the first chunk's state
+/// copied, each next one merged by MergeChunk, in chunk order), then the
+/// tile's finish (FinishRows, WriteRows). s: a ForwardScratch of the call,
+/// free (its On, m, l: the merge; its chunk scratch: the chunk being merged,
+/// then 1/l and lse of the rows).
+inline void MergeTileChunks(const Call& c, const SplitPartials& part, std::int64_t n,
+                            std::int64_t g, std::int64_t qb, ForwardScratch& s, float* out,
+                            float* lse_out) {
+  const Tile t(c, n, g, qb);
+  const std::int64_t Dvp = part.Dvp();
+  const RowState acc{s.m.get(), s.l.get(), s.On.get(), Dvp, 1};
+  const RowState cur{s.chunk.m.get(), s.chunk.l.get(), s.chunk.o.get(), Dvp, 1};
+  for (std::int64_t ch = 0; ch < part.chunks(n); ++ch) {
+    // the chunk's records of the tile's rows; the padding rows saw no key
+    for (std::int64_t r = 0; r < t.rows_p; ++r) {
+      const float* src = r < t.rows ? part.at(n, ch, t.head(r) * t.Sq + t.query(r)) : nullptr;
+      float* o = cur.o + r * Dvp;
+      if (src != nullptr) std::copy(src, src + Dvp, o);
+      if (src == nullptr) std::fill(o, o + Dvp, 0.0f);
+      cur.m[r] = src != nullptr ? src[Dvp] : -std::numeric_limits<float>::infinity();
+      cur.l[r] = src != nullptr ? src[Dvp + 1] : 0.0f;
+    }
+    if (ch == 0) {
+      CopyState(cur, acc, t.rows_p, Dvp);
+    } else {
+      MergeChunk(acc, cur, t.rows_p, Dvp, s.chunk.w_a.get(), s.chunk.w_c.get());
+    }
+  }
+  float* inv = s.chunk.w_a.get();
+  float* lse_rows = lse_out != nullptr ? s.chunk.w_c.get() : nullptr;
+  FinishRows(c, t, acc.m, acc.l, inv, lse_rows);
+  WriteRows(c, t, {acc.o, Dvp, 1}, inv, lse_rows, out, lse_out);
+}
+
+/// The merge of an invariant split-key call: one task per (sequence, kv
+/// head, query block) tile (MergeTileChunks), in each thread's first
+/// scratch (free again after the chunk tasks).
+inline void MergeInvariantChunks(const Call& c, const SplitPartials& part,
+                                 std::vector<SplitScratch>& scratch, float* out, float* lse_out) {
+  const std::int64_t n_tiles = c.plan->Hkv * c.qblocks();
+  ForwardScratch& s = *scratch[static_cast<std::size_t>(omp_get_thread_num())].scratch[0];
+#pragma omp for schedule(static)
+  for (std::int64_t task = 0; task < n_tiles; ++task) {
+    const std::int64_t n = SequenceOf(c.first_qblock, task / c.plan->Hkv);
+    const std::int64_t local = task - c.plan->Hkv * c.first_qblock[n], nqb = c.qblocks(n);
+    MergeTileChunks(c, part, n, local / nqb, local % nqb, s, out, lse_out);
+  }
+}
+
 /// The split-key forward: every (sequence, key chunk) task computes, for
 /// each query row (h, i) of the sequence, the reference max m, the sum l of
 /// 2^(x − m) and the unnormalized output over the visible keys of its chunk
@@ -225,11 +286,15 @@ inline void ForwardSplitKeys(const Call& c, std::int64_t chunk, float* out, floa
       SplitKeysTask(c, n, ch, k0, k1, ss, part);
     }
     // (the implicit barrier above: every partial is written)
-    float* acc = ss.scratch[0]->On.get();  // N·Dvp floats, free again
+    if (c.invariant) {
+      MergeInvariantChunks(c, part, scratch, out, lse_out);
+    } else {
+      float* acc = ss.scratch[0]->On.get();  // N·Dvp floats, free again
 #pragma omp for schedule(static)
-    for (std::int64_t row = 0; row < n_rows; ++row) {
-      const std::int64_t x = row / plan.H, n = SequenceOf(c.first_query, x);
-      MergeRow(c, part, n, row % plan.H, x - c.first_query[n], acc, out, lse_out);
+      for (std::int64_t row = 0; row < n_rows; ++row) {
+        const std::int64_t x = row / plan.H, n = SequenceOf(c.first_query, x);
+        MergeRow(c, part, n, row % plan.H, x - c.first_query[n], acc, out, lse_out);
+      }
     }
   }
 }

@@ -307,6 +307,23 @@ MUTATIONS = [
                "st.extent = checked_mul(rows, rs, what);")],
              "strides: a bshd tensor with padded rows must hold its last row's padding too",
              root="include/tandem"),
+    # Geometry::invariant (SPEC §12): reached by the *_invariant subjects alone
+    Mutation("invariant_decode_scores_dotrows", "attention_forward_tile-inl.h",
+             [("    if (c_.invariant) {\n      ScoresInOrder(kb);", "    if (false) {\n      ScoresInOrder(kb);")],
+             "invariant decode tile: scores summed in the DotRows order, not the wide tile's d-ordered chains"),
+    Mutation("invariant_chunk_merge_skipped", "attention_chunk_merge-inl.h",
+             [("    if (!active_) return;\n    const std::int64_t chunk = j0 / kInvariantChunk;",
+               "    return;\n    const std::int64_t chunk = j0 / kInvariantChunk;")],
+             "invariant tile: one online softmax across the 1024-key chunks (no restart and merge; "
+             "the split-key merge still merges them)"),
+    Mutation("invariant_blocks_from_tile_start", "attention_call-inl.h",
+             [("if (c.invariant) return std::min(c.key_block - j0 % c.key_block, j_end - j0);",
+               "if (c.invariant) return std::min(c.key_block, j_end - j0);")],
+             "invariant call: 64-key blocks counted from the tile's first key, not from key 0"),
+    Mutation("invariant_split_chunk_from_geometry", "attention_split_keys-inl.h",
+             [("std::int64_t chunk = c.invariant ? kInvariantChunk : geo.split_keys_chunk;",
+               "std::int64_t chunk = geo.split_keys_chunk;")],
+             "invariant split-key decode: chunks of split_keys_chunk keys, not kInvariantChunk"),
 ]
 
 
@@ -384,8 +401,11 @@ def properties_of(failed):
         subject, _, prop = test.partition(".")
         if prop and prop not in props:
             props.append(prop)
-        geo = "small_decode" if subject.endswith("_small_decode") else \
-            "small" if subject.endswith("_small") else "default"
+        base = subject.removesuffix("_invariant")
+        geo = "small_decode" if base.endswith("_small_decode") else \
+            "small" if base.endswith("_small") else "default"
+        if base != subject:
+            geo += " invariant"
         if prop and geo not in geos:
             geos.append(geo)
     return props or failed, geos

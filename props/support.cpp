@@ -81,7 +81,39 @@ Subject optimized_subject(std::int64_t target, const std::string& name,
     s.thread_variants.push_back(optimized::backend(optimized::Options{t, geo}));
   s.enter = [target] { optimized::force_target(target); };
   s.leave = [] { optimized::force_target(0); };
+  s.invariant = geo.invariant;
   return s;
+}
+
+/// A random Geometry with invariant set (every field in its range, the
+/// split-key decode forced on or off) at 1 to 3 threads, and its description.
+std::pair<Backend, std::string> random_invariant_backend() {
+  optimized::Geometry g;
+  g.invariant = true;
+  g.key_block = *rc::gen::element<std::int64_t>(1, 2, 3, 7, 16, 64, 100, 4096);
+  g.edge_block = *rc::gen::inRange<std::int64_t>(1, g.key_block + 1);
+  g.rows_per_tile = *rc::gen::element<std::int64_t>(1, 2, 5, 8, 64, 384, 1000);
+  g.rows_per_tile_banded = *rc::gen::element<std::int64_t>(1, 3, 8, 192, 700);
+  g.decode_tiles = *rc::gen::element(optimized::DecodeTiles::one_vector,
+                                     optimized::DecodeTiles::never, optimized::DecodeTiles::always);
+  const bool split = *rc::gen::arbitrary<bool>();
+  g.split_keys_chunk = *rc::gen::element<std::int64_t>(0, 1, 3, 64, 500, 1024, 2048);
+  g.split_keys_min_chunks = split ? *rc::gen::element<std::int64_t>(1, 2) : 0;
+  g.split_keys_step = *rc::gen::element<std::int64_t>(1, 2, 8, 33);
+  g.split_keys_contiguous_heads =
+      split ? std::int64_t{1} << 20 : *rc::gen::element<std::int64_t>(0, 4);
+  g.backward_min_tasks = *rc::gen::element<std::int64_t>(1, 6, 8, 64);
+  g.backward_query_parts = *rc::gen::element<std::int64_t>(0, 1, 2, 3, 5);
+  const int threads = *rc::gen::inRange(1, 4);
+  std::ostringstream os;
+  os << "Geometry{key_block " << g.key_block << ", edge_block " << g.edge_block
+     << ", rows_per_tile " << g.rows_per_tile << ", rows_per_tile_banded " << g.rows_per_tile_banded
+     << ", decode_tiles " << static_cast<int>(g.decode_tiles) << ", split_keys chunk "
+     << g.split_keys_chunk << " min_chunks " << g.split_keys_min_chunks << " step "
+     << g.split_keys_step << " contiguous_heads " << g.split_keys_contiguous_heads
+     << ", backward min_tasks " << g.backward_min_tasks << " query_parts " << g.backward_query_parts
+     << ", invariant} at " << threads << " threads";
+  return {optimized::backend(optimized::Options{threads, g}), os.str()};
 }
 
 /// Small geometries of the optimized attention (optimized::Geometry): cases
@@ -149,6 +181,22 @@ std::vector<Subject> correct_subjects() {
       out.push_back(s);
     }
   }
+  // Every target with Geometry::invariant set, at the default geometry and
+  // the small ones (whose blocks and tiles invariant must override): the
+  // invariance properties (SPEC §12) run there, and only they.
+  for (std::int64_t target : targets) {
+    std::vector<std::pair<std::string, optimized::Geometry>> geos = {{"", {}}};
+    for (const auto& g : small_geometries()) geos.push_back(g);
+    for (auto [geo_name, geo] : geos) {
+      geo.invariant = true;
+      std::string name = "optimized_" + optimized::target_name(target);
+      if (!geo_name.empty()) name += "_" + geo_name;
+      Subject s = optimized_subject(target, name + "_invariant", geo);
+      s.invariance_only = true;
+      s.invariant_variant = random_invariant_backend;
+      out.push_back(s);
+    }
+  }
   // The best target once more with the bf16 forward's AVX512-BF16 products
   // switched on (off by default), where this CPU has them: at the default
   // geometry and at the small wide one, whose many key blocks per tile reach
@@ -182,6 +230,7 @@ void register_rope_properties(std::vector<Property>& out);
 void register_other_properties(std::vector<Property>& out);
 void register_lowp_properties(std::vector<Property>& out);
 void register_plan_properties(std::vector<Property>& out);
+void register_invariance_properties(std::vector<Property>& out);
 
 const std::vector<Property>& properties() {
   static const std::vector<Property> all = [] {
@@ -193,6 +242,7 @@ const std::vector<Property>& properties() {
     register_other_properties(v);
     register_lowp_properties(v);
     register_plan_properties(v);
+    register_invariance_properties(v);
     return v;
   }();
   return all;

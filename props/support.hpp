@@ -139,6 +139,20 @@ struct Subject {
   /// that call attention run on it, and those that span every op draw the
   /// attention ops alone (attention_ops()).
   bool attention_only = false;
+  /// Whether the subject promises batch-invariant results (SPEC §12): a
+  /// query row's out and lse, a sequence's dq, dk, dv, the same bits however
+  /// the call around it is shaped. The reference and the scalar fixtures do
+  /// by construction, the optimized backend with Geometry::invariant set.
+  bool invariant = true;
+  /// Whether only the invariance properties run on the subject (the
+  /// optimized backend with Geometry::invariant set: the other properties
+  /// run on it at its plain geometries).
+  bool invariance_only = false;
+  /// Another backend that must give the subject's bits on every call, and
+  /// what it is: the optimized backend at a random Geometry with invariant
+  /// set and a random thread count (drawn with RapidCheck inside the
+  /// property). Empty: a random thread variant stands in.
+  std::function<std::pair<Backend, std::string>()> invariant_variant;
 };
 
 /// reference, broken_none, and optimized at every supported target (when built).
@@ -163,15 +177,19 @@ struct Property {
   std::function<void(const Subject&)> body;
   bool attention_features = false;  ///< exercises SPEC §2.7–2.10: only for subjects that have them
   bool calls_attention = true;      ///< false: RoPE, axial RoPE or SwiGLU alone
+  bool invariance = false;          ///< a property of SPEC §12: only for subjects that promise it
 };
 
 /// Every property of the suite.
 const std::vector<Property>& properties();
 /// Whether `p` runs on `s` (a feature property needs a subject with the
-/// features, an attention-only subject a property that calls attention).
+/// features, an attention-only subject a property that calls attention, an
+/// invariance property a subject that promises it, an invariance-only
+/// subject an invariance property).
 inline bool runs_on(const Property& p, const Subject& s) {
   return (!p.attention_features || s.attention_features) &&
-         (!s.attention_only || p.calls_attention);
+         (!s.attention_only || p.calls_attention) && (!p.invariance || s.invariant) &&
+         (!s.invariance_only || p.invariance);
 }
 const Property& property(const std::string& name);
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace tandem::props::broken {
@@ -104,6 +105,32 @@ struct Attention {
     return m * double(bug == Bug::alibi_without_abs ? dist : std::abs(dist));
   }
 
+  /// <q_i, k_j> of query i of sq (head h) and key row kr (kv head g): in
+  /// double, or with Bug::decode_dot_reversed in float along d, backwards
+  /// in a decode-shaped call (Sq·G <= 4 in the sequence), forwards otherwise.
+  double dot_qk(const AttentionSeq& sq, i64 h, i64 i, const KeyRow& kr, i64 g) const {
+    const float* q = &in.q[p.q.at(sq.b, sq.q_row(i), h)];
+    const float* k = &in.k[k_at(kr, g)];
+    if (bug == Bug::decode_dot_reversed) {
+      const bool decode = sq.Sq * p.group() <= 4;
+      float acc = 0.0f;
+      for (i64 e = 0; e < p.D; ++e) {
+        const i64 d = decode ? p.D - 1 - e : e;
+        acc += q[d] * k[d];
+      }
+      return acc;
+    }
+    double dot = 0.0;
+    for (i64 d = 0; d < p.D; ++d) dot += double(q[d]) * k[d];
+    return dot;
+  }
+
+  /// Keys per chunk of a row's float sums under Bug::key_chunks_by_sequences:
+  /// Sk split into as many chunks as the call has sequences.
+  i64 sequence_chunk(i64 Sk) const {
+    return std::max<i64>(1, (Sk + p.sequences() - 1) / p.sequences());
+  }
+
   struct Row {
     std::vector<char> vis;
     std::vector<KeyRow> key;
@@ -128,10 +155,7 @@ struct Attention {
       r.vis[j] = 1;
       r.key[j] = key_row(sq, j);
       ++r.n;
-      double dot = 0.0;
-      for (i64 d = 0; d < p.D; ++d)
-        dot += double(in.q[p.q.at(sq.b, sq.q_row(i), h) + d]) * in.k[k_at(r.key[j], g) + d];
-      r.x[j] = p.scale * dot;
+      r.x[j] = p.scale * dot_qk(sq, h, i, r.key[j], g);
       double sj = r.x[j];
       if (p.softcap > 0) {
         sj = bug == Bug::softcap_tanh_unscaled ? p.softcap * std::tanh(sj)
@@ -182,6 +206,17 @@ struct Attention {
             float y;
             if (r.n == 0) {
               y = bug == Bug::masked_row_nan ? float(kNaN) : 0.0f;
+            } else if (bug == Bug::key_chunks_by_sequences) {
+              // float partial sums over chunks of keys, as many as the call's sequences
+              const i64 chunk = sequence_chunk(sq.Sk);
+              y = 0.0f;
+              for (i64 j0 = 0; j0 < sq.Sk; j0 += chunk) {
+                float part = 0.0f;
+                for (i64 j = j0; j < std::min(sq.Sk, j0 + chunk); ++j) {
+                  if (r.vis[j]) part += float(r.p[j]) * in.v[v_at(r.key[j], g) + d];
+                }
+                y += part;
+              }
             } else if (bug == Bug::thread_dependent_sum) {
               // `threads` partial sums in float, one per contiguous chunk of keys
               const i64 chunk = (sq.Sk + threads - 1) / threads;
@@ -259,7 +294,14 @@ struct Attention {
             sink_terms[h].push_back((bug == Bug::dsink_sign_flipped ? 1.0 : -1.0) * r.p_sink *
                                     delta);
           }
+          // Bug::key_chunks_by_sequences: dq in float, one partial sum per key chunk
+          std::vector<float> dq_part(bug == Bug::key_chunks_by_sequences ? p.D : 0, 0.0f);
+          std::vector<float> dq_total(dq_part);
+          const i64 dq_chunk = sequence_chunk(sq.Sk);
           for (i64 j = 0; j < sq.Sk; ++j) {
+            if (!dq_part.empty() && j > 0 && j % dq_chunk == 0) {
+              for (i64 d = 0; d < p.D; ++d) dq_total[d] += std::exchange(dq_part[d], 0.0f);
+            }
             if (!r.vis[j]) continue;
             double dp = 0.0;
             for (i64 d = 0; d < p.Dv; ++d) dp += double(dout[oo + d]) * in.v[v_at(r.key[j], g) + d];
@@ -277,12 +319,17 @@ struct Attention {
             }
             const KeyRow& kr = r.key[j];
             for (i64 d = 0; d < p.D; ++d) {
-              gr.dq[p.dq.at(sq.b, qi, h) + d] += sc * ds * in.k[k_at(kr, g) + d];
+              if (!dq_part.empty()) dq_part[d] += float(sc * ds * in.k[k_at(kr, g) + d]);
+              if (dq_part.empty())
+                gr.dq[p.dq.at(sq.b, qi, h) + d] += sc * ds * in.k[k_at(kr, g) + d];
               gr.dk[p.dk.at(kr.batch, kr.seq, g) + d] += sc * ds * in.q[p.q.at(sq.b, qi, h) + d];
             }
             for (i64 d = 0; d < p.Dv; ++d) {
               gr.dv[p.dv.at(kr.batch, kr.seq, g) + d] += r.p[j] * dout[oo + d];
             }
+          }
+          for (std::size_t d = 0; d < dq_part.size(); ++d) {
+            gr.dq[p.dq.at(sq.b, qi, h) + static_cast<i64>(d)] = dq_total[d] + dq_part[d];
           }
         }
       }
@@ -599,6 +646,10 @@ const char* to_string(Bug bug) {
       return "dbias_capped";
     case Bug::dbias_sum_thread_dependent:
       return "dbias_sum_thread_dependent";
+    case Bug::decode_dot_reversed:
+      return "decode_dot_reversed";
+    case Bug::key_chunks_by_sequences:
+      return "key_chunks_by_sequences";
     case Bug::weights_rounded_twice:
       return "weights_rounded_twice";
     case Bug::output_accumulated_in_t:

@@ -182,14 +182,23 @@ struct Property {
 
 /// Every property of the suite.
 const std::vector<Property>& properties();
+/// Whether an invariance-only subject runs `p` besides the invariance
+/// properties: the attention's agreement with the reference, so that the
+/// invariant order is also the right function.
+inline bool checks_invariant_agreement(const Property& p) {
+  return p.name == "agree_attention_forward" || p.name == "agree_attention_backward" ||
+         p.name == "agree_attention_features_forward" ||
+         p.name == "agree_attention_features_backward";
+}
+
 /// Whether `p` runs on `s` (a feature property needs a subject with the
 /// features, an attention-only subject a property that calls attention, an
 /// invariance property a subject that promises it, an invariance-only
-/// subject an invariance property).
+/// subject an invariance property or an agreement one).
 inline bool runs_on(const Property& p, const Subject& s) {
   return (!p.attention_features || s.attention_features) &&
          (!s.attention_only || p.calls_attention) && (!p.invariance || s.invariant) &&
-         (!s.invariance_only || p.invariance);
+         (!s.invariance_only || p.invariance || checks_invariant_agreement(p));
 }
 const Property& property(const std::string& name);
 

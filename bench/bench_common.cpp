@@ -14,6 +14,8 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <numeric>
+#include <random>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -99,6 +101,19 @@ void add(Spec spec, std::function<void(benchmark::State&)> fn, double min_time) 
 }
 
 // ---- buffers ----------------------------------------------------------------------
+
+std::vector<std::vector<std::int32_t>> shuffled_block_tables(std::size_t caches,
+                                                             std::int64_t per_cache) {
+  std::vector<std::int32_t> blocks(caches * static_cast<std::size_t>(per_cache));
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), std::mt19937(7));
+  std::vector<std::vector<std::int32_t>> tables;
+  for (std::size_t c = 0; c < caches; ++c) {
+    const auto first = blocks.begin() + static_cast<std::ptrdiff_t>(c) * per_cache;
+    tables.emplace_back(first, first + per_cache);
+  }
+  return tables;
+}
 
 std::vector<float> random_buffer(std::size_t n, std::uint64_t seed, float lo, float hi) {
   std::vector<float> v(n);

@@ -98,6 +98,12 @@ std::vector<float> random_buffer(std::size_t n, std::uint64_t seed, float lo = -
 /// A zeroed float buffer whose pages are resident.
 std::vector<float> zero_buffer(std::size_t n);
 
+/// `caches` block tables of `per_cache` entries each over one pool of
+/// caches·per_cache blocks, shuffled (fixed seed): the blocks of each cache
+/// scattered through the pool, as a serving cache's are.
+std::vector<std::vector<std::int32_t>> shuffled_block_tables(std::size_t caches,
+                                                             std::int64_t per_cache);
+
 /// Keeps the inputs of one benchmark alive across the repeated calls that
 /// Google Benchmark makes while it picks an iteration count, so buffers are
 /// allocated and first touched once. Holds one fixture at a time: asking for

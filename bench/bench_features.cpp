@@ -129,13 +129,7 @@ struct DecodeCaches {
       v.push_back(random_buffer(static_cast<std::size_t>(plan.v.extent), 101 + 2 * c));
     }
     if (s.block_size == 0) return;
-    std::vector<std::int32_t> blocks(static_cast<std::size_t>(plan.num_blocks));
-    std::iota(blocks.begin(), blocks.end(), 0);
-    std::shuffle(blocks.begin(), blocks.end(), std::mt19937(7));
-    for (std::size_t c = 0; c < n; ++c) {
-      const auto first = blocks.begin() + static_cast<std::ptrdiff_t>(c) * per_cache;
-      tables.emplace_back(first, first + per_cache);
-    }
+    tables = shuffled_block_tables(n, per_cache);
     lens.assign(static_cast<std::size_t>(s.B), static_cast<std::int32_t>(s.Sk));
   }
   /// The inputs of cache c.

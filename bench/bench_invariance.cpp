@@ -207,13 +207,7 @@ struct InvarianceFixture {
       v.clear();
     }
     if (block_size > 0) {
-      std::vector<std::int32_t> blocks(static_cast<std::size_t>(plan.num_blocks));
-      std::iota(blocks.begin(), blocks.end(), 0);
-      std::shuffle(blocks.begin(), blocks.end(), std::mt19937(7));
-      for (std::size_t i = 0; i < caches; ++i) {
-        const auto first = blocks.begin() + static_cast<std::ptrdiff_t>(i) * per_cache;
-        tables.emplace_back(first, first + per_cache);
-      }
+      tables = shuffled_block_tables(caches, per_cache);
       lens.assign(static_cast<std::size_t>(s.B), static_cast<std::int32_t>(s.Sk));
     }
     if (c == Case::backward) {

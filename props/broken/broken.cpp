@@ -203,31 +203,27 @@ struct Attention {
           const Row r = row(sq, h, i);
           if (!lse.empty()) lse[p.lse_at(sq.b, h, sq.q_row(i))] = static_cast<float>(r.lse);
           for (i64 d = 0; d < p.Dv; ++d) {
+            // Σ_j p_j v_jd as float partial sums over consecutive chunks of keys
+            const auto chunked_sum = [&](i64 chunk) {
+              float sum = 0.0f;
+              for (i64 j0 = 0; j0 < sq.Sk; j0 += chunk) {
+                float part = 0.0f;
+                for (i64 j = j0; j < std::min(sq.Sk, j0 + chunk); ++j) {
+                  if (r.vis[j]) part += float(r.p[j]) * in.v[v_at(r.key[j], g) + d];
+                }
+                sum += part;
+              }
+              return sum;
+            };
             float y;
             if (r.n == 0) {
               y = bug == Bug::masked_row_nan ? float(kNaN) : 0.0f;
             } else if (bug == Bug::key_chunks_by_sequences) {
               // float partial sums over chunks of keys, as many as the call's sequences
-              const i64 chunk = sequence_chunk(sq.Sk);
-              y = 0.0f;
-              for (i64 j0 = 0; j0 < sq.Sk; j0 += chunk) {
-                float part = 0.0f;
-                for (i64 j = j0; j < std::min(sq.Sk, j0 + chunk); ++j) {
-                  if (r.vis[j]) part += float(r.p[j]) * in.v[v_at(r.key[j], g) + d];
-                }
-                y += part;
-              }
+              y = chunked_sum(sequence_chunk(sq.Sk));
             } else if (bug == Bug::thread_dependent_sum) {
               // `threads` partial sums in float, one per contiguous chunk of keys
-              const i64 chunk = (sq.Sk + threads - 1) / threads;
-              y = 0.0f;
-              for (i64 j0 = 0; j0 < sq.Sk; j0 += chunk) {
-                float part = 0.0f;
-                for (i64 j = j0; j < std::min(sq.Sk, j0 + chunk); ++j) {
-                  if (r.vis[j]) part += float(r.p[j]) * in.v[v_at(r.key[j], g) + d];
-                }
-                y += part;
-              }
+              y = chunked_sum((sq.Sk + threads - 1) / threads);
             } else {
               double acc = 0.0;
               for (i64 j = 0; j < sq.Sk; ++j) {

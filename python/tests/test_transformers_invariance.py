@@ -162,7 +162,16 @@ def test_generating_with_the_cache_gives_the_bits_of_recomputing(fixed_order, na
                    "only: they reach the kernel at other positions than in the recomputation, "
                    "and the 64-key blocks are counted from the call's key 0 (SPEC §12)")
 def test_a_sliding_window_cache_across_a_key_block_is_not_invariant(fixed_order):
-    check_cached_against_recomputed(model("mistral", "tandem"), LONG, every_key=False)
+    m = model("mistral", "tandem")
+    ids = prompts(LONG)[0][None]
+    cache = m.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0,
+                       return_dict_in_generate=True).past_key_values
+    layers = getattr(cache, "layers", None)  # transformers >= 4.54; else key_cache
+    kept = layers[0].keys.shape[-2] if layers is not None else cache.key_cache[0].shape[-2]
+    if kept >= ids.shape[1] + 1:
+        pytest.skip(f"transformers {transformers.__version__}'s default Mistral cache keeps "
+                    "every key: no key moves")
+    check_cached_against_recomputed(m, LONG, every_key=False)
 
 
 @pytest.mark.parametrize("name,impl", CASES)

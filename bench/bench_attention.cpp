@@ -368,13 +368,7 @@ void register_attention() {
       if (full) batch_keys.emplace_back(8, 32768);
     }
     for (const auto& [B, Sk] : batch_keys) {
-      AttnShape d;
-      d.B = B;
-      d.H = 32;
-      d.Hkv = 8;
-      d.Sq = 1;
-      d.Sk = Sk;
-      d.D = d.Dv = 128;
+      const AttnShape d = AttnShape::decode_step(B, Sk);
       const double cache_bytes = 4.0 * static_cast<double>(B * Sk * d.Hkv * (d.D + d.Dv));
       // Enough caches for the roofline's array size of K and V in all (none
       // stays in the last-level cache), at least two below it.

@@ -214,6 +214,19 @@ struct AttnShape {
   }
   [[nodiscard]] AttentionPlan plan() const { return AttentionPlan::make(params()); }
 
+  /// The benchmarks' decode step: B sequences of one query each against Sk
+  /// keys, H = 32 query heads over Hkv = 8 kv heads, D = Dv = 128.
+  static AttnShape decode_step(std::int64_t B, std::int64_t Sk) {
+    AttnShape d;
+    d.B = B;
+    d.H = 32;
+    d.Hkv = 8;
+    d.Sq = 1;
+    d.Sk = Sk;
+    d.D = d.Dv = 128;
+    return d;
+  }
+
   /// Number of visible (i, j) pairs of one (b, h).
   [[nodiscard]] double visible_pairs() const {
     if (!causal) return static_cast<double>(Sq) * static_cast<double>(Sk);

@@ -216,14 +216,7 @@ void register_decode_stored() {
                                              ? std::vector<std::int64_t>{4096}
                                              : std::vector<std::int64_t>{4096, 16384};
   for (const std::int64_t Sk : seqs) {
-    AttnShape d;
-    d.B = 1;
-    d.H = 32;
-    d.Hkv = 8;
-    d.Sq = 1;
-    d.Sk = Sk;
-    d.D = d.Dv = 128;
-    add_stored(d, c.threads);
+    add_stored(AttnShape::decode_step(1, Sk), c.threads);
   }
 }
 

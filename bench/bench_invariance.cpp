@@ -330,17 +330,6 @@ AttnShape prefill_shape(std::int64_t S, std::int64_t D, bool causal) {
   return a;
 }
 
-AttnShape decode_shape(std::int64_t B, std::int64_t Sk) {
-  AttnShape d;
-  d.B = B;
-  d.H = 32;
-  d.Hkv = 8;
-  d.Sq = 1;
-  d.Sk = Sk;
-  d.D = d.Dv = 128;
-  return d;
-}
-
 AttnShape backward_shape(std::int64_t S, bool causal) {
   AttnShape a = prefill_shape(S, 128, causal);
   a.Hkv = 2;  // 2 (batch, kv head) pairs < backward_min_tasks: the default splits query parts
@@ -370,9 +359,10 @@ void register_invariance() {
   const std::vector<std::int64_t> keys =
       quick ? std::vector<std::int64_t>{4096} : std::vector<std::int64_t>{4096, 16384};
   for (const std::int64_t B : batches)
-    for (const std::int64_t Sk : keys) add_invariance(Case::decode, decode_shape(B, Sk), c.threads);
+    for (const std::int64_t Sk : keys)
+      add_invariance(Case::decode, AttnShape::decode_step(B, Sk), c.threads);
   for (const std::int64_t B : batches)
-    add_invariance(Case::paged_decode, decode_shape(B, 4096), c.threads, 16);
+    add_invariance(Case::paged_decode, AttnShape::decode_step(B, 4096), c.threads, 16);
   const std::vector<std::int64_t> bwd_seqs =
       quick ? std::vector<std::int64_t>{512} : std::vector<std::int64_t>{1024, 2048};
   for (const bool causal : {false, true}) {
@@ -381,7 +371,7 @@ void register_invariance() {
       add_invariance(Case::backward, backward_shape(S, causal), c.threads);
   }
   for (const std::int64_t Sk : keys)
-    add_invariance(Case::decode_bf16, decode_shape(1, Sk), c.threads);
+    add_invariance(Case::decode_bf16, AttnShape::decode_step(1, Sk), c.threads);
 }
 
 }  // namespace tandem::bench

@@ -20,6 +20,7 @@
 #include "tandem/attention.hpp"
 #include "tandem/attention_block.hpp"
 #include "tandem/axial_rope.hpp"
+#include "tandem/flex_plan.hpp"
 #include "tandem/rope.hpp"
 #include "tandem/swiglu.hpp"
 
@@ -73,6 +74,18 @@ struct Kernels {
   std::function<void(const AttentionPlan&, std::span<const T> k, std::span<const T> v,
                      const QuantizedKvOut&)>
       quantize_kv;
+
+  /// FlexAttention (SPEC §13.4): out `[B,H,Sq,Dv]` and, when not empty, lse `[B,H,Sq]`, from q,
+  /// k, v (contiguous `bhsd`), the plan's score_mod and mask_mod with their captured tensors,
+  /// and its block mask.
+  std::function<void(const FlexPlan&, const FlexInputs<T>&, std::span<T> out,
+                     std::span<stat_t<T>> lse)>
+      flex_forward;
+  /// dq, dk, dv and the gradients of the score_mod's real tensors (any subset; an empty view is
+  /// not computed) from dout `[B,H,Sq,Dv]` (SPEC §13.4), recomputing the forward.
+  std::function<void(const FlexPlan&, const FlexInputs<T>&, std::span<const T> dout,
+                     const FlexGrads<T>&)>
+      flex_backward;
 
   /// RoPE of one tensor (SPEC §4): dst contiguous, in the layout of src.
   using Rope = std::function<void(const RopePlan&, std::span<const T> src, const RopeTables<T>&,
@@ -130,6 +143,8 @@ constexpr auto entry_points() {
                     e("attention_backward_dv", &K::attention_backward_dv),
                     e("attention_forward_quantized", &K::attention_forward_quantized),
                     e("quantize_kv", &K::quantize_kv),
+                    e("flex_forward", &K::flex_forward),
+                    e("flex_backward", &K::flex_backward),
                     e("rope_forward", &K::rope_forward),
                     e("rope_backward", &K::rope_backward),
                     e("rope_forward_qk", &K::rope_forward_qk),

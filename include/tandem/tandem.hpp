@@ -11,6 +11,7 @@
 #include "tandem/axial_rope.hpp"
 #include "tandem/backend.hpp"
 #include "tandem/error.hpp"
+#include "tandem/flex_mod.hpp"
 #include "tandem/indices.hpp"
 #include "tandem/kernels.hpp"
 #include "tandem/rope.hpp"

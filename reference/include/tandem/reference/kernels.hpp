@@ -14,6 +14,7 @@
 #include "tandem/reference/attention.hpp"
 #include "tandem/reference/attention_block.hpp"
 #include "tandem/reference/axial_rope.hpp"
+#include "tandem/reference/flex.hpp"
 #include "tandem/reference/quantized.hpp"
 #include "tandem/reference/rope.hpp"
 #include "tandem/reference/scalar.hpp"
@@ -35,6 +36,8 @@ Kernels<T> kernels() {
   k.attention_backward_dv = attention_backward_dv<T, Acc>;
   k.attention_forward_quantized = attention_forward_quantized<T, Acc>;
   k.quantize_kv = quantize_kv<T, Acc>;
+  k.flex_forward = flex_forward_stored<T, Acc>;
+  k.flex_backward = flex_backward_stored<T, Acc>;
   k.rope_forward = rope_forward<T, Acc>;
   k.rope_backward = rope_backward<T, Acc>;
   k.rope_forward_qk = rope_forward_qk<T, Acc>;

@@ -22,6 +22,7 @@
 
 #include "support/tandem_test_support.hpp"
 #include "tandem/reference/backend.hpp"
+#include "tandem/reference/flex.hpp"
 
 namespace {
 
@@ -167,6 +168,9 @@ struct OtherInputs {
   std::vector<float> sx, sdy;
   tandem::AttentionBlockPlan block;
   std::vector<float> bx, w_qkv, b_qkv, w_out, b_out, keep;
+  tandem::FlexPlan flex;  // causal with a learned relative bias, through a block mask
+  tandem::FlexBlockMask flex_blocks;
+  std::vector<float> fq, fk, fv, frel, fdout;
 
   OtherInputs() {
     tandem::RopeParams rp;
@@ -201,6 +205,7 @@ struct OtherInputs {
     swiglu = tandem::SwigluPlan::make(sp);
     sx = random_values(3220, 16, -6.0f, 6.0f);  // [70, 46]
     sdy = random_values(1610, 17);              // [70, 23]
+    flex_inputs();
     const std::int64_t B = 2, S = 19, E = 24;
     block = tandem::AttentionBlockPlan::from_shapes({B, S, E}, {3 * E, E}, tandem::Shape{3 * E},
                                                     {E, E}, tandem::Shape{E}, tandem::Shape{B, S},
@@ -213,6 +218,7 @@ struct OtherInputs {
     keep.assign(B * S, 1.0f);
     keep[5] = keep[S + 7] = 0.0f;
   }
+  void flex_inputs();
 };
 
 void add_other_jobs(const Backend& b, const std::string& tag, const OtherInputs& in,
@@ -248,6 +254,18 @@ void add_other_jobs(const Backend& b, const std::string& tag, const OtherInputs&
                     y.insert(y.end(), dx.begin(), dx.end());
                     return y;
                   }});
+  jobs.push_back({tag + " flex_forward/backward", [b, &in] {
+                    const tandem::FlexInputs<float> fi{
+                        in.fq, in.fk, in.fv, {{in.frel}, {{}}}, {}, in.flex_blocks.data()};
+                    std::vector<float> out(in.fq.size()), lse(168), dq(in.fq.size());
+                    std::vector<float> dk(in.fk.size()), dv(in.fv.size()), drel(in.frel.size());
+                    b.flex_forward(in.flex, fi, out, lse);
+                    b.flex_backward(in.flex, fi, in.fdout, {dq, dk, dv, {drel}});
+                    for (const auto* v : {&lse, &dq, &dk, &dv, &drel}) {
+                      out.insert(out.end(), v->begin(), v->end());
+                    }
+                    return out;
+                  }});
   jobs.push_back({tag + " attention_block", [b, &in] {
                     std::vector<float> out(in.bx.size());
                     const tandem::AttentionBlockInputs<float> bi{
@@ -255,6 +273,29 @@ void add_other_jobs(const Backend& b, const std::string& tag, const OtherInputs&
                     b.attention_block(in.block, bi, out);
                     return out;
                   }});
+}
+
+/// FlexAttention's inputs: B 2, H 4, Hkv 2, S 21, D 8, blocks of 8.
+void OtherInputs::flex_inputs() {
+  tandem::FlexParams fp;
+  fp.B = 2;
+  fp.H = 4;
+  fp.Hkv = 2;
+  fp.Sq = fp.Sk = 21;
+  fp.D = 8;
+  tandem::ModProgram& m = fp.mask_mod;
+  m.set_result(m.kv_idx() <= m.q_idx());
+  tandem::ModProgram& s = fp.score_mod;
+  const auto rel = s.capture({"rel", {4, 41}, tandem::ModType::real, 0, 0});
+  s.set_result(s.score() + s.load(rel, {s.h(), s.q_idx() - s.kv_idx() + s.integer(20)}));
+  flex_blocks = tandem::reference::create_block_mask<float>(tandem::FlexPlan::make(fp), {}, 8, 8);
+  fp.block_mask = flex_blocks.shape;
+  flex = tandem::FlexPlan::make(fp);
+  fq = random_values(1344, 18);  // [2, 4, 21, 8]
+  fk = random_values(672, 19);   // [2, 2, 21, 8]
+  fv = random_values(672, 20);
+  frel = random_values(164, 21);
+  fdout = random_values(1344, 22);
 }
 
 /// The backends of the test: the reference, and the optimized backend at 1,

@@ -131,6 +131,13 @@ void bind_quantized(Kernels<T>& k, const Options& options) {
   };
 }
 
+/// FlexAttention (SPEC §13.4) at storage type T (float, bfloat16, float16).
+template <class T>
+void bind_flex(Kernels<T>& k, const Options& options) {
+  k.flex_forward = with_options<detail::flex_forward<T>>(options);
+  k.flex_backward = with_options<detail::flex_backward<T>>(options);
+}
+
 }  // namespace
 
 Backend backend(Options options) {
@@ -159,6 +166,9 @@ Backend backend(Options options) {
   bind_quantized<float>(b, options);
   bind_quantized<bfloat16>(b.bf16, options);
   bind_quantized<float16>(b.f16, options);
+  bind_flex<float>(b, options);
+  bind_flex<bfloat16>(b.bf16, options);
+  bind_flex<float16>(b.f16, options);
   return b;
 }
 

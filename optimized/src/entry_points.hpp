@@ -20,6 +20,7 @@
 #include "tandem/attention.hpp"
 #include "tandem/attention_block.hpp"
 #include "tandem/axial_rope.hpp"
+#include "tandem/flex_plan.hpp"
 #include "tandem/optimized/options.hpp"
 #include "tandem/rope.hpp"
 #include "tandem/swiglu.hpp"
@@ -104,6 +105,21 @@ template <class T>
 void attention_backward_one(const AttentionPlan& plan, const AttentionInputs<T>& in,
                             std::span<const T> dout, Gradient which, std::span<T> grad,
                             const Options& options);
+
+/// FlexAttention's forward (SPEC §13.4): out `[B,H,Sq,Dv]` and, when not
+/// empty, lse `[B,H,Sq]` (float for every T), T = float, bfloat16 or float16
+/// (q, k, v and the captured real tensors read into float, out rounded to T
+/// once). Validates the views first (FlexPlan::check_inputs).
+template <class T>
+void flex_forward(const FlexPlan& plan, const FlexInputs<T>& in, std::span<T> out,
+                  std::span<stat_t<T>> lse, const Options& options);
+/// FlexAttention's backward (SPEC §13.4): any subset of dq, dk, dv and the
+/// score_mod's real tensors' gradients (an empty view is not computed) from
+/// dout `[B,H,Sq,Dv]`, recomputing the forward; deterministic for any
+/// thread count. Validates the views first (FlexPlan::check_grads).
+template <class T>
+void flex_backward(const FlexPlan& plan, const FlexInputs<T>& in, std::span<const T> dout,
+                   const FlexGrads<T>& grads, const Options& options);
 
 /// out = rope(x) (SPEC §4); x read through plan.src, out contiguous (plan.out).
 /// T is float, bfloat16 or float16 (x, the tables and out; SPEC §10.2).

@@ -231,6 +231,7 @@ void register_other_properties(std::vector<Property>& out);
 void register_lowp_properties(std::vector<Property>& out);
 void register_plan_properties(std::vector<Property>& out);
 void register_invariance_properties(std::vector<Property>& out);
+void register_flex_properties(std::vector<Property>& out);
 
 const std::vector<Property>& properties() {
   static const std::vector<Property> all = [] {
@@ -243,6 +244,7 @@ const std::vector<Property>& properties() {
     register_lowp_properties(v);
     register_plan_properties(v);
     register_invariance_properties(v);
+    register_flex_properties(v);
     return v;
   }();
   return all;

@@ -213,4 +213,16 @@ int case_count(const Property& p);
 std::string run_property(const Property& p, const Subject& s, int cases, bool quiet,
                          std::optional<std::uint64_t> seed = {});
 
+/// Runs `body` as a semantic property of no backend (the mod language, the
+/// reference FlexAttention): `cases` cases (× TANDEM_PROPS_SCALE); `quiet`
+/// as run_property, with a fixed seed so that a fixture is repeatable.
+inline std::string run_semantic(const std::string& name, int cases,
+                                const std::function<void()>& body, bool quiet) {
+  const Property p{name, "semantic", cases, [body](const Subject&) { body(); }};
+  Subject s;
+  s.name = "semantic";
+  return run_property(p, s, case_count(p), quiet,
+                      quiet ? std::optional<std::uint64_t>(13) : std::nullopt);
+}
+
 }  // namespace tandem::props

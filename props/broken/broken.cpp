@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/reference/kernels.hpp"
+
 namespace tandem::props::broken {
 namespace {
 
@@ -550,6 +552,10 @@ const char* to_string(Bug bug) {
   switch (bug) {
     case Bug::none:
       return "none";
+    case Bug::flex_score_unscaled:
+      return "flex_score_unscaled";
+    case Bug::flex_thread_dependent:
+      return "flex_thread_dependent";
     case Bug::rope_table_stride_half_nrot:
       return "rope_table_stride_half_nrot";
     case Bug::rope_rank4_as_bshd:
@@ -685,11 +691,39 @@ const char* to_string(Bug bug) {
 std::vector<Bug> all_bugs() {
   std::vector<Bug> v;
   for (int b = static_cast<int>(Bug::rope_table_stride_half_nrot);
-       b <= static_cast<int>(Bug::block_qkv_unrounded); ++b) {
+       b <= static_cast<int>(Bug::flex_thread_dependent); ++b) {
     v.push_back(static_cast<Bug>(b));
   }
   return v;
 }
+
+namespace {
+
+/// The float reference's flex entry points with the flex bugs planted:
+/// flex_score_unscaled calls it at scale 1, flex_thread_dependent moves
+/// out's first element one ulp up when `threads` > 1.
+void attach_flex(Backend& be, Bug bug, int threads) {
+  const Kernels<float> ref = reference::kernels<float>();
+  const auto planned = [bug](const FlexPlan& plan) {
+    if (bug != Bug::flex_score_unscaled) return plan;
+    FlexParams p = plan.params();
+    p.scale = 1.0;
+    return FlexPlan::make(p);
+  };
+  be.flex_forward = [ref, planned, bug, threads](const FlexPlan& plan, const FlexInputs<float>& in,
+                                                 std::span<float> out, std::span<float> lse) {
+    ref.flex_forward(planned(plan), in, out, lse);
+    if (bug == Bug::flex_thread_dependent && threads > 1 && !out.empty()) {
+      out[0] = std::nextafter(out[0], std::numeric_limits<float>::infinity());
+    }
+  };
+  be.flex_backward = [ref, planned](const FlexPlan& plan, const FlexInputs<float>& in,
+                                    std::span<const float> dout, const FlexGrads<float>& g) {
+    ref.flex_backward(planned(plan), in, dout, g);
+  };
+}
+
+}  // namespace
 
 Backend backend(Bug bug, int threads) {
   Backend be;
@@ -792,6 +826,7 @@ Backend backend(Bug bug, int threads) {
                              std::span<float> dx) { swiglu(p, x, dy, dx, true, bug); };
   be.attention_block = [bug](const AttentionBlockPlan& p, const AttentionBlockInputs<float>& in,
                              std::span<float> out) { block(p, in, out, bug); };
+  attach_flex(be, bug, threads);
   attach_low_precision(be, bug);
   return be;
 }

@@ -84,6 +84,8 @@ enum class Bug {
   dsinks_accumulated_in_t,     ///< bf16/f16: dsinks rounded to T after every row, not once
   dbias_accumulated_in_t,      ///< bf16/f16: a broadcast dbias rounded to T after every term
   block_qkv_unrounded,         ///< bf16/f16 block: the float32 block, only its output rounded to T
+  flex_score_unscaled,         ///< flex: s_ij = <q_i, k_j> without the scale
+  flex_thread_dependent,       ///< flex: out's first element one ulp up at more than one thread
 };
 
 /// The bug's name, e.g. "gqa_mod".
@@ -93,8 +95,9 @@ const char* to_string(Bug bug);
 std::vector<Bug> all_bugs();
 
 /// A backend named "broken:<bug>" with `bug` planted. `threads` only matters
-/// for Bug::thread_dependent_sum and Bug::sink_sum_thread_dependent (it stands
-/// for the OpenMP thread count).
+/// for Bug::thread_dependent_sum, Bug::sink_sum_thread_dependent and
+/// Bug::flex_thread_dependent (it stands for the OpenMP thread count). The
+/// flex entry points are the float reference's, with the flex bugs planted.
 Backend backend(Bug bug, int threads = 1);
 
 /// Sets be's bf16 and f16 kernels (attention forward, the quantized cache,

@@ -1,0 +1,320 @@
+// SPDX-License-Identifier: Apache-2.0
+// FlexAttention (SPEC §13.4) on a subject's float backend, over random
+// shapes (GQA, Dv != D, Sq != Sk, lengths across the optimized kernel's
+// query tiles of 16 rows and key chunks of 64) and random well-typed mods
+// (mod_gen.hpp), without and with a block mask from create_block_mask:
+//  - agree_flex_forward: out and lse against the reference in double;
+//  - agree_flex_backward: dq, dk, dv and the captured tensor's gradient;
+//  - flex_threads_bitwise: the same bits on a repeated call and at every
+//    thread variant.
+// and over the calls the optimized backend runs on its native kernels
+// (SPEC §13.5: a band mask_mod written in one of many ways, no score_mod or
+// a softcap, a block mask that agrees with the band or is made to disagree):
+//  - agree_flex_native_forward, agree_flex_native_backward.
+// The tolerance is SPEC §13.5's bound (reference/flex_bound.hpp) with the
+// mod's constants L, L_T and tau measured from the reference at every
+// visible point. A subject without the flex entry points is skipped.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mod_gen.hpp"
+#include "support.hpp"
+#include "tandem/reference/flex.hpp"
+#include "tandem/reference/flex_bound.hpp"
+
+namespace tandem::props {
+namespace {
+
+/// What a FlexFloatCase draws: random programs, or the forms the optimized
+/// backend runs natively (flex_native.hpp).
+enum class Mods : std::uint8_t { programs, native };
+
+/// A band mask_mod kv_idx − q_idx ∈ [c − w, c] (w < 0: no lower bound),
+/// written in one of several equivalent ways, sometimes with a clause that
+/// holds everywhere.
+ModProgram band_mask(i64 c, i64 w, i64 Sk) {
+  ModProgram m;
+  const ModValue q = m.q_idx(), kv = m.kv_idx();
+  const auto n = [&m](i64 x) { return m.integer(x); };
+  ModValue upper;
+  switch (*rc::gen::inRange(0, 4)) {
+    case 0:
+      upper = kv <= q + n(c);
+      break;
+    case 1:
+      upper = q - kv >= n(-c);
+      break;
+    case 2:
+      upper = !(kv > q + n(c));
+      break;
+    default:
+      upper = kv - q < n(c + 1);
+      break;
+  }
+  ModValue r = upper;
+  if (w >= 0) {
+    const ModValue lower = *rc::gen::arbitrary<bool>() ? kv >= q + n(c - w) : q - kv <= n(w - c);
+    r = *rc::gen::arbitrary<bool>() ? (r && lower) : (lower && r);
+  }
+  switch (*rc::gen::inRange(0, 4)) {
+    case 0:
+      r = r && kv >= n(0);
+      break;
+    case 1:
+      r = r && (kv < n(Sk) || q < n(0));
+      break;
+    case 2:
+      r = r || kv < n(-1);
+      break;
+    default:
+      break;
+  }
+  m.set_result(r);
+  return m;
+}
+
+/// No score_mod, the score itself, a softcap c·tanh(score / c), or one that
+/// is not a softcap (two constants).
+ModProgram native_score_mod() {
+  ModProgram f;
+  const int kind = *rc::gen::inRange(0, 4);
+  if (kind == 0) return f;
+  const ModValue s = f.score();
+  const double c = *rc::gen::element(0.5, 2.0, 5.0, 30.0);
+  if (kind == 1) {
+    f.set_result(s);
+  } else {
+    const ModValue cap = f.real(kind == 2 ? c : 2 * c);
+    f.set_result(cap * f.apply(ModOp::tanh, s / f.real(c)));
+  }
+  return f;
+}
+
+/// Makes block mask `m` disagree with its mask_mod in one query block: its
+/// last partial block hidden, or made full.
+void spoil(FlexBlockMask& m) {
+  const FlexBlockMaskShape& s = m.shape;
+  const std::size_t rows = m.kv_num_blocks.size();
+  const std::size_t row = std::size_t(*rc::gen::inRange<i64>(0, i64(rows)));
+  std::int32_t& n = m.kv_num_blocks[row];
+  if (n == 0) return;
+  const std::int32_t kb = m.kv_indices[row * std::size_t(s.width) + std::size_t(n - 1)];
+  --n;
+  if (!s.has_full || *rc::gen::arbitrary<bool>()) return;
+  std::int32_t& f = m.full_kv_num_blocks[row];
+  if (f < s.full_width) m.full_kv_indices[row * std::size_t(s.full_width) + std::size_t(f++)] = kb;
+}
+
+/// A random float call: sizes, a score_mod (and maybe mask_mod and block
+/// mask), q, k, v, dO and, for drawn programs, the captured tensors "t"
+/// `[H, 8]` and "ids" `[Sk]`.
+struct FlexFloatCase {
+  Mods mods = Mods::programs;
+  ModCase score, mask;
+  FlexPlan plan;
+  std::vector<float> q, k, v, dout, t;
+  std::vector<std::int64_t> ids;
+  FlexBlockMask blocks;
+  std::string native;  ///< the native form's description
+
+  explicit FlexFloatCase(Mods drawn = Mods::programs) : mods(drawn) {
+    FlexParams p;
+    p.B = *rc::gen::inRange<i64>(1, 3);
+    p.Hkv = *rc::gen::inRange<i64>(1, 3);
+    p.H = p.Hkv * *rc::gen::inRange<i64>(1, 4);
+    p.Sq = *rc::gen::inRange<i64>(1, 35);
+    p.Sk = *rc::gen::weightedOneOf<i64>(
+        {{3, rc::gen::inRange<i64>(1, 20)}, {1, rc::gen::inRange<i64>(60, 70)}});
+    if (mods == Mods::native && *rc::gen::arbitrary<bool>()) {
+      p.Sq = *rc::gen::inRange<i64>(60, 140);  // across the native tiles
+      p.Sk = *rc::gen::inRange<i64>(60, 200);
+    }
+    p.D = *rc::gen::inRange<i64>(1, 18);
+    p.Dv = *rc::gen::inRange<i64>(1, 18);
+    if (mods == Mods::native) {
+      draw_native(p);
+    } else {
+      draw_programs(p);
+    }
+    Rng rng(*rc::gen::inRange<std::uint64_t>(0, 1u << 30));
+    q = rng.values(std::size_t(plan.q_size()), 1.0);
+    k = rng.values(std::size_t(plan.k_size()), 1.0);
+    v = rng.values(std::size_t(plan.v_size()), 1.0);
+    dout = rng.values(std::size_t(plan.out_size()), 1.0);
+    if (mods == Mods::programs) {
+      t = rng.values(std::size_t(p.H * kModTableWidth), 1.0);
+      for (i64 j = 0; j < p.Sk; ++j) ids.push_back(rng.index(kModIdsHi + 1));
+    }
+    if (*rc::gen::arbitrary<bool>()) {
+      const ModProgram& m = p.mask_mod;
+      const bool per_b = m.empty() || m.reads(ModOp::batch, m.result());
+      const bool per_h = m.empty() || m.reads(ModOp::head, m.result());
+      const auto size = rc::gen::element<i64>(1, 2, 3, 5, 8, 16, 17, 32, 64);
+      const i64 qb = *size, kb = *size;
+      blocks = reference::create_block_mask<float>(plan, mask_views(), qb, kb,
+                                                   !per_b && *rc::gen::arbitrary<bool>(),
+                                                   !per_h && *rc::gen::arbitrary<bool>());
+      if (mods == Mods::native && *rc::gen::arbitrary<bool>()) spoil(blocks);
+      p.block_mask = blocks.shape;
+      plan = FlexPlan::make(p);
+    }
+  }
+  void draw_programs(FlexParams& p) {
+    score = *gen_mod_case(ModRole::score_mod, 10);
+    mask = *gen_mod_case(ModRole::mask_mod, 6);
+    score.domain = {p.B, p.H, p.Sq, p.Sk};
+    mask.domain = score.domain;
+    p.score_mod = with_learned_bias(build_mod(score));
+    if (*rc::gen::arbitrary<bool>()) p.mask_mod = build_mod(mask);
+    try {
+      plan = FlexPlan::make(p);
+    } catch (const Error&) {
+      RC_DISCARD("a drawn mod that check_mod refuses");
+    }
+  }
+  void draw_native(FlexParams& p) {
+    const i64 o = std::max<i64>(p.Sk - p.Sq, 0);
+    const i64 c = *rc::gen::weightedOneOf<i64>(
+        {{4, rc::gen::just(o)}, {1, rc::gen::inRange<i64>(o - 2, o + 3)}});
+    const i64 w = *rc::gen::weightedOneOf<i64>(
+        {{2, rc::gen::just<i64>(-1)}, {2, rc::gen::inRange<i64>(0, 40)}});
+    p.score_mod = native_score_mod();
+    if (*rc::gen::inRange(0, 5) != 0) p.mask_mod = band_mask(c, w, p.Sk);
+    plan = FlexPlan::make(p);
+    native = "mask_mod " + (p.mask_mod.empty() ? std::string("none")
+                                               : p.mask_mod.render(p.mask_mod.result())) +
+             "\nscore_mod " +
+             (p.score_mod.empty() ? std::string("none")
+                                  : p.score_mod.render(p.score_mod.result()));
+  }
+  [[nodiscard]] ModCaptures<float> tensors() const {
+    return t.empty() ? ModCaptures<float>{} : ModCaptures<float>{{t, {}}, {Indices{}, ids}};
+  }
+  [[nodiscard]] ModCaptures<float> mask_views() const {
+    return plan.params().mask_mod.empty() ? ModCaptures<float>{} : tensors();
+  }
+  [[nodiscard]] FlexInputs<float> inputs() const {
+    return {q, k, v, tensors(), mask_views(), blocks.data()};
+  }
+  [[nodiscard]] std::string describe() const {
+    const FlexParams& p = plan.params();
+    const std::string mods_text =
+        mods == Mods::native ? "\n" + native
+                             : "\nscore_mod " + props::describe(score) +
+                                   (p.mask_mod.empty() ? "" : "\nmask_mod " + props::describe(mask));
+    return "B=" + std::to_string(p.B) + " H=" + std::to_string(p.H) +
+           " Hkv=" + std::to_string(p.Hkv) + " Sq=" + std::to_string(p.Sq) +
+           " Sk=" + std::to_string(p.Sk) + " D=" + std::to_string(p.D) +
+           " Dv=" + std::to_string(p.Dv) + mods_text +
+           (p.block_mask ? "\nwith a block mask of " + std::to_string(p.block_mask->q_block) +
+                               " x " + std::to_string(p.block_mask->kv_block)
+                         : "");
+  }
+};
+
+/// out, lse, dq, dk, dv and dt of one forward and backward, in float.
+Outputs run_flex(const Backend& be, const FlexFloatCase& c, bool backward) {
+  const FlexInputs<float> in = c.inputs();
+  Outputs r(backward ? 6 : 2);
+  r[0].assign(std::size_t(c.plan.out_size()), sentinel());
+  r[1].assign(std::size_t(c.plan.lse_size()), sentinel());
+  be.flex_forward(c.plan, in, r[0], r[1]);
+  if (!backward) return r;
+  r[2].assign(c.q.size(), sentinel());
+  r[3].assign(c.k.size(), sentinel());
+  r[4].assign(c.v.size(), sentinel());
+  r[5].assign(c.t.size(), sentinel());
+  FlexGrads<float> g{r[2], r[3], r[4], {}};
+  if (!c.t.empty()) g.d_score_tensors = {r[5], {}};
+  be.flex_backward(c.plan, in, c.dout, g);
+  return r;
+}
+
+/// out, lse, dq, dk, dv and dt by the reference in double.
+std::vector<std::vector<double>> run_reference(const FlexFloatCase& c) {
+  const FlexInputs<float> in = c.inputs();
+  const reference::FlexWidened<float, double> w(in);
+  std::vector<std::vector<double>> r(6);
+  r[0].resize(std::size_t(c.plan.out_size()));
+  r[1].resize(std::size_t(c.plan.lse_size()));
+  reference::flex_forward<double>(c.plan, w.in, r[0], r[1]);
+  r[2].resize(c.q.size());
+  r[3].resize(c.k.size());
+  r[4].resize(c.v.size());
+  r[5].resize(c.t.size());
+  const std::vector<double> dout(c.dout.begin(), c.dout.end());
+  FlexGrads<double> g{r[2], r[3], r[4], {}};
+  if (!c.t.empty()) g.d_score_tensors = {r[5], {}};
+  reference::flex_backward<double>(c.plan, w.in, dout, g);
+  return r;
+}
+
+/// Empty when |got − want| <= tol[e] everywhere (−inf only where want is).
+std::string flex_close(const std::string& what, const std::vector<float>& got,
+                       const std::vector<double>& want, const std::vector<double>& tol) {
+  for (std::size_t e = 0; e < want.size(); ++e) {
+    const double g = got[e], w = want[e];
+    const bool ok = std::isinf(w) ? g == w : std::abs(g - w) <= tol[e];
+    if (!ok) {
+      return what + "[" + std::to_string(e) + "] = " + std::to_string(g) + ", reference " +
+             std::to_string(w) + ", bound " + std::to_string(tol[e]);
+    }
+  }
+  return {};
+}
+
+std::vector<double> uniform(std::size_t n, double tol) {
+  return std::vector<double>(n, tol);
+}
+
+/// The forward, or the forward and the backward, against the reference.
+void agree_flex(const Subject& s, bool backward, Mods mods) {
+  if (!s.backend.flex_forward || !s.backend.flex_backward) return;
+  const FlexFloatCase c(mods);
+  const Outputs got = run_flex(s.backend, c, backward);
+  const std::vector<std::vector<double>> want = run_reference(c);
+  const FlexInputs<float> in = c.inputs();
+  const std::span<const float> dout(c.dout);
+  const reference::FlexMeasured x = reference::flex_measure<float>(c.plan, in, dout);
+  const reference::FlexBounds b = reference::flex_bounds<float>(c.plan, in, dout, x, x.mod);
+  const std::string tag = c.describe() + "\n";
+  TANDEM_REQUIRE_EMPTY(flex_close(tag + "out", got[0], want[0], uniform(want[0].size(), b.out)));
+  TANDEM_REQUIRE_EMPTY(flex_close(tag + "lse", got[1], want[1], uniform(want[1].size(), b.lse)));
+  if (!backward) return;
+  TANDEM_REQUIRE_EMPTY(flex_close(tag + "dq", got[2], want[2], uniform(want[2].size(), b.dq)));
+  TANDEM_REQUIRE_EMPTY(flex_close(tag + "dk", got[3], want[3], uniform(want[3].size(), b.dk)));
+  TANDEM_REQUIRE_EMPTY(flex_close(tag + "dv", got[4], want[4], uniform(want[4].size(), b.dv)));
+  if (!c.t.empty()) {
+    TANDEM_REQUIRE_EMPTY(flex_close(tag + "d_score_tensors[0]", got[5], want[5], b.dT[0]));
+  }
+}
+
+/// Repeated calls and every thread variant give the same bits.
+void threads_bitwise(const Subject& s) {
+  if (!s.backend.flex_forward || !s.backend.flex_backward) return;
+  const FlexFloatCase c;
+  const auto replay = [&c](const Backend& be) { return run_flex(be, c, true); };
+  TANDEM_REQUIRE_EMPTY(same_bits_on_every_run(s, replay, "flex " + c.describe()));
+}
+
+}  // namespace
+
+void register_flex_properties(std::vector<Property>& v) {
+  // the flex kernels take no Geometry: not run on the attention-only subjects
+  v.push_back({"agree_flex_forward", "agreement", 150,
+               [](const Subject& s) { agree_flex(s, false, Mods::programs); }, false, false});
+  v.push_back({"agree_flex_backward", "agreement", 150,
+               [](const Subject& s) { agree_flex(s, true, Mods::programs); }, false, false});
+  v.push_back({"agree_flex_native_forward", "agreement", 100,
+               [](const Subject& s) { agree_flex(s, false, Mods::native); }, false, false});
+  v.push_back({"agree_flex_native_backward", "agreement", 100,
+               [](const Subject& s) { agree_flex(s, true, Mods::native); }, false, false});
+  v.push_back({"flex_threads_bitwise", "determinism", 60, threads_bitwise, false, false});
+}
+
+}  // namespace tandem::props

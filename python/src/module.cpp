@@ -25,6 +25,7 @@
 #include "arrays.hpp"
 #include "tandem/reference/attention_block.hpp"
 #include "tandem/reference/backend.hpp"
+#include "tandem/reference/flex.hpp"
 #include "tandem/reference/kernels.hpp"
 #include "tandem/reference/rounding_bound.hpp"
 #include "tandem/tandem.hpp"
@@ -803,6 +804,346 @@ bool offers(const std::string& backend, Dtype dtype, const std::string& entry) {
 }
 
 // ---------------------------------------------------------------------------
+// FlexAttention (SPEC §13)
+
+/// The operation spelled `name` by to_string(ModOp) ("add", "floor_div", "b").
+ModOp mod_op(const std::string& name, const std::string& what) {
+  for (int i = 0; i <= static_cast<int>(ModOp::where); ++i) {
+    const auto op = static_cast<ModOp>(i);
+    if (name == to_string(op)) return op;
+  }
+  throw Error(what, what + " uses operation '" + name + "', which the mod language lacks");
+}
+
+/// The type spelled `name` by to_string(ModType).
+ModType mod_type(const std::string& name, const std::string& what) {
+  for (const ModType t : {ModType::real, ModType::integer, ModType::boolean}) {
+    if (name == to_string(t)) return t;
+  }
+  throw Error(what, what + " uses type '" + name + "': wants real, integer or boolean");
+}
+
+/// A program from the node list the Python tracer recorded (`spec`: a dict
+/// with `name`, the callable's name for messages; `tensors`, one (name,
+/// shape, type, lo, hi) per captured tensor; `nodes`, one (op, args, type,
+/// value, ivalue, tensor, index) per node, operands by their position in the
+/// list, and the pseudo-operation `as_real`, a cast to float: to_real
+/// unless its operand is real; `result`, the position of the result).
+/// Leaves, constants and loads
+/// are added by their fields (ModProgram::add); operations through
+/// ModProgram::apply, which converts an integer operand against a real one
+/// as torch promotes. An Error names `what` ("score_mod") and the callable.
+ModProgram mod_program(const nb::handle& spec, const std::string& what) {
+  ModProgram p;
+  if (spec.is_none()) return p;
+  const auto name = nb::cast<std::string>(spec["name"]);
+  try {
+    for (const nb::handle t : nb::cast<nb::list>(spec["tensors"])) {
+      p.capture(ModTensor{nb::cast<std::string>(t[0]), nb::cast<std::vector<std::int64_t>>(t[1]),
+                          mod_type(nb::cast<std::string>(t[2]), what), nb::cast<std::int64_t>(t[3]),
+                          nb::cast<std::int64_t>(t[4])});
+    }
+    std::vector<std::int32_t> id;  // the program's node of each recorded node
+    const auto node = [&](std::int64_t at) -> std::int32_t {
+      if (at < 0) return -1;
+      require(at < static_cast<std::int64_t>(id.size()), what, at,
+              "operand must name an earlier node");
+      return id[static_cast<std::size_t>(at)];
+    };
+    for (const nb::handle r : nb::cast<nb::list>(spec["nodes"])) {
+      const auto op_name = nb::cast<std::string>(r[0]);
+      const auto args = nb::cast<std::vector<std::int64_t>>(r[1]);
+      require(args.size() <= 3, what, static_cast<std::int64_t>(args.size()),
+              "operands given: an operation takes at most 3");
+      std::array<std::int32_t, 3> a{-1, -1, -1};
+      for (std::size_t i = 0; i < args.size(); ++i) a[i] = node(args[i]);
+      if (op_name == "as_real") {  // a cast to float: to_real unless already real
+        require(a[0] >= 0, what, -1, "as_real needs an operand");
+        id.push_back(p.node(a[0]).type == ModType::real ? a[0] : p.apply(ModOp::to_real, a[0]).id);
+        continue;
+      }
+      const ModOp op = mod_op(op_name, what);
+      if (op <= ModOp::load) {
+        ModNode n;
+        n.op = op;
+        n.arg = a;
+        n.type = mod_type(nb::cast<std::string>(r[2]), what);
+        n.value = nb::cast<double>(r[3]);
+        n.ivalue = nb::cast<std::int64_t>(r[4]);
+        n.tensor = nb::cast<std::int32_t>(r[5]);
+        const auto index = nb::cast<std::vector<std::int64_t>>(r[6]);
+        require(index.size() <= kModMaxRank, what, static_cast<std::int64_t>(index.size()),
+                "indices given: a tensor has rank 1 to 4");
+        for (std::size_t i = 0; i < index.size(); ++i) n.index[i] = node(index[i]);
+        id.push_back(p.add(n));
+      } else {
+        id.push_back(p.apply(op, ModValue{&p, a[0]}, ModValue{&p, a[1]}, ModValue{&p, a[2]}).id);
+      }
+    }
+    p.set_result(node(nb::cast<std::int64_t>(spec["result"])));
+  } catch (const Error& e) {
+    throw Error(what, what + " " + name + ": " + e.what());
+  }
+  return p;
+}
+
+/// FlexPlan::make(p), an Error about a mod naming its callable too (`score_mod`,
+/// `mask_mod`: the specs mod_program read p's programs from).
+FlexPlan flex_plan(FlexParams p, const nb::handle& score_mod, const nb::handle& mask_mod) {
+  try {
+    return FlexPlan::make(std::move(p));
+  } catch (const Error& e) {
+    const nb::handle spec = e.parameter() == "score_mod"  ? score_mod
+                            : e.parameter() == "mask_mod" ? mask_mod
+                                                          : nb::none();
+    if (spec.is_none()) throw;
+    throw Error(e.parameter(), std::string(e.what()) + " (in " + e.parameter() + " " +
+                                   nb::cast<std::string>(spec["name"]) + ")");
+  }
+}
+
+/// The shape of input `name` of `shapes` (flex_params_from_shapes checks it).
+Shape flex_shape(const nb::dict& shapes, const char* name) {
+  if (!shapes.contains(name)) fail(name, "(absent)", "is required");
+  return nb::cast<Shape>(shapes[name]);
+}
+
+/// The sizes of a FlexAttention call from the shapes of q `[B,H,Sq,D]`, k
+/// `[B,Hkv,Sk,D]` and v `[B,Hkv,Sk,Dv]` (torch's flex_attention): k and v
+/// agree with q on B and D, with each other on B, Hkv and Sk, and Hkv != H
+/// needs enable_gqa.
+FlexParams flex_sizes(const nb::dict& shapes, bool enable_gqa) {
+  FlexParams p = flex_params_from_shapes(flex_shape(shapes, "query"), flex_shape(shapes, "key"),
+                                         flex_shape(shapes, "value"), {"query", "key", "value"});
+  if (p.Hkv != p.H && !enable_gqa) {
+    fail("enable_gqa", "False",
+         "needs Hkv = H: key has " + std::to_string(p.Hkv) + " heads, query " +
+             std::to_string(p.H) + " (pass enable_gqa=True for grouped-query attention)");
+  }
+  return p;
+}
+
+/// The block mask's shape from the shapes of its arrays (`bm`: q_block,
+/// kv_block, and the shapes of kv_num_blocks `[B', H', nQ]`, kv_indices
+/// `[B', H', nQ, width]` and, when given, full_kv_num_blocks and
+/// full_kv_indices); FlexPlan::make checks it against the call.
+FlexBlockMaskShape flex_block_mask_shape(const nb::dict& bm) {
+  const auto num = nb::cast<Shape>(bm["kv_num_blocks"]);
+  const auto idx = nb::cast<Shape>(bm["kv_indices"]);
+  if (num.size() != 3) fail("block_mask.kv_num_blocks.shape", to_string(num), "must be [B, H, nQ]");
+  if (idx.size() != 4 || idx[0] != num[0] || idx[1] != num[1] || idx[2] != num[2]) {
+    fail("block_mask.kv_indices.shape", to_string(idx),
+         "must be [B, H, nQ, width] with B, H, nQ of kv_num_blocks " + to_string(num));
+  }
+  FlexBlockMaskShape s{nb::cast<std::int64_t>(bm["q_block"]),
+                       nb::cast<std::int64_t>(bm["kv_block"]),
+                       num[0],
+                       num[1],
+                       idx[3],
+                       0,
+                       false};
+  if (bm.contains("full_kv_indices") && !bm["full_kv_indices"].is_none()) {
+    const auto full = nb::cast<Shape>(bm["full_kv_indices"]);
+    if (full.size() != 4 || full[0] != num[0] || full[1] != num[1] || full[2] != num[2]) {
+      fail("block_mask.full_kv_indices.shape", to_string(full),
+           "must be [B, H, nQ, width] with B, H, nQ of kv_num_blocks " + to_string(num));
+    }
+    s.has_full = true;
+    s.full_width = full[3];
+  }
+  return s;
+}
+
+/// A FlexAttention call by the C++ rules (torch's flex_attention's
+/// signature): the sizes from `shapes` (query, key, value), the scale, the
+/// two programs (mod_program) and the block mask's shape (None: no block
+/// mask), validated by FlexPlan::make. Returns the plan and the shapes of
+/// out `[B,H,Sq,Dv]` and lse `[B,H,Sq]`.
+nb::tuple flex_call(const nb::dict& shapes, bool enable_gqa, std::optional<double> scale,
+                    const nb::object& score_mod, const nb::object& mask_mod,
+                    const std::optional<nb::dict>& block_mask) {
+  FlexParams p = flex_sizes(shapes, enable_gqa);
+  p.scale = scale;
+  p.score_mod = mod_program(score_mod, "score_mod");
+  p.mask_mod = mod_program(mask_mod, "mask_mod");
+  if (block_mask) p.block_mask = flex_block_mask_shape(*block_mask);
+  FlexPlan plan = flex_plan(std::move(p), score_mod, mask_mod);
+  nb::dict views;
+  const FlexParams& q = plan.params();
+  views["out"] = Shape{q.B, q.H, q.Sq, q.Dv};
+  views["lse"] = Shape{q.B, q.H, q.Sq};
+  return nb::make_tuple(std::move(plan), views);
+}
+
+/// The data of a mod's captured tensors (`arrays`, in capture order): a real
+/// one of storage type T, an integer one int32 or int64, each contiguous in
+/// its declared shape.
+template <class T>
+ModCaptures<T> mod_captures(const ModProgram& p, const nb::list& arrays, const std::string& what) {
+  const auto& ts = p.tensors();
+  if (arrays.size() != ts.size()) {
+    fail(what + " tensors", std::to_string(arrays.size()),
+         "given: the " + what + " captured " + std::to_string(ts.size()));
+  }
+  ModCaptures<T> c;
+  for (std::size_t t = 0; t < ts.size(); ++t) {
+    const std::string name = what + " tensor " + ts[t].name;
+    const auto a = nb::cast<In>(arrays[t]);
+    const Shape shape(ts[t].shape.begin(), ts[t].shape.end());
+    if (ts[t].type == ModType::real) {
+      c.real.push_back(in_span<T>(a, name, contiguous(shape), count(shape)));
+      c.integer.emplace_back();
+    } else {
+      c.real.emplace_back();
+      c.integer.push_back(index_view(a, name, shape));
+    }
+  }
+  return c;
+}
+
+/// The mask_mod's tensors and the block mask's arrays (with the plan's
+/// block mask) of a FlexAttention call (`inputs`), into `in`.
+template <class T>
+void flex_mask_inputs(const FlexPlan& plan, const nb::dict& inputs, FlexInputs<T>& in) {
+  const FlexParams& p = plan.params();
+  in.mask_tensors =
+      mod_captures<T>(p.mask_mod, nb::cast<nb::list>(inputs["mask_tensors"]), "mask_mod");
+  if (!p.block_mask) return;
+  const FlexBlockMaskShape& s = *p.block_mask;
+  const auto view = [&](const char* key, std::int64_t width) {
+    const Shape shape =
+        width < 0 ? Shape{s.B, s.H, plan.q_blocks()} : Shape{s.B, s.H, plan.q_blocks(), width};
+    const std::string name = std::string("block_mask.") + key;
+    const std::optional<In> a = input(inputs, key);
+    if (!a) fail(name, "(absent)", "is required");
+    return index_view(a, name, shape);
+  };
+  in.block_mask.kv_num_blocks = view("kv_num_blocks", -1);
+  in.block_mask.kv_indices = view("kv_indices", s.width);
+  if (s.has_full) {
+    in.block_mask.full_kv_num_blocks = view("full_kv_num_blocks", -1);
+    in.block_mask.full_kv_indices = view("full_kv_indices", s.full_width);
+  }
+}
+
+/// The views of a FlexAttention call (`inputs`: query, key, value, the
+/// score_mod's and mask_mod's tensors, and the block mask's arrays with the
+/// plan's block mask), of storage type T.
+template <class T>
+FlexInputs<T> flex_inputs(const FlexPlan& plan, const nb::dict& inputs) {
+  const FlexParams& p = plan.params();
+  FlexInputs<T> in;
+  in.q = in_span<T>(nb::cast<In>(inputs["query"]), "query", contiguous({p.B, p.H, p.Sq, p.D}),
+                    plan.q_size());
+  in.k = in_span<T>(nb::cast<In>(inputs["key"]), "key", contiguous({p.B, p.Hkv, p.Sk, p.D}),
+                    plan.k_size());
+  in.v = in_span<T>(nb::cast<In>(inputs["value"]), "value", contiguous({p.B, p.Hkv, p.Sk, p.Dv}),
+                    plan.v_size());
+  in.score_tensors =
+      mod_captures<T>(p.score_mod, nb::cast<nb::list>(inputs["score_tensors"]), "score_mod");
+  flex_mask_inputs(plan, inputs, in);
+  return in;
+}
+
+/// out `[B,H,Sq,Dv]` and, when given, lse `[B,H,Sq]` (stat_t of the storage
+/// type) of a FlexAttention call (Kernels::flex_forward, SPEC §13.4).
+void flex_forward(const std::string& backend, const FlexPlan& plan, const nb::dict& inputs,
+                  const Out& out, const std::optional<Out>& lse) {
+  const FlexParams& p = plan.params();
+  with_dtype(nb::cast<In>(inputs["query"]), "query", [&](auto tag) {
+    using T = decltype(tag);
+    const Kernels<T>& k = kernels<T>(backend);
+    const FlexInputs<T> in = flex_inputs<T>(plan, inputs);
+    const std::span<T> o = out_span<T>(out, "out", {p.B, p.H, p.Sq, p.Dv});
+    const std::span<stat_t<T>> l = lse_out<T>(lse, {p.B, p.H, p.Sq});
+    const auto& f = offered<T>(k.flex_forward, "flex_forward", backend);
+    nb::gil_scoped_release release;
+    f(plan, in, o, l);
+  });
+}
+
+/// dq, dk, dv and the gradients of the score_mod's real tensors (each when
+/// given; `d_tensors` one entry per score_mod tensor, None where not wanted,
+/// or empty) from dout `[B,H,Sq,Dv]` (Kernels::flex_backward, SPEC §13.4).
+void flex_backward(const std::string& backend, const FlexPlan& plan, const nb::dict& inputs,
+                   const In& dout, const std::optional<Out>& dq, const std::optional<Out>& dk,
+                   const std::optional<Out>& dv, const std::vector<std::optional<Out>>& d_tensors) {
+  const FlexParams& p = plan.params();
+  with_dtype(nb::cast<In>(inputs["query"]), "query", [&](auto tag) {
+    using T = decltype(tag);
+    const Kernels<T>& k = kernels<T>(backend);
+    const FlexInputs<T> in = flex_inputs<T>(plan, inputs);
+    const std::span<const T> d =
+        in_span<T>(dout, "dout", contiguous({p.B, p.H, p.Sq, p.Dv}), plan.out_size());
+    FlexGrads<T> g{out_span<T>(dq, "dq", {p.B, p.H, p.Sq, p.D}),
+                   out_span<T>(dk, "dk", {p.B, p.Hkv, p.Sk, p.D}),
+                   out_span<T>(dv, "dv", {p.B, p.Hkv, p.Sk, p.Dv}),
+                   {}};
+    const auto& ts = p.score_mod.tensors();
+    for (std::size_t t = 0; t < d_tensors.size() && t < ts.size(); ++t) {
+      const Shape shape(ts[t].shape.begin(), ts[t].shape.end());
+      g.d_score_tensors.push_back(
+          out_span<T>(d_tensors[t], "d_score_tensors[" + std::to_string(t) + "]", shape));
+    }
+    if (d_tensors.size() > ts.size()) g.d_score_tensors.resize(d_tensors.size());
+    const auto& f = offered<T>(k.flex_backward, "flex_backward", backend);
+    nb::gil_scoped_release release;
+    f(plan, in, d, g);
+  });
+}
+
+/// torch's create_block_mask by the reference (reference::create_block_mask):
+/// the blocks of q_block × kv_block where `mask_mod` (with its tensors,
+/// `mask_tensors`, real ones float64) keeps every element (full), some
+/// (partial) or none, over B × H × Sq × Sk. Returns kv_num_blocks,
+/// kv_indices, full_kv_num_blocks and full_kv_indices (int32, flat) with
+/// their shapes.
+nb::dict create_block_mask(const nb::object& mask_mod, const nb::list& mask_tensors, std::int64_t B,
+                           std::int64_t H, std::int64_t Sq, std::int64_t Sk, std::int64_t q_block,
+                           std::int64_t kv_block) {
+  FlexParams p;
+  p.B = B;
+  p.H = H;
+  p.Sq = Sq;
+  p.Sk = Sk;
+  p.D = 1;
+  p.mask_mod = mod_program(mask_mod, "mask_mod");
+  const FlexPlan plan = flex_plan(std::move(p), nb::none(), mask_mod);
+  const ModCaptures<double> c =
+      mod_captures<double>(plan.params().mask_mod, mask_tensors, "mask_mod");
+  FlexBlockMask m;
+  {
+    nb::gil_scoped_release release;
+    m = tandem::reference::create_block_mask(plan, c, q_block, kv_block);
+  }
+  const auto& s = m.shape;
+  const std::int64_t nq = plan.params().Sq / q_block + (plan.params().Sq % q_block != 0);
+  nb::dict r;
+  r["kv_num_blocks"] = nb::make_tuple(m.kv_num_blocks, Shape{s.B, s.H, nq});
+  r["kv_indices"] = nb::make_tuple(m.kv_indices, Shape{s.B, s.H, nq, s.width});
+  r["full_kv_num_blocks"] = nb::make_tuple(m.full_kv_num_blocks, Shape{s.B, s.H, nq});
+  r["full_kv_indices"] = nb::make_tuple(m.full_kv_indices, Shape{s.B, s.H, nq, s.full_width});
+  return r;
+}
+
+/// reference::validate_block_mask for a plan with a block mask (flex_call)
+/// and its inputs (`inputs`: mask_tensors and the block mask's arrays; the
+/// call's q, k, v are not read: zeros stand in): None when every full block
+/// is all kept by mask_mod and every hidden block none, else the first
+/// block that is not, in words.
+std::optional<std::string> validate_block_mask(const FlexPlan& plan, const nb::dict& inputs) {
+  const std::vector<double> q(static_cast<std::size_t>(plan.q_size())),
+      k(static_cast<std::size_t>(plan.k_size())), v(static_cast<std::size_t>(plan.v_size()));
+  FlexInputs<double> in;
+  flex_mask_inputs(plan, inputs, in);
+  in.q = q;
+  in.k = k;
+  in.v = v;
+  nb::gil_scoped_release release;
+  return tandem::reference::validate_block_mask(plan, in);
+}
+
+// ---------------------------------------------------------------------------
 // Errors
 
 /// tandem::Error becomes tandem.Error(message, parameter), a ValueError
@@ -1022,6 +1363,21 @@ NB_MODULE(_ext, m) {
   m.def("swiglu_forward", &swiglu_forward, "backend"_a, "params"_a, "x"_a, "out"_a);
   m.def("swiglu_backward", &swiglu_backward, "backend"_a, "params"_a, "x"_a, "dy"_a, "dx"_a);
   m.def("attention_block", &attention_block, "backend"_a, "num_heads"_a, "inputs"_a, "out"_a);
+
+  // FlexAttention (SPEC §13): the programs arrive as the node lists of the
+  // Python tracer (tandem/flex.py), the plan is made and validated here.
+  nb::class_<FlexPlan>(m, "FlexPlan")
+      .def_prop_ro("scale", &FlexPlan::scale)
+      .def_prop_ro("q_blocks", &FlexPlan::q_blocks)
+      .def_prop_ro("kv_blocks", &FlexPlan::kv_blocks);
+  m.def("flex_call", &flex_call, "shapes"_a, "enable_gqa"_a, "scale"_a.none(), "score_mod"_a.none(),
+        "mask_mod"_a.none(), "block_mask"_a.none());
+  m.def("flex_forward", &flex_forward, "backend"_a, "plan"_a, "inputs"_a, "out"_a, "lse"_a.none());
+  m.def("flex_backward", &flex_backward, "backend"_a, "plan"_a, "inputs"_a, "dout"_a, "dq"_a.none(),
+        "dk"_a.none(), "dv"_a.none(), "d_tensors"_a);
+  m.def("create_block_mask", &create_block_mask, "mask_mod"_a.none(), "mask_tensors"_a, "B"_a,
+        "H"_a, "Sq"_a, "Sk"_a, "q_block"_a, "kv_block"_a);
+  m.def("validate_block_mask", &validate_block_mask, "plan"_a, "inputs"_a);
 
   m.def("offers", &offers, "backend"_a, "dtype"_a, "entry"_a);
   m.def("set_threads", [](int n) {

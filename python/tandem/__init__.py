@@ -7,6 +7,8 @@ readable reference and an optimized SIMD backend — for NumPy and PyTorch.
 
 `tandem.torch` registers the kernels as PyTorch operators with autograd and
 offers `scaled_dot_product_attention` with PyTorch's signature;
+`tandem.flex_attention` is torch's FlexAttention (score_mod and mask_mod as
+Python functions, traced into SPEC §13's mod language);
 `tandem.transformers` registers the attention implementation "tandem" with
 Hugging Face transformers; `tandem.testing` checks your own kernels against
 the reference with Hypothesis, and their batch invariance (which
@@ -33,7 +35,19 @@ __all__ = [
     "rope_backward", "rope_qk", "rope_qk_backward", "axial_rope", "axial_rope_backward",
     "swiglu", "swiglu_backward", "attention_block", "quantize_kv", "QuantizedKv", "offers",
     "set_threads", "threads", "set_invariant", "is_invariant", "invariant", "simd_target",
+    "flex_attention", "create_block_mask", "validate_block_mask", "BlockMask",
 ]
+
+_FLEX = ("flex_attention", "create_block_mask", "validate_block_mask", "BlockMask")
+
+
+def __getattr__(name):
+    """tandem.flex_attention, create_block_mask, validate_block_mask and
+    BlockMask (tandem.flex), imported on first use: they need torch."""
+    if name in _FLEX:
+        from . import flex
+        return getattr(flex, name)
+    raise AttributeError(f"module 'tandem' has no attribute {name!r}")
 
 
 def offers(entry, dtype="float32", backend="optimized"):

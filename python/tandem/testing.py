@@ -44,6 +44,13 @@ on a prefill and on its decode steps and chunks, and raises
 InvarianceFailure at the first query row whose bits differ (which check,
 sequence, query, head, max |diff|).
 
+FlexAttention (SPEC §13): check_flex_attention(fn) checks anyone's
+flex_attention with torch's signature (torch's own, tandem.flex_attention)
+against tandem's reference in float64, on drawn shapes, block masks and
+score_mods and mask_mods drawn as small programs (flex_mods; each a Python
+callable with its source), and raises FlexFailure with the smallest failing
+case, its mods' source and a pytest test to paste.
+
 A failure raises CheckFailure with the minimal configuration, its seed and
 a pytest test to paste. Exploration stops after `time_budget` seconds
 (Hypothesis' per-example deadline is off); shrinking a failure always runs
@@ -67,6 +74,10 @@ except ImportError as e:
     raise MissingExtra("tandem.testing", "Hypothesis", "testing", "hypothesis", e) from e
 
 from . import _api
+from ._flex_check import (FlexCase, FlexFailure, block_mask_of,
+                          check_flex_attention_case, corrupted_block_masks, flex_cases,
+                          flex_mods)
+from ._flex_check import run as _flex_run
 
 __all__ = [
     "AttentionConfig", "RopeConfig", "SwigluConfig", "CheckFailure",
@@ -76,7 +87,9 @@ __all__ = [
     "check_swiglu_config", "explain_rounding", "explain_rounding_backward", "MASKS", "LAYOUTS",
     "ALIBI", "DTYPES",
     "ROUNDINGS", "INVARIANCE_CHECKS", "InvarianceConfig", "InvarianceFailure",
-    "check_invariance",
+    "check_invariance", "FlexCase", "FlexFailure", "flex_cases", "flex_mods",
+    "check_flex_attention", "check_flex_attention_case", "corrupted_block_masks",
+    "block_mask_of",
 ]
 
 MASKS = ("none", "causal", "sliding_window", "key_padding", "bias")
@@ -1268,3 +1281,42 @@ def check_invariance(fn, *, paged_fn=None, config=InvarianceConfig(), checks=INV
         if name in checks:
             getattr(run, name)()
     return {name: n for name, n in run.rows.items() if name in checks}
+
+
+# ---------------------------------------------------------------------------
+# FlexAttention (SPEC §13)
+
+
+def check_flex_attention(fn, *, check_grads=False, block_masks=None, max_examples=60,
+                         time_budget=30.0, seed=None, **space):
+    """Checks `fn(q, k, v, score_mod=, block_mask=, scale=, enable_gqa=) ->
+    out` (torch.nn.attention.flex_attention.flex_attention's signature:
+    torch's eager flex_attention and tandem.flex_attention are checked as
+    they are) against tandem's reference in float64 on drawn FlexCases:
+    q [B, H, Sq, D], k, v [B, Hkv, Sk, D or Dv] (GQA, Sq != Sk, lengths
+    not multiples of the block sizes), scale, score_mods and mask_mods drawn
+    as programs (flex_mods), block masks made by tandem.create_block_mask
+    (passed as tandem's BlockMask, or as torch's with block_masks="torch",
+    the default when fn comes from torch). With check_grads=True, dq, dk and
+    dv by torch.autograd.grad of fn's output against dout are checked too.
+    `space` takes flex_cases' switches (gqa=False, block_masks=False, ...).
+
+    Tolerance (SPEC §13.4 in float64, where both sides only round, u =
+    2^-53, gamma_n = n u / (1 - n u)): the score s = scale <q, k> is within
+    (D + 2) u S of exact, S = scale max|q_i| max|k_j|; the mod's result t
+    within E of exact and at most T in size, E and T bounded node by node
+    by first-order forward error analysis (Program.error_bound); e^(t -
+    max t) is then within eps = 2E + 2uT + 2u, relative, and each
+    implementation's out within (2 eps + 2 gamma_(Sk+1)) max|v|. Two
+    implementations each within that bound differ by at most twice it: the
+    tolerance of out, absolute, elementwise. A gradient g is held to 2
+    eps_g M_g, eps_g = 2 eps + 4 (L + 1) u + 4E + gamma_(Sq+Sk+D+Dv+4) (L
+    the mod's length) and M_g a bound of |g| from the inputs' sizes and F
+    >= |dt/ds| (Program.slope_bound): M_dv = G Sq max|dO|, M_dq = scale F
+    dt max|k|, M_dk = G Sq scale F dt max|q|, dt = 2 Dv max|dO| max|v|, G =
+    H / Hkv. out and gradients must also be finite and of the reference's
+    shape.
+
+    Raises FlexFailure (an AssertionError) with the shrunk case, the mods'
+    source and a pytest test that replays it."""
+    _flex_run(fn, check_grads, block_masks, max_examples, time_budget, seed, space)

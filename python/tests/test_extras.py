@@ -12,6 +12,7 @@ import tandem
 
 CASES = [  # module, the package made unimportable, the message
     ("tandem.torch", "torch", "tandem.torch needs PyTorch >= 2.4: pip install 'tandem[torch]'"),
+    ("tandem.flex", "torch", "tandem.flex needs PyTorch >= 2.4: pip install 'tandem[torch]'"),
     ("tandem.testing", "hypothesis",
      "tandem.testing needs Hypothesis: pip install 'tandem[testing]'"),
     ("tandem.transformers", "transformers",

@@ -23,6 +23,10 @@ are committed, so building and testing never needs Python.
                framework user writes them, and a learned bias's gradient
                (needs torch: run it from a virtual environment with numpy
                and torch installed)
+
+The FlexAttention examples (examples/flex_*) come from make_flex_cases.py,
+which needs the tandem package as well; the malformed flex cases
+(bad/flex_*) are written here, their node lists by hand (class Mod).
 """
 import json
 import math
@@ -485,6 +489,98 @@ def write_bad(w):
         w.case(name, swiglu_case(), raw={"x.npy": data}, expect=(2, "x.npy: inputs.x " + fragment))
     write_bad_rope(w)
     write_bad_storage(w)
+    write_bad_flex(w)
+
+
+class Mod:
+    """A node list as tandem.flex's tracer records it (SPEC §9.7): nodes
+    [op, args, type, value, ivalue, tensor, index], tensors [name, shape,
+    type, lo, hi]; written by hand here, for cases NumPy alone can write."""
+
+    def __init__(self, name, score=False):
+        self.name, self.nodes, self.tensors = name, [], []
+        if score:
+            self.node("score")
+        self.b, self.h, self.q, self.kv = (self.node(op, type="integer")
+                                           for op in ("b", "h", "q_idx", "kv_idx"))
+
+    def node(self, op, args=(), type="real", value=0.0, ivalue=0, tensor=-1, index=()):
+        self.nodes.append([op, list(args), type, value, ivalue, tensor, list(index)])
+        return len(self.nodes) - 1
+
+    def int(self, x):
+        return self.node("constant", type="integer", ivalue=x)
+
+    def capture(self, name, shape, type="real", lo=0, hi=0):
+        self.tensors.append([name, list(shape), type, lo, hi])
+        return len(self.tensors) - 1
+
+    def spec(self, result):
+        return {"name": self.name, "tensors": self.tensors, "nodes": self.nodes, "result": result}
+
+
+def write_bad_flex(w):
+    """Malformed flex_attention cases (SPEC §9.7): a node list the builder
+    refuses, a captured tensor without its input, an index the plan proves
+    can leave its tensor, a value outside its declared range, a block mask
+    of the wrong shape, an integer tensor stored as floats."""
+    frng = np.random.default_rng(20261203)  # its own stream: the other cases stay
+    B, H, S, D = 1, 2, 6, 4
+    qkv = {n + ".npy": frng.standard_normal((B, H, S, D)).astype(np.float32) for n in "qkv"}
+    inputs = {"q": "q.npy", "k": "k.npy", "v": "v.npy"}
+
+    def case(attrs, extra=None):
+        return {"op": "flex_attention", "attrs": attrs, "inputs": dict(inputs, **(extra or {}))}
+
+    m = Mod("causal")
+    m.spec(m.node("xor", [m.q, m.kv], type="boolean"))
+    w.case("flex_unknown_mod_op", case({"mask_mod": m.spec(4)}), qkv,
+           expect=(2, "case.json: attrs.mask_mod.nodes[4][0]: unknown op \"xor\""))
+
+    def relative_bias(extent):
+        s = Mod("rel_bias", score=True)
+        t = s.capture("bias", [H, extent])
+        i = s.node("add", [s.node("sub", [s.q, s.kv], type="integer"), s.int(S - 1)],
+                   type="integer")
+        load = s.node("load", tensor=t, index=[s.h, i])
+        return s.spec(s.node("add", [0, load]))
+
+    bias = {"bias.npy": frng.standard_normal((H, 2 * S - 1)).astype(np.float32)}
+    w.case("flex_captured_tensor_missing", case({"score_mod": relative_bias(2 * S - 1)}), qkv,
+           expect=(2, "case.json: inputs.bias: missing input (the score_mod captures tensor bias)"))
+    w.case("flex_load_out_of_range", case({"score_mod": relative_bias(2 * S - 2)},
+                                          {"bias": "bias.npy"}),
+           dict(qkv, **{"bias.npy": bias["bias.npy"][:, :-1].copy()}),
+           expect=(2, "case.json: attrs.score_mod: score_mod = bias[h, ((q_idx - kv_idx) + 5)] "
+                      "reads outside bias: index 1 (((q_idx - kv_idx) + 5)) takes [0, 10] over "
+                      "the call, and axis 1 has extent 10"))
+
+    d = Mod("document")
+    doc = d.capture("doc", [S], "integer", 0, 1)
+    same = d.node("eq", [d.node("load", type="integer", tensor=doc, index=[d.q]),
+                         d.node("load", type="integer", tensor=doc, index=[d.kv])],
+                  type="boolean")
+    docs = np.array([0, 0, 1, 1, 2, 2], dtype="<i4")
+    w.case("flex_value_outside_declared_range",
+           case({"mask_mod": d.spec(same)}, {"doc": "doc.npy"}), dict(qkv, **{"doc.npy": docs}),
+           expect=(2, "doc.npy: inputs.doc: mask_mod tensor doc[4] = 2 is outside its declared "
+                      "range [0, 1]"))
+    w.case("flex_integer_tensor_as_float",
+           case({"mask_mod": d.spec(same)}, {"doc": "doc.npy"}),
+           dict(qkv, **{"doc.npy": np.minimum(docs, 1).astype(np.float32)}),
+           expect=(2, "doc.npy: inputs.doc: dtype <f4 is not allowed here: an integer tensor of "
+                      "a mod is <i4 or <i8"))
+
+    c = Mod("causal")
+    causal = c.node("le", [c.kv, c.q], type="boolean")
+    # S = 6 in blocks of 4 is 2 query blocks; the counts give 3.
+    w.case("flex_block_mask_query_blocks",
+           case({"mask_mod": c.spec(causal), "block_size": 4},
+                {"kv_num_blocks": "kv_num_blocks.npy", "kv_indices": "kv_indices.npy"}),
+           dict(qkv, **{"kv_num_blocks.npy": np.ones((1, 1, 3), dtype="<i4"),
+                        "kv_indices.npy": np.zeros((1, 1, 3, 2), dtype="<i4")}),
+           expect=(2, "kv_num_blocks.npy: kv_num_blocks.shape: kv_num_blocks.shape = [1, 1, 3] "
+                      "must have nQ = ceil(Sq / q_block) = 2 query blocks"))
 
 
 def write_bad_storage(w):

@@ -187,6 +187,263 @@ void parse_storage(const json& j, const OpInfo& info, const JsonReader& r, CaseS
   }
 }
 
+/// The value of a real constant: a JSON number, or "inf" / "-inf" (JSON has
+/// no infinity; `where(c, score, -inf)` hides a key).
+double constant_value(const json& v, const std::string& field, const JsonReader& r) {
+  if (v.is_string() && (v == "inf" || v == "-inf")) {
+    return v == "inf" ? std::numeric_limits<double>::infinity()
+                      : -std::numeric_limits<double>::infinity();
+  }
+  if (!v.is_number())
+    r.error(field, "must be a number, \"inf\" or \"-inf\", got " + describe_json(v));
+  return v.get<double>();
+}
+
+/// The integers of a JSON array.
+std::vector<std::int64_t> integer_list(const json& v, const std::string& field,
+                                       const JsonReader& r) {
+  if (!v.is_array()) r.error(field, "must be an array of integers, got " + describe_json(v));
+  std::vector<std::int64_t> out;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    out.push_back(r.integer(v[i], field + "[" + std::to_string(i) + "]"));
+  }
+  return out;
+}
+
+/// A captured tensor `[name, shape, type, lo, hi]` of a node list.
+ModTensor mod_tensor(const json& t, const std::string& field, const JsonReader& r) {
+  if (!t.is_array() || t.size() != 5) {
+    r.error(field, "must be [name, shape, type, lo, hi], got " + describe_json(t));
+  }
+  if (!t[0].is_string() || t[0].get<std::string>().empty()) {
+    r.error(field + "[0]",
+            "the tensor's name must be a non-empty string, got " + describe_json(t[0]));
+  }
+  ModTensor m;
+  m.name = t[0].get<std::string>();
+  m.shape = integer_list(t[1], field + "[1]", r);
+  m.type = r.choice<ModType>(t[2], field + "[2]",
+                             {{"real", ModType::real}, {"integer", ModType::integer}});
+  m.lo = r.integer(t[3], field + "[3]");
+  m.hi = r.integer(t[4], field + "[4]");
+  return m;
+}
+
+/// The operation a node list names: to_string(ModOp) of §13.1.
+ModOp mod_op_named(const json& v, const std::string& field, const JsonReader& r) {
+  std::vector<std::string> names;
+  for (int i = 0; i <= static_cast<int>(ModOp::where); ++i) {
+    names.emplace_back(to_string(static_cast<ModOp>(i)));
+    if (v == names.back()) return static_cast<ModOp>(i);
+  }
+  names.emplace_back("as_real");
+  r.error(field, "unknown op " + describe_json(v) + "; known: " + join(names));
+}
+
+/// The fields of a leaf, constant or load node: type, value, ivalue, tensor
+/// and its index nodes (`operand` maps a position to the program's node).
+template <class Operand>
+ModNode mod_leaf(const json& n, const std::string& field, const JsonReader& r,
+                 const Operand& operand) {
+  ModNode m;
+  m.type = r.choice<ModType>(
+      n[2], field + "[2]",
+      {{"real", ModType::real}, {"integer", ModType::integer}, {"boolean", ModType::boolean}});
+  m.value = constant_value(n[3], field + "[3]", r);
+  m.ivalue = r.integer(n[4], field + "[4]");
+  m.tensor = static_cast<std::int32_t>(std::clamp<std::int64_t>(
+      r.integer(n[5], field + "[5]"), -1, std::numeric_limits<std::int32_t>::max()));
+  const auto index = integer_list(n[6], field + "[6]", r);
+  if (index.size() > static_cast<std::size_t>(kModMaxRank)) {
+    r.error(field + "[6]", "a tensor has rank 1 to 4: at most 4 indices");
+  }
+  for (std::size_t i = 0; i < index.size(); ++i) {
+    m.index[i] = operand(index[i], field + "[6][" + std::to_string(i) + "]");
+  }
+  return m;
+}
+
+/// One node `[op, args, type, value, ivalue, tensor, index]` added to `p`
+/// (operands by their position in the list, `id` maps them to p's nodes);
+/// `as_real` is a cast to real, to_real unless the operand is real.
+void mod_node(const json& n, const std::string& field, const JsonReader& r, ModProgram& p,
+              std::vector<std::int32_t>& id) {
+  if (!n.is_array() || n.size() != 7) {
+    r.error(field,
+            "must be [op, args, type, value, ivalue, tensor, index], got " + describe_json(n));
+  }
+  const auto operand = [&](std::int64_t at, const std::string& f) -> std::int32_t {
+    if (at < 0 || at >= static_cast<std::int64_t>(id.size())) {
+      r.error(f, "= " + std::to_string(at) + " must name an earlier node (0…" +
+                     std::to_string(static_cast<std::int64_t>(id.size()) - 1) + ")");
+    }
+    return id[static_cast<std::size_t>(at)];
+  };
+  if (!n[0].is_string())
+    r.error(field + "[0]", "the op must be a string, got " + describe_json(n[0]));
+  const std::string op_name = n[0].get<std::string>();
+  const auto args = integer_list(n[1], field + "[1]", r);
+  if (args.size() > 3) r.error(field + "[1]", "an operation takes at most 3 operands");
+  std::array<std::int32_t, 3> a{-1, -1, -1};
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    a[i] = operand(args[i], field + "[1][" + std::to_string(i) + "]");
+  }
+  try {
+    if (op_name == "as_real") {
+      if (args.size() != 1) r.error(field + "[1]", "as_real takes one operand");
+      id.push_back(p.node(a[0]).type == ModType::real ? a[0] : p.apply(ModOp::to_real, a[0]).id);
+      return;
+    }
+    const ModOp op = mod_op_named(n[0], field + "[0]", r);
+    if (op > ModOp::load) {
+      id.push_back(p.apply(op, ModValue{&p, a[0]}, ModValue{&p, a[1]}, ModValue{&p, a[2]}).id);
+      return;
+    }
+    ModNode m = mod_leaf(n, field, r, operand);
+    m.op = op;
+    m.arg = a;
+    id.push_back(p.add(m));
+  } catch (const Error& e) {
+    r.error(field, e.what());
+  }
+}
+
+/// A program from its node list (SPEC §9.7): `{"name", "tensors", "nodes",
+/// "result"}`, the object tandem.flex's tracer records.
+ModProgram mod_program(const json& v, const std::string& field, const JsonReader& r) {
+  r.object(v, field);
+  for (const auto& [key, value] : v.items()) {
+    if (key != "name" && key != "tensors" && key != "nodes" && key != "result") {
+      r.error(field + "." + key, "unknown key (expected name, tensors, nodes, result)");
+    }
+  }
+  if (v.contains("name") && !v.at("name").is_string()) {
+    r.error(field + ".name", "must be a string, got " + describe_json(v.at("name")));
+  }
+  for (const char* key : {"tensors", "nodes", "result"}) {
+    if (!v.contains(key)) r.error(field + "." + key, "is missing");
+  }
+  ModProgram p;
+  const json& tensors = v.at("tensors");
+  if (!tensors.is_array())
+    r.error(field + ".tensors", "must be an array, got " + describe_json(tensors));
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const std::string f = field + ".tensors[" + std::to_string(i) + "]";
+    ModTensor t = mod_tensor(tensors[i], f, r);
+    if (!names.insert(t.name).second) r.error(f + "[0]", "tensor " + t.name + " is captured twice");
+    try {
+      p.capture(std::move(t));
+    } catch (const Error& e) {
+      r.error(f, e.what());
+    }
+  }
+  const json& nodes = v.at("nodes");
+  if (!nodes.is_array() || nodes.empty()) {
+    r.error(field + ".nodes", "must be a non-empty array of nodes, got " + describe_json(nodes));
+  }
+  std::vector<std::int32_t> id;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    mod_node(nodes[i], field + ".nodes[" + std::to_string(i) + "]", r, p, id);
+  }
+  const std::int64_t result = r.integer(v.at("result"), field + ".result");
+  if (result < 0 || result >= static_cast<std::int64_t>(id.size())) {
+    r.error(field + ".result", "= " + std::to_string(result) + " must name a node (0…" +
+                                   std::to_string(static_cast<std::int64_t>(id.size()) - 1) + ")");
+  }
+  p.set_result(id[static_cast<std::size_t>(result)]);
+  return p;
+}
+
+/// The attrs of the flex ops: the two programs, the scale and the block size
+/// (an integer for both axes, or [q_block, kv_block], as torch's BLOCK_SIZE).
+void parse_flex_attrs(const json& attrs, const JsonReader& r, FlexAttrs& f) {
+  if (attrs.contains("score_mod")) {
+    f.score_mod = mod_program(attrs.at("score_mod"), "attrs.score_mod", r);
+  }
+  if (attrs.contains("mask_mod")) {
+    f.mask_mod = mod_program(attrs.at("mask_mod"), "attrs.mask_mod", r);
+  }
+  if (attrs.contains("scale")) f.scale = r.number(attrs.at("scale"), "attrs.scale");
+  if (attrs.contains("block_size")) {
+    const json& b = attrs.at("block_size");
+    if (b.is_array()) {
+      const auto sizes = integer_list(b, "attrs.block_size", r);
+      if (sizes.size() != 2) {
+        r.error("attrs.block_size",
+                "must be an integer or [q_block, kv_block], got " + describe_json(b));
+      }
+      f.q_block = sizes[0];
+      f.kv_block = sizes[1];
+    } else {
+      f.q_block = f.kv_block = r.integer(b, "attrs.block_size");
+    }
+  }
+  // A tensor both mods capture is one input: the two must describe it alike.
+  for (const auto& s : f.score_mod.tensors()) {
+    for (const auto& m : f.mask_mod.tensors()) {
+      if (s.name == m.name && (s.shape != m.shape || s.type != m.type)) {
+        r.error("attrs.mask_mod.tensors",
+                "tensor " + m.name + " is also the score_mod's, with another shape or type");
+      }
+    }
+  }
+}
+
+/// The tensors the mods capture, each name once (the score_mod's first).
+std::vector<const ModTensor*> flex_tensors(const FlexAttrs& f);
+
+/// Every captured tensor is an input of its own name (not one of the op's),
+/// and the block mask's inputs come as a partial pair and an optional full pair.
+void check_flex_inputs(const CaseSpec& spec, const OpInfo& info, const JsonReader& r) {
+  for (const auto* p : {&spec.flex.score_mod, &spec.flex.mask_mod}) {
+    const std::string field = p == &spec.flex.score_mod ? "attrs.score_mod" : "attrs.mask_mod";
+    for (const auto& t : p->tensors()) {
+      const auto& req = info.required_inputs;
+      const auto& opt = info.optional_inputs;
+      if (std::find(req.begin(), req.end(), t.name) != req.end() ||
+          std::find(opt.begin(), opt.end(), t.name) != opt.end()) {
+        r.error(field + ".tensors", "tensor " + t.name + " has the name of an input of " +
+                                        info.name + ": name it otherwise");
+      }
+      if (!spec.inputs.count(t.name)) {
+        r.error("inputs." + t.name,
+                "missing input (the " + field.substr(6) + " captures tensor " + t.name + ")");
+      }
+    }
+  }
+  const auto has = [&](const char* n) { return spec.inputs.count(n) != 0; };
+  if (has("kv_num_blocks") != has("kv_indices")) {
+    r.error(has("kv_indices") ? "inputs.kv_num_blocks" : "inputs.kv_indices",
+            "missing input: a block mask is kv_num_blocks and kv_indices (and optionally "
+            "full_kv_num_blocks and full_kv_indices)");
+  }
+  if (has("full_kv_num_blocks") != has("full_kv_indices")) {
+    r.error(has("full_kv_indices") ? "inputs.full_kv_num_blocks" : "inputs.full_kv_indices",
+            "missing input: full blocks are full_kv_num_blocks and full_kv_indices together");
+  }
+  if (has("full_kv_num_blocks") && !has("kv_num_blocks")) {
+    r.error("inputs.kv_num_blocks",
+            "missing input: full blocks need the partial ones (kv_num_blocks, kv_indices)");
+  }
+  if (spec.attrs_given.count("block_size") && !has("kv_num_blocks")) {
+    r.error("attrs.block_size", "is given without a block mask (inputs kv_num_blocks, kv_indices)");
+  }
+}
+
+std::vector<const ModTensor*> flex_tensors(const FlexAttrs& f) {
+  std::vector<const ModTensor*> out;
+  for (const auto* p : {&f.score_mod, &f.mask_mod}) {
+    for (const auto& t : p->tensors()) {
+      if (std::none_of(out.begin(), out.end(),
+                       [&](const ModTensor* o) { return o->name == t.name; })) {
+        out.push_back(&t);
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 CaseError::CaseError(std::string case_name, std::string file, std::string field, std::string detail)
@@ -267,8 +524,28 @@ const std::vector<OpInfo>& op_table() {
        {"out"},
        {"num_heads"},
        {1e-3, 1e-4}},
+      // The captured tensors of the mods are inputs too, named by the node
+      // lists; the backward's gradients of them are outputs d<name> (SPEC §9.7).
+      {Op::flex_attention,
+       "flex_attention",
+       {"q", "k", "v"},
+       {"kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"},
+       {"out", "lse"},
+       {"score_mod", "mask_mod", "scale", "block_size"},
+       {2e-4, 2e-5}},
+      {Op::flex_attention_backward,
+       "flex_attention_backward",
+       {"q", "k", "v", "dout"},
+       {"kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"},
+       {"dq", "dk", "dv"},
+       {"score_mod", "mask_mod", "scale", "block_size"},
+       {1e-3, 1e-4}},
   };
   return table;
+}
+
+bool is_flex(Op op) {
+  return op == Op::flex_attention || op == Op::flex_attention_backward;
 }
 
 bool is_index_input(const std::string& name) {
@@ -406,6 +683,10 @@ CaseSpec parse_case_json(std::string_view text, const std::string& case_name) {
       required("num_heads");
       spec.block_heads = integer("num_heads");
       break;
+    case Op::flex_attention:
+    case Op::flex_attention_backward:
+      parse_flex_attrs(attrs, r, spec.flex);
+      break;
   }
 
   // inputs
@@ -413,6 +694,19 @@ CaseSpec parse_case_json(std::string_view text, const std::string& case_name) {
   const json& inputs = r.object(j.at("inputs"), "inputs");
   std::vector<std::string> allowed = info->required_inputs;
   allowed.insert(allowed.end(), info->optional_inputs.begin(), info->optional_inputs.end());
+  std::vector<std::string> outputs = info->outputs;
+  if (is_flex(spec.op)) {
+    for (const auto& t : flex_tensors(spec.flex)) {
+      if (std::find(allowed.begin(), allowed.end(), t->name) == allowed.end()) {
+        allowed.push_back(t->name);
+      }
+    }
+    if (spec.op == Op::flex_attention_backward) {
+      for (const auto& t : spec.flex.score_mod.tensors()) {
+        if (t.type == ModType::real) outputs.push_back("d" + t.name);
+      }
+    }
+  }
   for (const auto& [key, value] : inputs.items()) {
     if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
       r.error("inputs." + key, std::string("unknown input for op ") + info->name +
@@ -429,14 +723,15 @@ CaseSpec parse_case_json(std::string_view text, const std::string& case_name) {
                                     join(info->required_inputs) + ")");
     }
   }
+  if (is_flex(spec.op)) check_flex_inputs(spec, *info, r);
 
   // expected
   if (j.contains("expected")) {
     const json& expected = r.object(j.at("expected"), "expected");
     for (const auto& [key, value] : expected.items()) {
-      if (std::find(info->outputs.begin(), info->outputs.end(), key) == info->outputs.end()) {
+      if (std::find(outputs.begin(), outputs.end(), key) == outputs.end()) {
         r.error("expected." + key, std::string("unknown output for op ") + info->name +
-                                       " (its outputs: " + join(info->outputs) + ")");
+                                       " (its outputs: " + join(outputs) + ")");
       }
       if (!value.is_string() || value.get<std::string>().empty()) {
         r.error("expected." + key, "must be a non-empty file name, got " + describe_json(value));
@@ -492,8 +787,24 @@ std::optional<std::string> tensor_of_parameter(const CaseSpec& spec, const std::
   static const std::map<std::string, std::string> block = {
       {"embed", "x"},        {"batch", "x"},          {"seq", "x"},
       {"table_rows", "cos"}, {"table_stride", "cos"}, {"keep", "mask"}};
+  static const std::map<std::string, std::string> flex = {
+      {"B", "q"},
+      {"H", "q"},
+      {"Sq", "q"},
+      {"D", "q"},
+      {"Hkv", "k"},
+      {"Sk", "k"},
+      {"Dv", "v"},
+      {"block_mask.B", "kv_num_blocks"},
+      {"block_mask.H", "kv_num_blocks"},
+      {"block_mask.width", "kv_indices"},
+      {"block_mask.full_width", "full_kv_indices"}};
   const std::map<std::string, std::string>* aliases = nullptr;
   switch (spec.op) {
+    case Op::flex_attention:
+    case Op::flex_attention_backward:
+      aliases = &flex;
+      break;
     case Op::attention:
     case Op::attention_backward:
       aliases = &attention;
@@ -542,6 +853,89 @@ Shape replace_last(Shape s, std::int64_t last) {
   return s;
 }
 
+/// Throws Error (parameter `<name>.shape`) unless input `name` has rank 4.
+const Shape& rank4(const std::map<std::string, Shape>& shapes, const std::string& name) {
+  const Shape& s = shapes.at(name);
+  require(s.size() == 4, name + ".shape", to_string(s),
+          "must have rank 4: flex_attention takes bhsd tensors (SPEC §13.4)");
+  return s;
+}
+
+/// The block mask's shape from its inputs' shapes: counts `[B',H',nQ]`,
+/// indices `[B',H',nQ,width]`, the full pair alike (nQ is checked against
+/// the plan by plan_flex). Throws Error.
+FlexBlockMaskShape flex_block_mask_shape(const CaseSpec& spec,
+                                         const std::map<std::string, Shape>& shapes) {
+  const Shape& num = shapes.at("kv_num_blocks");
+  require(num.size() == 3, "kv_num_blocks.shape", to_string(num), "must be [B', H', nQ]");
+  const auto width = [&](const char* name) {
+    const Shape& idx = shapes.at(name);
+    require(idx.size() == 4 && std::equal(num.begin(), num.end(), idx.begin()),
+            std::string(name) + ".shape", to_string(idx),
+            "must be [B', H', nQ, width] with kv_num_blocks' " + to_string(num));
+    // A zero width would mean "the default" to the plan: a file says it.
+    require(idx[3] >= 1, std::string(name) + ".shape", to_string(idx), "must have a width >= 1");
+    return idx[3];
+  };
+  FlexBlockMaskShape m;
+  m.q_block = spec.flex.q_block;
+  m.kv_block = spec.flex.kv_block;
+  m.B = num[0];
+  m.H = num[1];
+  m.width = width("kv_indices");
+  if (shapes.count("full_kv_num_blocks")) {
+    const Shape& fnum = shapes.at("full_kv_num_blocks");
+    require(fnum == num, "full_kv_num_blocks.shape", to_string(fnum),
+            "must be kv_num_blocks' " + to_string(num));
+    m.has_full = true;
+    m.full_width = width("full_kv_indices");
+  }
+  return m;
+}
+
+/// The plan of a flex case from its shapes (SPEC §13.4, §9.7): q
+/// `[B,H,Sq,D]`, k `[B,Hkv,Sk,D]`, v `[B,Hkv,Sk,Dv]`, Hkv < H is GQA; each
+/// captured tensor has the shape its node list declares; a block mask's
+/// counts are `[B',H',nQ]` and its indices `[B',H',nQ,width]`. Throws Error.
+PlannedCase plan_flex(const CaseSpec& spec, const std::map<std::string, Shape>& shapes) {
+  FlexParams p =
+      flex_params_from_shapes(rank4(shapes, "q"), rank4(shapes, "k"), rank4(shapes, "v"));
+  p.scale = spec.flex.scale;
+  p.score_mod = spec.flex.score_mod;
+  p.mask_mod = spec.flex.mask_mod;
+  for (const auto* t : flex_tensors(spec.flex)) {
+    require(shapes.at(t->name) == t->shape, t->name + ".shape", to_string(shapes.at(t->name)),
+            "must be the shape its node list declares, " + to_string(t->shape));
+  }
+  const bool masked = shapes.count("kv_num_blocks") != 0;
+  if (masked) p.block_mask = flex_block_mask_shape(spec, shapes);
+  PlannedCase pc;
+  const FlexPlan plan = FlexPlan::make(std::move(p));
+  if (masked) {
+    const Shape& num = shapes.at("kv_num_blocks");
+    require(
+        num[2] == plan.q_blocks(), "kv_num_blocks.shape", to_string(num),
+        "must have nQ = ceil(Sq / q_block) = " + std::to_string(plan.q_blocks()) + " query blocks");
+  }
+  const FlexParams& z = plan.params();
+  const Shape out{z.B, z.H, z.Sq, z.Dv};
+  if (spec.op == Op::flex_attention) {
+    pc.outputs["out"] = out;
+    pc.outputs["lse"] = Shape{z.B, z.H, z.Sq};
+  } else {
+    require(shapes.at("dout") == out, "dout.shape", to_string(shapes.at("dout")),
+            "must be the shape of the forward output, " + to_string(out));
+    pc.outputs["dq"] = shapes.at("q");
+    pc.outputs["dk"] = shapes.at("k");
+    pc.outputs["dv"] = shapes.at("v");
+    for (const auto& t : spec.flex.score_mod.tensors()) {
+      if (t.type == ModType::real) pc.outputs["d" + t.name] = t.shape;
+    }
+  }
+  pc.plan = plan;
+  return pc;
+}
+
 }  // namespace
 
 PlannedCase plan_case(const CaseSpec& spec, const std::map<std::string, Shape>& shapes) {
@@ -585,7 +979,7 @@ PlannedCase plan_case(const CaseSpec& spec, const std::map<std::string, Shape>& 
                   "is forward only: attention_backward takes contiguous or packed k and v");
           require(shape("dout") == out, "dout.shape", to_string(shape("dout")),
                   "must be the shape of the forward output, " + to_string(out));
-          pc.outputs["dq"] = q;
+          pc.outputs["dq"] = shapes.at("q");
           pc.outputs["dk"] = shape("k");
           pc.outputs["dv"] = shape("v");
           if (plan.sinks) pc.outputs["dsinks"] = Shape{plan.H};
@@ -646,6 +1040,10 @@ PlannedCase plan_case(const CaseSpec& spec, const std::map<std::string, Shape>& 
         pc.plan = plan;
         break;
       }
+      case Op::flex_attention:
+      case Op::flex_attention_backward:
+        pc = plan_flex(spec, shapes);
+        break;
     }
   } catch (const Error& e) {
     const std::string& param = e.parameter();
@@ -687,11 +1085,24 @@ void decode_bf16(NpyArray& a) {
   }
 }
 
+std::pair<std::vector<NpyDtype>, std::string> storage_dtypes(DType t);
+
 /// The dtypes an input of the case may have, and why, for messages.
 std::pair<std::vector<NpyDtype>, std::string> allowed_dtypes(const CaseSpec& spec,
                                                              const std::string& name) {
   using D = NpyDtype;
   const bool attention = spec.op == Op::attention || spec.op == Op::attention_backward;
+  if (is_flex(spec.op)) {
+    const bool block_mask = name == "kv_num_blocks" || name == "kv_indices" ||
+                            name == "full_kv_num_blocks" || name == "full_kv_indices";
+    if (block_mask) return {{D::i4, D::i8}, "a block mask's indices are <i4 or <i8"};
+    for (const auto* t : flex_tensors(spec.flex)) {
+      if (t->name == name && t->type == ModType::integer) {
+        return {{D::i4, D::i8}, "an integer tensor of a mod is <i4 or <i8 (SPEC §9.7)"};
+      }
+    }
+    return storage_dtypes(spec.dtype);  // q, k, v, dout and the mods' real tensors
+  }
   if (is_index_input(name)) return {{D::i4, D::i8}, "index inputs are <i4 or <i8"};
   if (name == "mask") {
     const bool keep =
@@ -710,7 +1121,13 @@ std::pair<std::vector<NpyDtype>, std::string> allowed_dtypes(const CaseSpec& spe
             std::string("attrs.kv_cache = ") + to_string(spec.kv_cache) + " reads " + name +
                 " as " + (int8 ? "int8 codes (|i1)" : "e4m3 code bytes (|u1)") + " (SPEC §10.4)"};
   }
-  switch (spec.dtype) {
+  return storage_dtypes(spec.dtype);
+}
+
+/// The dtypes of a storage tensor of a case of storage type `t`, and why.
+std::pair<std::vector<NpyDtype>, std::string> storage_dtypes(DType t) {
+  using D = NpyDtype;
+  switch (t) {
     case DType::bf16:
       return {{D::u2},
               "the case's \"dtype\" is \"bf16\": every storage tensor is bfloat16 bits (<u2); "
@@ -759,7 +1176,41 @@ void check_attention_values(const Case& c) {
                            c.inputs.at("v_scale").array.values});
 }
 
+/// The library's value checks of a flex case (FlexPlan::check_inputs: the
+/// integer tensors within their declared ranges, the block mask's counts and
+/// indices), an Error reported against the input's file.
+void check_flex_values(const Case& c) {
+  const auto& plan = std::get<FlexPlan>(c.planned.plan);
+  try {
+    const auto real = [&](const std::string& name) {
+      return std::span<const float>(c.inputs.at(name).array.values);
+    };
+    plan.check_inputs(flex_inputs<float>(c, real), static_cast<std::size_t>(plan.out_size()), 0);
+  } catch (const Error& e) {
+    std::string param = e.parameter();
+    for (const char* prefix : {"score_mod tensor ", "mask_mod tensor ", "block_mask."}) {
+      if (param.rfind(prefix, 0) == 0) param = param.substr(std::string(prefix).size());
+    }
+    const auto it = c.inputs.find(param);
+    throw CaseError(c.spec.name, it != c.inputs.end() ? it->second.file : kCaseJson,
+                    "inputs." + param, e.what());
+  }
+}
+
 }  // namespace
+
+std::vector<std::string> output_names(const Case& c) {
+  std::vector<std::string> names;
+  for (const auto& n : op_info(c.spec.op).outputs) {
+    if (c.planned.outputs.count(n)) names.push_back(n);
+  }
+  if (c.spec.op == Op::flex_attention_backward) {
+    for (const auto& t : c.spec.flex.score_mod.tensors()) {
+      if (t.type == ModType::real) names.push_back("d" + t.name);
+    }
+  }
+  return names;
+}
 
 AttentionInputs<float> attention_inputs(const Case& c) {
   const auto tensor = [&](const char* name) -> const NpyArray* {
@@ -836,6 +1287,7 @@ Case load_case(const std::string& dir) {
   check_input_dtypes(c);
   // The values of the index inputs (and of the sinks and slopes) by the
   // library's own checks, before any backend runs.
+  if (is_flex(c.spec.op)) check_flex_values(c);
   try {
     if (attention) check_attention_values(c);
     const auto* rope = std::get_if<RopePlan>(&c.planned.plan);
@@ -877,8 +1329,8 @@ Case load_case(const std::string& dir) {
     }
     c.expected.emplace(name, std::move(t));
   }
-  if (is_low_precision(c.spec.dtype)) {
-    const Tolerance derived = low_precision_tolerance(c);
+  if (is_low_precision(c.spec.dtype) || is_flex(c.spec.op)) {
+    const Tolerance derived = is_flex(c.spec.op) ? flex_tolerance(c) : low_precision_tolerance(c);
     if (!c.spec.tolerance_keys.count("rtol")) c.spec.tolerance.rtol = derived.rtol;
     if (!c.spec.tolerance_keys.count("atol")) c.spec.tolerance.atol = derived.atol;
   }

@@ -61,6 +61,8 @@ enum class Op {
   swiglu,
   swiglu_backward,
   attention_block,
+  flex_attention,
+  flex_attention_backward,
 };
 
 /// Per-element tolerance: an output passes when every element satisfies
@@ -90,6 +92,20 @@ bool is_index_input(const std::string& name);
 /// The entry of `op`.
 const OpInfo& op_info(Op op);
 
+/// The attrs of flex_attention and flex_attention_backward (SPEC §9.7): the
+/// programs built from their node lists, the scale and the block mask's
+/// block sizes (the mask itself is four index inputs).
+struct FlexAttrs {
+  ModProgram score_mod;         ///< `attrs.score_mod` (empty: t = s)
+  ModProgram mask_mod;          ///< `attrs.mask_mod` (empty: every key of a kept block)
+  std::optional<double> scale;  ///< `attrs.scale` (1/√D)
+  std::int64_t q_block = 128;   ///< `attrs.block_size` [0] (torch's BLOCK_SIZE)
+  std::int64_t kv_block = 128;  ///< `attrs.block_size` [1]
+};
+
+/// True for flex_attention and flex_attention_backward.
+bool is_flex(Op op);
+
 /// case.json, checked: the op, its typed attrs, file names and tolerance.
 struct CaseSpec {
   /// `"dtype"`: the call's storage type T (SPEC §9.4, §10.1): f32 (the default),
@@ -112,6 +128,7 @@ struct CaseSpec {
   AxialRopeAttrs axial;          ///< axial_rope, axial_rope_backward
   bool gate_first = true;        ///< swiglu, swiglu_backward
   std::int64_t block_heads = 0;  ///< attention_block
+  FlexAttrs flex;                ///< flex_attention, flex_attention_backward
 };
 
 /// Parses and checks the text of case.json. Throws CaseError naming
@@ -120,7 +137,7 @@ CaseSpec parse_case_json(std::string_view text, const std::string& case_name);
 
 /// A validated plan of any op.
 using Plan = std::variant<AttentionPlan, RopePlan, RopeQkPlan, AxialRopePlan, SwigluPlan,
-                          AttentionBlockPlan>;
+                          AttentionBlockPlan, FlexPlan>;
 
 /// The plan of a case and the shapes of all its outputs.
 struct PlannedCase {
@@ -148,6 +165,35 @@ struct Case {
   PlannedCase planned;
 };
 
+/// The views of a flex case's call at storage type T: q, k, v and the mods'
+/// real tensors from `real(name)` (a std::span<const T>), the integer
+/// tensors and the block mask's indices as their exact integers.
+template <class T, class Real>
+FlexInputs<T> flex_inputs(const Case& c, const Real& real) {
+  const auto integers = [&](const std::string& name) {
+    auto it = c.inputs.find(name);
+    return it == c.inputs.end() ? Indices() : Indices(it->second.array.integers);
+  };
+  const auto captures = [&](const ModProgram& p) {
+    ModCaptures<T> out;
+    for (const auto& t : p.tensors()) {
+      const bool is_real = t.type == ModType::real;
+      out.real.push_back(is_real ? real(t.name) : std::span<const T>());
+      out.integer.push_back(is_real ? Indices() : integers(t.name));
+    }
+    return out;
+  };
+  FlexInputs<T> in{real("q"),
+                   real("k"),
+                   real("v"),
+                   captures(c.spec.flex.score_mod),
+                   captures(c.spec.flex.mask_mod),
+                   {}};
+  in.block_mask = {integers("kv_num_blocks"), integers("kv_indices"),
+                   integers("full_kv_num_blocks"), integers("full_kv_indices")};
+  return in;
+}
+
 /// Reads `<dir>/case.json` and every file it names, builds the plan, checks
 /// the dtypes (index inputs — positions, cu_seqlens_q/k, seqused_k,
 /// block_table, cache_seqlens — are `<i4` or `<i8`; other tensors float),
@@ -164,6 +210,14 @@ AttentionInputs<float> attention_inputs(const Case& c);
 /// The default tolerance of a case of storage type bf16 or f16, derived
 /// from SPEC §10.5 (the derivation is SPEC §9.5), for the inputs of `c`.
 Tolerance low_precision_tolerance(const Case& c);
+
+/// The outputs of a case in report order: the op's (op_table) that the
+/// case has, then the gradients of a flex score_mod's real tensors.
+std::vector<std::string> output_names(const Case& c);
+
+/// The default tolerance of a flex_attention or flex_attention_backward
+/// case of any storage type, float32 included (SPEC §9.7).
+Tolerance flex_tolerance(const Case& c);
 
 /// Runs the case on `backend` at the case's storage type (and, when given,
 /// with `rounding` instead of the case's profile); returns every output of

@@ -204,6 +204,50 @@ void run_block(const Case& c, const Typed<T>& b, std::map<std::string, std::vect
   out["out"] = widen(y);
 }
 
+/// Throws NotOffered when a backend's flex entry point says it does not
+/// implement the call (an Error whose parameter is the entry point's name).
+template <class F>
+void flex_call(const Case& c, const Backend& backend, const char* entry, const F& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    if (e.parameter() != entry) throw;
+    throw NotOffered(c.spec.name, "backend " + backend.name, entry, e.what());
+  }
+}
+
+/// flex_attention and flex_attention_backward (SPEC §13.4, §9.7): the mods'
+/// real tensors in T, their integer tensors and the block mask as integers.
+template <class T>
+void run_flex(const Case& c, const Typed<T>& b, std::map<std::string, std::vector<float>>& out) {
+  const auto& plan = std::get<FlexPlan>(c.planned.plan);
+  const TypedInputs<T> data(c);
+  const FlexInputs<T> in = flex_inputs<T>(c, data);
+  if (c.spec.op == Op::flex_attention) {
+    need(c, b.backend, b.k.flex_forward, "flex_forward");
+    auto o = sized<T>(plan.out_size());
+    auto lse = sized<stat_t<T>>(plan.lse_size());
+    flex_call(c, b.backend, "flex_forward", [&] { b.k.flex_forward(plan, in, o, lse); });
+    out["out"] = widen(o);
+    out["lse"] = widen(lse);
+    return;
+  }
+  need(c, b.backend, b.k.flex_backward, "flex_backward");
+  auto dq = sized<T>(plan.q_size()), dk = sized<T>(plan.k_size()), dv = sized<T>(plan.v_size());
+  const auto& tensors = plan.params().score_mod.tensors();
+  std::vector<std::vector<T>> dt;
+  for (const auto& t : tensors) dt.push_back(sized<T>(t.type == ModType::real ? t.size() : 0));
+  FlexGrads<T> g{dq, dk, dv, {}};
+  for (auto& d : dt) g.d_score_tensors.emplace_back(d);
+  flex_call(c, b.backend, "flex_backward", [&] { b.k.flex_backward(plan, in, data("dout"), g); });
+  out["dq"] = widen(dq);
+  out["dk"] = widen(dk);
+  out["dv"] = widen(dv);
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    if (tensors[t].type == ModType::real) out["d" + tensors[t].name] = widen(dt[t]);
+  }
+}
+
 template <class T>
 std::map<std::string, std::vector<float>> run_typed(const Case& c, const Backend& backend,
                                                     std::optional<Rounding> rounding) {
@@ -235,6 +279,10 @@ std::map<std::string, std::vector<float>> run_typed(const Case& c, const Backend
       break;
     case Op::attention_block:
       run_block(c, b, out);
+      break;
+    case Op::flex_attention:
+    case Op::flex_attention_backward:
+      run_flex(c, b, out);
       break;
   }
   return out;

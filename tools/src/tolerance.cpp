@@ -73,6 +73,8 @@ Tolerance low_precision_tolerance(const Case& c) {
     case Op::attention_backward:
     case Op::swiglu_backward:
     case Op::attention_block:
+    case Op::flex_attention:
+    case Op::flex_attention_backward:
       break;
   }
   // SPEC §10.5 bounds the forwards of single ops only; a gradient's rounded
@@ -86,6 +88,28 @@ Tolerance low_precision_tolerance(const Case& c) {
     }
   }
   return {4 * u, 4 * u * scale + 4 * tiny + f32.atol};
+}
+
+Tolerance flex_tolerance(const Case& c) {
+  // u of T, float32's 2^-24 included: the reference rounds o (and lse) to T
+  // once, and a framework's result in T is taken to be within the same
+  // bound of the exact attention of the stored inputs (SPEC §9.7).
+  const double u =
+      c.spec.dtype == DType::f32 ? std::ldexp(1.0, -24) : storage_unit_roundoff(c.spec.dtype);
+  const double tiny = c.spec.dtype == DType::f16 ? std::ldexp(1.0, -25) : 0.0;
+  const Tolerance eps = op_info(c.spec.op).tolerance;  // the float32 arithmetic (ε)
+  if (c.spec.op == Op::flex_attention) {
+    // As attention (SPEC §9.5): both sides within u|o| + u·Σ_j p_ij|v_j| + ε, Σ_j p_ij <= 1.
+    return {2 * u, 2 * u * max_abs(c, {"v"}) + 2 * tiny + eps.atol};
+  }
+  // As attention_backward: in the gradients' own scale.
+  double scale = 0.0;
+  for (const auto& [name, t] : c.expected) {
+    for (float x : t.array.values) {
+      if (std::isfinite(x)) scale = std::max(scale, std::fabs(static_cast<double>(x)));
+    }
+  }
+  return {4 * u, 4 * u * scale + 4 * tiny + eps.atol};
 }
 
 }  // namespace tandem::tool

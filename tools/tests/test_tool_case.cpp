@@ -572,6 +572,126 @@ TEST(CaseStorage, ToleranceIsDerivedPerDtype) {
   EXPECT_DOUBLE_EQ(h.spec.tolerance.atol, 2.0 / 2048 * vmax + 2 * std::ldexp(1.0, -25) + 2e-5);
 }
 
+// ---- FlexAttention cases (SPEC §9.7) ----------------------------------------
+
+/// A flex case: score_mod where(kv_idx <= q_idx, score + bias[h, q_idx - kv_idx + 3], -inf)
+/// capturing a real bias [4, 7], mask_mod doc[q_idx] == doc[kv_idx] capturing
+/// integer ids [4] in [0, 1].
+std::string flex_json(const std::string& op, const std::string& extra_inputs = "",
+                      const std::string& extra = "") {
+  return R"({"op": ")" + op + R"(", "attrs": {
+    "score_mod": {"name": "rel", "tensors": [["bias", [4, 7], "real", 0, 0]],
+      "nodes": [["score", [], "real", 0.0, 0, -1, []], ["h", [], "integer", 0.0, 0, -1, []],
+                ["q_idx", [], "integer", 0.0, 0, -1, []], ["kv_idx", [], "integer", 0.0, 0, -1, []],
+                ["sub", [2, 3], "real", 0.0, 0, -1, []],
+                ["constant", [], "integer", 0.0, 3, -1, []],
+                ["add", [4, 5], "real", 0.0, 0, -1, []],
+                ["load", [], "real", 0.0, 0, 0, [1, 6]],
+                ["add", [0, 7], "real", 0.0, 0, -1, []],
+                ["le", [3, 2], "real", 0.0, 0, -1, []],
+                ["constant", [], "real", "-inf", 0, -1, []],
+                ["where", [9, 8, 10], "real", 0.0, 0, -1, []]], "result": 11},
+    "mask_mod": {"tensors": [["doc", [4], "integer", 0, 1]],
+      "nodes": [["q_idx", [], "integer", 0.0, 0, -1, []], ["kv_idx", [], "integer", 0.0, 0, -1, []],
+                ["load", [], "integer", 0.0, 0, 0, [0]], ["load", [], "integer", 0.0, 0, 0, [1]],
+                ["eq", [2, 3], "real", 0.0, 0, -1, []]], "result": 4})" +
+         extra + R"(},
+  "inputs": {"q": "q.npy", "k": "k.npy", "v": "v.npy", "bias": "b.npy", "doc": "d.npy")" +
+         extra_inputs + "}}";
+}
+
+TEST(FlexCase, NodeListsBuildThePrograms) {
+  const CaseSpec spec = parse_case_json(flex_json("flex_attention"), "c");
+  const ModProgram& s = spec.flex.score_mod;
+  ASSERT_EQ(s.nodes().size(), 12u);
+  EXPECT_EQ(s.node(s.result()).op, ModOp::where);
+  EXPECT_EQ(s.node(10).value, -std::numeric_limits<double>::infinity());  // "-inf"
+  EXPECT_EQ(s.render(s.result()),
+            "where((kv_idx <= q_idx), (score + bias[h, ((q_idx - kv_idx) + 3)]), -inf)");
+  const ModProgram& m = spec.flex.mask_mod;
+  EXPECT_EQ(m.node(m.result()).type, ModType::boolean);
+  ASSERT_EQ(m.tensors().size(), 1u);
+  EXPECT_EQ(m.tensors()[0].type, ModType::integer);
+  EXPECT_EQ(m.tensors()[0].hi, 1);
+  // The backward's outputs include the real tensor's gradient, not the integer one's.
+  EXPECT_NO_THROW(parse_case_json(
+      flex_json("flex_attention_backward", R"(, "dout": "o.npy"}, "expected": {"dbias": "x.npy")"),
+      "c"));
+  const auto e = error_of(
+      flex_json("flex_attention_backward", R"(, "dout": "o.npy"}, "expected": {"ddoc": "x.npy")"));
+  EXPECT_EQ(e.field(), "expected.ddoc");
+}
+
+TEST(FlexCase, ErrorsNameTheNodeAndTheInput) {
+  std::string later = flex_json("flex_attention");
+  later.replace(later.find(R"(["sub", [2, 3])"), 14, R"(["sub", [2, 7])");
+  EXPECT_EQ(error_of(later).field(), "attrs.score_mod.nodes[4][1][1]");
+  std::string typed = flex_json("flex_attention");
+  typed.replace(typed.find(R"(["eq", [2, 3])"), 13, R"(["logical_and", [2, 3])");
+  const auto t = error_of(typed);
+  EXPECT_EQ(t.field(), "attrs.mask_mod.nodes[4]");
+  EXPECT_NE(t.detail().find("logical_and"), std::string::npos) << t.detail();
+  std::string no_bias = flex_json("flex_attention");
+  no_bias.replace(no_bias.find(R"(, "bias": "b.npy")"), 17, "");
+  EXPECT_EQ(error_of(no_bias).field(), "inputs.bias");
+  std::string named_q = flex_json("flex_attention");
+  named_q.replace(named_q.find(R"("doc", [4])"), 10, R"("q", [4])");
+  named_q.replace(named_q.find(R"(, "doc": "d.npy")"), 16, "");
+  EXPECT_EQ(error_of(named_q).field(), "attrs.mask_mod.tensors");
+  EXPECT_EQ(error_of(flex_json("flex_attention", "", R"(, "block_size": 2)")).field(),
+            "attrs.block_size");
+  EXPECT_EQ(error_of(flex_json("flex_attention", R"(, "kv_indices": "i.npy")")).field(),
+            "inputs.kv_num_blocks");
+}
+
+TEST(FlexCase, PlanTakesGqaAndTheBlockMaskFromShapes) {
+  const std::map<std::string, Shape> shapes = {{"q", {2, 4, 4, 8}}, {"k", {2, 2, 4, 8}},
+                                               {"v", {2, 2, 4, 6}}, {"bias", {4, 7}},
+                                               {"doc", {4}},        {"dout", {2, 4, 4, 6}}};
+  const CaseSpec fwd = parse_case_json(flex_json("flex_attention"), "c");
+  const PlannedCase pc = plan_case(fwd, shapes);
+  const auto& plan = std::get<FlexPlan>(pc.plan);
+  EXPECT_EQ(plan.group(), 2);
+  EXPECT_EQ(pc.outputs.at("out"), (Shape{2, 4, 4, 6}));
+  EXPECT_EQ(pc.outputs.at("lse"), (Shape{2, 4, 4}));
+  const CaseSpec bwd =
+      parse_case_json(flex_json("flex_attention_backward", R"(, "dout": "o.npy")"), "c");
+  const PlannedCase bpc = plan_case(bwd, shapes);
+  EXPECT_EQ(bpc.outputs.at("dbias"), (Shape{4, 7}));
+  // The bias is declared [4, 7]; a file of another shape is named.
+  auto wrong = shapes;
+  wrong["bias"] = {4, 8};
+  const auto e = plan_error(flex_json("flex_attention"), wrong);
+  EXPECT_EQ(e.file(), "b.npy");
+  EXPECT_EQ(e.field(), "bias.shape");
+  // A block mask of blocks of 2: nQ = 2; counts of [1, 1, 3] are named.
+  auto masked = shapes;
+  masked["kv_num_blocks"] = {1, 1, 2};
+  masked["kv_indices"] = {1, 1, 2, 2};
+  const std::string json =
+      flex_json("flex_attention", R"(, "kv_num_blocks": "n.npy", "kv_indices": "i.npy")",
+                R"(, "block_size": [2, 2])");
+  const PlannedCase mpc = plan_case(parse_case_json(json, "c"), masked);
+  EXPECT_EQ(std::get<FlexPlan>(mpc.plan).params().block_mask->width, 2);
+  masked["kv_num_blocks"] = {1, 1, 3};
+  masked["kv_indices"] = {1, 1, 3, 2};
+  EXPECT_EQ(plan_error(json, masked).field(), "kv_num_blocks.shape");
+  // H' must be 1 or H: the plan's error names the counts' file.
+  masked["kv_num_blocks"] = {1, 3, 2};
+  masked["kv_indices"] = {1, 3, 2, 2};
+  EXPECT_EQ(plan_error(json, masked).file(), "n.npy");
+}
+
+TEST(FlexCase, ToleranceIsDerivedForFloat32Too) {
+  const Case c = load_case(std::string(TANDEM_CASES_DIR) + "/examples/flex_softcap");
+  double vmax = 0;
+  for (float x : c.inputs.at("v").array.values) vmax = std::max(vmax, std::fabs(double(x)));
+  const double u = std::ldexp(1.0, -24);  // the f32 rounding of o (SPEC §9.5, §9.7)
+  EXPECT_EQ(c.spec.tolerance.rtol, 2 * u);
+  EXPECT_DOUBLE_EQ(c.spec.tolerance.atol, 2 * u * vmax + 2e-5);
+  EXPECT_EQ(output_names(c), (std::vector<std::string>{"out", "lse"}));
+}
+
 TEST(CaseStorage, QuantizedCaseRunsTheQuantizedEntryPoint) {
   const Case c = load_case(std::string(TANDEM_CASES_DIR) + "/lowp/attention_int8_cache_f32");
   Backend fake;

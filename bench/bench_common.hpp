@@ -273,6 +273,8 @@ struct AttnShape {
 void register_roofline();
 void register_attention();
 void register_features();
+/// FlexAttention written causal against the native causal forward (bench_flex.cpp).
+void register_flex();
 void register_streaming();
 void register_block();
 /// Decode over K/V stored as f32, bf16, f16, int8, e4m3 (bench_decode_stored.cpp).

@@ -286,6 +286,7 @@ int main(int argc, char** argv) {
   register_roofline();
   register_attention();
   register_features();
+  register_flex();
   register_streaming();
   register_block();
   register_decode_stored();

@@ -360,6 +360,18 @@ MUTATIONS = [
              [("const std::int64_t kv = b * c.Hkv + h / c.G;",
                "const std::int64_t kv = b * c.Hkv + h % c.Hkv;")],
              "flex backward GQA: dq, dk and dv of query head h use kv head h % Hkv instead of h / G"),
+    Mutation("flex_native_blocks_trusted", "flex_native.cpp",
+             [("if (f.block_mask && !blocks_agree(plan, blocks, band)) return std::nullopt;", "")],
+             "flex native form: a block mask that disagrees with the band is not looked at"),
+    Mutation("flex_native_window_wide", "flex_native.cpp",
+             [("a.window = o - band.lo;", "a.window = o - band.lo + 1;")],
+             "flex native form: a band's sliding window one key wider"),
+    Mutation("flex_native_softcap_constants", "flex_native.cpp",
+             [("f.node(q.arg[1]).value == f.node(c).value", "true")],
+             "flex native form: c1 * tanh(score / c2) taken as a softcap c1 whatever c2"),
+    Mutation("flex_native_sign_unflipped", "flex_native.cpp",
+             [("const ModOp r = s == 1 ? rel : flipped(rel);", "const ModOp r = rel;")],
+             "flex native form: a comparison on q_idx - kv_idx read as one on kv_idx - q_idx"),
 ]
 
 

@@ -58,7 +58,18 @@ ModProgram band_mask(i64 c, i64 w, i64 Sk) {
   }
   ModValue r = upper;
   if (w >= 0) {
-    const ModValue lower = *rc::gen::arbitrary<bool>() ? kv >= q + n(c - w) : q - kv <= n(w - c);
+    ModValue lower;
+    switch (*rc::gen::inRange(0, 3)) {
+      case 0:
+        lower = kv >= q + n(c - w);
+        break;
+      case 1:
+        lower = q - kv <= n(w - c);
+        break;
+      default:
+        lower = !(q > kv + n(w - c));
+        break;
+    }
     r = *rc::gen::arbitrary<bool>() ? (r && lower) : (lower && r);
   }
   switch (*rc::gen::inRange(0, 4)) {
@@ -181,8 +192,11 @@ struct FlexFloatCase {
     const i64 o = std::max<i64>(p.Sk - p.Sq, 0);
     const i64 c = *rc::gen::weightedOneOf<i64>(
         {{4, rc::gen::just(o)}, {1, rc::gen::inRange<i64>(o - 2, o + 3)}});
-    const i64 w = *rc::gen::weightedOneOf<i64>(
-        {{2, rc::gen::just<i64>(-1)}, {2, rc::gen::inRange<i64>(0, 40)}});
+    // narrow windows often: a misread bound shows at w = 0
+    const i64 w = *rc::gen::weightedOneOf<i64>({{2, rc::gen::just<i64>(-1)},
+                                                {1, rc::gen::just<i64>(0)},
+                                                {1, rc::gen::inRange<i64>(1, 4)},
+                                                {1, rc::gen::inRange<i64>(4, 40)}});
     p.score_mod = native_score_mod();
     if (*rc::gen::inRange(0, 5) != 0) p.mask_mod = band_mask(c, w, p.Sk);
     plan = FlexPlan::make(p);

@@ -2,6 +2,9 @@
 // The optimized FlexAttention backward (SPEC §13.4): Highway SIMD (one
 // dynamic dispatch per call) and OpenMP over (b, kv head) tasks.
 //
+// A call whose mods are a native form (flex_native.hpp, SPEC §13.5) runs on
+// the native attention backward (its forward rerun) instead.
+//
 // Must agree with tandem::reference::flex_backward (and
 // flex_backward_stored; reference/include/tandem/reference/flex.hpp) to
 // float rounding:
@@ -304,6 +307,7 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 #include "entry_points.hpp"
+#include "flex_native.hpp"
 
 namespace tandem::optimized {
 HWY_EXPORT(FlexBackwardTarget);
@@ -316,6 +320,7 @@ template <class T>
 void flex_backward(const FlexPlan& plan, const FlexInputs<T>& in, std::span<const T> dout,
                    const FlexGrads<T>& grads, const Options& options) {
   plan.check_grads(in, dout.size(), grads);
+  if (flex::native_backward(plan, in, dout, grads, options)) return;
   const int threads = threads_of(options);
   if constexpr (std::is_same_v<T, float>) {
     HWY_DYNAMIC_DISPATCH(FlexBackwardTarget)(plan, in, dout, grads, threads);

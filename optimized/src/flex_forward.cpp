@@ -2,6 +2,10 @@
 // The optimized FlexAttention forward (SPEC §13.4): Highway SIMD (one
 // dynamic dispatch per call) and OpenMP over (b, h, query tile) tasks.
 //
+// A call whose mods are a native form (a band mask_mod, no score_mod or a
+// softcap: flex_native.hpp, SPEC §13.5) runs on the native attention
+// kernels instead; everything below is the path of every other program.
+//
 // Must agree with tandem::reference::flex_forward (and flex_forward_stored;
 // reference/include/tandem/reference/flex.hpp) to float rounding. The order
 // of operations differs on purpose:
@@ -120,6 +124,7 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 #include "entry_points.hpp"
+#include "flex_native.hpp"
 
 namespace tandem::optimized {
 HWY_EXPORT(FlexForwardTarget);
@@ -132,6 +137,7 @@ template <class T>
 void flex_forward(const FlexPlan& plan, const FlexInputs<T>& in, std::span<T> out,
                   std::span<stat_t<T>> lse, const Options& options) {
   plan.check_inputs(in, out.size(), lse.size());
+  if (flex::native_forward(plan, in, out, lse, options)) return;
   const int threads = threads_of(options);
   if constexpr (std::is_same_v<T, float>) {
     HWY_DYNAMIC_DISPATCH(FlexForwardTarget)(plan, in, out, lse, threads);

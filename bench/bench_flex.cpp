@@ -1,15 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
-// FlexAttention written causal against the native causal path, each side
-// measured in the same run (op attention_features, kind `flex`: the tags
-// `feature` for the flex call, `plain` for the native one, the same shape
-// tag; the report's features table divides one by the other). The flex
-// side is torch's usual form: mask_mod kv_idx <= q_idx with the block mask
-// create_block_mask makes of it (128 × 128 blocks: full below the diagonal,
-// partial on it), layout bhsd; the native side is attention_forward with
-// MaskKind::causal (bshd), the same B, H, S, D and FLOPs.
+// FlexAttention-written masks against the native features they equal, each
+// side measured in the same run (op attention_features, kind `flex`: the
+// tags `feature` for the flex call, `plain` for the native one, one shape
+// tag per form; the report's features table divides one by the other). The
+// flex side is written as torch users write it, with the block mask
+// create_block_mask makes of it (128 × 128 blocks), layout bhsd:
+//   causal    mask_mod kv_idx <= q_idx                     native causal
+//   window    (q_idx - kv_idx <= 128) & (kv_idx <= q_idx)  sliding window 128
+//   softcap   30·tanh(score / 30), causal                  softcap 30, causal
+//   alibi     score − slopes[h]·abs(q_idx − kv_idx), causal ALiBi slopes [H]
+//   document  doc[q_idx] == doc[kv_idx] & causal           4 packed sequences
+// The first three are native forms (SPEC §13.5) and run on the native
+// kernels; alibi and document read captured tensors and run as programs.
+// Both sides have the same B, H, S, D and FLOPs (the visible pairs).
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,18 +29,77 @@
 namespace tandem::bench {
 namespace {
 
-/// The inputs and outputs of one flex causal call of shape s.
+enum class Form : std::uint8_t { causal, window, softcap, alibi, document };
+
+constexpr std::int64_t kWindow = 128, kSoftcap = 30, kDocuments = 4;
+
+const char* name(Form f) {
+  constexpr const char* names[] = {"causal", "window", "softcap", "alibi", "document"};
+  return names[static_cast<int>(f)];
+}
+
+/// The ALiBi slopes 2^(−8(h+1)/H) of H heads.
+std::vector<float> alibi_slopes(std::int64_t H) {
+  std::vector<float> m(static_cast<std::size_t>(H));
+  for (std::int64_t h = 0; h < H; ++h) {
+    m[static_cast<std::size_t>(h)] =
+        std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(H));
+  }
+  return m;
+}
+
+/// Each key's document: kDocuments equal runs over S.
+std::vector<std::int64_t> documents(std::int64_t S) {
+  std::vector<std::int64_t> doc(static_cast<std::size_t>(S));
+  for (std::int64_t j = 0; j < S; ++j) doc[static_cast<std::size_t>(j)] = j * kDocuments / S;
+  return doc;
+}
+
+/// Visible (i, j) pairs of one (b, h) of form f over S queries and keys.
+double visible_pairs(Form f, std::int64_t S) {
+  double pairs = 0.0;
+  for (std::int64_t i = 0; i < S; ++i) {
+    std::int64_t first = 0;  // the first key query i sees
+    if (f == Form::window) first = std::max<std::int64_t>(0, i - kWindow);
+    // the first j of i's document n = i·K/S: the least j with j·K/S = n
+    if (f == Form::document) first = ((i * kDocuments / S) * S + kDocuments - 1) / kDocuments;
+    pairs += static_cast<double>(i - first + 1);
+  }
+  return pairs;
+}
+
+/// The flex call of form f over shape s.
 struct FlexFixture {
   FlexPlan plan;
   FlexBlockMask blocks;
-  std::vector<float> q, k, v, out, lse;
+  std::vector<float> q, k, v, out, lse, slopes;
+  std::vector<std::int64_t> doc;
 
-  explicit FlexFixture(const AttnShape& s) {
+  FlexFixture(Form f, const AttnShape& s) {
     FlexParams p;
     p.B = s.B, p.H = s.H, p.Hkv = s.Hkv, p.Sq = s.Sq, p.Sk = s.Sk, p.D = s.D, p.Dv = s.Dv;
     ModProgram& m = p.mask_mod;
-    m.set_result(m.kv_idx() <= m.q_idx());
-    blocks = reference::create_block_mask<float>(FlexPlan::make(p), {}, 128, 128, true, true);
+    ModValue visible = m.kv_idx() <= m.q_idx();
+    if (f == Form::window) visible = (m.q_idx() - m.kv_idx() <= m.integer(kWindow)) && visible;
+    if (f == Form::document) {
+      const std::int32_t t = m.capture({"doc", {s.Sk}, ModType::integer, 0, kDocuments - 1});
+      visible = (m.load(t, {m.q_idx()}) == m.load(t, {m.kv_idx()})) && visible;
+      doc = documents(s.Sk);
+    }
+    m.set_result(visible);
+    ModProgram& g = p.score_mod;
+    if (f == Form::softcap) {
+      const ModValue c = g.real(kSoftcap);
+      g.set_result(c * g.apply(ModOp::tanh, g.score() / c));
+    }
+    if (f == Form::alibi) {
+      const std::int32_t t = g.capture({"slopes", {s.H}, ModType::real, 0, 0});
+      const ModValue d = g.apply(ModOp::abs, g.q_idx() - g.kv_idx());
+      g.set_result(g.score() - g.load(t, {g.h()}) * g.apply(ModOp::to_real, d));
+      slopes = alibi_slopes(s.H);
+    }
+    blocks = reference::create_block_mask<float>(FlexPlan::make(p), mask_tensors(), 128, 128,
+                                                 true, true);
     p.block_mask = blocks.shape;
     plan = FlexPlan::make(p);
     q = random_buffer(static_cast<std::size_t>(plan.q_size()), 1);
@@ -40,49 +108,76 @@ struct FlexFixture {
     out = zero_buffer(static_cast<std::size_t>(plan.out_size()));
     lse = zero_buffer(static_cast<std::size_t>(plan.lse_size()));
   }
+  [[nodiscard]] ModCaptures<float> mask_tensors() const {
+    return doc.empty() ? ModCaptures<float>{} : ModCaptures<float>{{{}}, {Indices{doc}}};
+  }
+  [[nodiscard]] FlexInputs<float> inputs() const {
+    const ModCaptures<float> score =
+        slopes.empty() ? ModCaptures<float>{} : ModCaptures<float>{{slopes}, {Indices{}}};
+    return {q, k, v, score, mask_tensors(), blocks.data()};
+  }
 };
 
-/// The inputs and output of the native causal call of shape s.
+/// The native call form f equals.
 struct NativeFixture {
   AttentionPlan plan;
-  std::vector<float> q, k, v, out;
-  explicit NativeFixture(const AttnShape& s) : plan(s.plan()) {
+  std::vector<float> q, k, v, out, slopes;
+  std::vector<std::int64_t> cu;
+
+  NativeFixture(Form f, const AttnShape& s) : plan(make(f, s)) {
     q = random_buffer(static_cast<std::size_t>(plan.q.extent), 1);
     k = random_buffer(static_cast<std::size_t>(plan.k.extent), 2);
     v = random_buffer(static_cast<std::size_t>(plan.v.extent), 3);
     out = zero_buffer(static_cast<std::size_t>(plan.o.extent));
+    if (f == Form::alibi) slopes = alibi_slopes(s.H);
+    if (f == Form::document) {
+      for (std::int64_t n = 0; n <= kDocuments; ++n) cu.push_back(n * s.Sq / kDocuments);
+    }
+  }
+  static AttentionPlan make(Form f, const AttnShape& s) {
+    AttentionParams p = s.params();
+    p.mask = f == Form::window ? MaskKind::sliding_window : MaskKind::causal;
+    if (f == Form::window) p.window = kWindow;
+    if (f == Form::softcap) p.softcap = kSoftcap;
+    if (f == Form::alibi) p.alibi = AlibiKind::per_head;
+    if (f == Form::document) p.num_seqs = kDocuments;
+    return AttentionPlan::make(p);
+  }
+  [[nodiscard]] AttentionInputs<float> inputs() const {
+    AttentionInputs<float> in{q, k, v, {}};
+    in.alibi_slopes = slopes;
+    if (!cu.empty()) in.cu_seqlens_q = in.cu_seqlens_k = Indices{cu};
+    return in;
   }
 };
 
-/// Registers one side (flex: `feature`, native: `plain`) of the comparison.
-void add_side(const BackendUnderTest& bu, const AttnShape& s, bool flex) {
+/// Registers one side (flex: `feature`, native: `plain`) of form f.
+void add_side(const BackendUnderTest& bu, Form f, const AttnShape& s, bool flex) {
   Spec spec;
   spec.op = "attention_features";
   spec.backend = bu.name;
-  spec.shape = "flex_forward_" + s.tag();
+  spec.shape = std::string("flex_") + name(f) + "_" + s.tag();
   spec.threads = bu.threads;
   spec.name = spec.op + "/" + spec.backend + "/" + spec.shape + (flex ? "/feature" : "/plain");
   spec.tags = {"features", "flex", flex ? "feature" : "plain"};
   s.describe(spec);
-  const double flops = s.forward_flops();
+  const double flops =
+      static_cast<double>(s.B * s.H) * visible_pairs(f, s.Sq) * 2.0 * static_cast<double>(s.D + s.Dv);
   spec.params["flop"] = flops;
   const std::string key = spec.name;
   const int threads = bu.threads;
   auto be = std::make_shared<Backend>(bu.make());
-  add(spec, [be, s, flex, flops, threads, key](benchmark::State& st) {
+  add(spec, [be, f, s, flex, flops, threads, key](benchmark::State& st) {
     std::function<void()> call;
     try {
       if (flex) {
-        auto& f =
-            cached_fixture<FlexFixture>(key, [&] { return std::make_unique<FlexFixture>(s); });
-        call = [&f, be] {
-          const FlexInputs<float> in{f.q, f.k, f.v, {}, {}, f.blocks.data()};
-          be->flex_forward(f.plan, in, f.out, f.lse);
-        };
+        auto& x =
+            cached_fixture<FlexFixture>(key, [&] { return std::make_unique<FlexFixture>(f, s); });
+        call = [&x, be] { be->flex_forward(x.plan, x.inputs(), x.out, x.lse); };
       } else {
-        auto& f =
-            cached_fixture<NativeFixture>(key, [&] { return std::make_unique<NativeFixture>(s); });
-        call = [&f, be] { be->attention_forward(f.plan, {f.q, f.k, f.v, {}}, f.out); };
+        auto& x = cached_fixture<NativeFixture>(
+            key, [&] { return std::make_unique<NativeFixture>(f, s); });
+        call = [&x, be] { be->attention_forward(x.plan, x.inputs(), x.out); };
       }
       call();  // warm-up
     } catch (const std::exception& e) {
@@ -107,8 +202,16 @@ void register_flex() {
   s.Sq = s.Sk = c.preset == Preset::quick ? 512 : 2048;
   s.causal = true;
   for (const auto& bu : backends_at(c.threads, false)) {
-    add_side(bu, s, true);
-    add_side(bu, s, false);
+    for (const Form f : {Form::causal, Form::window, Form::softcap, Form::alibi, Form::document}) {
+      add_side(bu, f, s, true);
+      add_side(bu, f, s, false);
+    }
+    if (c.preset != Preset::quick) {  // a 128-key window over a long sequence
+      AttnShape w = s;
+      w.Sq = w.Sk = 8192;
+      add_side(bu, Form::window, w, true);
+      add_side(bu, Form::window, w, false);
+    }
   }
 }
 

@@ -11,6 +11,7 @@ packages=(
   clang libclang-rt-14-dev libomp-14-dev gcovr
   doxygen graphviz libjs-mathjax
   python3-numpy python3-matplotlib python3-venv python3-dev
+  ccache  # .ci/run: the Python package's builds reuse the main build's objects
 )
 
 missing=()

@@ -10,8 +10,8 @@
 //   softcap   30·tanh(score / 30), causal                  softcap 30, causal
 //   alibi     score − slopes[h]·abs(q_idx − kv_idx), causal ALiBi slopes [H]
 //   document  doc[q_idx] == doc[kv_idx] & causal           4 packed sequences
-// The first three are native forms (SPEC §13.5) and run on the native
-// kernels; alibi and document read captured tensors and run as programs.
+// Each is a native form (SPEC §13.5) and runs on the native kernels; the
+// document mask as packed sequences.
 // Both sides have the same B, H, S, D and FLOPs (the visible pairs).
 #include <algorithm>
 #include <chrono>

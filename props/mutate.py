@@ -361,7 +361,7 @@ MUTATIONS = [
                "const std::int64_t kv = b * c.Hkv + h % c.Hkv;")],
              "flex backward GQA: dq, dk and dv of query head h use kv head h % Hkv instead of h / G"),
     Mutation("flex_native_blocks_trusted", "flex_native.cpp",
-             [("if (f.block_mask && !blocks_agree(plan, blocks, band)) return std::nullopt;", "")],
+             [("if (f.block_mask && !blocks_agree(plan, blocks, band, doc)) return std::nullopt;", "")],
              "flex native form: a block mask that disagrees with the band is not looked at"),
     Mutation("flex_native_window_wide", "flex_native.cpp",
              [("a.window = o - band.lo;", "a.window = o - band.lo + 1;")],
@@ -372,6 +372,18 @@ MUTATIONS = [
     Mutation("flex_native_sign_unflipped", "flex_native.cpp",
              [("const ModOp r = s == 1 ? rel : flipped(rel);", "const ModOp r = rel;")],
              "flex native form: a comparison on q_idx - kv_idx read as one on kv_idx - q_idx"),
+    Mutation("flex_native_alibi_any_offset", "flex_native.cpp",
+             [("a.b == -a.a && a.a * a.c == shift;", "a.b == -a.a;")],
+             "flex native form: score - m[h]*abs(q_idx - kv_idx + c) taken as ALiBi whatever c"),
+    Mutation("flex_native_alibi_band_unchecked", "flex_native.cpp",
+             [("sign * a.c == -shift && band.hi <= shift;", "sign * a.c == -shift;")],
+             "flex native form: torch's ALiBi taken as ALiBi where keys after the query are visible"),
+    Mutation("flex_native_documents_not_runs", "flex_native.cpp",
+             [("if (!runs(*doc)) return std::nullopt;", "")],
+             "flex native form: a document tensor that is not in runs packed as if it were"),
+    Mutation("flex_native_full_block_across_documents", "flex_native.cpp",
+             [("hi > band.hi || !one_doc)", "hi > band.hi)")],
+             "flex native form: a block marked full across two documents trusted"),
 ]
 
 

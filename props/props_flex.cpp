@@ -20,6 +20,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mod_gen.hpp"
@@ -34,11 +35,10 @@ namespace {
 /// backend runs natively (flex_native.hpp).
 enum class Mods : std::uint8_t { programs, native };
 
-/// A band mask_mod kv_idx − q_idx ∈ [c − w, c] (w < 0: no lower bound),
-/// written in one of several equivalent ways, sometimes with a clause that
-/// holds everywhere.
-ModProgram band_mask(i64 c, i64 w, i64 Sk) {
-  ModProgram m;
+/// A band kv_idx − q_idx ∈ [c − w, c] (w < 0: no lower bound) built into
+/// mask_mod m, written in one of several equivalent ways, sometimes with a
+/// clause that holds everywhere.
+ModValue band_mask(ModProgram& m, i64 c, i64 w, i64 Sk) {
   const ModValue q = m.q_idx(), kv = m.kv_idx();
   const auto n = [&m](i64 x) { return m.integer(x); };
   ModValue upper;
@@ -85,17 +85,35 @@ ModProgram band_mask(i64 c, i64 w, i64 Sk) {
     default:
       break;
   }
-  m.set_result(r);
-  return m;
+  return r;
 }
 
-/// No score_mod, the score itself, a softcap c·tanh(score / c), or one that
-/// is not a softcap (two constants).
-ModProgram native_score_mod() {
+/// No score_mod, the score itself, a softcap c·tanh(score / c), one that is
+/// not a softcap (two constants), ALiBi over slopes `[H]` captured as its
+/// one tensor (tandem's form, torch's, or either with the distance one key
+/// off, which is not ALiBi). Sets `alibi` when the program reads the slopes.
+ModProgram native_score_mod(i64 H, i64 shift, bool& alibi) {
   ModProgram f;
-  const int kind = *rc::gen::inRange(0, 4);
+  // 0 none, 1 score, 2 softcap, 3 not a softcap, 4 ALiBi, 5 torch's ALiBi, 6 and 7 off by one
+  const int kind = *rc::gen::weightedOneOf<int>(
+      {{1, rc::gen::just(0)}, {1, rc::gen::just(1)}, {2, rc::gen::just(2)}, {1, rc::gen::just(3)},
+       {2, rc::gen::just(4)}, {2, rc::gen::just(5)}, {1, rc::gen::just(6)}, {2, rc::gen::just(7)}});
+  alibi = kind >= 4;
   if (kind == 0) return f;
   const ModValue s = f.score();
+  if (alibi) {
+    const ModValue m = f.load(f.capture({"slopes", {H}, ModType::real, 0, 0}), {f.h()});
+    const ModValue q = f.q_idx(), kv = f.kv_idx();
+    if (kind == 4 || kind == 7) {  // score − m·abs(q_idx − kv_idx + shift), or one key off
+      const i64 off = shift + (kind == 7 ? 1 : 0);
+      const ModValue d = *rc::gen::arbitrary<bool>() ? q - kv + f.integer(off)
+                                                     : kv - q - f.integer(off);
+      f.set_result(s - m * f.apply(ModOp::abs, d));
+    } else {  // torch's score + m·(kv_idx − q_idx), or one key off
+      f.set_result(s + m * (kv - q + f.integer(kind == 5 ? 0 : 1)));
+    }
+    return f;
+  }
   const double c = *rc::gen::element(0.5, 2.0, 5.0, 30.0);
   if (kind == 1) {
     f.set_result(s);
@@ -106,17 +124,29 @@ ModProgram native_score_mod() {
   return f;
 }
 
-/// Makes block mask `m` disagree with its mask_mod in one query block: its
-/// last partial block hidden, or made full.
-void spoil(FlexBlockMask& m) {
+/// Makes block mask `m` of a call with Sq queries disagree with its
+/// mask_mod in one query block: one of its partial blocks (one wholly at or
+/// below the diagonal when it has some: a block a band keeps whole, partial
+/// only by another clause, such as a document mask) hidden, or made full.
+void spoil(FlexBlockMask& m, i64 Sq) {
   const FlexBlockMaskShape& s = m.shape;
   const std::size_t rows = m.kv_num_blocks.size();
   const std::size_t row = std::size_t(*rc::gen::inRange<i64>(0, i64(rows)));
   std::int32_t& n = m.kv_num_blocks[row];
   if (n == 0) return;
-  const std::int32_t kb = m.kv_indices[row * std::size_t(s.width) + std::size_t(n - 1)];
+  std::int32_t* partial = m.kv_indices.data() + row * std::size_t(s.width);
+  const i64 nq = (Sq + s.q_block - 1) / s.q_block, i0 = i64(row) % nq * s.q_block;
+  std::vector<std::int32_t> below;
+  for (std::int32_t c = 0; c < n; ++c) {
+    if ((partial[c] + 1) * s.kv_block - 1 <= i0) below.push_back(c);
+  }
+  const std::int32_t pick = below.empty() || *rc::gen::inRange(0, 4) == 0
+                                ? *rc::gen::inRange<std::int32_t>(0, n)
+                                : *rc::gen::elementOf(below);
+  std::swap(partial[pick], partial[n - 1]);  // the chosen block last, then dropped
+  const std::int32_t kb = partial[n - 1];
   --n;
-  if (!s.has_full || *rc::gen::arbitrary<bool>()) return;
+  if (!s.has_full || *rc::gen::inRange(0, 4) == 0) return;
   std::int32_t& f = m.full_kv_num_blocks[row];
   if (f < s.full_width) m.full_kv_indices[row * std::size_t(s.full_width) + std::size_t(f++)] = kb;
 }
@@ -132,6 +162,7 @@ struct FlexFloatCase {
   std::vector<std::int64_t> ids;
   FlexBlockMask blocks;
   std::string native;  ///< the native form's description
+  bool want_dT = true;  ///< the backward asks for the captured tensor's gradient
 
   explicit FlexFloatCase(Mods drawn = Mods::programs) : mods(drawn) {
     FlexParams p;
@@ -161,16 +192,18 @@ struct FlexFloatCase {
       t = rng.values(std::size_t(p.H * kModTableWidth), 1.0);
       for (i64 j = 0; j < p.Sk; ++j) ids.push_back(rng.index(kModIdsHi + 1));
     }
-    if (*rc::gen::arbitrary<bool>()) {
+    if (*rc::gen::inRange(0, 4) < (ids.empty() || mods == Mods::programs ? 2 : 3)) {
       const ModProgram& m = p.mask_mod;
       const bool per_b = m.empty() || m.reads(ModOp::batch, m.result());
       const bool per_h = m.empty() || m.reads(ModOp::head, m.result());
-      const auto size = rc::gen::element<i64>(1, 2, 3, 5, 8, 16, 17, 32, 64);
+      const auto size = mods == Mods::programs
+                            ? rc::gen::element<i64>(1, 2, 3, 5, 8, 16, 17, 32, 64)
+                            : rc::gen::element<i64>(2, 3, 5, 8, 16, 17, 32);
       const i64 qb = *size, kb = *size;
       blocks = reference::create_block_mask<float>(plan, mask_views(), qb, kb,
                                                    !per_b && *rc::gen::arbitrary<bool>(),
                                                    !per_h && *rc::gen::arbitrary<bool>());
-      if (mods == Mods::native && *rc::gen::arbitrary<bool>()) spoil(blocks);
+      if (mods == Mods::native && *rc::gen::arbitrary<bool>()) spoil(blocks, p.Sq);
       p.block_mask = blocks.shape;
       plan = FlexPlan::make(p);
     }
@@ -189,16 +222,29 @@ struct FlexFloatCase {
     }
   }
   void draw_native(FlexParams& p) {
+    const bool docs = *rc::gen::inRange(0, 3) == 0;
+    if (docs) p.Sq = *rc::gen::inRange<i64>(40, 141);  // several documents and blocks
+    if (docs || *rc::gen::arbitrary<bool>()) p.Sk = p.Sq;  // Sq = Sk often: torch's ALiBi
     const i64 o = std::max<i64>(p.Sk - p.Sq, 0);
     const i64 c = *rc::gen::weightedOneOf<i64>(
         {{4, rc::gen::just(o)}, {1, rc::gen::inRange<i64>(o - 2, o + 3)}});
     // narrow windows often: a misread bound shows at w = 0
     const i64 w = *rc::gen::weightedOneOf<i64>({{2, rc::gen::just<i64>(-1)},
-                                                {1, rc::gen::just<i64>(0)},
+                                                {2, rc::gen::just<i64>(0)},
                                                 {1, rc::gen::inRange<i64>(1, 4)},
                                                 {1, rc::gen::inRange<i64>(4, 40)}});
-    p.score_mod = native_score_mod();
-    if (*rc::gen::inRange(0, 5) != 0) p.mask_mod = band_mask(c, w, p.Sk);
+    bool alibi = false;
+    p.score_mod = native_score_mod(p.H, p.Sk - p.Sq, alibi);
+    if (alibi) {
+      for (i64 h = 0; h < p.H; ++h) t.push_back(float(*rc::gen::inRange(1, 9)) / 8.0f);
+      want_dT = *rc::gen::arbitrary<bool>();  // without it the backward runs natively too
+    }
+    if (docs || *rc::gen::inRange(0, 5) != 0) {
+      ModProgram& m = p.mask_mod;
+      ModValue r = band_mask(m, c, w, p.Sk);
+      if (docs) r = document_mask(m, r, p.Sk);
+      m.set_result(r);
+    }
     plan = FlexPlan::make(p);
     native = "mask_mod " + (p.mask_mod.empty() ? std::string("none")
                                                : p.mask_mod.render(p.mask_mod.result())) +
@@ -206,10 +252,26 @@ struct FlexFloatCase {
              (p.score_mod.empty() ? std::string("none")
                                   : p.score_mod.render(p.score_mod.result()));
   }
+  /// `band` joined by a document mask doc[q_idx] == doc[kv_idx] in m (doc
+  /// `[Sk]` in runs of L keys, or alternating runs: not documents).
+  ModValue document_mask(ModProgram& m, ModValue band, i64 Sk) {
+    const i64 L = *rc::gen::inRange<i64>(1, 24);
+    const bool alternate = *rc::gen::inRange(0, 5) == 0;
+    for (i64 j = 0; j < Sk; ++j) ids.push_back(alternate ? (j / L) % 2 : j / L);
+    const std::int32_t doc = m.capture({"doc", {Sk}, ModType::integer, 0, Sk});
+    const ModValue x = m.load(doc, {m.q_idx()}), y = m.load(doc, {m.kv_idx()});
+    const ModValue same = *rc::gen::arbitrary<bool>() ? x == y : y == x;
+    return *rc::gen::arbitrary<bool>() ? (same && band) : (band && same);
+  }
   [[nodiscard]] ModCaptures<float> tensors() const {
-    return t.empty() ? ModCaptures<float>{} : ModCaptures<float>{{t, {}}, {Indices{}, ids}};
+    if (t.empty()) return {};
+    if (mods == Mods::native) return {{t}, {Indices{}}};  // the ALiBi slopes
+    return {{t, {}}, {Indices{}, ids}};
   }
   [[nodiscard]] ModCaptures<float> mask_views() const {
+    if (mods == Mods::native) {
+      return ids.empty() ? ModCaptures<float>{} : ModCaptures<float>{{{}}, {Indices{ids}}};
+    }
     return plan.params().mask_mod.empty() ? ModCaptures<float>{} : tensors();
   }
   [[nodiscard]] FlexInputs<float> inputs() const {
@@ -244,7 +306,9 @@ Outputs run_flex(const Backend& be, const FlexFloatCase& c, bool backward) {
   r[4].assign(c.v.size(), sentinel());
   r[5].assign(c.t.size(), sentinel());
   FlexGrads<float> g{r[2], r[3], r[4], {}};
-  if (!c.t.empty()) g.d_score_tensors = {r[5], {}};
+  if (!c.t.empty() && c.want_dT) g.d_score_tensors = c.tensors().real.size() == 2
+                                                        ? std::vector<std::span<float>>{r[5], {}}
+                                                        : std::vector<std::span<float>>{r[5]};
   be.flex_backward(c.plan, in, c.dout, g);
   return r;
 }
@@ -263,7 +327,9 @@ std::vector<std::vector<double>> run_reference(const FlexFloatCase& c) {
   r[5].resize(c.t.size());
   const std::vector<double> dout(c.dout.begin(), c.dout.end());
   FlexGrads<double> g{r[2], r[3], r[4], {}};
-  if (!c.t.empty()) g.d_score_tensors = {r[5], {}};
+  if (!c.t.empty()) g.d_score_tensors = c.tensors().real.size() == 2
+                                            ? std::vector<std::span<double>>{r[5], {}}
+                                            : std::vector<std::span<double>>{r[5]};
   reference::flex_backward<double>(c.plan, w.in, dout, g);
   return r;
 }
@@ -303,7 +369,7 @@ void agree_flex(const Subject& s, bool backward, Mods mods) {
   TANDEM_REQUIRE_EMPTY(flex_close(tag + "dq", got[2], want[2], uniform(want[2].size(), b.dq)));
   TANDEM_REQUIRE_EMPTY(flex_close(tag + "dk", got[3], want[3], uniform(want[3].size(), b.dk)));
   TANDEM_REQUIRE_EMPTY(flex_close(tag + "dv", got[4], want[4], uniform(want[4].size(), b.dv)));
-  if (!c.t.empty()) {
+  if (!c.t.empty() && c.want_dT) {
     TANDEM_REQUIRE_EMPTY(flex_close(tag + "d_score_tensors[0]", got[5], want[5], b.dT[0]));
   }
 }

@@ -26,8 +26,11 @@ struct Expectation {
 const std::vector<Expectation>& expectations() {
   // Measured: the properties that reject each fixture (TANDEM_PROPS_MATRIX=1, three seeds).
   static const std::vector<Expectation> table = {
-      {Bug::flex_score_unscaled, {"agree_flex_forward", "agree_flex_backward"}},
+      {Bug::flex_score_unscaled,
+       {"agree_flex_forward", "agree_flex_backward", "agree_flex_native_forward",
+        "agree_flex_native_backward"}},
       {Bug::flex_thread_dependent, {"flex_threads_bitwise"}},
+      {Bug::flex_block_mask_ignored, {"agree_flex_native_forward", "agree_flex_native_backward"}},
       {Bug::rope_table_stride_half_nrot,
        {"agree_rope", "agree_rope_qk", "rope_backward_inverts_forward", "rope_table_junk_ignored",
         "rope_token_table_equals_position_table", "rope_positions_equal_token_table",

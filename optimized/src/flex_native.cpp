@@ -9,6 +9,7 @@
 #include "tandem/storage.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -69,6 +70,10 @@ class BandReader {
 
   /// The band of node `id` (a boolean node).
   [[nodiscard]] Band band(std::int32_t id) const { return band_[static_cast<std::size_t>(id)]; }
+  /// The affine form of node `id` (an integer node).
+  [[nodiscard]] Affine affine_of(std::int32_t id) const {
+    return affine_[static_cast<std::size_t>(id)];
+  }
   /// Every key of the call.
   [[nodiscard]] Band all() const { return {true, dmin_, dmax_}; }
 
@@ -257,10 +262,57 @@ std::optional<double> softcap_of(const ModProgram& f) {
   return std::nullopt;
 }
 
-/// True when block mask `blocks` of `plan` says nothing band `band` does
-/// not: each block it marks full lies inside the band, each it hides
-/// outside.
-bool blocks_agree(const FlexPlan& plan, const FlexBlockMaskData& blocks, const Band& band) {
+/// The ALiBi form of score_mod `f` on band `band`: the tensor holding the
+/// slopes `[H]` when f is score − slopes[h]·abs(±(q_idx − kv_idx + shift))
+/// or score + slopes[h]·(kv_idx − q_idx − shift) on a band with hi <= shift
+/// (where kv_idx − q_idx − shift = −abs(q_idx + shift − kv_idx)), shift =
+/// Sk − Sq (SPEC §2.8); −1 otherwise.
+std::int32_t alibi_of(const ModProgram& f, const Band& band, std::int64_t Sq, std::int64_t Sk,
+                      std::int64_t H) {
+  if (f.empty() || f.tensors().size() != 1) return -1;
+  const ModNode& r = f.node(f.result());
+  std::int64_t sign = 0;  // the term's sign: score + sign·Y
+  std::int32_t y = -1;
+  if ((r.op == ModOp::add || r.op == ModOp::sub) && f.node(r.arg[0]).op == ModOp::score) {
+    sign = r.op == ModOp::add ? 1 : -1, y = r.arg[1];
+  } else if (r.op == ModOp::add && f.node(r.arg[1]).op == ModOp::score) {
+    sign = 1, y = r.arg[0];
+  }
+  if (y < 0 || f.node(y).op != ModOp::mul) return -1;
+  const ModNode& m = f.node(y);
+  const auto slopes = [&](std::int32_t id) {
+    const ModNode& n = f.node(id);
+    return n.op == ModOp::load && f.tensors()[static_cast<std::size_t>(n.tensor)].type ==
+                                      ModType::real &&
+           f.tensors()[static_cast<std::size_t>(n.tensor)].shape ==
+               std::vector<std::int64_t>{H} &&
+           f.node(n.index[0]).op == ModOp::head;
+  };
+  const std::int32_t load = slopes(m.arg[0]) ? m.arg[0] : slopes(m.arg[1]) ? m.arg[1] : -1;
+  if (load < 0) return -1;
+  const ModNode& dist = f.node(load == m.arg[0] ? m.arg[1] : m.arg[0]);
+  if (dist.op != ModOp::to_real) return -1;
+  const BandReader reader(f, Sq, Sk);
+  const std::int64_t shift = Sk - Sq;
+  const ModNode& g = f.node(dist.arg[0]);
+  bool ok = false;
+  if (g.op == ModOp::abs) {  // −abs(κ(q − kv) + c) with κc = shift
+    const Affine a = reader.affine_of(g.arg[0]);
+    ok = sign == -1 && a.ok && (a.a == 1 || a.a == -1) && a.b == -a.a && a.a * a.c == shift;
+  } else {  // sign·(α(kv − q) + c) = kv − q − shift where kv − q <= shift
+    const Affine a = reader.affine_of(dist.arg[0]);
+    ok = a.ok && a.b == sign && a.a == -sign && sign * a.c == -shift && band.hi <= shift;
+  }
+  return ok ? f.node(load).tensor : -1;
+}
+
+/// True when block mask `blocks` of `plan` says nothing band `band` (and,
+/// with `doc`, the documents: key j visible from query i only where doc[i]
+/// = doc[j], doc non-decreasing) does not: each block it marks full is
+/// inside the band and one document, each it hides sees nothing (outside
+/// the band, or its rows' documents and its keys' apart).
+bool blocks_agree(const FlexPlan& plan, const FlexBlockMaskData& blocks, const Band& band,
+                  const Indices* doc) {
   const FlexBlockMaskShape& m = *plan.params().block_mask;
   const std::int64_t Sq = plan.params().Sq, Sk = plan.params().Sk;
   const std::int64_t nQ = plan.q_blocks(), nK = plan.kv_blocks();
@@ -282,8 +334,11 @@ bool blocks_agree(const FlexPlan& plan, const FlexBlockMaskData& blocks, const B
       // the block holds every d in [j0 − i1, j1 − i0]
       const std::int64_t lo = j0 - i1, hi = j1 - i0;
       const Kind k = kind[static_cast<std::size_t>(kb)];
-      if (k == Kind::full && (lo < band.lo || hi > band.hi)) return false;
-      if (k == Kind::hidden && band.lo <= band.hi && hi >= band.lo && lo <= band.hi) return false;
+      const auto at = [doc](std::int64_t x) { return (*doc)[static_cast<std::size_t>(x)]; };
+      const bool one_doc = doc == nullptr || (at(i0) == at(i1) && at(j0) == at(j1) && at(i0) == at(j0));
+      const bool docs_meet = doc == nullptr || (at(j0) <= at(i1) && at(i0) <= at(j1));
+      if (k == Kind::full && (lo < band.lo || hi > band.hi || !one_doc)) return false;
+      if (k == Kind::hidden && hi >= band.lo && lo <= band.hi && docs_meet) return false;
     }
   }
   return true;
@@ -291,20 +346,85 @@ bool blocks_agree(const FlexPlan& plan, const FlexBlockMaskData& blocks, const B
 
 }  // namespace
 
-std::optional<AttentionParams> native_form(const FlexPlan& plan, const FlexBlockMaskData& blocks) {
+namespace {
+
+/// The conjuncts of boolean node `id` of `p`: its tree of logical_and, flattened.
+void conjuncts(const ModProgram& p, std::int32_t id, std::vector<std::int32_t>& out) {
+  const ModNode& n = p.node(id);
+  if (n.op != ModOp::logical_and) {
+    out.push_back(id);
+    return;
+  }
+  conjuncts(p, n.arg[0], out);
+  conjuncts(p, n.arg[1], out);
+}
+
+/// The integer tensor T `[Sk]` of conjunct `id` when it is T[q_idx] ==
+/// T[kv_idx] (either side first), or −1.
+std::int32_t documents_of(const ModProgram& p, std::int32_t id, std::int64_t Sk) {
+  const ModNode& n = p.node(id);
+  if (n.op != ModOp::eq) return -1;
+  const ModNode &x = p.node(n.arg[0]), &y = p.node(n.arg[1]);
+  if (x.op != ModOp::load || y.op != ModOp::load || x.tensor != y.tensor) return -1;
+  const ModTensor& t = p.tensors()[static_cast<std::size_t>(x.tensor)];
+  if (t.type != ModType::integer || t.shape != std::vector<std::int64_t>{Sk}) return -1;
+  const ModOp a = p.node(x.index[0]).op, b = p.node(y.index[0]).op;
+  const bool sides = (a == ModOp::q_idx && b == ModOp::kv_idx) ||
+                     (a == ModOp::kv_idx && b == ModOp::q_idx);
+  return sides ? x.tensor : -1;
+}
+
+/// True when doc (Sk values) never decreases: each document one run of keys.
+bool runs(const Indices& doc) {
+  for (std::size_t j = 1; j < doc.size(); ++j) {
+    if (doc[j] < doc[j - 1]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<NativeForm> native_form(const FlexPlan& plan, const FlexBlockMaskData& blocks,
+                                      const std::vector<Indices>& mask_integers) {
   const FlexParams& f = plan.params();
-  if (!f.score_mod.tensors().empty()) return std::nullopt;  // its gradients are outputs
-  const std::optional<double> softcap = softcap_of(f.score_mod);
-  if (!softcap) return std::nullopt;
   const BandReader reader(f.mask_mod, f.Sq, f.Sk);
-  const Band band = f.mask_mod.empty() ? reader.all() : reader.band(f.mask_mod.result());
-  if (!band.ok || band.lo > band.hi) return std::nullopt;
-  if (f.block_mask && !blocks_agree(plan, blocks, band)) return std::nullopt;
-  AttentionParams a;
+  Band band = reader.all();
+  std::int32_t documents = -1;
+  if (!f.mask_mod.empty()) {
+    std::vector<std::int32_t> parts;
+    conjuncts(f.mask_mod, f.mask_mod.result(), parts);
+    for (const std::int32_t id : parts) {
+      const Band b = reader.band(id);
+      if (b.ok) {
+        band = {true, std::max(band.lo, b.lo), std::min(band.hi, b.hi)};
+        continue;
+      }
+      const std::int32_t t = documents_of(f.mask_mod, id, f.Sk);
+      if (t < 0 || documents >= 0 || f.Sq != f.Sk) return std::nullopt;
+      documents = t;
+    }
+  }
+  if (band.lo > band.hi) return std::nullopt;
+  const Indices* doc = nullptr;
+  if (documents >= 0) {
+    doc = &mask_integers[static_cast<std::size_t>(documents)];
+    if (!runs(*doc)) return std::nullopt;
+  }
+  NativeForm n;
+  AttentionParams& a = n.params;
+  if (const std::optional<double> softcap = softcap_of(f.score_mod)) {
+    if (!f.score_mod.tensors().empty()) return std::nullopt;  // their gradients are outputs
+    a.softcap = *softcap;
+  } else {
+    n.slopes = alibi_of(f.score_mod, band, f.Sq, f.Sk, f.H);
+    if (n.slopes < 0) return std::nullopt;
+    a.alibi = AlibiKind::per_head;
+  }
+  if (f.block_mask && !blocks_agree(plan, blocks, band, doc)) return std::nullopt;
+  n.documents = documents;
   a.B = f.B, a.Sq = f.Sq, a.Sk = f.Sk, a.H = f.H, a.Hkv = f.Hkv, a.D = f.D, a.Dv = f.Dv;
   a.layout = Layout::bhsd;
   a.scale = plan.scale();
-  a.softcap = *softcap;
   a.rounding = kRoundingExact;
   const std::int64_t o = std::max<std::int64_t>(f.Sk - f.Sq, 0);
   const Band whole = reader.all();
@@ -318,39 +438,152 @@ std::optional<AttentionParams> native_form(const FlexPlan& plan, const FlexBlock
   } else {
     return std::nullopt;
   }
-  return a;
+  return n;
 }
+
+namespace {
+
+/// x `[B, heads, S, W]` (bhsd) copied to `[B·S, heads, W]` (packed rows:
+/// batch entry b's row i is row b·S + i), or back when `to_bhsd`.
+template <class T>
+void repack(std::span<const T> x, std::int64_t B, std::int64_t heads, std::int64_t S,
+            std::int64_t W, bool to_bhsd, std::span<T> y) {
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t h = 0; h < heads; ++h) {
+      for (std::int64_t i = 0; i < S; ++i) {
+        const std::int64_t bhsd = ((b * heads + h) * S + i) * W, rows = ((b * S + i) * heads + h) * W;
+        const std::int64_t from = to_bhsd ? rows : bhsd, to = to_bhsd ? bhsd : rows;
+        std::copy_n(x.begin() + from, W, y.begin() + to);
+      }
+    }
+  }
+}
+
+/// The native call of a flex call: its plan and inputs, the ALiBi slopes in
+/// float (no plan when they are not all finite: the program path takes
+/// them) and, for a document mask, the sequences packed: each batch entry's
+/// documents are sequences of one packed call (SPEC §2.9), q, k, v copied
+/// to packed rows and the results copied back.
+template <class T>
+struct NativeCall {
+  std::optional<AttentionPlan> plan;
+  AttentionInputs<T> in;
+  std::vector<float> slopes;
+  bool packed = false;
+  std::int64_t B = 1, H = 1, Hkv = 1, S = 1, D = 1, Dv = 1;
+  std::vector<T> q, k, v;
+  std::vector<std::int64_t> cu;
+
+  NativeCall(const FlexPlan& p, const FlexInputs<T>& x) {
+    std::optional<NativeForm> n = native_form(p, x.block_mask, x.mask_tensors.integer);
+    if (!n) return;
+    in = {x.q, x.k, x.v};
+    if (n->slopes >= 0) {
+      for (const T m : x.score_tensors.real[static_cast<std::size_t>(n->slopes)]) {
+        slopes.push_back(static_cast<float>(m));
+        if (!std::isfinite(slopes.back())) return;
+      }
+      in.alibi_slopes = slopes;
+    }
+    if (n->documents >= 0) pack(n->params, x, x.mask_tensors.integer[std::size_t(n->documents)]);
+    plan = AttentionPlan::make(n->params);
+  }
+
+  /// Makes `a` the packed call of documents `doc` over B batch entries.
+  void pack(AttentionParams& a, const FlexInputs<T>& x, const Indices& doc) {
+    packed = true;
+    B = a.B, H = a.H, Hkv = a.Hkv, S = a.Sq, D = a.D, Dv = a.Dv;
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t j = 0; j < S; ++j) {
+        if (j == 0 || doc[std::size_t(j)] != doc[std::size_t(j - 1)]) cu.push_back(b * S + j);
+      }
+    }
+    cu.push_back(B * S);
+    q = rows(x.q, H, D), k = rows(x.k, Hkv, D), v = rows(x.v, Hkv, Dv);
+    in.q = q, in.k = k, in.v = v;
+    in.cu_seqlens_q = in.cu_seqlens_k = Indices{cu};
+    a.num_seqs = static_cast<std::int64_t>(cu.size()) - 1;
+    a.B = 1, a.Sq = a.Sk = B * S;
+    a.layout = Layout::bshd;
+  }
+  [[nodiscard]] std::vector<T> rows(std::span<const T> x, std::int64_t heads,
+                                    std::int64_t W) const {
+    std::vector<T> y(x.size());
+    repack<T>(x, B, heads, S, W, false, y);
+    return y;
+  }
+  /// Copies packed `[B·S, heads, W]` results into `out` (bhsd); nothing for an empty view.
+  void unpack(const std::vector<T>& r, std::int64_t heads, std::int64_t W, std::span<T> out) const {
+    if (!out.empty()) repack<T>(r, B, heads, S, W, true, out);
+  }
+  /// Copies the packed lse `[1, H, B·S]` into lse `[B, H, S]`.
+  void unpack_lse(const std::vector<float>& r, std::span<float> lse) const {
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t h = 0; h < H; ++h) {
+        std::copy_n(r.begin() + h * B * S + b * S, S, lse.begin() + (b * H + h) * S);
+      }
+    }
+  }
+};
+
+/// The native forward of `c` into out and lse (empty: not written).
+template <class T>
+void forward(const NativeCall<T>& c, std::span<T> out, std::span<float> lse,
+             const Options& options) {
+  const AttentionPlan& p = *c.plan;
+  if constexpr (std::is_same_v<T, float>) {
+    if (lse.empty()) {
+      detail::attention_forward(p, c.in, out, options);
+    } else {
+      detail::attention_forward_lse(p, c.in, out, lse, options);
+    }
+  } else if (lse.empty()) {
+    detail::attention_forward_stored(p, c.in, out, options);
+  } else {
+    detail::attention_forward_lse_stored(p, c.in, out, lse, options);
+  }
+}
+
+}  // namespace
 
 template <class T>
 bool native_forward(const FlexPlan& plan, const FlexInputs<T>& in, std::span<T> out,
                     std::span<float> lse, const Options& options) {
-  const std::optional<AttentionParams> a = native_form(plan, in.block_mask);
-  if (!a) return false;
-  const AttentionPlan native = AttentionPlan::make(*a);
-  const AttentionInputs<T> x{in.q, in.k, in.v};
-  if constexpr (std::is_same_v<T, float>) {
-    if (lse.empty()) {
-      detail::attention_forward(native, x, out, options);
-    } else {
-      detail::attention_forward_lse(native, x, out, lse, options);
-    }
-  } else if (lse.empty()) {
-    detail::attention_forward_stored(native, x, out, options);
-  } else {
-    detail::attention_forward_lse_stored(native, x, out, lse, options);
+  const NativeCall<T> c(plan, in);
+  if (!c.plan) return false;
+  if (!c.packed) {
+    forward(c, out, lse, options);
+    return true;
   }
+  std::vector<T> o(out.size());
+  std::vector<float> l(lse.size());
+  forward<T>(c, o, l, options);
+  c.unpack(o, c.H, c.Dv, out);
+  if (!lse.empty()) c.unpack_lse(l, lse);
   return true;
 }
 
 template <class T>
 bool native_backward(const FlexPlan& plan, const FlexInputs<T>& in, std::span<const T> dout,
                      const FlexGrads<T>& grads, const Options& options) {
-  const std::optional<AttentionParams> a = native_form(plan, in.block_mask);
-  if (!a) return false;
-  const AttentionInputs<T> x{in.q, in.k, in.v};
-  const AttentionGrads<T> g{grads.dq, grads.dk, grads.dv};
+  for (const auto& dT : grads.d_score_tensors) {
+    if (!dT.empty()) return false;  // the native kernels give no slope gradient
+  }
+  const NativeCall<T> c(plan, in);
+  if (!c.plan) return false;
   const AttentionSaved<T>* none = nullptr;  // the forward rerun
-  detail::attention_backward(AttentionPlan::make(*a), x, dout, g, none, options);
+  if (!c.packed) {
+    const AttentionGrads<T> g{grads.dq, grads.dk, grads.dv};
+    detail::attention_backward(*c.plan, c.in, dout, g, none, options);
+    return true;
+  }
+  const std::vector<T> dO = c.rows(dout, c.H, c.Dv);
+  const auto buffer = [](std::span<T> g) { return std::vector<T>(g.size()); };
+  std::vector<T> dq = buffer(grads.dq), dk = buffer(grads.dk), dv = buffer(grads.dv);
+  detail::attention_backward(*c.plan, c.in, std::span<const T>(dO), {dq, dk, dv}, none, options);
+  c.unpack(dq, c.H, c.D, grads.dq);
+  c.unpack(dk, c.Hkv, c.D, grads.dk);
+  c.unpack(dv, c.Hkv, c.Dv, grads.dv);
   return true;
 }
 

@@ -14,14 +14,24 @@
 /// A block mask keeps the native form when it says nothing the band does
 /// not: each block it marks full lies inside the band and each it hides lies
 /// outside (a partial block is evaluated, so it may be anything). A
-/// score_mod is native when it is absent, the score itself, or a softcap
-/// `c · tanh(score / c)` with one positive constant c. Anything else (ALiBi
-/// and document masks among them, which read tensors) runs as a program.
+/// score_mod is native when it is absent, the score itself, a softcap
+/// `c · tanh(score / c)` with one positive constant c, or ALiBi with slopes
+/// `[H]` captured as its one tensor (`score − slopes[h]·abs(q_idx − kv_idx
+/// + Sk − Sq)`, or torch's `score + slopes[h]·(kv_idx − q_idx)` where the
+/// band keeps kv_idx − q_idx <= Sk − Sq = 0); a backward that asks for the
+/// slopes' gradient runs as a program. A mask_mod may also be the band and
+/// (`and`) a document mask `doc[q_idx] == doc[kv_idx]` over an integer
+/// tensor doc `[Sk]` whose values never decrease, with Sq = Sk: each batch
+/// entry's documents are then the sequences of one packed call (SPEC §2.9),
+/// the block mask checked against band and documents. Anything else runs as
+/// a program.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 
 #include <span>
+#include <vector>
 
 #include "tandem/attention_plan.hpp"
 #include "tandem/flex_plan.hpp"
@@ -29,9 +39,19 @@
 
 namespace tandem::optimized::flex {
 
-/// The AttentionParams (layout bhsd, rounding exact) of the native call that
-/// computes the same function as flex call `(plan, blocks)`, or nothing.
-std::optional<AttentionParams> native_form(const FlexPlan& plan, const FlexBlockMaskData& blocks);
+/// A native call that computes the same function as a flex call.
+struct NativeForm {
+  AttentionParams params;    ///< layout bhsd, rounding exact
+  std::int32_t slopes = -1;  ///< the score_mod tensor holding ALiBi's slopes `[H]`, or −1
+  /// The mask_mod tensor holding each key's document `[Sk]`, or −1: each
+  /// batch entry's documents run as packed sequences (SPEC §2.9).
+  std::int32_t documents = -1;
+};
+
+/// The native form of flex call `(plan, blocks)` whose mask_mod's integer
+/// tensors are `mask_integers` (the documents are read), or nothing.
+std::optional<NativeForm> native_form(const FlexPlan& plan, const FlexBlockMaskData& blocks,
+                                      const std::vector<Indices>& mask_integers);
 
 /// Runs the forward of a checked flex call on the native kernels when it
 /// has a native form (then returns true; otherwise nothing is written).

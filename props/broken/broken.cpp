@@ -556,6 +556,8 @@ const char* to_string(Bug bug) {
       return "flex_score_unscaled";
     case Bug::flex_thread_dependent:
       return "flex_thread_dependent";
+    case Bug::flex_block_mask_ignored:
+      return "flex_block_mask_ignored";
     case Bug::rope_table_stride_half_nrot:
       return "rope_table_stride_half_nrot";
     case Bug::rope_rank4_as_bshd:
@@ -691,7 +693,7 @@ const char* to_string(Bug bug) {
 std::vector<Bug> all_bugs() {
   std::vector<Bug> v;
   for (int b = static_cast<int>(Bug::rope_table_stride_half_nrot);
-       b <= static_cast<int>(Bug::flex_thread_dependent); ++b) {
+       b <= static_cast<int>(Bug::flex_block_mask_ignored); ++b) {
     v.push_back(static_cast<Bug>(b));
   }
   return v;
@@ -701,25 +703,35 @@ namespace {
 
 /// The float reference's flex entry points with the flex bugs planted:
 /// flex_score_unscaled calls it at scale 1, flex_thread_dependent moves
-/// out's first element one ulp up when `threads` > 1.
+/// out's first element one ulp up when `threads` > 1, flex_block_mask_ignored
+/// calls it without the block mask (mask_mod alone decides: what a kernel
+/// that trusts mask_mod over a block mask that contradicts it computes).
 void attach_flex(Backend& be, Bug bug, int threads) {
   const Kernels<float> ref = reference::kernels<float>();
   const auto planned = [bug](const FlexPlan& plan) {
-    if (bug != Bug::flex_score_unscaled) return plan;
+    if (bug != Bug::flex_score_unscaled && bug != Bug::flex_block_mask_ignored) return plan;
     FlexParams p = plan.params();
-    p.scale = 1.0;
+    if (bug == Bug::flex_score_unscaled) p.scale = 1.0;
+    if (bug == Bug::flex_block_mask_ignored) p.block_mask.reset();
     return FlexPlan::make(p);
   };
-  be.flex_forward = [ref, planned, bug, threads](const FlexPlan& plan, const FlexInputs<float>& in,
-                                                 std::span<float> out, std::span<float> lse) {
-    ref.flex_forward(planned(plan), in, out, lse);
+  const auto inputs = [bug](FlexInputs<float> in) {
+    if (bug == Bug::flex_block_mask_ignored) in.block_mask = {};
+    return in;
+  };
+  be.flex_forward = [ref, planned, inputs, bug, threads](const FlexPlan& plan,
+                                                         const FlexInputs<float>& in,
+                                                         std::span<float> out,
+                                                         std::span<float> lse) {
+    ref.flex_forward(planned(plan), inputs(in), out, lse);
     if (bug == Bug::flex_thread_dependent && threads > 1 && !out.empty()) {
       out[0] = std::nextafter(out[0], std::numeric_limits<float>::infinity());
     }
   };
-  be.flex_backward = [ref, planned](const FlexPlan& plan, const FlexInputs<float>& in,
-                                    std::span<const float> dout, const FlexGrads<float>& g) {
-    ref.flex_backward(planned(plan), in, dout, g);
+  be.flex_backward = [ref, planned, inputs](const FlexPlan& plan, const FlexInputs<float>& in,
+                                            std::span<const float> dout,
+                                            const FlexGrads<float>& g) {
+    ref.flex_backward(planned(plan), inputs(in), dout, g);
   };
 }
 

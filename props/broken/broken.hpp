@@ -86,6 +86,7 @@ enum class Bug {
   block_qkv_unrounded,         ///< bf16/f16 block: the float32 block, only its output rounded to T
   flex_score_unscaled,         ///< flex: s_ij = <q_i, k_j> without the scale
   flex_thread_dependent,       ///< flex: out's first element one ulp up at more than one thread
+  flex_block_mask_ignored,     ///< flex: mask_mod alone decides, the block mask dropped
 };
 
 /// The bug's name, e.g. "gqa_mod".

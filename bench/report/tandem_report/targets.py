@@ -511,8 +511,7 @@ TARGETS = (
                 "varlen", 1.10),
     FeaturePair("paged decode: ≥ 90 % of the contiguous decode's bandwidth", "paged_decode",
                 1 / 0.90, as_bandwidth=True),
-    # FlexAttention-written masks (bench_flex.cpp): causal, window and softcap are native
-    # forms (SPEC §13.5); ALiBi and document masks read captured tensors and run as programs
+    # FlexAttention-written masks (bench_flex.cpp), each a native form (SPEC §13.5)
     FeaturePair("flex-written causal, window, softcap, ALiBi, document: time ≤ 1.18× the native "
                 "path (≥ 0.85× its speed)",
                 "flex", 1 / 0.85),

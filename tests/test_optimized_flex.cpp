@@ -283,6 +283,11 @@ TEST(OptimizedFlex, Causal) {
   ModProgram& mm = m.params.mask_mod;
   mm.set_result(mm.kv_idx() <= mm.q_idx() + mm.integer(45 - 37));
   check(m);
+  // a native form (SPEC §13.5): the native kernels at bf16 and f16 (rounding exact)
+  m.name = "causal, bf16";
+  check_stored<bfloat16>(m, 8, 0x1p-133);
+  m.name = "causal, f16";
+  check_stored<float16>(m, 11, 0x1p-24);
 }
 
 // sliding window of 9 keys: 0 <= q_idx − kv_idx <= 8
@@ -321,6 +326,8 @@ TEST(OptimizedFlex, Softcap) {
   ModProgram& s = m.params.score_mod;
   s.set_result(s.real(2.0) * s.apply(ModOp::tanh, s.score() / s.real(2.0)));
   check(m);
+  m.name = "softcap, bf16";  // a native form, no mask
+  check_stored<bfloat16>(m, 8, 0x1p-133);
 }
 
 // a document mask: doc[q_idx] == doc[kv_idx], causal, doc an int32 tensor;

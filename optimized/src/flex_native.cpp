@@ -563,11 +563,56 @@ bool native_forward(const FlexPlan& plan, const FlexInputs<T>& in, std::span<T> 
   return true;
 }
 
+namespace {
+
+/// x widened to float (exact).
+template <class T>
+std::vector<float> widened(std::span<const T> x) {
+  std::vector<float> y(x.size());
+  for (std::size_t e = 0; e < x.size(); ++e) y[e] = static_cast<float>(x[e]);
+  return y;
+}
+
+/// The backward of a bf16 or f16 call as the flex contract rounds it (SPEC
+/// §13.5: dq, dk and dv rounded to T once, from float): the float native
+/// backward on the inputs widened, its results narrowed. (The native
+/// kernels' own bf16 backward reads the output rounded to T, a rounding
+/// point flex does not have.)
+template <class T>
+bool native_backward_widened(const FlexPlan& plan, const FlexInputs<T>& in,
+                             std::span<const T> dout, const FlexGrads<T>& grads,
+                             const Options& options) {
+  if (!native_form(plan, in.block_mask, in.mask_tensors.integer)) return false;
+  const std::vector<float> q = widened(in.q), k = widened(in.k), v = widened(in.v),
+                           dO = widened(dout);
+  std::vector<std::vector<float>> real;
+  for (const auto& t : in.score_tensors.real) real.push_back(widened(t));
+  ModCaptures<float> score{{}, in.score_tensors.integer};
+  for (const auto& t : real) score.real.emplace_back(t);
+  const ModCaptures<float> mask{std::vector<std::span<const float>>(in.mask_tensors.real.size()),
+                                in.mask_tensors.integer};
+  std::vector<float> dq(grads.dq.size()), dk(grads.dk.size()), dv(grads.dv.size());
+  if (!native_backward<float>(plan, {q, k, v, score, mask, in.block_mask}, dO,
+                              {dq, dk, dv, {}}, options)) {
+    return false;
+  }
+  const auto narrow = [](const std::vector<float>& x, std::span<T> y) {
+    for (std::size_t e = 0; e < y.size(); ++e) y[e] = T(static_cast<double>(x[e]));
+  };
+  narrow(dq, grads.dq), narrow(dk, grads.dk), narrow(dv, grads.dv);
+  return true;
+}
+
+}  // namespace
+
 template <class T>
 bool native_backward(const FlexPlan& plan, const FlexInputs<T>& in, std::span<const T> dout,
                      const FlexGrads<T>& grads, const Options& options) {
   for (const auto& dT : grads.d_score_tensors) {
     if (!dT.empty()) return false;  // the native kernels give no slope gradient
+  }
+  if constexpr (!std::is_same_v<T, float>) {
+    return native_backward_widened(plan, in, dout, grads, options);
   }
   const NativeCall<T> c(plan, in);
   if (!c.plan) return false;

@@ -384,6 +384,9 @@ MUTATIONS = [
     Mutation("flex_native_full_block_across_documents", "flex_native.cpp",
              [("hi > band.hi || !one_doc)", "hi > band.hi)")],
              "flex native form: a block marked full across two documents trusted"),
+    Mutation("flex_native_stored_backward_rounds_out", "flex_native.cpp",
+             [("return native_backward_widened(plan, in, dout, grads, options);", "(void)0;")],
+             "flex native form at bf16/f16: the native stored-type backward (its output rounded to T)"),
 ]
 
 

@@ -27,6 +27,7 @@
 #include "support.hpp"
 #include "tandem/reference/flex.hpp"
 #include "tandem/reference/flex_bound.hpp"
+#include "tandem/reference/kernels.hpp"
 
 namespace tandem::props {
 namespace {
@@ -374,6 +375,89 @@ void agree_flex(const Subject& s, bool backward, Mods mods) {
   }
 }
 
+/// x as T vectors (x holds T's values, so exactly).
+template <class T>
+std::vector<T> as_stored(const std::vector<float>& x) {
+  std::vector<T> y;
+  y.reserve(x.size());
+  for (const float e : x) y.push_back(T(static_cast<double>(e)));
+  return y;
+}
+
+/// The drawn case at storage type T (p bits, least subnormal `tiny`), its
+/// inputs rounded to T: out, dq, dk, dv and the captured tensor's gradient
+/// against the reference's at T within SPEC §13.5's b·(1 + 2⁻ᵖ) + 2¹⁻ᵖ·|x|
+/// + tiny (both sides round once from their float or exact result), lse
+/// within the float bound.
+template <class T>
+void agree_flex_stored_at(const Subject& s, Mods mods, int p, double tiny) {
+  const Kernels<T>& kt = s.backend.kernels<T>();
+  if (!kt.flex_forward || !kt.flex_backward) return;
+  FlexFloatCase c(mods);
+  for (std::vector<float>* x : {&c.q, &c.k, &c.v, &c.dout, &c.t}) {
+    for (float& e : *x) e = static_cast<float>(T(static_cast<double>(e)));
+  }
+  const FlexInputs<float> wide = c.inputs();
+  const std::vector<T> q = as_stored<T>(c.q), k = as_stored<T>(c.k), v = as_stored<T>(c.v),
+                       dout = as_stored<T>(c.dout), t = as_stored<T>(c.t);
+  const auto stored = [&t](const ModCaptures<float>& m) {  // each real tensor is "t"
+    ModCaptures<T> r{{}, m.integer};
+    for (const auto& x : m.real) r.real.push_back(x.empty() ? std::span<const T>() : t);
+    return r;
+  };
+  const FlexInputs<T> in{q, k, v, stored(wide.score_tensors), stored(wide.mask_tensors),
+                         wide.block_mask};
+  const auto run = [&](const Kernels<T>& be) {
+    std::vector<std::vector<T>> r{std::vector<T>(std::size_t(c.plan.out_size())),
+                                  std::vector<T>(q.size()), std::vector<T>(k.size()),
+                                  std::vector<T>(v.size()), std::vector<T>(t.size())};
+    std::vector<float> lse(std::size_t(c.plan.lse_size()));
+    be.flex_forward(c.plan, in, r[0], lse);
+    FlexGrads<T> g{r[1], r[2], r[3], {}};
+    if (!t.empty() && c.want_dT) {
+      g.d_score_tensors = std::vector<std::span<T>>(in.score_tensors.real.size());
+      g.d_score_tensors[0] = r[4];
+    }
+    be.flex_backward(c.plan, in, dout, g);
+    return std::pair{r, lse};
+  };
+  const auto [got, got_lse] = run(kt);
+  const auto [want, want_lse] = run(reference::kernels<T>());
+  const reference::FlexMeasured x = reference::flex_measure<float>(c.plan, wide, c.dout);
+  const reference::FlexBounds b = reference::flex_bounds<float>(c.plan, wide, c.dout, x, x.mod);
+  const auto check = [&](const char* what, std::size_t i, double bound) {
+    for (std::size_t e = 0; e < want[i].size(); ++e) {
+      const double g = static_cast<double>(got[i][e]), w = static_cast<double>(want[i][e]);
+      const double tol = bound * (1 + std::ldexp(1.0, -p)) + std::ldexp(std::abs(w), 1 - p) + tiny;
+      if (!(std::abs(g - w) <= tol || (std::isinf(w) && g == w))) {
+        RC_FAIL(c.describe() + "\n" + what + "[" + std::to_string(e) + "] = " +
+                std::to_string(g) + ", reference " + std::to_string(w) + ", bound " +
+                std::to_string(tol));
+      }
+    }
+  };
+  check("out", 0, b.out);
+  // lse: the float bound, and the reference's rounding of its exact lse to float
+  std::vector<double> lse_tol;
+  for (const float w : want_lse) lse_tol.push_back(b.lse + std::ldexp(std::abs(w), -24));
+  TANDEM_REQUIRE_EMPTY(flex_close(c.describe() + "\nlse", got_lse,
+                                  std::vector<double>(want_lse.begin(), want_lse.end()), lse_tol));
+  check("dq", 1, b.dq), check("dk", 2, b.dk), check("dv", 3, b.dv);
+  if (!t.empty() && c.want_dT) {
+    check("d_score_tensors[0]", 4, *std::max_element(b.dT[0].begin(), b.dT[0].end()));
+  }
+}
+
+/// agree_flex_stored_at at bf16 or f16 (drawn), over drawn programs or native forms.
+void agree_flex_stored(const Subject& s) {
+  const Mods mods = *rc::gen::arbitrary<bool>() ? Mods::native : Mods::programs;
+  if (*rc::gen::arbitrary<bool>()) {
+    agree_flex_stored_at<bfloat16>(s, mods, 8, 0x1p-133);
+  } else {
+    agree_flex_stored_at<float16>(s, mods, 11, 0x1p-24);
+  }
+}
+
 /// Repeated calls and every thread variant give the same bits.
 void threads_bitwise(const Subject& s) {
   if (!s.backend.flex_forward || !s.backend.flex_backward) return;
@@ -394,6 +478,7 @@ void register_flex_properties(std::vector<Property>& v) {
                [](const Subject& s) { agree_flex(s, false, Mods::native); }, false, false});
   v.push_back({"agree_flex_native_backward", "agreement", 100,
                [](const Subject& s) { agree_flex(s, true, Mods::native); }, false, false});
+  v.push_back({"agree_flex_stored", "agreement", 60, agree_flex_stored, false, false});
   v.push_back({"flex_threads_bitwise", "determinism", 60, threads_bitwise, false, false});
 }
 

@@ -28,7 +28,7 @@ const std::vector<Expectation>& expectations() {
   static const std::vector<Expectation> table = {
       {Bug::flex_score_unscaled,
        {"agree_flex_forward", "agree_flex_backward", "agree_flex_native_forward",
-        "agree_flex_native_backward"}},
+        "agree_flex_native_backward", "agree_flex_stored"}},
       {Bug::flex_thread_dependent, {"flex_threads_bitwise"}},
       {Bug::flex_block_mask_ignored, {"agree_flex_native_forward", "agree_flex_native_backward"}},
       {Bug::rope_table_stride_half_nrot,

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -701,13 +702,15 @@ std::vector<Bug> all_bugs() {
 
 namespace {
 
-/// The float reference's flex entry points with the flex bugs planted:
+/// The reference's flex entry points at T with the flex bugs planted:
 /// flex_score_unscaled calls it at scale 1, flex_thread_dependent moves
-/// out's first element one ulp up when `threads` > 1, flex_block_mask_ignored
-/// calls it without the block mask (mask_mod alone decides: what a kernel
-/// that trusts mask_mod over a block mask that contradicts it computes).
-void attach_flex(Backend& be, Bug bug, int threads) {
-  const Kernels<float> ref = reference::kernels<float>();
+/// out's first element one ulp up when `threads` > 1 (float only: the
+/// determinism property runs at float), flex_block_mask_ignored calls it
+/// without the block mask (mask_mod alone decides: what a kernel that
+/// trusts mask_mod over a block mask that contradicts it computes).
+template <class T>
+void attach_flex(Kernels<T>& be, Bug bug, int threads) {
+  const Kernels<T> ref = reference::kernels<T>();
   const auto planned = [bug](const FlexPlan& plan) {
     if (bug != Bug::flex_score_unscaled && bug != Bug::flex_block_mask_ignored) return plan;
     FlexParams p = plan.params();
@@ -715,22 +718,23 @@ void attach_flex(Backend& be, Bug bug, int threads) {
     if (bug == Bug::flex_block_mask_ignored) p.block_mask.reset();
     return FlexPlan::make(p);
   };
-  const auto inputs = [bug](FlexInputs<float> in) {
+  const auto inputs = [bug](FlexInputs<T> in) {
     if (bug == Bug::flex_block_mask_ignored) in.block_mask = {};
     return in;
   };
   be.flex_forward = [ref, planned, inputs, bug, threads](const FlexPlan& plan,
-                                                         const FlexInputs<float>& in,
-                                                         std::span<float> out,
+                                                         const FlexInputs<T>& in,
+                                                         std::span<T> out,
                                                          std::span<float> lse) {
     ref.flex_forward(planned(plan), inputs(in), out, lse);
-    if (bug == Bug::flex_thread_dependent && threads > 1 && !out.empty()) {
-      out[0] = std::nextafter(out[0], std::numeric_limits<float>::infinity());
+    if constexpr (std::is_same_v<T, float>) {
+      if (bug == Bug::flex_thread_dependent && threads > 1 && !out.empty()) {
+        out[0] = std::nextafter(out[0], std::numeric_limits<float>::infinity());
+      }
     }
   };
-  be.flex_backward = [ref, planned, inputs](const FlexPlan& plan, const FlexInputs<float>& in,
-                                            std::span<const float> dout,
-                                            const FlexGrads<float>& g) {
+  be.flex_backward = [ref, planned, inputs](const FlexPlan& plan, const FlexInputs<T>& in,
+                                            std::span<const T> dout, const FlexGrads<T>& g) {
     ref.flex_backward(planned(plan), inputs(in), dout, g);
   };
 }
@@ -838,8 +842,10 @@ Backend backend(Bug bug, int threads) {
                              std::span<float> dx) { swiglu(p, x, dy, dx, true, bug); };
   be.attention_block = [bug](const AttentionBlockPlan& p, const AttentionBlockInputs<float>& in,
                              std::span<float> out) { block(p, in, out, bug); };
-  attach_flex(be, bug, threads);
-  attach_low_precision(be, bug);
+  attach_low_precision(be, bug);  // sets be.bf16 and be.f16: the flex entry points after it
+  attach_flex(be.kernels<float>(), bug, threads);
+  attach_flex(be.kernels<bfloat16>(), bug, threads);
+  attach_flex(be.kernels<float16>(), bug, threads);
   return be;
 }
 

@@ -421,8 +421,14 @@ void agree_flex_stored_at(const Subject& s, Mods mods, int p, double tiny) {
     be.flex_backward(c.plan, in, dout, g);
     return std::pair{r, lse};
   };
-  const auto [got, got_lse] = run(kt);
-  const auto [want, want_lse] = run(reference::kernels<T>());
+  // Plain references, not structured bindings: clang 14 (the sanitizer
+  // builds) cannot capture a binding in a lambda.
+  const auto got_run = run(kt);
+  const auto want_run = run(reference::kernels<T>());
+  const auto& got = got_run.first;
+  const auto& got_lse = got_run.second;
+  const auto& want = want_run.first;
+  const auto& want_lse = want_run.second;
   const reference::FlexMeasured x = reference::flex_measure<float>(c.plan, wide, c.dout);
   const reference::FlexBounds b = reference::flex_bounds<float>(c.plan, wide, c.dout, x, x.mod);
   const auto check = [&](const char* what, std::size_t i, double bound) {

@@ -233,9 +233,9 @@ rc::Gen<AttentionCase> gen_attention(AttentionGen g) {
     if (varlen) gen_varlen(c, g.seqused_gaps);
     if (paged) gen_paged(c);
     if (varlen || paged) c.index64 = *rc::gen::arbitrary<bool>();
-    p.layout = varlen || paged ? Layout::bshd
-               : g.layout      ? *g.layout
-                               : *rc::gen::element(Layout::bshd, Layout::bhsd);
+    p.layout = paged      ? Layout::bshd
+               : g.layout ? *g.layout
+                          : *rc::gen::element(Layout::bshd, Layout::bhsd);
     if (g.mask) {
       p.mask = *g.mask;
     } else if (varlen || paged) {

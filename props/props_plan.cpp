@@ -556,8 +556,11 @@ std::vector<ParamEdge> attention_param_edges(const AttentionParams& p) {
         [](AttentionParams& x) { x.layout = Layout::bhsd; });
   } else if (p.num_seqs > 0) {
     add("B = 2 with packed sequences", "B", [](AttentionParams& x) { x.B = 2; });
-    add("layout bhsd with packed sequences", "layout",
-        [](AttentionParams& x) { x.layout = Layout::bhsd; });
+    add("the other layout with packed sequences (both are a batch of 1)", "",
+        [](AttentionParams& x) {
+          x.layout = x.layout == Layout::bshd ? Layout::bhsd : Layout::bshd;
+          x.q_row_stride = x.k_row_stride = x.v_row_stride = 0;
+        });
   } else {
     add("Sk = 0", "Sk", [](AttentionParams& x) { x.Sk = 0; });
   }

@@ -53,8 +53,12 @@ TEST(AttentionFeaturePlan, PackedSequencesAreABatchOfOne) {
   p.B = 2;
   expect_make_error(p, "B", {"B = 2", "must be 1 with packed sequences"});
   p.B = 1;
-  p.layout = Layout::bhsd;
-  expect_make_error(p, "layout", {"layout = bhsd", "must be bshd with packed sequences"});
+  p.layout = Layout::bhsd;  // [H, total_q, D]: each head's rows one run
+  const AttentionPlan heads_first = AttentionPlan::make(p);
+  EXPECT_EQ(heads_first.q.head, 5 * 8);
+  EXPECT_EQ(heads_first.k.head, 7 * 8);
+  EXPECT_EQ(heads_first.q.seq, 8);
+  EXPECT_EQ(heads_first.lse_size(), 4 * 5);
   p.layout = Layout::bshd;
   for (MaskKind m : {MaskKind::key_padding, MaskKind::bias}) {
     p.mask = m;

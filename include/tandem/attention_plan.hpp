@@ -345,8 +345,8 @@ inline std::int64_t AttentionPlan::mask_row(std::int64_t b, std::int64_t h, std:
 
 namespace detail {
 
-/// The feature rules of make() (SPEC §2.9–2.10): packed sequences are a bshd
-/// batch of 1, a paged cache is a bshd batch read through a block table, the
+/// The feature rules of make() (SPEC §2.9–2.10): packed sequences are a
+/// batch of 1 (bshd `[total, H, D]` or bhsd `[H, total, D]`), a paged cache is a bshd batch read through a block table, the
 /// two do not combine, and neither takes a key_padding or bias mask (a
 /// padded or biased key is addressed by position, which neither has).
 /// Returns the key length Sk of the plan.
@@ -367,8 +367,6 @@ inline std::int64_t check_feature_params(const AttentionParams& p) {
     require(p.B == 1, "B", p.B,
             "must be 1 with packed sequences (num_seqs = " + std::to_string(p.num_seqs) +
                 "): q is [total_q, H, D]");
-    require(p.layout == Layout::bshd, "layout", to_string(p.layout),
-            "must be bshd with packed sequences (q [total_q, H, D])");
     mask_ok("packed sequences (cu_seqlens)");
   }
   if (!paged) {

@@ -387,6 +387,13 @@ MUTATIONS = [
     Mutation("flex_native_stored_backward_rounds_out", "flex_native.cpp",
              [("return native_backward_widened(plan, in, dout, grads, options);", "(void)0;")],
              "flex native form at bf16/f16: the native stored-type backward (its output rounded to T)"),
+    Mutation("flex_native_documents_entry_zero", "flex_native.cpp",
+             [("forward(c, c.inputs(b), entry(out, b, p.o.extent)",
+               "forward(c, c.inputs(0), entry(out, b, p.o.extent)")],
+             "flex document form: every batch entry's packed call reads entry 0's q, k, v"),
+    Mutation("flex_native_documents_grads_entry_zero", "flex_native.cpp",
+             [("entry(grads.dk, b, p.dk.extent)", "entry(grads.dk, 0, p.dk.extent)")],
+             "flex document form backward: every batch entry's dk lands in entry 0's"),
 ]
 
 

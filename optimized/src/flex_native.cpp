@@ -6,6 +6,7 @@
 #include "flex_native.hpp"
 
 #include "entry_points.hpp"
+#include "tandem/optimized/convert.hpp"
 #include "tandem/storage.hpp"
 
 #include <algorithm>
@@ -443,35 +444,25 @@ std::optional<NativeForm> native_form(const FlexPlan& plan, const FlexBlockMaskD
 
 namespace {
 
-/// x `[B, heads, S, W]` (bhsd) copied to `[B·S, heads, W]` (packed rows:
-/// batch entry b's row i is row b·S + i), or back when `to_bhsd`.
+/// The `n` elements of batch entry b of x (`[B, …]`), or x when it is empty
+/// (an output the call does not ask for).
 template <class T>
-void repack(std::span<const T> x, std::int64_t B, std::int64_t heads, std::int64_t S,
-            std::int64_t W, bool to_bhsd, std::span<T> y) {
-  for (std::int64_t b = 0; b < B; ++b) {
-    for (std::int64_t h = 0; h < heads; ++h) {
-      for (std::int64_t i = 0; i < S; ++i) {
-        const std::int64_t bhsd = ((b * heads + h) * S + i) * W, rows = ((b * S + i) * heads + h) * W;
-        const std::int64_t from = to_bhsd ? rows : bhsd, to = to_bhsd ? bhsd : rows;
-        std::copy_n(x.begin() + from, W, y.begin() + to);
-      }
-    }
-  }
+std::span<T> entry(std::span<T> x, std::int64_t b, std::int64_t n) {
+  return x.empty() ? x : x.subspan(static_cast<std::size_t>(b * n), static_cast<std::size_t>(n));
 }
 
 /// The native call of a flex call: its plan and inputs, the ALiBi slopes in
 /// float (no plan when they are not all finite: the program path takes
-/// them) and, for a document mask, the sequences packed: each batch entry's
-/// documents are sequences of one packed call (SPEC §2.9), q, k, v copied
-/// to packed rows and the results copied back.
+/// them) and, for a document mask, the documents as the packed sequences
+/// (SPEC §2.9) of a bhsd batch of 1: one such call per batch entry, each
+/// reading its entry of q, k, v in place (the documents are the same in
+/// every entry: doc is indexed by position alone).
 template <class T>
 struct NativeCall {
   std::optional<AttentionPlan> plan;
   AttentionInputs<T> in;
   std::vector<float> slopes;
-  bool packed = false;
-  std::int64_t B = 1, H = 1, Hkv = 1, S = 1, D = 1, Dv = 1;
-  std::vector<T> q, k, v;
+  std::int64_t entries = 1;  ///< the calls: B for packed documents, else 1
   std::vector<std::int64_t> cu;
 
   NativeCall(const FlexPlan& p, const FlexInputs<T>& x) {
@@ -485,62 +476,47 @@ struct NativeCall {
       }
       in.alibi_slopes = slopes;
     }
-    if (n->documents >= 0) pack(n->params, x, x.mask_tensors.integer[std::size_t(n->documents)]);
+    if (n->documents >= 0) pack(n->params, x.mask_tensors.integer[std::size_t(n->documents)]);
     plan = AttentionPlan::make(n->params);
   }
 
-  /// Makes `a` the packed call of documents `doc` over B batch entries.
-  void pack(AttentionParams& a, const FlexInputs<T>& x, const Indices& doc) {
-    packed = true;
-    B = a.B, H = a.H, Hkv = a.Hkv, S = a.Sq, D = a.D, Dv = a.Dv;
-    for (std::int64_t b = 0; b < B; ++b) {
-      for (std::int64_t j = 0; j < S; ++j) {
-        if (j == 0 || doc[std::size_t(j)] != doc[std::size_t(j - 1)]) cu.push_back(b * S + j);
-      }
+  /// Makes `a` the packed call of one batch entry's documents `doc`.
+  void pack(AttentionParams& a, const Indices& doc) {
+    entries = a.B;
+    for (std::int64_t j = 0; j < a.Sq; ++j) {
+      if (j == 0 || doc[std::size_t(j)] != doc[std::size_t(j - 1)]) cu.push_back(j);
     }
-    cu.push_back(B * S);
-    q = rows(x.q, H, D), k = rows(x.k, Hkv, D), v = rows(x.v, Hkv, Dv);
-    in.q = q, in.k = k, in.v = v;
+    cu.push_back(a.Sq);
     in.cu_seqlens_q = in.cu_seqlens_k = Indices{cu};
     a.num_seqs = static_cast<std::int64_t>(cu.size()) - 1;
-    a.B = 1, a.Sq = a.Sk = B * S;
-    a.layout = Layout::bshd;
+    a.B = 1;
   }
-  [[nodiscard]] std::vector<T> rows(std::span<const T> x, std::int64_t heads,
-                                    std::int64_t W) const {
-    std::vector<T> y(x.size());
-    repack<T>(x, B, heads, S, W, false, y);
-    return y;
-  }
-  /// Copies packed `[B·S, heads, W]` results into `out` (bhsd); nothing for an empty view.
-  void unpack(const std::vector<T>& r, std::int64_t heads, std::int64_t W, std::span<T> out) const {
-    if (!out.empty()) repack<T>(r, B, heads, S, W, true, out);
-  }
-  /// Copies the packed lse `[1, H, B·S]` into lse `[B, H, S]`.
-  void unpack_lse(const std::vector<float>& r, std::span<float> lse) const {
-    for (std::int64_t b = 0; b < B; ++b) {
-      for (std::int64_t h = 0; h < H; ++h) {
-        std::copy_n(r.begin() + h * B * S + b * S, S, lse.begin() + (b * H + h) * S);
-      }
-    }
+  /// The inputs of batch entry b's call.
+  [[nodiscard]] AttentionInputs<T> inputs(std::int64_t b) const {
+    if (entries == 1) return in;
+    AttentionInputs<T> e = in;
+    e.q = entry(in.q, b, plan->q.extent);
+    e.k = entry(in.k, b, plan->k.extent);
+    e.v = entry(in.v, b, plan->v.extent);
+    return e;
   }
 };
 
-/// The native forward of `c` into out and lse (empty: not written).
+/// The native forward of `c`, its inputs `in`, into out and lse (empty: not written).
 template <class T>
-void forward(const NativeCall<T>& c, std::span<T> out, std::span<float> lse,
-             const Options& options) {
+void forward(const NativeCall<T>& c, const AttentionInputs<T>& in, std::span<T> out,
+             std::span<float> lse, const Options& options) {
   const AttentionPlan& p = *c.plan;
   if constexpr (std::is_same_v<T, float>) {
     if (lse.empty()) {
-      detail::attention_forward(p, c.in, out, options);
+      detail::attention_forward(p, in, out, options);
     } else {
-      detail::attention_forward_lse(p, c.in, out, lse, options);
+      detail::attention_forward_lse(p, in, out, lse, options);
     }
   } else if (lse.empty()) {
-    detail::attention_forward_stored(p, c.in, out, options);
+    detail::attention_forward_stored(p, in, out, options);
   } else {
-    detail::attention_forward_lse_stored(p, c.in, out, lse, options);
+    detail::attention_forward_lse_stored(p, in, out, lse, options);
   }
 }
 
@@ -551,25 +527,20 @@ bool native_forward(const FlexPlan& plan, const FlexInputs<T>& in, std::span<T> 
                     std::span<float> lse, const Options& options) {
   const NativeCall<T> c(plan, in);
   if (!c.plan) return false;
-  if (!c.packed) {
-    forward(c, out, lse, options);
-    return true;
+  const AttentionPlan& p = *c.plan;
+  for (std::int64_t b = 0; b < c.entries; ++b) {
+    forward(c, c.inputs(b), entry(out, b, p.o.extent), entry(lse, b, p.lse_size()), options);
   }
-  std::vector<T> o(out.size());
-  std::vector<float> l(lse.size());
-  forward<T>(c, o, l, options);
-  c.unpack(o, c.H, c.Dv, out);
-  if (!lse.empty()) c.unpack_lse(l, lse);
   return true;
 }
 
 namespace {
 
-/// x widened to float (exact).
+/// x widened to float (exact; convert.hpp's vector loads).
 template <class T>
 std::vector<float> widened(std::span<const T> x) {
   std::vector<float> y(x.size());
-  for (std::size_t e = 0; e < x.size(); ++e) y[e] = static_cast<float>(x[e]);
+  convert_widen<T>(x, y);
   return y;
 }
 
@@ -596,10 +567,8 @@ bool native_backward_widened(const FlexPlan& plan, const FlexInputs<T>& in,
                               {dq, dk, dv, {}}, options)) {
     return false;
   }
-  const auto narrow = [](const std::vector<float>& x, std::span<T> y) {
-    for (std::size_t e = 0; e < y.size(); ++e) y[e] = T(static_cast<double>(x[e]));
-  };
-  narrow(dq, grads.dq), narrow(dk, grads.dk), narrow(dv, grads.dv);
+  // RN_T of each float gradient, once (convert.hpp's rounding stores)
+  convert_round<T>(dq, grads.dq), convert_round<T>(dk, grads.dk), convert_round<T>(dv, grads.dv);
   return true;
 }
 
@@ -616,19 +585,13 @@ bool native_backward(const FlexPlan& plan, const FlexInputs<T>& in, std::span<co
   }
   const NativeCall<T> c(plan, in);
   if (!c.plan) return false;
+  const AttentionPlan& p = *c.plan;
   const AttentionSaved<T>* none = nullptr;  // the forward rerun
-  if (!c.packed) {
-    const AttentionGrads<T> g{grads.dq, grads.dk, grads.dv};
-    detail::attention_backward(*c.plan, c.in, dout, g, none, options);
-    return true;
+  for (std::int64_t b = 0; b < c.entries; ++b) {
+    const AttentionGrads<T> g{entry(grads.dq, b, p.dq.extent), entry(grads.dk, b, p.dk.extent),
+                              entry(grads.dv, b, p.dv.extent)};
+    detail::attention_backward(p, c.inputs(b), entry(dout, b, p.o.extent), g, none, options);
   }
-  const std::vector<T> dO = c.rows(dout, c.H, c.Dv);
-  const auto buffer = [](std::span<T> g) { return std::vector<T>(g.size()); };
-  std::vector<T> dq = buffer(grads.dq), dk = buffer(grads.dk), dv = buffer(grads.dv);
-  detail::attention_backward(*c.plan, c.in, std::span<const T>(dO), {dq, dk, dv}, none, options);
-  c.unpack(dq, c.H, c.D, grads.dq);
-  c.unpack(dk, c.Hkv, c.D, grads.dk);
-  c.unpack(dv, c.Hkv, c.Dv, grads.dv);
   return true;
 }
 

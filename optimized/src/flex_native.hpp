@@ -22,8 +22,9 @@
 /// slopes' gradient runs as a program. A mask_mod may also be the band and
 /// (`and`) a document mask `doc[q_idx] == doc[kv_idx]` over an integer
 /// tensor doc `[Sk]` whose values never decrease, with Sq = Sk: each batch
-/// entry's documents are then the sequences of one packed call (SPEC §2.9),
-/// the block mask checked against band and documents. Anything else runs as
+/// entry's documents are then the sequences of one packed bhsd call (SPEC
+/// §2.9) on the entry's rows in place, the block mask checked against band
+/// and documents. Anything else runs as
 /// a program.
 #pragma once
 

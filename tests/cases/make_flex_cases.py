@@ -14,18 +14,28 @@ whose expected outputs PyTorch computes:
   flex_relative_bias            a learned relative-position bias [H, Sq+Sk-1]
   flex_relative_bias_backward   its gradients under GQA and a causal mask_mod:
                                 dq, dk, dv and dbias
+  flex_alibi_document_bf16      bf16 q, k, v and slopes: ALiBi over documents,
+                                causal in each (the native form of §13.5)
 
 The forward outputs (out, lse) are torch's own flex_attention on the CPU in
 float32. Its CPU path has no backward, so the gradients are torch autograd's
 through the materialized math (scores, mods, softmax) in float64, which the
-script also checks the forward outputs against. Each mod is traced by
+script also checks the forward outputs against. The bf16 case's expected
+out is that math in float64 on the bf16 inputs, rounded to bf16 once (the
+contract of SPEC §13.4); torch's own bf16 flex also rounds the softmax
+weights to bf16 before P·V, so it is only checked to lie within bf16's
+tolerance of it. Each mod is traced by
 tandem.flex's tracer, so the case file holds the node list Python sends
 (JSON has no infinity: a ±inf constant is written "inf" or "-inf").
 
 Needs torch and the tandem package: run it from the virtual environment of
 the Python tests (`ctest -R python_install` creates it):
 
-  .venv/bin/python tests/cases/make_flex_cases.py
+  .venv/bin/python tests/cases/make_flex_cases.py [NAME ...]
+
+With names, only those cases are written: torch's float32 flex is not
+bitwise reproducible between runs and versions, so rewriting every case
+changes the last bits of cases that did not change.
 """
 import json
 import math
@@ -59,6 +69,10 @@ def plain(x):
 
 
 def save(directory, name, array, index=False):
+    if hasattr(array, "dtype") and array.dtype == torch.bfloat16:  # its bits, <u2
+        array = array.detach().contiguous().view(torch.int16).numpy().view(np.uint16)
+        np.save(os.path.join(directory, name + ".npy"), array, allow_pickle=False)
+        return name + ".npy"
     array = array.detach().cpu().numpy() if hasattr(array, "detach") else np.asarray(array)
     if index:
         wide = array.astype(np.int64)
@@ -72,7 +86,7 @@ def save(directory, name, array, index=False):
 
 
 def write_flex_case(name, op, tensors, expected, score_mod=None, mask_mod=None, scale=None,
-                    block_mask=None):
+                    block_mask=None, dtype=None):
     """case.json and its .npy files: q, k, v (and dout) in `tensors`, each
     mod's captured tensors under the names its trace gives them, the block
     mask's four index arrays, and the expected outputs."""
@@ -81,6 +95,8 @@ def write_flex_case(name, op, tensors, expected, score_mod=None, mask_mod=None, 
         shutil.rmtree(d)
     os.makedirs(d)
     case = {"op": op, "attrs": {}, "inputs": {}}
+    if dtype:
+        case["dtype"] = dtype
     for role, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
         if fn is None:
             continue
@@ -226,14 +242,52 @@ def relative_bias_backward():
                     score_mod=relative_bias_mod(bias, S), mask_mod=causal)
 
 
-def main():
-    causal_alibi_block_mask()
-    document_gqa()
-    softcap()
-    relative_bias()
-    relative_bias_backward()
+def alibi_document_bf16():
+    B, H, S, D = 1, 4, 16, 8
+    bf = torch.bfloat16
+    q, k, v = t32(B, H, S, D).to(bf), t32(B, H, S, D).to(bf), t32(B, H, S, D).to(bf)
+    slopes = torch.tensor([2.0 ** (-8 * (i + 1) / H) for i in range(H)]).to(bf)
+    doc = torch.tensor([0] * 6 + [1] * 3 + [2] * 7, dtype=torch.int32)
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (q_idx - kv_idx).abs()
+
+    def document(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (kv_idx <= q_idx)
+
+    def alibi64(score, b, h, q_idx, kv_idx):
+        return score - slopes.double()[h] * (q_idx - kv_idx).abs()
+
+    out64, lse64 = materialized(q.double(), k.double(), v.double(), alibi64, document)
+    out = out64.to(bf)  # rounded once
+    bm = create_block_mask(document, None, None, S, S, device="cpu")
+    theirs, _ = torch_flex(q, k, v, alibi, bm)
+    # theirs rounds P (each weight by at most 2^-9 relative, so out moves by
+    # at most 2^-9 max|v|) and then out: both roundings' half ulps, twice
+    err = (theirs.double() - out.double()).abs()
+    bound = 2.0 ** -9 * v.double().abs().max() + 2.0 ** -8 * out.double().abs()
+    assert (err <= bound + 2.0 ** -8 * out64.abs()).all(), (err - bound).max()
+    write_flex_case("flex_alibi_document_bf16", "flex_attention", {"q": q, "k": k, "v": v},
+                    {"out": out, "lse": lse64}, score_mod=alibi, mask_mod=document,
+                    dtype="bf16")
+
+
+CASES = {"flex_causal_alibi_block_mask": causal_alibi_block_mask,
+         "flex_document_gqa": document_gqa, "flex_softcap": softcap,
+         "flex_relative_bias": relative_bias,
+         "flex_relative_bias_backward": relative_bias_backward,
+         "flex_alibi_document_bf16": alibi_document_bf16}
+
+
+def main(names):
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        sys.exit("unknown case(s) " + ", ".join(unknown) + "; known: " + ", ".join(CASES))
+    for name, write in CASES.items():
+        if not names or name in names:
+            write()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

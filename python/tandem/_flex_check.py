@@ -176,8 +176,8 @@ def block_mask_of(case, mask_mod, kind):
 
 
 def tolerances(case, t):
-    """{name: tolerance} of out, dq, dk, dv for the case's tensors `t`
-    (check_flex_attention's docstring states the bound)."""
+    """{name: tolerance} of out, dq, dk, dv and dtable for the case's
+    tensors `t` (check_flex_attention's docstring states the bound)."""
     u = U64
     scale = 1 / math.sqrt(case.D) if case.scale is None else case.scale
     qn, kn = (float(t[x].norm(dim=-1).max()) for x in ("q", "k"))
@@ -188,6 +188,7 @@ def tolerances(case, t):
     shape = (case.B, case.H, case.Sq, case.Sk)
     T, E = prog.error_bound(S, s_err, table, shape)
     F = prog.slope_bound(S, table, shape)
+    F_table = prog.table_slope_bound(S, table, shape)
     gamma = lambda n: n * u / (1 - n * u)  # noqa: E731
     eps_e = 2 * E + 2 * u * T + 2 * u        # e^{t - max}: t's and the max's error, exp's
     vmax, dmax = float(t["v"].abs().max()), float(t["dout"].abs().max())
@@ -197,11 +198,14 @@ def tolerances(case, t):
     G = case.H // case.Hkv
     dt = 2 * case.Dv * dmax * vmax  # |<dO_i, v_j> - <dO_i, o_i>|
     qmax, kmax = float(t["q"].abs().max()), float(t["k"].abs().max())
+    rows = case.B * case.H * case.Sq
     mags = {"out": None, "dq": scale * F * dt * kmax, "dk": G * case.Sq * scale * F * dt * qmax,
-            "dv": G * case.Sq * dmax}
+            "dv": G * case.Sq * dmax, "dtable": rows * F_table * dt}
     tol = {"out": 2 * one}
     for name in ("dq", "dk", "dv"):
         tol[name] = 2 * eps_g * mags[name]
+    # dtable sums the score gradients of every row: its own summation error
+    tol["dtable"] = 2 * (eps_g + gamma(rows * case.Sk)) * mags["dtable"]
     return tol
 
 
@@ -217,17 +221,22 @@ def _problem_of(fn, case, check_grads, kind):
     ref_bm = block_mask_of(case, mask_mod, "tandem")
     bm = ref_bm if kind == "tandem" else block_mask_of(case, mask_mod, kind)
 
+    # the captured table's gradient too, when the score_mod reads it
+    with_table = check_grads and score_mod is not None and "table[" in case.source("score_mod")
+
     def run(f, mask):
         q, k, v = (t[x].clone().requires_grad_(check_grads) for x in "qkv")
+        table = t["table"].clone().requires_grad_(with_table)
+        mod = case.mods(table, t["ids"])[0] if with_table else score_mod
         step = "out"
         try:
-            out = f(q, k, v, score_mod=score_mod, block_mask=mask, scale=case.scale,
-                    enable_gqa=gqa)
+            out = f(q, k, v, score_mod=mod, block_mask=mask, scale=case.scale, enable_gqa=gqa)
             grads = {}
             if check_grads:
                 step = "the backward"
-                grads = dict(zip(("dq", "dk", "dv"), torch.autograd.grad(
-                    out, (q, k, v), t["dout"], allow_unused=True)))
+                wrt = (q, k, v, table) if with_table else (q, k, v)
+                grads = dict(zip(("dq", "dk", "dv", "dtable"), torch.autograd.grad(
+                    out, wrt, t["dout"], allow_unused=True)))
         except Exception as e:  # noqa: BLE001 - the implementation under test failed
             return None, f"{step}: the implementation raised {type(e).__name__}: {e}"
         return out, grads
@@ -237,9 +246,10 @@ def _problem_of(fn, case, check_grads, kind):
     if got is None:
         return got_g
     # autograd gives None for an input the output does not depend on: 0
-    results = [("out", got, want)] + [
-        (n, torch.zeros_like(w) if got_g[n] is None else got_g[n],
-         torch.zeros_like(t[n[1]]) if w is None else w) for n, w in want_g.items()]
+    results = [("out", got, want)]
+    for n, w in want_g.items():
+        w = torch.zeros_like(t[n[1:]]) if w is None else w
+        results.append((n, torch.zeros_like(w) if got_g[n] is None else got_g[n], w))
     for name, g, w in results:
         p = _compare(name, g, w.detach(), tol[name])
         if p:

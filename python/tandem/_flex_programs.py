@@ -74,6 +74,8 @@ def instructions(draw, role, max_size=6):
     """[(op, picks, constant index)]: a program of `role` ("score_mod" or
     "mask_mod"); simplest first (few instructions, the first operations)."""
     ops = [name for name, op in OPS.items() if role[0] in op[3]]
+    if role == "score_mod":  # reads of the captured table often: its gradient is checked
+        ops += ["table"] * 3
     one = st.tuples(st.sampled_from(ops), st.tuples(*[st.integers(0, 7)] * 3),
                     st.integers(0, len(REALS) - 1))
     return draw(st.lists(one, max_size=max_size))
@@ -220,10 +222,19 @@ class Program:
     def slope_bound(self, score, table, shape):
         """A bound of |d result / d score| (the chain rule of SPEC §13.3 node
         by node, with the magnitudes of error_bound; 0 for a mask_mod)."""
+        return self._derivative_bound(score, table, shape, of_table=False)
+
+    def table_slope_bound(self, score, table, shape):
+        """A bound of |d result / d table[e]| for any one entry e: the same
+        chain rule with each read of table contributing 1 (a result that
+        reads e twice has both reads counted); 0 for a mask_mod."""
+        return self._derivative_bound(score, table, shape, of_table=True)
+
+    def _derivative_bound(self, score, table, shape, of_table):
         if self.role != "score_mod":
             return 0.0
         mag = [m for m, _ in self._magnitudes(score, table, shape)]
-        d = [1.0] + [0.0] * 4
+        d = [0.0 if of_table else 1.0] + [0.0] * 4
         for (op, args, k), n in zip(self.nodes, range(5, len(mag))):
             da, db = ([d[x] for x in args] + [0.0, 0.0])[:2]
             if op in ("add", "sub"):
@@ -240,10 +251,14 @@ class Program:
                 s = max(da, db)
             elif op == "where":
                 s = max(d[args[1]], d[args[2]])
-            else:  # integers, booleans, table entries
+            elif op == "table":
+                s = 1.0 if of_table else 0.0
+            else:  # integers, booleans
                 s = 0.0
             d.append(s)
-        return 1.0 if self.result is None else d[self.result]
+        if self.result is None:
+            return 0.0 if of_table else 1.0
+        return d[self.result]
 
     def _magnitudes(self, score, table, shape):
         """[(max |value|, error)] of every value (error_bound's pass)."""

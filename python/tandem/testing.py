@@ -1298,7 +1298,9 @@ def check_flex_attention(fn, *, check_grads=False, block_masks=None, max_example
     as programs (flex_mods), block masks made by tandem.create_block_mask
     (passed as tandem's BlockMask, or as torch's with block_masks="torch",
     the default when fn comes from torch). With check_grads=True, dq, dk and
-    dv by torch.autograd.grad of fn's output against dout are checked too.
+    dv by torch.autograd.grad of fn's output against dout are checked too,
+    and, when the score_mod reads the captured float tensor `table`, its
+    gradient dtable (summed over every score that reads each entry).
     `space` takes flex_cases' switches (gqa=False, block_masks=False, ...).
 
     Tolerance (SPEC §13.4 in float64, where both sides only round, u =
@@ -1314,8 +1316,9 @@ def check_flex_attention(fn, *, check_grads=False, block_masks=None, max_example
     the mod's length) and M_g a bound of |g| from the inputs' sizes and F
     >= |dt/ds| (Program.slope_bound): M_dv = G Sq max|dO|, M_dq = scale F
     dt max|k|, M_dk = G Sq scale F dt max|q|, dt = 2 Dv max|dO| max|v|, G =
-    H / Hkv. out and gradients must also be finite and of the reference's
-    shape.
+    H / Hkv; dtable is held to 2 (eps_g + gamma_(B H Sq Sk)) M_dtable, M_dtable
+    = B H Sq F_t dt with F_t >= |dt/dtable[e]| (Program.table_slope_bound).
+    out and gradients must also be finite and of the reference's shape.
 
     Raises FlexFailure (an AssertionError) with the shrunk case, the mods'
     source and a pytest test that replays it."""

@@ -157,6 +157,32 @@ def test_a_wrong_backward_is_caught_with_check_grads():
     assert (case.B, case.H, case.Sq) == (1, 1, 1)
 
 
+def flex_table_detached(q, k, v, score_mod=None, **kw):
+    """The right out, dq, dk and dv; no gradient reaches the captured
+    table (the mod's global `table` swapped for its detached copy)."""
+    if score_mod is not None and "table" in score_mod.__globals__:
+        score_mod.__globals__["table"] = score_mod.__globals__["table"].detach()
+    return tandem.flex_attention(q, k, v, score_mod=score_mod, **kw)
+
+
+#: score + table[clamp(kv_idx, 0, 7)]: value 4 of the integers is kv_idx,
+#: then the score (value 0) plus that entry (value 5)
+TABLE_BIAS = (("table", (3, 0, 0), 0), ("add", (0, 1, 0), 0))
+
+
+def test_a_dropped_captured_tensor_gradient_is_caught_with_check_grads():
+    case = T.FlexCase(Sq=2, Sk=3, D=2, Dv=2, score_mod=TABLE_BIAS, seed=5)
+    assert "table[torch.clamp(kv_idx" in case.source("score_mod")
+    T.check_flex_attention_case(tandem.flex_attention, case, check_grads=True)
+    T.check_flex_attention_case(flex_table_detached, case)  # out is right
+    with pytest.raises(T.FlexFailure, match="dtable"):
+        T.check_flex_attention_case(flex_table_detached, case, check_grads=True)
+    # and the random search finds it, shrunk to a mod that reads the table
+    case, report = failure(flex_table_detached, check_grads=True)
+    assert "table[" in case.source("score_mod")
+    assert any(line.startswith("  dtable:") for line in report.splitlines())
+
+
 # -- the strategies ------------------------------------------------------------
 
 def test_flex_mods_are_callables_with_their_source():

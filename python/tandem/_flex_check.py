@@ -9,15 +9,13 @@ import dataclasses
 import math
 import re
 import textwrap
-import time
 from typing import Optional
 
 import numpy as np
-from hypothesis import HealthCheck, Verbosity, given, settings
-from hypothesis import seed as _hseed
 from hypothesis import strategies as st
 
 from ._flex_programs import U64, Program, instructions
+from ._search import shrunk_failure
 
 #: The captured tensors of every drawn mod: `table`, N_TABLE float64
 #: entries, and `ids`, N_IDS integers in [0, ID_MAX], both from the seed.
@@ -339,28 +337,12 @@ To replay, paste into a test file:
 
 def run(fn, check_grads, block_masks, max_examples, time_budget, seed, space):
     kind = _kind(fn, block_masks)
-    start = time.monotonic()
-    failed = []
-
-    @settings(max_examples=max_examples, deadline=None, database=None,
-              verbosity=Verbosity.quiet, print_blob=False,
-              suppress_health_check=list(HealthCheck))
-    @given(flex_cases(**space))
-    def property_(case):
-        if not failed and time.monotonic() - start > time_budget:
-            return
-        problem = _problem_of(fn, case, check_grads, kind)
-        if problem:
-            failed.append(case)
-            raise FlexFailure(problem, case)
-
-    if seed is not None:
-        property_ = _hseed(seed)(property_)
-    try:
-        property_()
-    except FlexFailure as e:
-        raise FlexFailure(report(fn, e.case, str(e), check_grads, block_masks),
-                          e.case) from None
+    found = shrunk_failure(flex_cases(**space),
+                           lambda case: _problem_of(fn, case, check_grads, kind),
+                           max_examples, time_budget, seed)
+    if found:
+        case, problem = found
+        raise FlexFailure(report(fn, case, problem, check_grads, block_masks), case)
 
 
 @st.composite

@@ -59,7 +59,6 @@ to the end.
 
 import dataclasses
 import math
-import time
 from typing import Optional
 
 import numpy as np
@@ -67,8 +66,6 @@ import numpy as np
 from ._errors import MissingExtra
 
 try:
-    from hypothesis import HealthCheck, Verbosity, given, settings
-    from hypothesis import seed as _hseed
     from hypothesis import strategies as st
 except ImportError as e:
     raise MissingExtra("tandem.testing", "Hypothesis", "testing", "hypothesis", e) from e
@@ -78,6 +75,7 @@ from ._flex_check import (FlexCase, FlexFailure, block_mask_of,
                           check_flex_attention_case, corrupted_block_masks, flex_cases,
                           flex_mods)
 from ._flex_check import run as _flex_run
+from ._search import shrunk_failure
 
 __all__ = [
     "AttentionConfig", "RopeConfig", "SwigluConfig", "CheckFailure",
@@ -910,29 +908,11 @@ The tensor contents come from seed={config.seed}. To replay, paste into a test f
 
 
 def _run(fn, what, strategy, problem_of, array, policy, max_examples, time_budget, seed):
-    start = time.monotonic()
-    failed = []
-
-    @settings(max_examples=max_examples, deadline=None, database=None,
-              verbosity=Verbosity.quiet, print_blob=False,
-              suppress_health_check=list(HealthCheck))
-    @given(strategy)
-    def property_(config):
-        # Past the budget, exploration stops (remaining examples return at
-        # once); once a failure is seen, shrinking always runs to the end.
-        if not failed and time.monotonic() - start > time_budget:
-            return
-        problem = problem_of(fn, config, array, policy)
-        if problem:
-            failed.append(config)
-            raise CheckFailure(problem, config)
-
-    if seed is not None:
-        property_ = _hseed(seed)(property_)
-    try:
-        property_()
-    except CheckFailure as e:
-        raise CheckFailure(_report(fn, what, e.config, str(e), array, policy), e.config) from None
+    found = shrunk_failure(strategy, lambda config: problem_of(fn, config, array, policy),
+                           max_examples, time_budget, seed)
+    if found:
+        config, problem = found
+        raise CheckFailure(_report(fn, what, config, problem, array, policy), config)
 
 
 def check_attention(fn, *, array="numpy", policy=Policy(), max_examples=200, time_budget=30.0,

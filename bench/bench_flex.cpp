@@ -159,8 +159,14 @@ void add_side(const BackendUnderTest& bu, Form f, const AttnShape& s, bool flex)
   spec.shape = std::string("flex_") + name(f) + "_" + s.tag();
   spec.threads = bu.threads;
   spec.name = spec.op + "/" + spec.backend + "/" + spec.shape + (flex ? "/feature" : "/plain");
+  // the flex side is also timed beside PyTorch's compiled flex_attention
+  // (bench/peers/peers.py builds the same mods from these params)
   spec.tags = {"features", "flex", flex ? "feature" : "plain"};
+  if (flex) spec.tags.emplace_back("peer");
   s.describe(spec);
+  spec.params["window"] = static_cast<double>(kWindow);
+  spec.params["softcap"] = static_cast<double>(kSoftcap);
+  spec.params["documents"] = static_cast<double>(kDocuments);
   const double flops =
       static_cast<double>(s.B * s.H) * visible_pairs(f, s.Sq) * 2.0 * static_cast<double>(s.D + s.Dv);
   spec.params["flop"] = flops;

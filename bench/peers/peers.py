@@ -25,6 +25,9 @@ Peers (each only where importable):
                  SAM 2's complex-multiply axial RoPE; silu(g)*u
   torch_sdpa     torch.nn.functional.scaled_dot_product_attention (flash path on CPU)
   torch_mha      torch.nn.MultiheadAttention (the BERT block), eval + inference mode
+  torch_flex_compiled  torch.compile(flex_attention) (Inductor's CPU template) on
+                 bench_flex.cpp's FlexAttention forms, beside tandem.flex_attention with
+                 the same Python mods and torch's block mask
   openvino_sdpa  OpenVINO ScaledDotProductAttention-13 compiled for CPU
   onnxruntime_attention  ONNX Runtime, ONNX Attention-23 (else com.microsoft MultiHeadAttention)
   jax_dpa        jax.nn.dot_product_attention, jitted, XLA CPU
@@ -158,10 +161,10 @@ def measure_paired(ours, theirs, min_time, rounds):
 def tandem_partner(task, threads):
     """tandem's forward attention or decode of an f32 task through its Python package
     (tandem.attention on the same NumPy inputs as the peers: seeds 1, 2, 3, and the same
-    caches cycled for decode), or None where the package is not importable or the task is
+    caches cycled for decode; tandem.flex_attention for a flex form), or None where the package is not importable or the task is
     not one tandem is paired on."""
     op, storage = split_op(task["op"])
-    if storage is not None or op not in ("attention_forward", "decode"):
+    if storage is not None or op not in ("attention_forward", "decode") and not is_flex(task):
         return None
     try:
         import numpy as np
@@ -169,6 +172,10 @@ def tandem_partner(task, threads):
     except Exception:  # noqa: BLE001 - no package, or one built for another Python
         return None
     tandem.set_threads(threads)
+    if is_flex(task):  # the same mods and block mask, traced by tandem.flex on each call
+        q, k, v, score_mod, block_mask = flex_call_args(task)
+        return lambda: tandem.flex_attention(q, k, v, score_mod=score_mod,
+                                             block_mask=block_mask)
     B, H, Hkv, Sq, Sk, D, Dv, causal = attn_dims(task["params"])
     caches = decode_caches(task["params"], 4) if op == "decode" else 1
     q = rng_arrays(np, [(B, H, Sq, D)], 1)[0]
@@ -224,8 +231,63 @@ def attn_dims(p):
             int(p["Dv"]), bool(p["causal"]))
 
 
+def is_flex(task):
+    """A FlexAttention form of bench_flex.cpp (op attention_features, shape flex_<form>_…)."""
+    return task["op"] == "attention_features" and task["shape"].startswith("flex_")
+
+
+def flex_call_args(task):
+    """(q, k, v, score_mod, block_mask) of a bench_flex.cpp form as torch users write it
+    (float32, bhsd, seeds 1, 2, 3; torch's create_block_mask, 128 × 128 blocks): the same
+    Python callables for torch's compiled flex_attention and for tandem.flex_attention,
+    which traces them."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask
+    np = __import__("numpy")
+    p = task["params"]
+    B, H, Hkv, S, _, D, Dv, _ = attn_dims(p)
+    form = task["shape"].split("_")[1]
+    window, cap, docs = int(p["window"]), float(p["softcap"]), int(p["documents"])
+    q, k, v = (torch.from_numpy(a) for a in rng_arrays(
+        np, [(B, H, S, D), (B, Hkv, S, D), (B, Hkv, S, Dv)], 1))
+    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)])
+    doc = torch.arange(S) * docs // S
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        visible = kv_idx <= q_idx
+        if form == "window":
+            return (q_idx - kv_idx <= window) & visible
+        if form == "document":
+            return (doc[q_idx] == doc[kv_idx]) & visible
+        return visible
+
+    def softcap(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap)
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (q_idx - kv_idx).abs()
+
+    score_mod = {"softcap": softcap, "alibi": alibi}.get(form)
+    block_mask = create_block_mask(mask_mod, None, None, S, S, device="cpu", BLOCK_SIZE=128)
+    return q, k, v, score_mod, block_mask
+
+
 # ---------------------------------------------------------------------------
 # torch
+
+
+def torch_flex_impls(task):
+    """torch.compile(flex_attention) on a bench_flex.cpp form (compiled on its first call,
+    the warm-up: Inductor's CPU template, forward only)."""
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+    q, k, v, score_mod, block_mask = flex_call_args(task)
+    compiled = torch.compile(flex_attention)
+
+    def call():
+        with torch.inference_mode():
+            return compiled(q, k, v, score_mod=score_mod, block_mask=block_mask)
+    return [("torch_flex_compiled", call, {"note": "torch.compile(flex_attention)"})]
 
 
 def torch_impls(task, threads):
@@ -234,6 +296,8 @@ def torch_impls(task, threads):
     import torch.nn.functional as F
     np = __import__("numpy")
     torch.set_num_threads(threads)
+    if is_flex(task):
+        return torch_flex_impls(task)
     op, storage = split_op(task["op"])
     p = task["params"]
     impls = []

@@ -116,17 +116,18 @@ class Efficiency:
 class PeerSpeedup:
     """On every shape `sel` selects, tandem is at least `need` times faster than the
     fastest of `peers` (on their op `peer_op`, default `op`); with `every_shape`, a shape
-    without the peer fails the target."""
+    without the peer fails the target; with `tags`, only the rows that carry them all."""
     name: str
     op: str
-    sel: Where
+    sel: Optional[Where]
     peers: tuple
     need: float
     every_shape: bool = False
     peer_op: Optional[str] = None
+    tags: tuple = ()
 
     def evaluate(self, res):
-        found = res.select(self.op, self.sel)
+        found = [r for r in res.select(self.op, self.sel) if set(self.tags) <= set(r.tags)]
         ratios = []
         pop = self.peer_op or self.op
         for r in found:
@@ -515,6 +516,9 @@ TARGETS = (
     FeaturePair("flex-written causal, window, softcap, ALiBi, document: time ≤ 1.18× the native "
                 "path (≥ 0.85× its speed)",
                 "flex", 1 / 0.85),
+    PeerSpeedup("flex forward (each form, tandem.flex_attention from Python): ≥ 1.5× faster "
+                "than PyTorch's compiled flex_attention", "attention_features", None,
+                ("torch_flex_compiled",), 1.5, every_shape=True, tags=("flex", "feature")),
     # low-precision storage (SPEC §10), each type paired with f32 in the same iterations
     *LOW_PRECISION_TARGETS,
     # the roofline itself: the figures above are trustworthy only if it held still

@@ -526,6 +526,59 @@ def with_paired_sdpa(peer_rounds, tandem_rounds):
     return run
 
 
+FLEX = ("flex forward (each form, tandem.flex_attention from Python): ≥ 1.5× faster than "
+        "PyTorch's compiled flex_attention")
+
+
+def with_flex(peer_rounds, forms=("causal", "document"), peered=("causal", "document")):
+    """quick_run.json's run with bench_flex.cpp rows (feature and plain, cloned from the
+    varlen ones) for `forms`, and torch_flex_compiled timed in rounds beside tandem (1 ms a
+    round) on the feature rows of `peered`."""
+    run = copy.deepcopy(RUN)
+    base = [r for r in run["bench"] if r["name"].startswith("attention_features/")
+            and "varlen_forward" in r["name"]]
+    for form in forms:
+        for r in base:
+            side = r["name"].rsplit("/", 1)[1]
+            tag = f"flex_{form}_B1_H8_S512_D128_causal"
+            x = copy.deepcopy(r)
+            x["name"] = f"attention_features/optimized/{tag}/{side}"
+            x["_spec"].update(name=x["name"], shape=tag,
+                              tags=["features", "flex", side] + (["peer"] if side == "feature"
+                                                                  else []))
+            run["bench"].append(x)
+            run["plan"]["benchmarks"].append(x["_spec"])
+            if side == "feature" and form in peered:
+                run["peers"]["results"].append({
+                    "op": "attention_features", "shape": tag, "threads": 2,
+                    "library": "torch", "version": "2.15", "tandem_name": x["name"],
+                    "peer": "torch_flex_compiled", "seconds": 0.002,
+                    "peer_rounds_s": peer_rounds, "tandem_rounds_s": [0.001] * len(peer_rounds)})
+    return run
+
+
+class FlexPeerTest(unittest.TestCase):
+    def outcome(self, *args, **kw):
+        return by_target(targets.evaluate(Results.from_run(with_flex(*args, **kw))))[FLEX]
+
+    def test_each_form_paired_once(self):
+        o = self.outcome([0.0019, 0.002, 0.0021])
+        self.assertEqual(o.status, "met")
+        # one ratio per form: the plain rows of the same shape are not counted
+        self.assertEqual(o.measured.count("flex_causal"), 2)  # the lowest, then the listing
+        self.assertIn("flex_document_B1_H8_S512_D128_causal 2.00×", o.measured)
+
+    def test_below_the_target_and_a_form_without_the_peer(self):
+        self.assertEqual(self.outcome([0.0012, 0.0013, 0.0014]).status, "not met")
+        o = self.outcome([0.0019, 0.002, 0.0021], peered=("causal",))
+        self.assertEqual(o.status, "not met")
+        self.assertIn("1 shape(s) without the peer", o.measured)
+
+    def test_not_measured_without_flex_rows(self):
+        o = by_target(targets.evaluate(Results.from_run(RUN)))[FLEX]
+        self.assertEqual(o.status, "not measured")
+
+
 class PairedTargetsTest(unittest.TestCase):
     SDPA = TargetsTest.SDPA
 

@@ -85,7 +85,8 @@ __all__ = [
     "check_swiglu_config", "explain_rounding", "explain_rounding_backward", "MASKS", "LAYOUTS",
     "ALIBI", "DTYPES",
     "ROUNDINGS", "INVARIANCE_CHECKS", "InvarianceConfig", "InvarianceFailure",
-    "check_invariance", "FlexCase", "FlexFailure", "flex_cases", "flex_mods",
+    "check_invariance", "check_backward_invariance", "BACKWARD_INVARIANCE_CHECKS",
+    "FlexCase", "FlexFailure", "flex_cases", "flex_mods",
     "check_flex_attention", "check_flex_attention_case", "corrupted_block_masks",
     "block_mask_of",
 ]
@@ -962,19 +963,22 @@ INVARIANCE_CHECKS = ("batch", "packed", "paged", "decode", "chunked_prefill")
 
 
 class InvarianceFailure(AssertionError):
-    """A query row whose bits differ between two ways of computing it: the
-    `check` (one of INVARIANCE_CHECKS), the `sequence` (an index into the
-    configuration's lengths), the `query` (its position in the sequence),
-    the `head`, the output that differs (`output`: "out" or "lse"), the
-    largest |difference| over the row (`max_diff`, inf when a NaN or inf
-    differs) and what the row was compared with (`detail`)."""
+    """A row whose bits differ between two ways of computing it: the
+    `check` (one of INVARIANCE_CHECKS or BACKWARD_INVARIANCE_CHECKS), the
+    `sequence` (an index into the configuration's lengths), the `query`
+    (the row's position in the sequence: a key's for dk and dv), the
+    `head` (a kv head's for dk and dv), the output that differs (`output`:
+    "out", "lse", "dq", "dk" or "dv"), the largest |difference| over the
+    row (`max_diff`, inf when a NaN or inf differs) and what the row was
+    compared with (`detail`)."""
 
     def __init__(self, check, sequence, query, head, output, max_diff, detail, config):
         self.check, self.sequence, self.query, self.head = check, sequence, query, head
         self.output, self.max_diff, self.detail, self.config = output, max_diff, detail, config
+        row = "key" if output in ("dk", "dv") else "query"
         super().__init__(
             f"tandem.testing: {check} invariance broken: sequence {sequence} (length "
-            f"{config.lengths[sequence]}), query {query}, head {head}: the bits of {output} "
+            f"{config.lengths[sequence]}), {row} {query}, head {head}: the bits of {output} "
             f"differ, max |diff| {max_diff:.3e} ({detail})\n    {config!r}")
 
 
@@ -1261,6 +1265,121 @@ def check_invariance(fn, *, paged_fn=None, config=InvarianceConfig(), checks=INV
         if name in checks:
             getattr(run, name)()
     return {name: n for name, n in run.rows.items() if name in checks}
+
+
+BACKWARD_INVARIANCE_CHECKS = ("batch", "packed")
+
+
+def check_backward_invariance(fn, *, config=InvarianceConfig(),
+                              checks=BACKWARD_INVARIANCE_CHECKS, array="numpy"):
+    """Checks that `fn` (tandem.attention_backward's signature: fn(q, k, v,
+    dout, *, layout, mask, window, scale, softcap[, sinks][, cu_seqlens_q,
+    cu_seqlens_k]) -> (dq, dk, dv, ...)) gives every sequence's dq, dk and dv
+    bitwise the same however it is batched (SPEC §12.1, the backward), on
+    the prefills of `config` (dout drawn from seed + 3):
+
+    - "batch": the sequences cut to each length m, in one batch against
+      each alone and the two halves of the batch (bshd);
+    - "packed": the sequences packed (layout "thd") against each alone.
+
+    dsinks, a sum over the batch, is not compared. Raises
+    InvarianceFailure at the first row (dq: a query's, dk and dv: a key's,
+    per head) whose bits differ; else returns the rows each check compared."""
+    unknown = set(checks) - set(BACKWARD_INVARIANCE_CHECKS)
+    if unknown:
+        raise ValueError(f"checks: {sorted(unknown)} are not among "
+                         f"{BACKWARD_INVARIANCE_CHECKS}")
+    run = _BackwardInvariance(fn, config, array)
+    return {name: getattr(run, name)() for name in BACKWARD_INVARIANCE_CHECKS if name in checks}
+
+
+class _BackwardInvariance:
+    """The calls of check_backward_invariance: each sequence's prefill and
+    its dout, the gradients of a batch or a packed call against those of
+    each sequence alone."""
+
+    def __init__(self, fn, config, array):
+        self.fn, self.c, self.array = fn, config, array
+        self.seqs = config.sequences()
+        rng = _rng(config.seed + 3)
+        self.douts = [_storage(rng.standard_normal((len(q), config.H, config.Dv))
+                               .astype(np.float32), config.dtype) for q, _, _ in self.seqs]
+        self.sinks = config.sink_logits()
+        self._alone = {}  # (sequence, m) -> (dq, dk, dv) of its first m tokens alone
+
+    def call(self, q, k, v, dout, **extra):
+        """(dq, dk, dv) of fn as NumPy arrays."""
+        kw = dict(self.c.kwargs(), layout="thd" if "cu_seqlens_q" in extra else "bshd",
+                  **extra)
+        if self.sinks is not None:
+            kw["sinks"] = self.sinks
+        arrays = [np.ascontiguousarray(a) for a in (q, k, v, dout)]
+        named = _framework(dict(enumerate(arrays), **{n: x for n, x in kw.items()
+                                                       if isinstance(x, np.ndarray)}),
+                           self.array)
+        kw = {n: named.get(n, x) for n, x in kw.items()}
+        got = self.fn(*(named[i] for i in range(4)), **kw)
+        return tuple(_numpy(g) for g in got[:3])
+
+    def alone(self, s, m):
+        if (s, m) not in self._alone:
+            (q, k, v), d = self.seqs[s], self.douts[s]
+            got = self.call(q[None, :m], k[None, :m], v[None, :m], d[None, :m])
+            self._alone[s, m] = tuple(g[0] for g in got)
+        return self._alone[s, m]
+
+    def compare(self, check, detail, s, got, want):
+        """got, want: (dq [m, H, D], dk [m, Hkv, D], dv [m, Hkv, Dv]) of
+        sequence s; the rows compared."""
+        rows = 0
+        for name, g, w in zip(("dq", "dk", "dv"), got, want):
+            if g.shape != w.shape or g.dtype != w.dtype:
+                raise AssertionError(f"tandem.testing: {check}: {name} {g.dtype}"
+                                     f"{list(g.shape)} vs {w.dtype}{list(w.shape)} ({detail})")
+            rows += g.shape[0]
+            bad = (_bits(g) != _bits(w)).reshape(g.shape[0], g.shape[1], -1).any(-1)
+            if bad.any():
+                r, h = (int(i) for i in np.argwhere(bad)[0])
+                with np.errstate(invalid="ignore"):
+                    d = np.abs(g[r, h].astype(np.float64) - w[r, h].astype(np.float64))
+                d = float(np.max(np.where(np.isnan(d), np.inf, d), initial=0.0))
+                raise InvarianceFailure(check, s, r, h, name, d, detail, self.c)
+        return rows
+
+    def batch(self):
+        rows = 0
+        for m in sorted(set(self.c.lengths)):
+            members = [s for s, L in enumerate(self.c.lengths) if L >= m]
+
+            def part(ids):
+                q, k, v = (np.stack([self.seqs[s][i][:m] for s in ids]) for i in range(3))
+                return self.call(q, k, v, np.stack([self.douts[s][:m] for s in ids]))
+            whole = part(members)
+            half = (len(members) + 1) // 2
+            for ids in ([members[:half], members[half:]] if len(members) > 2 else []):
+                got = part(ids)
+                for b, s in enumerate(ids):
+                    rows += self.compare("batch", f"entries {ids} vs a batch of {len(members)} "
+                                         f"(S {m})", s, tuple(g[b] for g in got),
+                                         tuple(g[members.index(s)] for g in whole))
+            for b, s in enumerate(members):
+                rows += self.compare("batch", f"sequence {s} alone vs a batch of "
+                                     f"{len(members)} (S {m})", s, self.alone(s, m),
+                                     tuple(g[b] for g in whole))
+        return rows
+
+    def packed(self):
+        lengths = list(self.c.lengths)
+        q, k, v = (np.concatenate([s[i] for s in self.seqs]) for i in range(3))
+        d = np.concatenate(self.douts)
+        cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        got = self.call(q, k, v, d, cu_seqlens_q=cu, cu_seqlens_k=cu)
+        rows = 0
+        for s, L in enumerate(lengths):
+            at = slice(cu[s], cu[s + 1])
+            rows += self.compare("packed", f"sequence {s} alone vs {len(lengths)} packed "
+                                 f"(S {L})", s, self.alone(s, L), tuple(g[at] for g in got))
+        return rows
 
 
 # ---------------------------------------------------------------------------

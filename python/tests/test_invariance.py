@@ -222,3 +222,46 @@ def test_a_chunk_that_differs_is_caught_at_its_row():
 def test_unknown_checks_are_refused():
     with pytest.raises(ValueError, match="prefil"):
         T.check_invariance(reference, checks=("prefil",))
+
+
+# -- the backward (check_backward_invariance) -------------------------------------------
+
+reference_backward = functools.partial(tandem.attention_backward, backend="reference")
+BACKWARD = T.InvarianceConfig(lengths=(1, 4, 17, 65, 300), sinks=True)
+
+
+@pytest.mark.parametrize("array", ["numpy", "torch"])
+def test_the_reference_backward_passes(array):
+    rows = T.check_backward_invariance(reference_backward, config=BACKWARD, array=array)
+    assert set(rows) == set(T.BACKWARD_INVARIANCE_CHECKS) and min(rows.values()) > 0, rows
+
+
+def test_the_optimized_backward_passes_under_the_switch_and_not_without():
+    config = T.InvarianceConfig(lengths=(1, 65, 300, 1100), H=8, Hkv=2)
+    with tandem.invariant():
+        rows = T.check_backward_invariance(tandem.attention_backward, config=config)
+    assert min(rows.values()) > 0, rows
+    # the default order splits a lone sequence's query blocks into parts (few
+    # sequence-head pairs to share out), a batch's not: the bits move
+    with pytest.raises(T.InvarianceFailure) as info:
+        T.check_backward_invariance(tandem.attention_backward, config=config)
+    assert info.value.output in ("dq", "dk", "dv")
+
+
+def batch_sized_backward(q, k, v, dout, **kw):
+    """The reference's gradients, dk nudged by one ulp in calls of more than
+    one sequence (a backward whose key sums depend on the batch)."""
+    dq, dk, dv = reference_backward(q, k, v, dout, **kw)[:3]
+    several = q.shape[0] > 1 if kw["layout"] == "bshd" else len(kw["cu_seqlens_q"]) > 2
+    if several:
+        dk = np.nextafter(dk, np.float32(np.inf)).astype(dk.dtype)
+    return dq, dk, dv
+
+
+@pytest.mark.parametrize("check", T.BACKWARD_INVARIANCE_CHECKS)
+def test_a_batch_dependent_backward_is_caught_at_a_key(check):
+    with pytest.raises(T.InvarianceFailure) as info:
+        T.check_backward_invariance(batch_sized_backward, config=BACKWARD, checks=(check,))
+    e = info.value
+    assert e.check == check and e.output == "dk" and f"key {e.query}, head {e.head}" in str(e)
+    assert e.max_diff > 0

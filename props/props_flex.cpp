@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -34,7 +35,10 @@ namespace {
 
 /// What a FlexFloatCase draws: random programs, or the forms the optimized
 /// backend runs natively (flex_native.hpp).
-enum class Mods : std::uint8_t { programs, native };
+/// programs: drawn mod programs; native: the native features written as
+/// mods (SPEC §13.5); nonfinite: a drawn program whose score_mod gives NaN,
+/// +inf or −inf at one drawn (q_idx, kv_idx) (SPEC §13.4's rows).
+enum class Mods : std::uint8_t { programs, native, nonfinite };
 
 /// A band kv_idx − q_idx ∈ [c − w, c] (w < 0: no lower bound) built into
 /// mask_mod m, written in one of several equivalent ways, sometimes with a
@@ -163,6 +167,10 @@ struct FlexFloatCase {
   std::vector<std::int64_t> ids;
   FlexBlockMask blocks;
   std::string native;  ///< the native form's description
+  /// nonfinite: the plan before the score_mod was given its value at one
+  /// point, and that value's description
+  std::optional<FlexPlan> finite;
+  std::string special;
   bool want_dT = true;  ///< the backward asks for the captured tensor's gradient
 
   explicit FlexFloatCase(Mods drawn = Mods::programs) : mods(drawn) {
@@ -183,21 +191,22 @@ struct FlexFloatCase {
       draw_native(p);
     } else {
       draw_programs(p);
+      if (mods == Mods::nonfinite) draw_special(p);
     }
     Rng rng(*rc::gen::inRange<std::uint64_t>(0, 1u << 30));
     q = rng.values(std::size_t(plan.q_size()), 1.0);
     k = rng.values(std::size_t(plan.k_size()), 1.0);
     v = rng.values(std::size_t(plan.v_size()), 1.0);
     dout = rng.values(std::size_t(plan.out_size()), 1.0);
-    if (mods == Mods::programs) {
+    if (mods != Mods::native) {
       t = rng.values(std::size_t(p.H * kModTableWidth), 1.0);
       for (i64 j = 0; j < p.Sk; ++j) ids.push_back(rng.index(kModIdsHi + 1));
     }
-    if (*rc::gen::inRange(0, 4) < (ids.empty() || mods == Mods::programs ? 2 : 3)) {
+    if (*rc::gen::inRange(0, 4) < (ids.empty() || mods != Mods::native ? 2 : 3)) {
       const ModProgram& m = p.mask_mod;
       const bool per_b = m.empty() || m.reads(ModOp::batch, m.result());
       const bool per_h = m.empty() || m.reads(ModOp::head, m.result());
-      const auto size = mods == Mods::programs
+      const auto size = mods != Mods::native
                             ? rc::gen::element<i64>(1, 2, 3, 5, 8, 16, 17, 32, 64)
                             : rc::gen::element<i64>(2, 3, 5, 8, 16, 17, 32);
       const i64 qb = *size, kb = *size;
@@ -207,6 +216,11 @@ struct FlexFloatCase {
       if (mods == Mods::native && *rc::gen::arbitrary<bool>()) spoil(blocks, p.Sq);
       p.block_mask = blocks.shape;
       plan = FlexPlan::make(p);
+      if (finite) {
+        FlexParams f = finite->params();
+        f.block_mask = p.block_mask;
+        finite = FlexPlan::make(f);
+      }
     }
   }
   void draw_programs(FlexParams& p) {
@@ -221,6 +235,32 @@ struct FlexFloatCase {
     } catch (const Error&) {
       RC_DISCARD("a drawn mod that check_mod refuses");
     }
+  }
+  /// score_mod(s, …) replaced by where(q_idx == i && kv_idx == j, x, score_mod(s, …)),
+  /// x one of NaN, +inf or −inf written through the operations that give them.
+  void draw_special(FlexParams& p) {
+    finite = plan;
+    ModProgram& g = p.score_mod;
+    const ModValue before{&g, g.result()};
+    const i64 i = *rc::gen::inRange<i64>(0, p.Sq), j = *rc::gen::inRange<i64>(0, p.Sk);
+    constexpr double kInf = std::numeric_limits<double>::infinity();
+    const ModValue nan = g.apply(ModOp::log, g.real(-1.0) - g.apply(ModOp::abs, g.score()));
+    const int kind = *rc::gen::inRange(0, 7);
+    const ModValue x = kind == 0   ? nan
+                       : kind == 1 ? g.apply(ModOp::exp, nan)
+                       : kind == 2 ? g.real(kInf)
+                       : kind == 3 ? g.apply(ModOp::log, g.real(kInf))
+                       : kind == 4 ? g.real(-kInf)
+                       : kind == 5 ? g.apply(ModOp::log, g.real(0.0))
+                                   : g.apply(ModOp::tanh, nan);
+    constexpr const char* what[] = {"log(-1 - |score|) (NaN)", "exp(NaN)",      "+inf",
+                                    "log(+inf)",               "-inf",          "log(0) (-inf)",
+                                    "tanh(NaN)"};
+    special = std::string(what[kind]) + " at q_idx " + std::to_string(i) + ", kv_idx " +
+              std::to_string(j);
+    const ModValue hit = g.q_idx() == g.integer(i) && g.kv_idx() == g.integer(j);
+    g.set_result(g.apply(ModOp::where, hit, x, before));
+    plan = FlexPlan::make(p);
   }
   void draw_native(FlexParams& p) {
     const bool docs = *rc::gen::inRange(0, 3) == 0;
@@ -284,7 +324,8 @@ struct FlexFloatCase {
         mods == Mods::native ? "\n" + native
                              : "\nscore_mod " + props::describe(score) +
                                    (p.mask_mod.empty() ? "" : "\nmask_mod " + props::describe(mask));
-    return "B=" + std::to_string(p.B) + " H=" + std::to_string(p.H) +
+    return (special.empty() ? "" : "score_mod's value " + special + " in\n") +
+           "B=" + std::to_string(p.B) + " H=" + std::to_string(p.H) +
            " Hkv=" + std::to_string(p.Hkv) + " Sq=" + std::to_string(p.Sq) +
            " Sk=" + std::to_string(p.Sk) + " D=" + std::to_string(p.D) +
            " Dv=" + std::to_string(p.Dv) + mods_text +
@@ -335,12 +376,15 @@ std::vector<std::vector<double>> run_reference(const FlexFloatCase& c) {
   return r;
 }
 
-/// Empty when |got − want| <= tol[e] everywhere (−inf only where want is).
+/// Empty when |got − want| <= tol[e] everywhere (±inf only where want is,
+/// NaN only where want is NaN).
 std::string flex_close(const std::string& what, const std::vector<float>& got,
                        const std::vector<double>& want, const std::vector<double>& tol) {
   for (std::size_t e = 0; e < want.size(); ++e) {
     const double g = got[e], w = want[e];
-    const bool ok = std::isinf(w) ? g == w : std::abs(g - w) <= tol[e];
+    const bool ok = std::isnan(w)   ? std::isnan(g)
+                    : std::isinf(w) ? g == w
+                                    : std::abs(g - w) <= tol[e];
     if (!ok) {
       return what + "[" + std::to_string(e) + "] = " + std::to_string(g) + ", reference " +
              std::to_string(w) + ", bound " + std::to_string(tol[e]);
@@ -373,6 +417,27 @@ void agree_flex(const Subject& s, bool backward, Mods mods) {
   if (!c.t.empty() && c.want_dT) {
     TANDEM_REQUIRE_EMPTY(flex_close(tag + "d_score_tensors[0]", got[5], want[5], b.dT[0]));
   }
+}
+
+/// A score_mod that gives NaN, +inf or −inf at one point (SPEC §13.4): its
+/// row's out and lse are NaN where the value is NaN or +inf, the rest as
+/// the reference's, within the bound of the program without that point
+/// (the one value changed is not finite, so it cannot be measured; a −inf
+/// only hides a key).
+void agree_flex_nonfinite(const Subject& s) {
+  if (!s.backend.flex_forward) return;
+  const FlexFloatCase c(Mods::nonfinite);
+  const Outputs got = run_flex(s.backend, c, false);
+  const std::vector<std::vector<double>> want = run_reference(c);
+  FlexFloatCase base = c;
+  base.plan = *c.finite;
+  const FlexInputs<float> in = base.inputs();
+  const std::span<const float> dout(c.dout);
+  const reference::FlexMeasured x = reference::flex_measure<float>(base.plan, in, dout);
+  const reference::FlexBounds b = reference::flex_bounds<float>(base.plan, in, dout, x, x.mod);
+  const std::string tag = c.describe() + "\n";
+  TANDEM_REQUIRE_EMPTY(flex_close(tag + "out", got[0], want[0], uniform(want[0].size(), b.out)));
+  TANDEM_REQUIRE_EMPTY(flex_close(tag + "lse", got[1], want[1], uniform(want[1].size(), b.lse)));
 }
 
 /// x as T vectors (x holds T's values, so exactly).
@@ -485,6 +550,7 @@ void register_flex_properties(std::vector<Property>& v) {
   v.push_back({"agree_flex_native_backward", "agreement", 100,
                [](const Subject& s) { agree_flex(s, true, Mods::native); }, false, false});
   v.push_back({"agree_flex_stored", "agreement", 60, agree_flex_stored, false, false});
+  v.push_back({"agree_flex_nonfinite", "agreement", 80, agree_flex_nonfinite, false, false});
   v.push_back({"flex_threads_bitwise", "determinism", 60, threads_bitwise, false, false});
 }
 

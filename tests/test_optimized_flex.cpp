@@ -372,5 +372,44 @@ TEST(OptimizedFlex, MixedWhereMinMaxFloorDivMod) {
   check(m);
 }
 
+// SPEC §13.4: a visible t that is NaN or +inf makes its row's out and lse
+// NaN in both backends; the other rows, and a hidden +inf, are untouched.
+TEST(OptimizedFlex, ANanOrInfiniteScoreMakesItsRowNaN) {
+  for (const bool nan : {true, false}) {
+    FlexParams p = sizes(1, 2, 1, 3, 70, 4, 4);  // two chunks of keys and more
+    ModProgram& s = p.score_mod;
+    // log(−1 − |s|) is NaN; the constant +inf is allowed (SPEC §13.1)
+    const ModValue bad = nan ? s.apply(ModOp::log, s.real(-1.0) - s.apply(ModOp::abs, s.score()))
+                             : s.real(kInf);
+    s.set_result(s.apply(ModOp::where, s.q_idx() == s.integer(1) && s.kv_idx() == s.integer(65), bad,
+                         s.apply(ModOp::where, s.kv_idx() == s.integer(69), s.real(kInf), s.score())));
+    ModProgram& m = p.mask_mod;
+    m.set_result(m.kv_idx() != m.integer(69));  // the second +inf is hidden
+    const FlexPlan plan = FlexPlan::make(p);
+    const std::vector<float> q = test::random_values<float>(std::size_t(plan.q_size()), 1),
+                             k = test::random_values<float>(std::size_t(plan.k_size()), 2),
+                             v = test::random_values<float>(std::size_t(plan.v_size()), 3);
+    const FlexInputs<float> in{q, k, v, {}, {}, {}};
+    const auto expect_row_1_nan = [&](const Kernels<float>& be) {
+      std::vector<float> out(std::size_t(plan.out_size()), 7.0f), lse(std::size_t(plan.lse_size()));
+      be.flex_forward(plan, in, out, lse);
+      for (std::int64_t h = 0; h < 2; ++h) {
+        for (std::int64_t i = 0; i < 3; ++i) {
+          const float l = lse[std::size_t(h * 3 + i)];
+          EXPECT_EQ(std::isnan(l), i == 1) << "lse of row " << i << ", head " << h;
+          for (std::int64_t e = 0; e < 4; ++e) {
+            const float o = out[std::size_t((h * 3 + i) * 4 + e)];
+            EXPECT_EQ(std::isnan(o), i == 1) << "out of row " << i << ", head " << h;
+          }
+        }
+      }
+    };
+    SCOPED_TRACE(nan ? "NaN" : "+inf");
+    expect_row_1_nan(reference::backend().kernels<float>());
+    test::for_each_target(
+        [&] { expect_row_1_nan(optimized::backend(optimized::Options(1)).kernels<float>()); });
+  }
+}
+
 }  // namespace
 }  // namespace tandem

@@ -152,7 +152,7 @@ struct ModCaptures {
 class ModProgram;
 
 /// A handle to a node of a program being built, for writing mods as
-/// expressions: `m.where(m.q_idx() >= m.kv_idx(), s, m.real(-INFINITY))`.
+/// expressions: `m.apply(ModOp::where, m.q_idx() >= m.kv_idx(), s, m.real(-INFINITY))`.
 /// Arithmetic mixing real and integer operands converts the integer one
 /// (to_real), as torch promotes an integer tensor against a float one.
 struct ModValue {

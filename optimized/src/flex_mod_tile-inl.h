@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "simd-inl.h"
@@ -233,15 +234,32 @@ inline bool ModTile::Arithmetic(const ModProgram& p, std::int32_t id) {
   }
 }
 
+/// e^x, NaN at NaN. Highway's Exp (and Log below) are written for finite
+/// arguments: its Exp gives 0 at NaN (it is right at ±inf and past float's
+/// range); the reference's std:: functions give IEEE's values, so the mods'
+/// NaN and infinities reach the softmax alike (SPEC §13.4).
+HWY_INLINE VF ExpOf(DF d, VF x) { return hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x)); }
+/// log x: NaN for x < 0 and for NaN, −inf at 0, +inf at +inf (Highway's
+/// Log gives finite values at each).
+HWY_INLINE VF LogOf(DF d, VF x) {
+  const VF inf = hn::Set(d, std::numeric_limits<float>::infinity());
+  const VF zero = hn::Zero(d);
+  const VF finite = hn::Log(d, hn::IfThenElse(hn::And(hn::Gt(x, zero), hn::Lt(x, inf)), x,
+                                              hn::Set(d, 1.0f)));
+  VF r = hn::IfThenElse(hn::Eq(x, inf), inf, finite);
+  r = hn::IfThenElse(hn::Eq(x, zero), hn::Neg(inf), r);
+  return hn::IfThenElse(hn::Or(hn::Lt(x, zero), hn::IsNaN(x)),
+                        hn::Set(d, std::numeric_limits<float>::quiet_NaN()), r);
+}
 /// exp, log, tanh, sigmoid (σ(x) = 1 / (1 + e^−x)); false for another operation.
 inline bool ModTile::Transcendental(const ModNode& n, std::int32_t id) {
   const std::int32_t a = n.arg[0];
   switch (n.op) {
     case ModOp::exp:
-      RealUnary(id, a, [](DF d, VF x) { return hn::Exp(d, x); });
+      RealUnary(id, a, [](DF d, VF x) { return ExpOf(d, x); });
       return true;
     case ModOp::log:
-      RealUnary(id, a, [](DF d, VF x) { return hn::Log(d, x); });
+      RealUnary(id, a, [](DF d, VF x) { return LogOf(d, x); });
       return true;
     case ModOp::tanh:
       RealUnary(id, a, [](DF d, VF x) { return hn::Tanh(d, x); });
@@ -249,7 +267,7 @@ inline bool ModTile::Transcendental(const ModNode& n, std::int32_t id) {
     case ModOp::sigmoid:
       RealUnary(id, a, [](DF d, VF x) {
         const VF one = hn::Set(d, 1.0f);
-        return hn::Div(one, hn::Add(one, hn::Exp(d, hn::Neg(x))));
+        return hn::Div(one, hn::Add(one, ExpOf(d, hn::Neg(x))));
       });
       return true;
     default:

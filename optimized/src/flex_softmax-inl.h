@@ -5,7 +5,9 @@
 // a running sum l = Σ_j e^{t_ij − m} and the running output
 // o = Σ_j e^{t_ij − m} v_j, both rescaled by e^{m_old − m_new} when a chunk
 // raises m. At the end o_i /= l_i and lse_i = m_i + log l_i; a row that saw
-// no visible key (m = −inf) has o = 0 and lse = −inf.
+// no visible key (m = −inf) has o = 0 and lse = −inf, and a row with a
+// visible t that is NaN or +inf has o and lse NaN (m is set to NaN at once,
+// and the row takes no more updates: Highway's Exp is not defined there).
 //
 // Agrees with tandem::reference::flex_row; the order differs: the
 // reference takes one maximum over all keys, then the sum, then the
@@ -103,9 +105,18 @@ inline void UpdateRow(const Call& c, const Chunk& ch, const float* t, const floa
   const DF d;
   const std::int64_t N = Lanes();
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  float mx = kNegInf;
-  for (std::int64_t j = 0; j < ch.cols; ++j) mx = std::max(mx, t[j]);
   const float m_old = s.m[static_cast<std::size_t>(r)];
+  if (std::isnan(m_old)) return;  // the row is NaN already
+  float mx = kNegInf;
+  bool poisoned = false;  // a NaN or +inf t: the row's o and lse are NaN
+  for (std::int64_t j = 0; j < ch.cols; ++j) {
+    mx = std::max(mx, t[j]);
+    poisoned |= std::isnan(t[j]) || t[j] == -kNegInf;
+  }
+  if (poisoned) {
+    s.m[static_cast<std::size_t>(r)] = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
   const float m_new = std::max(m_old, mx);
   if (m_new == kNegInf) return;  // nothing visible yet
   float* w = s.w.data() + r * ch.stride;
@@ -164,6 +175,11 @@ inline void ForwardTileRows(const Call& c, std::int64_t b, std::int64_t h, std::
     const float m = s.m[static_cast<std::size_t>(r)];
     if (m == kNegInf) {  // no visible key: o = 0, lse = −inf
       l = kNegInf;
+      continue;
+    }
+    if (std::isnan(m)) {  // a NaN or +inf t: o and lse NaN
+      std::fill(o, o + c.Dv, m);
+      l = m;
       continue;
     }
     for (std::int64_t e = 0; e < c.Dv; ++e) o[e] /= l;

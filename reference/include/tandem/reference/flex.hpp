@@ -107,6 +107,15 @@ FlexRow<S> flex_row(const FlexPlan& plan, const FlexInputs<S>& in, std::int64_t 
     evaluate_mod(p.score_mod, in.score_tensors, ModPoint<S>{s, b, h, i, j}, val);
     row.t[static_cast<std::size_t>(j)] = val[static_cast<std::size_t>(p.score_mod.result())].real;
   }
+  // a visible t_ij that is NaN or +inf: o_i and lse_i are NaN
+  for (const S& t : row.t) {
+    const double x = static_cast<double>(real_part(t));
+    if (std::isnan(x) || x == std::numeric_limits<double>::infinity()) {
+      row.lse = S(std::numeric_limits<double>::quiet_NaN());
+      std::fill(row.o.begin(), row.o.end(), row.lse);
+      return row;
+    }
+  }
   // m = max_j t_ij (by real part); a row with m = −inf sees nothing: o = 0, lse = −inf
   double m = -std::numeric_limits<double>::infinity();
   for (const S& t : row.t) m = std::max(m, static_cast<double>(real_part(t)));

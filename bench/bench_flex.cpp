@@ -13,6 +13,9 @@
 // Each is a native form (SPEC §13.5) and runs on the native kernels; the
 // document mask as packed sequences.
 // Both sides have the same B, H, S, D and FLOPs (the visible pairs).
+// Op flex_backward times each form's backward (the forward rerun, then dq,
+// dk, dv), which the report sets beside torch's backward on the CPU
+// (autograd through SDPA's math path, bench/peers/peers.py).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -151,64 +154,121 @@ struct NativeFixture {
   }
 };
 
-/// Registers one side (flex: `feature`, native: `plain`) of form f.
-void add_side(const BackendUnderTest& bu, Form f, const AttnShape& s, bool flex) {
+/// The flex forward's FLOPs: 2·(D + Dv) per visible pair.
+double forward_flops(Form f, const AttnShape& s) {
+  return static_cast<double>(s.B * s.H) * visible_pairs(f, s.Sq) * 2.0 *
+         static_cast<double>(s.D + s.Dv);
+}
+
+/// The spec of a benchmark of op `op` on form f (name: op/backend/shape
+/// then `/side` when side is not empty), with the mods' constants as params
+/// (bench/peers/peers.py builds the same mods from them) and `flops`.
+Spec flex_spec(const BackendUnderTest& bu, Form f, const AttnShape& s, const std::string& op,
+               const std::string& side, double flops) {
   Spec spec;
-  spec.op = "attention_features";
+  spec.op = op;
   spec.backend = bu.name;
   spec.shape = std::string("flex_") + name(f) + "_" + s.tag();
   spec.threads = bu.threads;
-  spec.name = spec.op + "/" + spec.backend + "/" + spec.shape + (flex ? "/feature" : "/plain");
-  // the flex side is also timed beside PyTorch's compiled flex_attention
-  // (bench/peers/peers.py builds the same mods from these params)
-  spec.tags = {"features", "flex", flex ? "feature" : "plain"};
-  if (flex) spec.tags.emplace_back("peer");
+  spec.name = spec.op + "/" + spec.backend + "/" + spec.shape + (side.empty() ? "" : "/" + side);
   s.describe(spec);
   spec.params["window"] = static_cast<double>(kWindow);
   spec.params["softcap"] = static_cast<double>(kSoftcap);
   spec.params["documents"] = static_cast<double>(kDocuments);
-  const double flops =
-      static_cast<double>(s.B * s.H) * visible_pairs(f, s.Sq) * 2.0 * static_cast<double>(s.D + s.Dv);
   spec.params["flop"] = flops;
+  return spec;
+}
+
+/// The flex backward of form f (the forward rerun, as flex_backward does):
+/// dq, dk, dv for a random dO.
+struct FlexBackwardFixture : FlexFixture {
+  std::vector<float> dout, dq, dk, dv;
+  FlexBackwardFixture(Form f, const AttnShape& s)
+      : FlexFixture(f, s),
+        dout(random_buffer(static_cast<std::size_t>(plan.out_size()), 4)),
+        dq(zero_buffer(q.size())),
+        dk(zero_buffer(k.size())),
+        dv(zero_buffer(v.size())) {}
+};
+
+/// Times `call` after one warm-up (a failure skips the benchmark).
+void time_calls(benchmark::State& st, const std::function<void()>& call, double flops,
+                int threads) {
+  try {
+    call();  // warm-up
+  } catch (const std::exception& e) {
+    st.SkipWithError(e.what());
+    return;
+  }
+  const auto loop_start = std::chrono::steady_clock::now();
+  for (auto _ : st) {
+    call();
+    benchmark::ClobberMemory();
+  }
+  set_flop_counters(st, flops, threads, seconds_since(loop_start));
+}
+
+/// Registers the flex backward of form f (op flex_backward, FLOPs 2.5× the
+/// forward's), timed beside PyTorch's backward through SDPA's math path
+/// with the mask materialized (bench/peers/peers.py).
+void add_backward(const BackendUnderTest& bu, Form f, const AttnShape& s) {
+  const double flops = 2.5 * forward_flops(f, s);
+  Spec spec = flex_spec(bu, f, s, "flex_backward", "", flops);
+  spec.tags = {"flex_backward", "peer"};
+  const std::string key = spec.name;
+  const int threads = bu.threads;
+  auto be = std::make_shared<Backend>(bu.make());
+  add(spec, [be, f, s, flops, threads, key](benchmark::State& st) {
+    auto& x = cached_fixture<FlexBackwardFixture>(
+        key, [&] { return std::make_unique<FlexBackwardFixture>(f, s); });
+    time_calls(st, [&x, be] {
+      be->flex_backward(x.plan, x.inputs(), x.dout, FlexGrads<float>{x.dq, x.dk, x.dv, {}});
+    }, flops, threads);
+  });
+}
+
+/// Registers one side (flex: `feature`, native: `plain`) of form f.
+void add_side(const BackendUnderTest& bu, Form f, const AttnShape& s, bool flex) {
+  const double flops = forward_flops(f, s);
+  Spec spec = flex_spec(bu, f, s, "attention_features", flex ? "feature" : "plain", flops);
+  // the flex side is also timed beside PyTorch's compiled flex_attention
+  spec.tags = {"features", "flex", flex ? "feature" : "plain"};
+  if (flex) spec.tags.emplace_back("peer");
   const std::string key = spec.name;
   const int threads = bu.threads;
   auto be = std::make_shared<Backend>(bu.make());
   add(spec, [be, f, s, flex, flops, threads, key](benchmark::State& st) {
-    std::function<void()> call;
-    try {
-      if (flex) {
-        auto& x =
-            cached_fixture<FlexFixture>(key, [&] { return std::make_unique<FlexFixture>(f, s); });
-        call = [&x, be] { be->flex_forward(x.plan, x.inputs(), x.out, x.lse); };
-      } else {
-        auto& x = cached_fixture<NativeFixture>(
-            key, [&] { return std::make_unique<NativeFixture>(f, s); });
-        call = [&x, be] { be->attention_forward(x.plan, x.inputs(), x.out); };
-      }
-      call();  // warm-up
-    } catch (const std::exception& e) {
-      st.SkipWithError(e.what());
-      return;
+    if (flex) {
+      auto& x =
+          cached_fixture<FlexFixture>(key, [&] { return std::make_unique<FlexFixture>(f, s); });
+      time_calls(st, [&x, be] { be->flex_forward(x.plan, x.inputs(), x.out, x.lse); }, flops,
+                 threads);
+    } else {
+      auto& x = cached_fixture<NativeFixture>(
+          key, [&] { return std::make_unique<NativeFixture>(f, s); });
+      time_calls(st, [&x, be] { be->attention_forward(x.plan, x.inputs(), x.out); }, flops,
+                 threads);
     }
-    const auto loop_start = std::chrono::steady_clock::now();
-    for (auto _ : st) {
-      call();
-      benchmark::ClobberMemory();
-    }
-    set_flop_counters(st, flops, threads, seconds_since(loop_start));
   });
 }
 
 }  // namespace
 
 void register_flex() {
-  if (!op_selected("attention_features")) return;
+  const bool forward = op_selected("attention_features"), backward = op_selected("flex_backward");
+  if (!forward && !backward) return;
   const Config& c = config();
   AttnShape s;  // B 1, H 8, D 128
   s.Sq = s.Sk = c.preset == Preset::quick ? 512 : 2048;
   s.causal = true;
+  constexpr Form kForms[] = {Form::causal, Form::window, Form::softcap, Form::alibi,
+                             Form::document};
   for (const auto& bu : backends_at(c.threads, false)) {
-    for (const Form f : {Form::causal, Form::window, Form::softcap, Form::alibi, Form::document}) {
+    for (const Form f : kForms) {
+      if (backward) add_backward(bu, f, s);
+    }
+    if (!forward) continue;
+    for (const Form f : kForms) {
       add_side(bu, f, s, true);
       add_side(bu, f, s, false);
     }

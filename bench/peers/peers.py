@@ -28,6 +28,8 @@ Peers (each only where importable):
   torch_flex_compiled  torch.compile(flex_attention) (Inductor's CPU template) on
                  bench_flex.cpp's FlexAttention forms, beside tandem.flex_attention with
                  the same Python mods and torch's block mask
+  torch_sdpa_math  the flex backward (bench_flex.cpp's flex_backward) as torch runs it on
+                 the CPU: autograd through SDPA's math path, the mask materialized
   openvino_sdpa  OpenVINO ScaledDotProductAttention-13 compiled for CPU
   onnxruntime_attention  ONNX Runtime, ONNX Attention-23 (else com.microsoft MultiHeadAttention)
   jax_dpa        jax.nn.dot_product_attention, jitted, XLA CPU
@@ -54,6 +56,7 @@ import os
 import subprocess
 import sys
 import time
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from alternate import alternate  # noqa: E402 - bench/alternate.py, beside this directory
@@ -173,9 +176,14 @@ def tandem_partner(task, threads):
         return None
     tandem.set_threads(threads)
     if is_flex(task):  # the same mods and block mask, traced by tandem.flex on each call
-        q, k, v, score_mod, block_mask = flex_call_args(task)
-        return lambda: tandem.flex_attention(q, k, v, score_mod=score_mod,
-                                             block_mask=block_mask)
+        import torch
+        a = flex_call_args(task)
+        if task["op"] == "flex_backward":  # autograd's backward of tandem's op, as torch's
+            q, k, v = (x.clone().requires_grad_(True) for x in (a.q, a.k, a.v))
+            out = tandem.flex_attention(q, k, v, score_mod=a.score_mod, block_mask=a.block_mask)
+            return lambda: torch.autograd.grad(out, (q, k, v), a.dout, retain_graph=True)
+        return lambda: tandem.flex_attention(a.q, a.k, a.v, score_mod=a.score_mod,
+                                             block_mask=a.block_mask)
     B, H, Hkv, Sq, Sk, D, Dv, causal = attn_dims(task["params"])
     caches = decode_caches(task["params"], 4) if op == "decode" else 1
     q = rng_arrays(np, [(B, H, Sq, D)], 1)[0]
@@ -232,15 +240,17 @@ def attn_dims(p):
 
 
 def is_flex(task):
-    """A FlexAttention form of bench_flex.cpp (op attention_features, shape flex_<form>_…)."""
-    return task["op"] == "attention_features" and task["shape"].startswith("flex_")
+    """A FlexAttention form of bench_flex.cpp (op attention_features, the forward, or
+    flex_backward; shape flex_<form>_…)."""
+    return task["op"] in ("attention_features", "flex_backward") \
+        and task["shape"].startswith("flex_")
 
 
 def flex_call_args(task):
-    """(q, k, v, score_mod, block_mask) of a bench_flex.cpp form as torch users write it
-    (float32, bhsd, seeds 1, 2, 3; torch's create_block_mask, 128 × 128 blocks): the same
-    Python callables for torch's compiled flex_attention and for tandem.flex_attention,
-    which traces them."""
+    """A bench_flex.cpp form as torch users write it (float32, bhsd, seeds 1, 2, 3 and 4
+    for dO; torch's create_block_mask, 128 × 128 blocks): a namespace of q, k, v, dout,
+    score_mod, mask_mod, block_mask, the form, the slopes and the softcap; the same Python
+    callables for torch and for tandem.flex_attention, which traces them."""
     import torch
     from torch.nn.attention.flex_attention import create_block_mask
     np = __import__("numpy")
@@ -250,6 +260,7 @@ def flex_call_args(task):
     window, cap, docs = int(p["window"]), float(p["softcap"]), int(p["documents"])
     q, k, v = (torch.from_numpy(a) for a in rng_arrays(
         np, [(B, H, S, D), (B, Hkv, S, D), (B, Hkv, S, Dv)], 1))
+    dout = torch.from_numpy(rng_arrays(np, [(B, H, S, Dv)], 4)[0])
     slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)])
     doc = torch.arange(S) * docs // S
 
@@ -269,7 +280,9 @@ def flex_call_args(task):
 
     score_mod = {"softcap": softcap, "alibi": alibi}.get(form)
     block_mask = create_block_mask(mask_mod, None, None, S, S, device="cpu", BLOCK_SIZE=128)
-    return q, k, v, score_mod, block_mask
+    return types.SimpleNamespace(q=q, k=k, v=v, dout=dout, score_mod=score_mod,
+                                 mask_mod=mask_mod, block_mask=block_mask, form=form,
+                                 slopes=slopes, cap=cap)
 
 
 # ---------------------------------------------------------------------------
@@ -278,16 +291,49 @@ def flex_call_args(task):
 
 def torch_flex_impls(task):
     """torch.compile(flex_attention) on a bench_flex.cpp form (compiled on its first call,
-    the warm-up: Inductor's CPU template, forward only)."""
+    the warm-up: Inductor's CPU template, forward only), or for flex_backward the backward
+    torch has on the CPU: autograd through SDPA's math path with the mask materialized."""
     import torch
     from torch.nn.attention.flex_attention import flex_attention
-    q, k, v, score_mod, block_mask = flex_call_args(task)
+    a = flex_call_args(task)
+    if task["op"] == "flex_backward":
+        return torch_flex_math_backward(a)
     compiled = torch.compile(flex_attention)
 
     def call():
         with torch.inference_mode():
-            return compiled(q, k, v, score_mod=score_mod, block_mask=block_mask)
+            return compiled(a.q, a.k, a.v, score_mod=a.score_mod, block_mask=a.block_mask)
     return [("torch_flex_compiled", call, {"note": "torch.compile(flex_attention)"})]
+
+
+def torch_flex_math_backward(a):
+    """autograd's backward (the forward graph built once) of SDPA's math path with the
+    form's mask materialized as [S, S] (ALiBi: a float bias [H, S, S]); the softcap,
+    which SDPA cannot take, as the same math written out (scores, tanh, softmax, P·V)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    S, D = a.q.shape[2], a.q.shape[3]
+    i, j = torch.arange(S).view(S, 1), torch.arange(S).view(1, S)
+    visible = a.mask_mod(0, 0, i, j)
+    q, k, v = (x.clone().requires_grad_(True) for x in (a.q, a.k, a.v))
+    note = "SDPA math path, mask materialized, autograd backward only"
+    if a.form == "softcap":
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+        t = (a.cap * torch.tanh(s / a.cap)).masked_fill(~visible, float("-inf"))
+        out = torch.softmax(t, dim=-1) @ v
+        note = "softcap: the math written out (SDPA takes no score_mod), autograd backward only"
+    else:
+        mask = visible
+        if a.form == "alibi":
+            bias = -a.slopes.view(-1, 1, 1) * (i - j).abs()
+            mask = bias.masked_fill(~visible, float("-inf"))
+        with sdpa_kernel(SDPBackend.MATH):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    def call():
+        return torch.autograd.grad(out, (q, k, v), a.dout, retain_graph=True)
+    return [("torch_sdpa_math", call, {"note": note})]
 
 
 def torch_impls(task, threads):

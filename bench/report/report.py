@@ -44,7 +44,9 @@ OPS = ("attention_forward, attention_backward, attention_backward_saved, "
        "axial_rope_forward, axial_rope_backward, swiglu_forward, swiglu_backward, "
        "attention_block, attention_forward_stored, attention_backward_saved_stored, "
        "decode_stored (f32, bf16, f16[, int8, e4m3] in turn), "
-       "invariance (the default and the batch-invariant order in turn), roofline")
+       "invariance (the default and the batch-invariant order in turn), attention_features "
+       "(packed, paged and flex-written features beside their plain forms), flex_backward, "
+       "roofline")
 
 
 def parse_args(argv=None):

@@ -753,7 +753,10 @@ def _flex_setup(ctx, inputs, output):
     query, key, value, score_tensors, mask_tensors, block_mask, call, backend = inputs
     ctx.counts = (len(score_tensors), len(mask_tensors))
     ctx.call, ctx.backend = call, backend
-    ctx.real = [t.is_floating_point() for t in score_tensors]
+    # only the float tensors that require grad get one: needs_input_grad of
+    # the list says whether any does, and asking the kernels for a gradient
+    # nobody wants takes the program path (SPEC §13.5: no native slopes' gradient)
+    ctx.real = [t.is_floating_point() and t.requires_grad for t in score_tensors]
     ctx.save_for_backward(query, key, value, *score_tensors, *mask_tensors, *block_mask)
     ctx.mark_non_differentiable(output[1])
 

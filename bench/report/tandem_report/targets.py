@@ -519,6 +519,9 @@ TARGETS = (
     PeerSpeedup("flex forward (each form, tandem.flex_attention from Python): ≥ 1.5× faster "
                 "than PyTorch's compiled flex_attention", "attention_features", None,
                 ("torch_flex_compiled",), 1.5, every_shape=True, tags=("flex", "feature")),
+    # the flex backward beside torch's only CPU backward of it (measured, no target ratio)
+    VersusPeers("flex_backward", None, ("torch_sdpa_math",),
+                "autograd through SDPA's math path, mask materialized"),
     # low-precision storage (SPEC §10), each type paired with f32 in the same iterations
     *LOW_PRECISION_TARGETS,
     # the roofline itself: the figures above are trustworthy only if it held still

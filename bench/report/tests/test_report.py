@@ -574,6 +574,25 @@ class FlexPeerTest(unittest.TestCase):
         self.assertEqual(o.status, "not met")
         self.assertIn("1 shape(s) without the peer", o.measured)
 
+    def test_the_backward_beside_the_math_path(self):
+        run = with_flex([0.002] * 3)
+        row = copy.deepcopy(next(r for r in run["bench"]
+                                 if r["name"].endswith("flex_causal_B1_H8_S512_D128_causal/feature")))
+        row["name"] = "flex_backward/optimized/flex_causal_B1_H8_S512_D128_causal"
+        row["_spec"].update(name=row["name"], op="flex_backward", tags=["flex_backward", "peer"])
+        run["bench"].append(row)
+        run["plan"]["benchmarks"].append(row["_spec"])
+        run["peers"]["results"].append({
+            "op": "flex_backward", "shape": "flex_causal_B1_H8_S512_D128_causal", "threads": 2,
+            "library": "torch", "version": "2.15", "tandem_name": row["name"],
+            "peer": "torch_sdpa_math", "seconds": 0.003, "peer_rounds_s": [0.003] * 3,
+            "tandem_rounds_s": [0.002] * 3})
+        found = [o for o in targets.evaluate(Results.from_run(run))
+                 if o.target.startswith("flex_backward flex_causal")]
+        self.assertEqual(len(found), 1)
+        self.assertEqual(found[0].status, "met")
+        self.assertIn("1.50×", found[0].measured)
+
     def test_not_measured_without_flex_rows(self):
         o = by_target(targets.evaluate(Results.from_run(RUN)))[FLEX]
         self.assertEqual(o.status, "not measured")

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 import tandem
 from tandem import _ext
+from tandem import flex as flex_module
 
 flex_api = pytest.importorskip("torch.nn.attention.flex_attention")
 
@@ -266,6 +267,28 @@ def test_alibi_slopes_and_a_softcap_get_their_gradients():
     want = torch.autograd.grad(materialized(q, k, v, mod), args, dout)
     for g, w in zip(got, want):
         close(g, w, TOL64)
+
+
+def test_only_captured_tensors_that_require_grad_get_one(monkeypatch):
+    # two captured tensors, one wanting its gradient: the kernels are asked
+    # for that one alone (a gradient nobody wants costs the native path)
+    q, k, v = qkv(grad=True)
+    slopes, bias = SLOPES.clone(), torch.randn(SK, dtype=torch.float64, requires_grad=True)
+
+    def mod(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx) + bias[kv_idx]
+
+    asked = []
+    backward = flex_module._flex_backward_op
+
+    def spy(*args):
+        asked.append(list(args[-1]))
+        return backward(*args)
+    monkeypatch.setattr(flex_module, "_flex_backward_op", spy)
+    dout = torch.randn(B, H, SQ, D, dtype=torch.float64)
+    got = torch.autograd.grad(tandem.flex_attention(q, k, v, score_mod=mod), (q, bias), dout)
+    assert asked == [[True, True, True, False, True]] and slopes.grad is None
+    close(got[1], torch.autograd.grad(materialized(q, k, v, mod), bias, dout)[0], TOL64)
 
 
 def test_learned_bias_gradient_matches_sdpa_with_the_materialized_bias():

@@ -101,8 +101,8 @@ struct FlexFixture {
       g.set_result(g.score() - g.load(t, {g.h()}) * g.apply(ModOp::to_real, d));
       slopes = alibi_slopes(s.H);
     }
-    blocks = reference::create_block_mask<float>(FlexPlan::make(p), mask_tensors(), 128, 128,
-                                                 true, true);
+    blocks = reference::create_block_mask<float>(FlexPlan::make(p), mask_tensors(), 128, 128, true,
+                                                 true);
     p.block_mask = blocks.shape;
     plan = FlexPlan::make(p);
     q = random_buffer(static_cast<std::size_t>(plan.q_size()), 1);
@@ -221,9 +221,12 @@ void add_backward(const BackendUnderTest& bu, Form f, const AttnShape& s) {
   add(spec, [be, f, s, flops, threads, key](benchmark::State& st) {
     auto& x = cached_fixture<FlexBackwardFixture>(
         key, [&] { return std::make_unique<FlexBackwardFixture>(f, s); });
-    time_calls(st, [&x, be] {
-      be->flex_backward(x.plan, x.inputs(), x.dout, FlexGrads<float>{x.dq, x.dk, x.dv, {}});
-    }, flops, threads);
+    time_calls(
+        st,
+        [&x, be] {
+          be->flex_backward(x.plan, x.inputs(), x.dout, FlexGrads<float>{x.dq, x.dk, x.dv, {}});
+        },
+        flops, threads);
   });
 }
 
@@ -241,13 +244,13 @@ void add_side(const BackendUnderTest& bu, Form f, const AttnShape& s, bool flex)
     if (flex) {
       auto& x =
           cached_fixture<FlexFixture>(key, [&] { return std::make_unique<FlexFixture>(f, s); });
-      time_calls(st, [&x, be] { be->flex_forward(x.plan, x.inputs(), x.out, x.lse); }, flops,
-                 threads);
+      time_calls(
+          st, [&x, be] { be->flex_forward(x.plan, x.inputs(), x.out, x.lse); }, flops, threads);
     } else {
-      auto& x = cached_fixture<NativeFixture>(
-          key, [&] { return std::make_unique<NativeFixture>(f, s); });
-      time_calls(st, [&x, be] { be->attention_forward(x.plan, x.inputs(), x.out); }, flops,
-                 threads);
+      auto& x =
+          cached_fixture<NativeFixture>(key, [&] { return std::make_unique<NativeFixture>(f, s); });
+      time_calls(
+          st, [&x, be] { be->attention_forward(x.plan, x.inputs(), x.out); }, flops, threads);
     }
   });
 }

@@ -100,9 +100,14 @@ ModValue band_mask(ModProgram& m, i64 c, i64 w, i64 Sk) {
 ModProgram native_score_mod(i64 H, i64 shift, bool& alibi) {
   ModProgram f;
   // 0 none, 1 score, 2 softcap, 3 not a softcap, 4 ALiBi, 5 torch's ALiBi, 6 and 7 off by one
-  const int kind = *rc::gen::weightedOneOf<int>(
-      {{1, rc::gen::just(0)}, {1, rc::gen::just(1)}, {2, rc::gen::just(2)}, {1, rc::gen::just(3)},
-       {2, rc::gen::just(4)}, {2, rc::gen::just(5)}, {1, rc::gen::just(6)}, {2, rc::gen::just(7)}});
+  const int kind = *rc::gen::weightedOneOf<int>({{1, rc::gen::just(0)},
+                                                 {1, rc::gen::just(1)},
+                                                 {2, rc::gen::just(2)},
+                                                 {1, rc::gen::just(3)},
+                                                 {2, rc::gen::just(4)},
+                                                 {2, rc::gen::just(5)},
+                                                 {1, rc::gen::just(6)},
+                                                 {2, rc::gen::just(7)}});
   alibi = kind >= 4;
   if (kind == 0) return f;
   const ModValue s = f.score();
@@ -111,8 +116,8 @@ ModProgram native_score_mod(i64 H, i64 shift, bool& alibi) {
     const ModValue q = f.q_idx(), kv = f.kv_idx();
     if (kind == 4 || kind == 7) {  // score − m·abs(q_idx − kv_idx + shift), or one key off
       const i64 off = shift + (kind == 7 ? 1 : 0);
-      const ModValue d = *rc::gen::arbitrary<bool>() ? q - kv + f.integer(off)
-                                                     : kv - q - f.integer(off);
+      const ModValue d =
+          *rc::gen::arbitrary<bool>() ? q - kv + f.integer(off) : kv - q - f.integer(off);
       f.set_result(s - m * f.apply(ModOp::abs, d));
     } else {  // torch's score + m·(kv_idx − q_idx), or one key off
       f.set_result(s + m * (kv - q + f.integer(kind == 5 ? 0 : 1)));
@@ -206,9 +211,8 @@ struct FlexFloatCase {
       const ModProgram& m = p.mask_mod;
       const bool per_b = m.empty() || m.reads(ModOp::batch, m.result());
       const bool per_h = m.empty() || m.reads(ModOp::head, m.result());
-      const auto size = mods != Mods::native
-                            ? rc::gen::element<i64>(1, 2, 3, 5, 8, 16, 17, 32, 64)
-                            : rc::gen::element<i64>(2, 3, 5, 8, 16, 17, 32);
+      const auto size = mods != Mods::native ? rc::gen::element<i64>(1, 2, 3, 5, 8, 16, 17, 32, 64)
+                                             : rc::gen::element<i64>(2, 3, 5, 8, 16, 17, 32);
       const i64 qb = *size, kb = *size;
       blocks = reference::create_block_mask<float>(plan, mask_views(), qb, kb,
                                                    !per_b && *rc::gen::arbitrary<bool>(),
@@ -253,9 +257,9 @@ struct FlexFloatCase {
                        : kind == 4 ? g.real(-kInf)
                        : kind == 5 ? g.apply(ModOp::log, g.real(0.0))
                                    : g.apply(ModOp::tanh, nan);
-    constexpr const char* what[] = {"log(-1 - |score|) (NaN)", "exp(NaN)",      "+inf",
-                                    "log(+inf)",               "-inf",          "log(0) (-inf)",
-                                    "tanh(NaN)"};
+    constexpr const char* what[] = {
+        "log(-1 - |score|) (NaN)", "exp(NaN)", "+inf", "log(+inf)", "-inf",
+        "log(0) (-inf)",           "tanh(NaN)"};
     special = std::string(what[kind]) + " at q_idx " + std::to_string(i) + ", kv_idx " +
               std::to_string(j);
     const ModValue hit = g.q_idx() == g.integer(i) && g.kv_idx() == g.integer(j);
@@ -264,7 +268,7 @@ struct FlexFloatCase {
   }
   void draw_native(FlexParams& p) {
     const bool docs = *rc::gen::inRange(0, 3) == 0;
-    if (docs) p.Sq = *rc::gen::inRange<i64>(40, 141);  // several documents and blocks
+    if (docs) p.Sq = *rc::gen::inRange<i64>(40, 141);      // several documents and blocks
     if (docs || *rc::gen::arbitrary<bool>()) p.Sk = p.Sq;  // Sq = Sk often: torch's ALiBi
     const i64 o = std::max<i64>(p.Sk - p.Sq, 0);
     const i64 c = *rc::gen::weightedOneOf<i64>(
@@ -287,11 +291,10 @@ struct FlexFloatCase {
       m.set_result(r);
     }
     plan = FlexPlan::make(p);
-    native = "mask_mod " + (p.mask_mod.empty() ? std::string("none")
-                                               : p.mask_mod.render(p.mask_mod.result())) +
+    native = "mask_mod " +
+             (p.mask_mod.empty() ? std::string("none") : p.mask_mod.render(p.mask_mod.result())) +
              "\nscore_mod " +
-             (p.score_mod.empty() ? std::string("none")
-                                  : p.score_mod.render(p.score_mod.result()));
+             (p.score_mod.empty() ? std::string("none") : p.score_mod.render(p.score_mod.result()));
   }
   /// `band` joined by a document mask doc[q_idx] == doc[kv_idx] in m (doc
   /// `[Sk]` in runs of L keys, or alternating runs: not documents).
@@ -321,9 +324,10 @@ struct FlexFloatCase {
   [[nodiscard]] std::string describe() const {
     const FlexParams& p = plan.params();
     const std::string mods_text =
-        mods == Mods::native ? "\n" + native
-                             : "\nscore_mod " + props::describe(score) +
-                                   (p.mask_mod.empty() ? "" : "\nmask_mod " + props::describe(mask));
+        mods == Mods::native
+            ? "\n" + native
+            : "\nscore_mod " + props::describe(score) +
+                  (p.mask_mod.empty() ? "" : "\nmask_mod " + props::describe(mask));
     return (special.empty() ? "" : "score_mod's value " + special + " in\n") +
            "B=" + std::to_string(p.B) + " H=" + std::to_string(p.H) +
            " Hkv=" + std::to_string(p.Hkv) + " Sq=" + std::to_string(p.Sq) +
@@ -348,9 +352,9 @@ Outputs run_flex(const Backend& be, const FlexFloatCase& c, bool backward) {
   r[4].assign(c.v.size(), sentinel());
   r[5].assign(c.t.size(), sentinel());
   FlexGrads<float> g{r[2], r[3], r[4], {}};
-  if (!c.t.empty() && c.want_dT) g.d_score_tensors = c.tensors().real.size() == 2
-                                                        ? std::vector<std::span<float>>{r[5], {}}
-                                                        : std::vector<std::span<float>>{r[5]};
+  if (!c.t.empty() && c.want_dT)
+    g.d_score_tensors = c.tensors().real.size() == 2 ? std::vector<std::span<float>>{r[5], {}}
+                                                     : std::vector<std::span<float>>{r[5]};
   be.flex_backward(c.plan, in, c.dout, g);
   return r;
 }
@@ -369,9 +373,9 @@ std::vector<std::vector<double>> run_reference(const FlexFloatCase& c) {
   r[5].resize(c.t.size());
   const std::vector<double> dout(c.dout.begin(), c.dout.end());
   FlexGrads<double> g{r[2], r[3], r[4], {}};
-  if (!c.t.empty()) g.d_score_tensors = c.tensors().real.size() == 2
-                                            ? std::vector<std::span<double>>{r[5], {}}
-                                            : std::vector<std::span<double>>{r[5]};
+  if (!c.t.empty())
+    g.d_score_tensors = c.tensors().real.size() == 2 ? std::vector<std::span<double>>{r[5], {}}
+                                                     : std::vector<std::span<double>>{r[5]};
   reference::flex_backward<double>(c.plan, w.in, dout, g);
   return r;
 }
@@ -470,8 +474,8 @@ void agree_flex_stored_at(const Subject& s, Mods mods, int p, double tiny) {
     for (const auto& x : m.real) r.real.push_back(x.empty() ? std::span<const T>() : t);
     return r;
   };
-  const FlexInputs<T> in{q, k, v, stored(wide.score_tensors), stored(wide.mask_tensors),
-                         wide.block_mask};
+  const FlexInputs<T> in{
+      q, k, v, stored(wide.score_tensors), stored(wide.mask_tensors), wide.block_mask};
   const auto run = [&](const Kernels<T>& be) {
     std::vector<std::vector<T>> r{std::vector<T>(std::size_t(c.plan.out_size())),
                                   std::vector<T>(q.size()), std::vector<T>(k.size()),
@@ -501,9 +505,8 @@ void agree_flex_stored_at(const Subject& s, Mods mods, int p, double tiny) {
       const double g = static_cast<double>(got[i][e]), w = static_cast<double>(want[i][e]);
       const double tol = bound * (1 + std::ldexp(1.0, -p)) + std::ldexp(std::abs(w), 1 - p) + tiny;
       if (!(std::abs(g - w) <= tol || (std::isinf(w) && g == w))) {
-        RC_FAIL(c.describe() + "\n" + what + "[" + std::to_string(e) + "] = " +
-                std::to_string(g) + ", reference " + std::to_string(w) + ", bound " +
-                std::to_string(tol));
+        RC_FAIL(c.describe() + "\n" + what + "[" + std::to_string(e) + "] = " + std::to_string(g) +
+                ", reference " + std::to_string(w) + ", bound " + std::to_string(tol));
       }
     }
   };

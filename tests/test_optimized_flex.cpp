@@ -379,10 +379,11 @@ TEST(OptimizedFlex, ANanOrInfiniteScoreMakesItsRowNaN) {
     FlexParams p = sizes(1, 2, 1, 3, 70, 4, 4);  // two chunks of keys and more
     ModProgram& s = p.score_mod;
     // log(−1 − |s|) is NaN; the constant +inf is allowed (SPEC §13.1)
-    const ModValue bad = nan ? s.apply(ModOp::log, s.real(-1.0) - s.apply(ModOp::abs, s.score()))
-                             : s.real(kInf);
-    s.set_result(s.apply(ModOp::where, s.q_idx() == s.integer(1) && s.kv_idx() == s.integer(65), bad,
-                         s.apply(ModOp::where, s.kv_idx() == s.integer(69), s.real(kInf), s.score())));
+    const ModValue bad =
+        nan ? s.apply(ModOp::log, s.real(-1.0) - s.apply(ModOp::abs, s.score())) : s.real(kInf);
+    s.set_result(
+        s.apply(ModOp::where, s.q_idx() == s.integer(1) && s.kv_idx() == s.integer(65), bad,
+                s.apply(ModOp::where, s.kv_idx() == s.integer(69), s.real(kInf), s.score())));
     ModProgram& m = p.mask_mod;
     m.set_result(m.kv_idx() != m.integer(69));  // the second +inf is hidden
     const FlexPlan plan = FlexPlan::make(p);

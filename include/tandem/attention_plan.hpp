@@ -346,8 +346,8 @@ inline std::int64_t AttentionPlan::mask_row(std::int64_t b, std::int64_t h, std:
 namespace detail {
 
 /// The feature rules of make() (SPEC §2.9–2.10): packed sequences are a
-/// batch of 1 (bshd `[total, H, D]` or bhsd `[H, total, D]`), a paged cache is a bshd batch read through a block table, the
-/// two do not combine, and neither takes a key_padding or bias mask (a
+/// batch of 1 (bshd `[total, H, D]` or bhsd `[H, total, D]`), a paged cache is a bshd batch read
+/// through a block table, the two do not combine, and neither takes a key_padding or bias mask (a
 /// padded or biased key is addressed by position, which neither has).
 /// Returns the key length Sk of the plan.
 inline std::int64_t check_feature_params(const AttentionParams& p) {

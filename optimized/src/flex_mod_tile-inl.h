@@ -238,14 +238,16 @@ inline bool ModTile::Arithmetic(const ModProgram& p, std::int32_t id) {
 /// arguments: its Exp gives 0 at NaN (it is right at ±inf and past float's
 /// range); the reference's std:: functions give IEEE's values, so the mods'
 /// NaN and infinities reach the softmax alike (SPEC §13.4).
-HWY_INLINE VF ExpOf(DF d, VF x) { return hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x)); }
+HWY_INLINE VF ExpOf(DF d, VF x) {
+  return hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x));
+}
 /// log x: NaN for x < 0 and for NaN, −inf at 0, +inf at +inf (Highway's
 /// Log gives finite values at each).
 HWY_INLINE VF LogOf(DF d, VF x) {
   const VF inf = hn::Set(d, std::numeric_limits<float>::infinity());
   const VF zero = hn::Zero(d);
-  const VF finite = hn::Log(d, hn::IfThenElse(hn::And(hn::Gt(x, zero), hn::Lt(x, inf)), x,
-                                              hn::Set(d, 1.0f)));
+  const VF finite =
+      hn::Log(d, hn::IfThenElse(hn::And(hn::Gt(x, zero), hn::Lt(x, inf)), x, hn::Set(d, 1.0f)));
   VF r = hn::IfThenElse(hn::Eq(x, inf), inf, finite);
   r = hn::IfThenElse(hn::Eq(x, zero), hn::Neg(inf), r);
   return hn::IfThenElse(hn::Or(hn::Lt(x, zero), hn::IsNaN(x)),

@@ -5,15 +5,15 @@
 
 #include "flex_native.hpp"
 
-#include "entry_points.hpp"
-#include "tandem/optimized/convert.hpp"
-#include "tandem/storage.hpp"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
+
+#include "entry_points.hpp"
+#include "tandem/optimized/convert.hpp"
+#include "tandem/storage.hpp"
 
 namespace tandem::optimized::flex {
 namespace {
@@ -283,10 +283,9 @@ std::int32_t alibi_of(const ModProgram& f, const Band& band, std::int64_t Sq, st
   const ModNode& m = f.node(y);
   const auto slopes = [&](std::int32_t id) {
     const ModNode& n = f.node(id);
-    return n.op == ModOp::load && f.tensors()[static_cast<std::size_t>(n.tensor)].type ==
-                                      ModType::real &&
-           f.tensors()[static_cast<std::size_t>(n.tensor)].shape ==
-               std::vector<std::int64_t>{H} &&
+    return n.op == ModOp::load &&
+           f.tensors()[static_cast<std::size_t>(n.tensor)].type == ModType::real &&
+           f.tensors()[static_cast<std::size_t>(n.tensor)].shape == std::vector<std::int64_t>{H} &&
            f.node(n.index[0]).op == ModOp::head;
   };
   const std::int32_t load = slopes(m.arg[0]) ? m.arg[0] : slopes(m.arg[1]) ? m.arg[1] : -1;
@@ -328,7 +327,8 @@ bool blocks_agree(const FlexPlan& plan, const FlexBlockMaskData& blocks, const B
       }
     };
     mark(blocks.kv_num_blocks, blocks.kv_indices, m.width, Kind::partial);
-    if (m.has_full) mark(blocks.full_kv_num_blocks, blocks.full_kv_indices, m.full_width, Kind::full);
+    if (m.has_full)
+      mark(blocks.full_kv_num_blocks, blocks.full_kv_indices, m.full_width, Kind::full);
     const std::int64_t qb = row % nQ, i0 = qb * m.q_block, i1 = std::min(i0 + m.q_block, Sq) - 1;
     for (std::int64_t kb = 0; kb < nK; ++kb) {
       const std::int64_t j0 = kb * m.kv_block, j1 = std::min(j0 + m.kv_block, Sk) - 1;
@@ -336,7 +336,8 @@ bool blocks_agree(const FlexPlan& plan, const FlexBlockMaskData& blocks, const B
       const std::int64_t lo = j0 - i1, hi = j1 - i0;
       const Kind k = kind[static_cast<std::size_t>(kb)];
       const auto at = [doc](std::int64_t x) { return (*doc)[static_cast<std::size_t>(x)]; };
-      const bool one_doc = doc == nullptr || (at(i0) == at(i1) && at(j0) == at(j1) && at(i0) == at(j0));
+      const bool one_doc =
+          doc == nullptr || (at(i0) == at(i1) && at(j0) == at(j1) && at(i0) == at(j0));
       const bool docs_meet = doc == nullptr || (at(j0) <= at(i1) && at(i0) <= at(j1));
       if (k == Kind::full && (lo < band.lo || hi > band.hi || !one_doc)) return false;
       if (k == Kind::hidden && hi >= band.lo && lo <= band.hi && docs_meet) return false;
@@ -370,8 +371,8 @@ std::int32_t documents_of(const ModProgram& p, std::int32_t id, std::int64_t Sk)
   const ModTensor& t = p.tensors()[static_cast<std::size_t>(x.tensor)];
   if (t.type != ModType::integer || t.shape != std::vector<std::int64_t>{Sk}) return -1;
   const ModOp a = p.node(x.index[0]).op, b = p.node(y.index[0]).op;
-  const bool sides = (a == ModOp::q_idx && b == ModOp::kv_idx) ||
-                     (a == ModOp::kv_idx && b == ModOp::q_idx);
+  const bool sides =
+      (a == ModOp::q_idx && b == ModOp::kv_idx) || (a == ModOp::kv_idx && b == ModOp::q_idx);
   return sides ? x.tensor : -1;
 }
 
@@ -550,9 +551,8 @@ std::vector<float> widened(std::span<const T> x) {
 /// kernels' own bf16 backward reads the output rounded to T, a rounding
 /// point flex does not have.)
 template <class T>
-bool native_backward_widened(const FlexPlan& plan, const FlexInputs<T>& in,
-                             std::span<const T> dout, const FlexGrads<T>& grads,
-                             const Options& options) {
+bool native_backward_widened(const FlexPlan& plan, const FlexInputs<T>& in, std::span<const T> dout,
+                             const FlexGrads<T>& grads, const Options& options) {
   if (!native_form(plan, in.block_mask, in.mask_tensors.integer)) return false;
   const std::vector<float> q = widened(in.q), k = widened(in.k), v = widened(in.v),
                            dO = widened(dout);
@@ -563,8 +563,8 @@ bool native_backward_widened(const FlexPlan& plan, const FlexInputs<T>& in,
   const ModCaptures<float> mask{std::vector<std::span<const float>>(in.mask_tensors.real.size()),
                                 in.mask_tensors.integer};
   std::vector<float> dq(grads.dq.size()), dk(grads.dk.size()), dv(grads.dv.size());
-  if (!native_backward<float>(plan, {q, k, v, score, mask, in.block_mask}, dO,
-                              {dq, dk, dv, {}}, options)) {
+  if (!native_backward<float>(plan, {q, k, v, score, mask, in.block_mask}, dO, {dq, dk, dv, {}},
+                              options)) {
     return false;
   }
   // RN_T of each float gradient, once (convert.hpp's rounding stores)
@@ -595,10 +595,10 @@ bool native_backward(const FlexPlan& plan, const FlexInputs<T>& in, std::span<co
   return true;
 }
 
-#define TANDEM_FLEX_NATIVE(T)                                                                   \
-  template bool native_forward(const FlexPlan&, const FlexInputs<T>&, std::span<T>,            \
-                               std::span<float>, const Options&);                              \
-  template bool native_backward(const FlexPlan&, const FlexInputs<T>&, std::span<const T>,     \
+#define TANDEM_FLEX_NATIVE(T)                                                              \
+  template bool native_forward(const FlexPlan&, const FlexInputs<T>&, std::span<T>,        \
+                               std::span<float>, const Options&);                          \
+  template bool native_backward(const FlexPlan&, const FlexInputs<T>&, std::span<const T>, \
                                 const FlexGrads<T>&, const Options&);
 TANDEM_FLEX_NATIVE(float)
 TANDEM_FLEX_NATIVE(bfloat16)

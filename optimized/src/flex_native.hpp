@@ -30,7 +30,6 @@
 
 #include <cstdint>
 #include <optional>
-
 #include <span>
 #include <vector>
 

@@ -559,6 +559,8 @@ const char* to_string(Bug bug) {
       return "flex_thread_dependent";
     case Bug::flex_block_mask_ignored:
       return "flex_block_mask_ignored";
+    case Bug::flex_nonfinite_rows_zeroed:
+      return "flex_nonfinite_rows_zeroed";
     case Bug::rope_table_stride_half_nrot:
       return "rope_table_stride_half_nrot";
     case Bug::rope_rank4_as_bshd:
@@ -694,7 +696,7 @@ const char* to_string(Bug bug) {
 std::vector<Bug> all_bugs() {
   std::vector<Bug> v;
   for (int b = static_cast<int>(Bug::rope_table_stride_half_nrot);
-       b <= static_cast<int>(Bug::flex_block_mask_ignored); ++b) {
+       b <= static_cast<int>(Bug::flex_nonfinite_rows_zeroed); ++b) {
     v.push_back(static_cast<Bug>(b));
   }
   return v;
@@ -707,7 +709,9 @@ namespace {
 /// out's first element one ulp up when `threads` > 1 (float only: the
 /// determinism property runs at float), flex_block_mask_ignored calls it
 /// without the block mask (mask_mod alone decides: what a kernel that
-/// trusts mask_mod over a block mask that contradicts it computes).
+/// trusts mask_mod over a block mask that contradicts it computes), and
+/// flex_nonfinite_rows_zeroed gives a row that SPEC §13.4 makes NaN o = 0
+/// and lse = −inf (a kernel whose max and exp drop a NaN or +inf).
 template <class T>
 void attach_flex(Kernels<T>& be, Bug bug, int threads) {
   const Kernels<T> ref = reference::kernels<T>();
@@ -727,6 +731,14 @@ void attach_flex(Kernels<T>& be, Bug bug, int threads) {
                                                          std::span<T> out,
                                                          std::span<float> lse) {
     ref.flex_forward(planned(plan), inputs(in), out, lse);
+    if (bug == Bug::flex_nonfinite_rows_zeroed) {
+      for (T& o : out) {
+        if (std::isnan(static_cast<double>(o))) o = T(0.0);
+      }
+      for (float& l : lse) {
+        if (std::isnan(l)) l = -std::numeric_limits<float>::infinity();
+      }
+    }
     if constexpr (std::is_same_v<T, float>) {
       if (bug == Bug::flex_thread_dependent && threads > 1 && !out.empty()) {
         out[0] = std::nextafter(out[0], std::numeric_limits<float>::infinity());

@@ -87,6 +87,7 @@ enum class Bug {
   flex_score_unscaled,         ///< flex: s_ij = <q_i, k_j> without the scale
   flex_thread_dependent,       ///< flex: out's first element one ulp up at more than one thread
   flex_block_mask_ignored,     ///< flex: mask_mod alone decides, the block mask dropped
+  flex_nonfinite_rows_zeroed,  ///< flex: a NaN or +inf t's row given o = 0, lse = −inf
 };
 
 /// The bug's name, e.g. "gqa_mod".

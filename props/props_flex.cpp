@@ -401,19 +401,31 @@ std::vector<double> uniform(std::size_t n, double tol) {
   return std::vector<double>(n, tol);
 }
 
+/// SPEC §13.5's bounds for case c, from its sizes and measured magnitudes.
+reference::FlexBounds bounds_of(const FlexFloatCase& c) {
+  const FlexInputs<float> in = c.inputs();
+  const std::span<const float> dout(c.dout);
+  const reference::FlexMeasured x = reference::flex_measure<float>(c.plan, in, dout);
+  return reference::flex_bounds<float>(c.plan, in, dout, x, x.mod);
+}
+
+/// out and lse of `got` within `b` of the reference's `want`.
+void require_forward_close(const std::string& tag, const Outputs& got,
+                           const std::vector<std::vector<double>>& want,
+                           const reference::FlexBounds& b) {
+  TANDEM_REQUIRE_EMPTY(flex_close(tag + "out", got[0], want[0], uniform(want[0].size(), b.out)));
+  TANDEM_REQUIRE_EMPTY(flex_close(tag + "lse", got[1], want[1], uniform(want[1].size(), b.lse)));
+}
+
 /// The forward, or the forward and the backward, against the reference.
 void agree_flex(const Subject& s, bool backward, Mods mods) {
   if (!s.backend.flex_forward || !s.backend.flex_backward) return;
   const FlexFloatCase c(mods);
   const Outputs got = run_flex(s.backend, c, backward);
   const std::vector<std::vector<double>> want = run_reference(c);
-  const FlexInputs<float> in = c.inputs();
-  const std::span<const float> dout(c.dout);
-  const reference::FlexMeasured x = reference::flex_measure<float>(c.plan, in, dout);
-  const reference::FlexBounds b = reference::flex_bounds<float>(c.plan, in, dout, x, x.mod);
+  const reference::FlexBounds b = bounds_of(c);
   const std::string tag = c.describe() + "\n";
-  TANDEM_REQUIRE_EMPTY(flex_close(tag + "out", got[0], want[0], uniform(want[0].size(), b.out)));
-  TANDEM_REQUIRE_EMPTY(flex_close(tag + "lse", got[1], want[1], uniform(want[1].size(), b.lse)));
+  require_forward_close(tag, got, want, b);
   if (!backward) return;
   TANDEM_REQUIRE_EMPTY(flex_close(tag + "dq", got[2], want[2], uniform(want[2].size(), b.dq)));
   TANDEM_REQUIRE_EMPTY(flex_close(tag + "dk", got[3], want[3], uniform(want[3].size(), b.dk)));
@@ -431,17 +443,10 @@ void agree_flex(const Subject& s, bool backward, Mods mods) {
 void agree_flex_nonfinite(const Subject& s) {
   if (!s.backend.flex_forward) return;
   const FlexFloatCase c(Mods::nonfinite);
-  const Outputs got = run_flex(s.backend, c, false);
-  const std::vector<std::vector<double>> want = run_reference(c);
-  FlexFloatCase base = c;
-  base.plan = *c.finite;
-  const FlexInputs<float> in = base.inputs();
-  const std::span<const float> dout(c.dout);
-  const reference::FlexMeasured x = reference::flex_measure<float>(base.plan, in, dout);
-  const reference::FlexBounds b = reference::flex_bounds<float>(base.plan, in, dout, x, x.mod);
-  const std::string tag = c.describe() + "\n";
-  TANDEM_REQUIRE_EMPTY(flex_close(tag + "out", got[0], want[0], uniform(want[0].size(), b.out)));
-  TANDEM_REQUIRE_EMPTY(flex_close(tag + "lse", got[1], want[1], uniform(want[1].size(), b.lse)));
+  FlexFloatCase finite = c;
+  finite.plan = *c.finite;
+  require_forward_close(c.describe() + "\n", run_flex(s.backend, c, false), run_reference(c),
+                        bounds_of(finite));
 }
 
 /// x as T vectors (x holds T's values, so exactly).

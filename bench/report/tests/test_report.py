@@ -558,6 +558,17 @@ def with_flex(peer_rounds, forms=("causal", "document"), peered=("causal", "docu
 
 
 class FlexPeerTest(unittest.TestCase):
+    def test_the_flex_peers_run_after_every_other_op(self):
+        from tandem_report import run_peers
+        run = with_flex([0.002] * 3)
+        plan = run["plan"]
+        flex = [b for b in plan["benchmarks"] if "flex" in b["tags"]]
+        others = [b for b in plan["benchmarks"] if "peer" in b["tags"] and b not in flex]
+        plan = dict(plan, benchmarks=flex + others)  # flex first, as if registered first
+        ops = [b["op"] for b in run_peers.peer_plan(plan, "standard")["benchmarks"]]
+        first = ops.index("attention_features")
+        self.assertTrue(first > 0 and set(ops[first:]) == {"attention_features"}, ops)
+
     def outcome(self, *args, **kw):
         return by_target(targets.evaluate(Results.from_run(with_flex(*args, **kw))))[FLEX]
 

@@ -1029,6 +1029,16 @@ class InvarianceConfig:
                 else None, "scale": None, "softcap": self.softcap}
 
 
+def _call_in(fn, arrays, kw, array):
+    """fn(*arrays, **kw) with the NumPy arrays among them (and among kw's
+    values) given in framework `array`; fn's result as it returns it."""
+    arrays = [np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a for a in arrays]
+    named = _framework(dict(enumerate(arrays), **{k: v for k, v in kw.items()
+                                                   if isinstance(v, np.ndarray)}), array)
+    kw = {k: named.get(k, v) for k, v in kw.items()}
+    return fn(*(named[i] for i in range(len(arrays))), **kw)
+
+
 def _bits(x):
     """x's elements as unsigned integers of their width (bitwise comparison)."""
     x = np.ascontiguousarray(x)
@@ -1057,12 +1067,7 @@ class _Invariance:
     def _run(self, fn, arrays, kw):
         """fn(*arrays, **kw) in the chosen framework; (out, lse or None) as
         NumPy arrays."""
-        arrays = [np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a for a in arrays]
-        named = _framework(dict(enumerate(arrays), **{k: v for k, v in kw.items()
-                                                       if isinstance(v, np.ndarray)}),
-                           self.array)
-        kw = {k: named.get(k, v) for k, v in kw.items()}
-        got = fn(*(named[i] for i in range(len(arrays))), **kw)
+        got = _call_in(fn, arrays, kw, self.array)
         if isinstance(got, (tuple, list)):
             return _numpy(got[0]), None if got[1] is None else _numpy(got[1])
         return _numpy(got), None
@@ -1313,12 +1318,7 @@ class _BackwardInvariance:
                   **extra)
         if self.sinks is not None:
             kw["sinks"] = self.sinks
-        arrays = [np.ascontiguousarray(a) for a in (q, k, v, dout)]
-        named = _framework(dict(enumerate(arrays), **{n: x for n, x in kw.items()
-                                                       if isinstance(x, np.ndarray)}),
-                           self.array)
-        kw = {n: named.get(n, x) for n, x in kw.items()}
-        got = self.fn(*(named[i] for i in range(4)), **kw)
+        got = _call_in(self.fn, (q, k, v, dout), kw, self.array)
         return tuple(_numpy(g) for g in got[:3])
 
     def alone(self, s, m):

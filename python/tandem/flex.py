@@ -33,15 +33,18 @@ reference, and tandem.validate_block_mask checks one against its mask_mod.
 
 The kernels run as the torch operator tandem::flex_attention (and its
 backward), with fake kernels and an autograd formula, so torch.library's
-opcheck passes and the operator compiles with fullgraph=True; the tracing
-of the mods stays in Python (torch.compiler.disable), so under
-torch.compile(flex_attention) it is a graph break before the operator.
+opcheck passes and the operator compiles with fullgraph=True. Under
+torch.compile, flex_attention calls tandem::flex_attention_mods, which
+takes the mods as a graph constant and traces them when it runs, so
+torch.compile(flex_attention, fullgraph=True) compiles the whole call
+(SPEC §13.6; see "Under torch.compile" below).
 """
 
 import atexit
 import dataclasses
 import json
 import math
+import uuid
 from typing import Any, Callable, List, Optional, Tuple
 
 from ._errors import Error, MissingExtra
@@ -347,34 +350,19 @@ class _Tracer:
     ivalue, tensor, index), operands by position. The types are the C++
     builder's to derive and check; the tracer only names constants' types."""
 
-    def __init__(self, role, fn):
+    def __init__(self, role, fn, inputs=None):
         self.role, self.fn, self.name = role, fn, _callable_name(fn)
         self.nodes, self.memo = [], {}
         self.tensors = []   # (name, shape, type, lo, hi), as the extension captures them
         self.arrays = []    # the data of each, as the kernels read it
         self.sources = []   # the caller's tensor of each (its gradient's owner)
         self.captured = {}  # id(tensor) -> (number, is bool)
-        self.names = self._names(fn)
-
-    @staticmethod
-    def _names(fn):
-        """The names fn sees its tensors by (closure cells, then globals)."""
-        names = {}
-        code = getattr(fn, "__code__", None)
-        if code is None:
-            return names
-        for name in code.co_names:
-            x = getattr(fn, "__globals__", {}).get(name)
-            if isinstance(x, torch.Tensor):
-                names.setdefault(id(x), name)
-        for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
-            try:
-                x = cell.cell_contents
-            except ValueError:
-                continue
-            if isinstance(x, torch.Tensor):
-                names[id(x)] = name
-        return names
+        named = _named_tensors(fn)
+        self.names = {id(x): name for name, x in named}
+        # under torch.compile the operator's inputs stand for the tensors fn
+        # names (position by position); another tensor it reads is a constant
+        self.inputs = None if inputs is None else \
+            {id(x): t for (_, x), t in zip(named, inputs)}
 
     def fail(self, what):
         raise Error(f"{self.role} {self.name}: {what} is not in the mod language (SPEC §13.1)",
@@ -446,6 +434,12 @@ class _Tracer:
             raise Error(f"{self.role} {self.name}: a captured tensor is on {t.device}: must be "
                         "on cpu", self.role)
         name = self.names.get(id(t), f"tensor{len(self.tensors)}")
+        if self.inputs is not None:
+            if id(t) not in self.inputs and t.requires_grad and self.role == "score_mod":
+                raise Error(f"{self.role} {self.name}: under torch.compile a tensor that needs "
+                            "a gradient must be a global or closure variable of the mod "
+                            f"(read otherwise: {name})", self.role)
+            t = self.inputs.get(id(t), t)
         shape = list(t.shape) or [1]
         if t.dtype.is_floating_point:
             kind, lo, hi, data = "real", 0, 0, t.reshape(shape)
@@ -516,9 +510,32 @@ class _Tracer:
         return {"name": self.name, "tensors": self.tensors, "nodes": self.nodes, "result": r.id}
 
 
-def _trace(fn, role):
-    """(spec, tracer) of score_mod or mask_mod `fn`."""
-    tr = _Tracer(role, fn)
+def _named_tensors(fn):
+    """[(name, tensor)] of the tensors callable fn names: the globals it
+    reads, then its closure cells (a name in both: the closure's)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    found = {}
+    globs = getattr(fn, "__globals__", {})
+    for name in code.co_names:
+        x = globs.get(name)
+        if isinstance(x, torch.Tensor):
+            found[name] = x
+    for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+        try:
+            x = cell.cell_contents
+        except ValueError:  # a cell not yet bound
+            continue
+        if isinstance(x, torch.Tensor):
+            found[name] = x
+    return list(found.items())
+
+
+def _trace(fn, role, inputs=None):
+    """(spec, tracer) of score_mod or mask_mod `fn`; `inputs`, under
+    torch.compile, the tensors that stand for those fn names."""
+    tr = _Tracer(role, fn, inputs)
     leaves = [tr.node(op, type="integer") for op in ("b", "h", "q_idx", "kv_idx")]
     if role == "score_mod":
         leaves.insert(0, tr.node("score"))
@@ -703,10 +720,7 @@ def _stat(query):
     return torch.float32 if query.dtype in (torch.bfloat16, torch.float16) else query.dtype
 
 
-@torch.library.custom_op("tandem::flex_attention", mutates_args=())
-def _flex_op(query: Tensor, key: Tensor, value: Tensor, score_tensors: List[Tensor],
-             mask_tensors: List[Tensor], block_mask: List[Tensor], call: str,
-             backend: str) -> Tuple[Tensor, Tensor]:
+def _forward(query, key, value, score_tensors, mask_tensors, block_mask, call, backend):
     plan, views = _plan(call, query, key, value, block_mask)
     out = query.new_empty(views["out"])
     lse = query.new_empty(views["lse"], dtype=_stat(query))
@@ -715,11 +729,22 @@ def _flex_op(query: Tensor, key: Tensor, value: Tensor, score_tensors: List[Tens
     return out, lse
 
 
-@_flex_op.register_fake
-def _(query, key, value, score_tensors, mask_tensors, block_mask, call, backend):
+def _forward_fake(query, value):
     # out [B, H, Sq, Dv], lse [B, H, Sq] (float32 for bfloat16 and float16)
     return (query.new_empty((*query.shape[:-1], value.shape[-1])),
             query.new_empty(query.shape[:-1], dtype=_stat(query)))
+
+
+@torch.library.custom_op("tandem::flex_attention", mutates_args=())
+def _flex_op(query: Tensor, key: Tensor, value: Tensor, score_tensors: List[Tensor],
+             mask_tensors: List[Tensor], block_mask: List[Tensor], call: str,
+             backend: str) -> Tuple[Tensor, Tensor]:
+    return _forward(query, key, value, score_tensors, mask_tensors, block_mask, call, backend)
+
+
+@_flex_op.register_fake
+def _(query, key, value, score_tensors, mask_tensors, block_mask, call, backend):
+    return _forward_fake(query, value)
 
 
 @torch.library.custom_op("tandem::flex_attention_backward", mutates_args=())
@@ -729,6 +754,12 @@ def _flex_backward_op(query: Tensor, key: Tensor, value: Tensor, score_tensors: 
                       ) -> Tuple[Tensor, Tensor, Tensor, List[Tensor]]:
     """(dq, dk, dv, d score_tensors): those `needs` asks for (dq, dk, dv,
     then one per score tensor), the others empty ([0])."""
+    return _backward(query, key, value, score_tensors, mask_tensors, block_mask, dout, call,
+                     backend, needs)
+
+
+def _backward(query, key, value, score_tensors, mask_tensors, block_mask, dout, call, backend,
+              needs):
     plan, _ = _plan(call, query, key, value, block_mask)
     grads = [torch.empty(x.shape, dtype=x.dtype) if n else None  # contiguous
              for x, n in zip((query, key, value, *score_tensors), needs)]
@@ -742,14 +773,19 @@ def _flex_backward_op(query: Tensor, key: Tensor, value: Tensor, score_tensors: 
     return grads[0], grads[1], grads[2], grads[3:]
 
 
-@_flex_backward_op.register_fake
-def _(query, key, value, score_tensors, mask_tensors, block_mask, dout, call, backend, needs):
+def _backward_fake(query, key, value, score_tensors, needs):
     grads = [torch.empty_like(x) if n else query.new_empty((0,))
              for x, n in zip((query, key, value, *score_tensors), needs)]
     return grads[0], grads[1], grads[2], grads[3:]
 
 
+@_flex_backward_op.register_fake
+def _(query, key, value, score_tensors, mask_tensors, block_mask, dout, call, backend, needs):
+    return _backward_fake(query, key, value, score_tensors, needs)
+
+
 def _flex_setup(ctx, inputs, output):
+    """Both operators': `call` is the call's JSON or, under torch.compile, its _Mods."""
     query, key, value, score_tensors, mask_tensors, block_mask, call, backend = inputs
     ctx.counts = (len(score_tensors), len(mask_tensors))
     ctx.call, ctx.backend = call, backend
@@ -768,14 +804,134 @@ def _flex_grad(ctx, dout, _dlse):
     need = ctx.needs_input_grad
     needs = [bool(need[0]), bool(need[1]), bool(need[2])] + \
         [bool(need[3]) and r for r in ctx.real]
-    dq, dk, dv, dts = _flex_backward_op(query, key, value, list(score), list(mask), list(bm),
-                                        dout, ctx.call, ctx.backend, needs)
+    backward = _flex_backward_op if isinstance(ctx.call, str) else _mods_backward_op
+    dq, dk, dv, dts = backward(query, key, value, list(score), list(mask), list(bm), dout,
+                               ctx.call, ctx.backend, needs)
     keep = [(g if n else None) for g, n in zip((dq, dk, dv, *dts), needs)]
     # a list input takes a list of gradients (None for each of the index arrays)
     return keep[0], keep[1], keep[2], keep[3:], [None] * n_mask, [None] * len(bm), None, None
 
 
 _flex_op.register_autograd(_flex_grad, setup_context=_flex_setup)
+
+
+# ---------------------------------------------------------------------------
+# Under torch.compile
+#
+# Dynamo cannot trace the tracer (it calls the mods with values of its own),
+# so under torch.compile flex_attention calls tandem::flex_attention_mods in
+# place of tandem::flex_attention: its `mods` argument, a constant of the
+# compiled graph (one of torch's opaque constants, torch >= 2.15), holds the
+# mods themselves and the call's constants; the tensors the score_mod and
+# mask_mod name (globals and closure variables) are its tensor inputs, so
+# that autograd reaches them; and the operator traces the mods when it runs,
+# those inputs standing for the tensors they read. The mods must be made
+# outside the compiled code (a function defined inside it is not a constant
+# Dynamo can hold). With an older torch the tracing stays a graph break.
+
+try:
+    from torch._library.opaque_object import register_custom_class as _register_opaque
+except ImportError:
+    _register_opaque = None
+
+_GRAPH_MODS = []  # the _Mods written into compiled graphs' code, by number
+# in that code too: a graph cached by another process never reads this one's numbers
+_PROCESS = uuid.uuid4().hex
+
+
+class _Mods:
+    """The mods and constants (block size, scale, enable_gqa) of one flex
+    call under torch.compile. Equal when the mods are the same objects and
+    the constants equal: Dynamo recompiles for another."""
+
+    def __init__(self, score_mod, mask_mod, block_size, scale, enable_gqa):
+        self.score_mod, self.mask_mod = score_mod, mask_mod
+        self.constants = (block_size, None if scale is None else float(scale), bool(enable_gqa))
+
+    def __eq__(self, other):
+        return isinstance(other, _Mods) and self.score_mod is other.score_mod and \
+            self.mask_mod is other.mask_mod and self.constants == other.constants
+
+    def __hash__(self):
+        return hash((id(self.score_mod), id(self.mask_mod), self.constants))
+
+    def __fx_repr__(self):
+        number = next((i for i, m in enumerate(_GRAPH_MODS) if m == self), None)
+        if number is None:
+            number = len(_GRAPH_MODS)
+            _GRAPH_MODS.append(self)
+        return f"_Mods.written({number}, {_PROCESS!r})", {"_Mods": _Mods}
+
+    @staticmethod
+    def written(number, process):
+        if process != _PROCESS:
+            raise Error("a graph compiled by another process calls tandem.flex_attention: "
+                        "its mods are not in this one (compile it here)", "score_mod")
+        return _GRAPH_MODS[number]
+
+    def trace(self, dtype, score_inputs, mask_inputs):
+        """(call, score arrays, mask arrays, the score input of each score
+        array) of the call, with `score_inputs` and `mask_inputs` standing
+        for the tensors each mod names (_named_tensors)."""
+        score = _trace(self.score_mod, "score_mod", score_inputs) if self.score_mod else None
+        mask = _trace(self.mask_mod, "mask_mod", mask_inputs) if self.mask_mod else None
+        score_arrays = _real_as(score[1].arrays, score[1].tensors, dtype) if score else []
+        mask_arrays = _real_as(mask[1].arrays, mask[1].tensors, dtype) if mask else []
+        position = {id(t): i for i, t in enumerate(score_inputs)}
+        owners = [position.get(id(t)) for t in score[1].sources] if score else []
+        return _call_json(score, mask, *self.constants), score_arrays, mask_arrays, owners
+
+
+def _compiled_args(query, key, value, score_mod, block_mask, scale, enable_gqa, backend):
+    """The arguments of tandem::flex_attention_mods for a flex_attention call."""
+    mask_mod = getattr(block_mask, "mask_mod", None) if block_mask is not None else None
+    bm_shapes, bm_arrays = _block_mask_parts(block_mask) if block_mask is not None else (None, {})
+    mods = _Mods(score_mod, mask_mod, _block_sizes(bm_shapes), scale, enable_gqa)
+    score = [t for _, t in _named_tensors(score_mod)] if score_mod is not None else []
+    mask = [t.detach() for _, t in _named_tensors(mask_mod)] if mask_mod is not None else []
+    return (query, key, value, score, mask,
+            [bm_arrays[f] for f in _BLOCK_FIELDS if f in bm_arrays], mods, backend)
+
+
+if _register_opaque is not None:
+    _register_opaque(_Mods, typ="constant")
+
+    @torch.library.custom_op("tandem::flex_attention_mods", mutates_args=())
+    def _mods_op(query: Tensor, key: Tensor, value: Tensor, score_tensors: List[Tensor],
+                 mask_tensors: List[Tensor], block_mask: List[Tensor], mods: _Mods,
+                 backend: str) -> Tuple[Tensor, Tensor]:
+        call, score, mask, _ = mods.trace(query.dtype, score_tensors, mask_tensors)
+        return _forward(query, key, value, score, mask, block_mask, call, backend)
+
+    @_mods_op.register_fake
+    def _(query, key, value, score_tensors, mask_tensors, block_mask, mods, backend):
+        return _forward_fake(query, value)
+
+    @torch.library.custom_op("tandem::flex_attention_mods_backward", mutates_args=())
+    def _mods_backward_op(query: Tensor, key: Tensor, value: Tensor, score_tensors: List[Tensor],
+                          mask_tensors: List[Tensor], block_mask: List[Tensor], dout: Tensor,
+                          mods: _Mods, backend: str, needs: List[bool]
+                          ) -> Tuple[Tensor, Tensor, Tensor, List[Tensor]]:
+        """As tandem::flex_attention_backward, the gradient of each score
+        array summed into the input it came from (zero for one the mod
+        does not read)."""
+        call, score, mask, owners = mods.trace(query.dtype, score_tensors, mask_tensors)
+        wants = list(needs[:3]) + [o is not None and needs[3 + o] for o in owners]
+        dq, dk, dv, d_arrays = _backward(query, key, value, score, mask, block_mask, dout, call,
+                                         backend, wants)
+        grads = [torch.zeros_like(t) if n else query.new_empty((0,))
+                 for t, n in zip(score_tensors, needs[3:])]
+        for d, o in zip(d_arrays, owners):
+            if o is not None and needs[3 + o]:
+                grads[o] = d.reshape(score_tensors[o].shape).to(score_tensors[o].dtype)
+        return dq, dk, dv, grads
+
+    @_mods_backward_op.register_fake
+    def _(query, key, value, score_tensors, mask_tensors, block_mask, dout, mods, backend,
+          needs):
+        return _backward_fake(query, key, value, score_tensors, needs)
+
+    _mods_op.register_autograd(_flex_grad, setup_context=_flex_setup)
 
 
 def _check_tensor(x, name):
@@ -790,22 +946,31 @@ def _op_args(query, key, value, score_mod, block_mask, scale, enable_gqa, backen
     """The arguments of tandem::flex_attention for a flex_attention call:
     the mods traced, their tensors in the call's dtype (the score_mod's
     still attached to autograd), the block mask's arrays, the call's JSON.
-    Under torch.compile it runs in Python (a graph break), and the operator
-    it feeds is compiled."""
+    Outside torch.compile (torch.compiler.disable: with a torch too old
+    for _compiled_args, a graph break)."""
     score = _trace(score_mod, "score_mod") if score_mod is not None else None
     mask = _mask_mod_of(block_mask) if block_mask is not None else None
     bm_shapes, bm_arrays = _block_mask_parts(block_mask) if block_mask is not None else (None, {})
     mask_tensors = _real_as(mask[1].arrays, mask[1].tensors, query.dtype) if mask else []
     score_tensors = _real_as(score[1].arrays, score[1].tensors, query.dtype, grad=True) \
         if score else []
-    call = json.dumps({"score_mod": score[0] if score else None,
-                       "mask_mod": mask[0] if mask else None,
-                       "block_size": [bm_shapes["q_block"], bm_shapes["kv_block"]]
-                       if bm_shapes else None,
-                       "scale": None if scale is None else float(scale),
-                       "enable_gqa": bool(enable_gqa)})
+    call = _call_json(score, mask, _block_sizes(bm_shapes), scale, enable_gqa)
     return (query, key, value, score_tensors, mask_tensors,
             [bm_arrays[f] for f in _BLOCK_FIELDS if f in bm_arrays], call, backend)
+
+
+def _block_sizes(bm_shapes):
+    return (bm_shapes["q_block"], bm_shapes["kv_block"]) if bm_shapes else None
+
+
+def _call_json(score, mask, block_size, scale, enable_gqa):
+    """The call's JSON for the extension: the traced (spec, tracer) of
+    each mod or None, (q_block, kv_block) or None, scale, enable_gqa."""
+    return json.dumps({"score_mod": score[0] if score else None,
+                       "mask_mod": mask[0] if mask else None,
+                       "block_size": list(block_size) if block_size else None,
+                       "scale": None if scale is None else float(scale),
+                       "enable_gqa": bool(enable_gqa)})
 
 
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,
@@ -836,8 +1001,12 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         if getattr(return_aux, "max_scores", False):
             raise Error("return_aux.max_scores = True is not offered (lse is)",
                         "return_aux.max_scores")
-    out, lse = _flex_op(*_op_args(query, key, value, score_mod, block_mask, scale, enable_gqa,
-                                  backend))
+    if _register_opaque is not None and torch.compiler.is_compiling():
+        out, lse = _mods_op(*_compiled_args(query, key, value, score_mod, block_mask, scale,
+                                            enable_gqa, backend))
+    else:
+        out, lse = _flex_op(*_op_args(query, key, value, score_mod, block_mask, scale,
+                                      enable_gqa, backend))
     if return_aux is not None:
         return out, _aux_output(lse if return_aux.lse else None)
     return (out, lse) if return_lse else out

@@ -475,3 +475,40 @@ def test_the_operator_passes_opcheck_and_compiles():
     (d_bias,) = torch.autograd.grad(got.sum(), (bias,))
     (d_want,) = torch.autograd.grad(want.sum(), (bias,))
     assert torch.equal(d_bias, d_want)
+
+
+needs_opaque = pytest.mark.skipif(flex_module._register_opaque is None,
+                                  reason="torch without opaque constants (torch < 2.15)")
+
+
+@needs_opaque
+def test_flex_attention_compiles_with_fullgraph_and_trains():
+    q, k, v = (x[:1, :2, :8, :4].detach().clone().requires_grad_() for x in qkv())
+    bias = torch.randn(2, 8, 8, dtype=torch.float64, requires_grad=True)
+    slopes = torch.tensor([0.5, -0.25], dtype=torch.float32)  # another dtype: cast in the call
+
+    def mod(score, b, h, q_idx, kv_idx):
+        return score + bias[h, q_idx, kv_idx] + slopes[h] * (kv_idx - q_idx)
+
+    bm = tandem.create_block_mask(causal, None, None, 8, 8, BLOCK_SIZE=4)
+    args = flex_module._compiled_args(q, k, v, mod, bm, None, False, "reference")
+    torch.library.opcheck(torch.ops.tandem.flex_attention_mods.default, args)
+    flex = torch.compile(tandem.flex_attention, fullgraph=True)
+    for backend in ("reference", "optimized"):
+        want = tandem.flex_attention(q, k, v, score_mod=mod, block_mask=bm, backend=backend)
+        got = flex(q, k, v, score_mod=mod, block_mask=bm, backend=backend)
+        assert torch.equal(got, want)
+        wrt = (q, k, v, bias)
+        dout = torch.randn_like(want)
+        assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(got, wrt, dout),
+                                                     torch.autograd.grad(want, wrt, dout)))
+    # torch's own BlockMask compiles as well
+    torch_bm = flex_api.create_block_mask(causal, None, None, 8, 8, device="cpu", BLOCK_SIZE=4)
+    assert torch.equal(flex(q, k, v, block_mask=torch_bm),
+                       tandem.flex_attention(q, k, v, block_mask=torch_bm))
+    # another mod is another graph (the mods are the graph's constants), not the first's
+    got = flex(q, k, v, score_mod=softcap, block_mask=bm)
+    assert torch.equal(got, tandem.flex_attention(q, k, v, score_mod=softcap, block_mask=bm))
+    # a mod the language cannot express fails as in eager code, when the operator runs
+    with pytest.raises(tandem.Error, match="torch.sin"):
+        flex(q, k, v, score_mod=lambda s, b, h, i, j: torch.sin(s))

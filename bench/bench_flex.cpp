@@ -12,7 +12,10 @@
 //   document  doc[q_idx] == doc[kv_idx] & causal           4 packed sequences
 // Each is a native form (SPEC §13.5) and runs on the native kernels; the
 // document mask as packed sequences.
-// Both sides have the same B, H, S, D and FLOPs (the visible pairs).
+// Both sides have the same B, H, S, D and FLOPs (the visible pairs). Side
+// `paired` times both calls in turn inside each round of one benchmark, for
+// the report's flex ÷ native ratio; side `density` sets the S = 8192 window
+// beside a dense call for the speed its block density predicts.
 // Op flex_backward times each form's backward (the forward rerun, then dq,
 // dk, dv), which the report sets beside torch's backward on the CPU
 // (autograd through SDPA's math path, bench/peers/peers.py).
@@ -27,6 +30,7 @@
 #include <vector>
 
 #include "bench_common.hpp"
+#include "bench_paired.hpp"
 #include "tandem/reference/flex.hpp"
 
 namespace tandem::bench {
@@ -35,6 +39,7 @@ namespace {
 enum class Form : std::uint8_t { causal, window, softcap, alibi, document };
 
 constexpr std::int64_t kWindow = 128, kSoftcap = 30, kDocuments = 4;
+constexpr std::size_t kMinRounds = 7;  // paired benchmarks: rounds at least
 
 const char* name(Form f) {
   constexpr const char* names[] = {"causal", "window", "softcap", "alibi", "document"};
@@ -127,13 +132,16 @@ struct NativeFixture {
   std::vector<float> q, k, v, out, slopes;
   std::vector<std::int64_t> cu;
 
-  NativeFixture(Form f, const AttnShape& s) : plan(make(f, s)) {
+  /// The native call form f equals, or with `dense` shape s's call with
+  /// no mask (s.causal false) and no feature.
+  NativeFixture(Form f, const AttnShape& s, bool dense = false)
+      : plan(dense ? AttentionPlan::make(s.params()) : make(f, s)) {
     q = random_buffer(static_cast<std::size_t>(plan.q.extent), 1);
     k = random_buffer(static_cast<std::size_t>(plan.k.extent), 2);
     v = random_buffer(static_cast<std::size_t>(plan.v.extent), 3);
     out = zero_buffer(static_cast<std::size_t>(plan.o.extent));
-    if (f == Form::alibi) slopes = alibi_slopes(s.H);
-    if (f == Form::document) {
+    if (f == Form::alibi && !dense) slopes = alibi_slopes(s.H);
+    if (f == Form::document && !dense) {
       for (std::int64_t n = 0; n <= kDocuments; ++n) cu.push_back(n * s.Sq / kDocuments);
     }
   }
@@ -255,6 +263,77 @@ void add_side(const BackendUnderTest& bu, Form f, const AttnShape& s, bool flex)
   });
 }
 
+/// Blocks a flex call computes: the partial and full kv blocks of every
+/// query block of its block mask, per (batch, head) of the mask.
+double kept_blocks(const FlexFixture& x) {
+  double n = 0;
+  for (const std::int32_t c : x.blocks.kv_num_blocks) n += c;
+  for (const std::int32_t c : x.blocks.full_kv_num_blocks) n += c;
+  return n / static_cast<double>(x.blocks.shape.B * x.blocks.shape.H);
+}
+
+/// A flex call and the native call it is timed beside (one cached fixture).
+struct PairFixture {
+  FlexFixture flex;
+  NativeFixture native;
+};
+
+/// Registers form f's flex call and its native equal timed in turn inside
+/// every round of one benchmark (side `paired`, kinds native then flex):
+/// its counters `median_speedup`, `speedup_p25`, `speedup_p75` are the
+/// median and quartiles over the rounds of t_native / t_flex, so the flex
+/// form's speed against the native path is a ratio of the same moments.
+/// With `density`, the native side is in its place a dense call (no mask) at
+/// S = 2048 and the ratio is scaled by kept blocks ÷ the dense call's
+/// blocks (side `density`): the flex call's speed against the time its
+/// block density predicts from the dense call's time per 128 × 128 block.
+void add_paired(const BackendUnderTest& bu, Form f, const AttnShape& s, bool density) {
+  Spec spec = flex_spec(bu, f, s, "attention_features", density ? "density" : "paired",
+                        forward_flops(f, s));
+  spec.tags = {"features", "flex", density ? "density" : "paired"};
+  AttnShape dense = s;
+  if (density) dense.Sq = dense.Sk = 2048, dense.causal = false;
+  const std::string key = spec.name;
+  auto be = std::make_shared<Backend>(bu.make());
+  const double min_time = std::max(1.0, default_min_time());
+  add(
+      spec,
+      [be, f, s, dense, density, key, min_time](benchmark::State& st) {
+        PairFixture* x = nullptr;
+        try {
+          x = &cached_fixture<PairFixture>(key, [&] {
+            return std::make_unique<PairFixture>(FlexFixture(f, s),
+                                                 NativeFixture(f, density ? dense : s, density));
+          });
+        } catch (const std::exception& e) {
+          st.SkipWithError(e.what());
+          return;
+        }
+        const FlexFixture& flex = x->flex;
+        NativeFixture& native = x->native;
+        const auto run = [&](std::size_t k) {
+          if (k == 0) be->attention_forward(native.plan, native.inputs(), native.out);
+          if (k == 1) be->flex_forward(flex.plan, flex.inputs(), x->flex.out, x->flex.lse);
+        };
+        run(0), run(1);  // warm-up
+        PairedTimes times({"native", "flex"});
+        const auto loop_start = std::chrono::steady_clock::now();
+        times.time_iterations(st, run);
+        if (seconds_since(loop_start) >= min_time) {
+          while (times.rounds() < kMinRounds) times.time_round(run);
+        }
+        times.set_counters(st);
+        // t_native / t_flex, or for density (t_dense · kept / dense blocks) / t_flex
+        const double blocks = static_cast<double>((dense.Sq / 128) * (dense.Sk / 128));
+        const double scale = density ? kept_blocks(flex) / blocks : 1.0;
+        st.counters["median_speedup"] = scale * st.counters["flex_median_speedup"];
+        st.counters["speedup_p25"] = scale * st.counters["flex_speedup_p25"];
+        st.counters["speedup_p75"] = scale * st.counters["flex_speedup_p75"];
+        st.counters["kept_blocks"] = kept_blocks(flex);
+      },
+      min_time);
+}
+
 }  // namespace
 
 void register_flex() {
@@ -274,12 +353,14 @@ void register_flex() {
     for (const Form f : kForms) {
       add_side(bu, f, s, true);
       add_side(bu, f, s, false);
+      add_paired(bu, f, s, false);
     }
     if (c.preset != Preset::quick) {  // a 128-key window over a long sequence
       AttnShape w = s;
       w.Sq = w.Sk = 8192;
       add_side(bu, Form::window, w, true);
       add_side(bu, Form::window, w, false);
+      add_paired(bu, Form::window, w, true);
     }
   }
 }

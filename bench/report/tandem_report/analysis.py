@@ -38,6 +38,8 @@ def feature_pairs(res):
     (optimized backend, the report's thread count), in the order they ran."""
     out = {}
     for r in res.select("attention_features"):
+        if "paired" in r.tags or "density" in r.tags:  # both calls in one benchmark
+            continue
         side = 0 if "feature" in r.tags else 1
         out.setdefault(r.shape.tag, [None, None])[side] = r
     return {tag: tuple(v) for tag, v in out.items() if v[0] and v[1]}

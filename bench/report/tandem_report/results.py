@@ -145,7 +145,10 @@ class Measurement:
             gflops=r.get("GFLOP/s"), gbs=r.get("GB/s"), frac_peak=r.get("frac_peak"),
             frac_copy=r.get("frac_copy"), frac_read=r.get("frac_read"),
             extra_mib=r.get("extra_MiB"), iterations=r.get("iterations"),
-            gflops_wall=r.get("GFLOP/s_wall"), when=r.get("_when"))
+            gflops_wall=r.get("GFLOP/s_wall"), when=r.get("_when"),
+            # a benchmark that times two calls in turn (bench_flex.cpp's paired sides)
+            speedup=r.get("median_speedup"), speedup_lo=r.get("speedup_p25"),
+            speedup_hi=r.get("speedup_p75"))
 
 
 @dataclass(frozen=True, eq=False)

@@ -557,6 +557,52 @@ def with_flex(peer_rounds, forms=("causal", "document"), peered=("causal", "docu
     return run
 
 
+PAIRED_FLEX = ("flex-written causal, window, softcap, ALiBi, document: ≥ 0.85× the native "
+               "path's speed (t_native ÷ t_flex, paired in each round)")
+DENSITY = ("flex sliding window 128 at S = 8192: ≥ 0.8× the speed its block density predicts "
+           "(the dense S = 2048 call's time per block × kept blocks, paired)")
+
+
+def with_paired_flex(spreads, side="paired"):
+    """quick_run.json's run with one bench_flex.cpp paired row per (form, (p25, median,
+    p75)) of `spreads` (t_native / t_flex), cloned from a varlen row."""
+    run = copy.deepcopy(RUN)
+    base = next(r for r in run["bench"] if r["name"].startswith("attention_features/")
+                and "varlen_forward" in r["name"])
+    for form, (lo, mid, hi) in spreads.items():
+        tag = f"flex_{form}_B1_H8_S512_D128_causal"
+        x = copy.deepcopy(base)
+        x["name"] = f"attention_features/optimized/{tag}/{side}"
+        x["_spec"].update(name=x["name"], shape=tag, tags=["features", "flex", side])
+        x.update(median_speedup=mid, speedup_p25=lo, speedup_p75=hi)
+        run["bench"].append(x)
+        run["plan"]["benchmarks"].append(x["_spec"])
+    return run
+
+
+class PairedFlexTest(unittest.TestCase):
+    def outcome(self, spreads, name=PAIRED_FLEX, side="paired"):
+        res = Results.from_run(with_paired_flex(spreads, side))
+        return by_target(targets.evaluate(res))[name], res
+
+    def test_met_only_when_every_form_clears_the_target_with_its_spread(self):
+        o, res = self.outcome({"causal": (0.9, 0.95, 1.0), "alibi": (0.86, 0.9, 0.93)})
+        self.assertEqual(o.status, "met")
+        self.assertIn("flex_alibi_B1_H8_S512_D128_causal 0.90× (0.86–0.93)", o.measured)
+        # the paired rows time two calls: not a side of the features table
+        self.assertFalse(any("flex" in t for t in analysis.feature_pairs(res)))
+        self.assertEqual(self.outcome({"causal": (0.8, 0.9, 1.0)})[0].status, "not decided")
+        self.assertEqual(self.outcome({"causal": (0.7, 0.75, 0.84)})[0].status, "not met")
+
+    def test_the_density_target_reads_its_own_rows(self):
+        o, _ = self.outcome({"window": (0.81, 0.85, 0.9)}, DENSITY, "density")
+        self.assertEqual(o.status, "met")
+        self.assertEqual(self.outcome({"window": (0.81, 0.85, 0.9)}, DENSITY)[0].status,
+                         "not measured")  # a paired row is not a density row
+        o, _ = self.outcome({"window": (0.6, 0.7, 0.75)}, DENSITY, "density")
+        self.assertEqual(o.status, "not met")
+
+
 class FlexPeerTest(unittest.TestCase):
     def test_the_flex_peers_run_after_every_other_op(self):
         from tandem_report import run_peers

@@ -3,7 +3,9 @@
 // in the same run (op attention_features, tags `feature` and `plain`, the same
 // shape tag, and the comparison's kind as a tag: `varlen`, `alibi`, `sinks`,
 // `bias`, `dbias`, `dbias_1head` or `paged_decode`; the report's features
-// table divides one by the other):
+// table divides one by the other). The comparisons the report holds to a
+// target (varlen, paged_decode) also have side `paired`: both calls timed in
+// turn inside every round of one benchmark, for ratios of the same moments:
 //  - packed sequences: n equal sequences packed (cu_seqlens) against a dense
 //    batch B = n of the same length, forward and backward: the cost per
 //    token (same tokens, same FLOPs);
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "bench_common.hpp"
+#include "bench_paired.hpp"
 
 namespace tandem::bench {
 namespace {
@@ -145,24 +148,88 @@ struct DecodeCaches {
 /// The spec of one side of comparison `what` (e.g. "varlen_forward") of kind
 /// `kind` (e.g. "varlen", one of its tags), with the dense shape's parameters
 /// (B, H, Hkv, Sq, Sk, D, Dv, causal; a packed call packs those B sequences).
+/// `side` is `feature`, `plain` or `paired` (both, add_paired).
 Spec feature_spec(const std::string& kind, const std::string& what, const BackendUnderTest& bu,
-                  const FeatureShape& s, bool feature) {
+                  const FeatureShape& s, const std::string& side) {
   Spec spec;
   spec.op = "attention_features";
   spec.backend = bu.name;
   spec.shape = what + "_" + s.tag();
   spec.threads = bu.threads;
-  spec.name = spec.op + "/" + spec.backend + "/" + spec.shape + (feature ? "/feature" : "/plain");
-  spec.tags = {"features", kind, feature ? "feature" : "plain"};
+  spec.name = spec.op + "/" + spec.backend + "/" + spec.shape + "/" + side;
+  spec.tags = {"features", kind, side};
   s.describe(spec);
   return spec;
+}
+
+const char* side(bool feature) {
+  return feature ? "feature" : "plain";
+}
+
+/// One call of f: its forward, or its backward (dq, dk, dv, and dsinks,
+/// dbias where it has them).
+void run_call(const Backend& be, CallFixture& f, bool backward) {
+  if (backward) {
+    be.attention_backward(f.plan, f.inputs(), f.dout, {f.dq, f.dk, f.dv, f.dsinks, f.dbias});
+  } else {
+    be.attention_forward(f.plan, f.inputs(), f.out);
+  }
+}
+
+/// One decode step of f, over its next cache.
+void run_step(const Backend& be, DecodeCaches& f) {
+  const std::size_t c = f.next;
+  f.next = (f.next + 1) % f.caches;
+  be.attention_forward(f.plan, f.inputs(c), f.out);
+}
+
+/// The plain and the feature side of a comparison, cached as one fixture.
+template <class Fixture>
+struct SidePair {
+  Fixture plain, feature;
+};
+
+/// Registers comparison `what` (kind `kind`) with its plain call and its
+/// feature call timed in turn inside every round of one benchmark (side
+/// `paired`, PairedTimes kinds plain then feature): its counters
+/// `median_speedup`, `speedup_p25`, `speedup_p75` are the median and
+/// quartiles of t_plain / t_feature over the rounds, the feature's speed
+/// against the plain call's from the same moments. `make(shape)` builds one
+/// side's fixture, `run(backend, fixture)` makes one call of it.
+template <class Fixture, class Make, class Run>
+void add_paired(const std::string& kind, const std::string& what, const BackendUnderTest& bu,
+                const FeatureShape& feature, const FeatureShape& plain, Make make, Run run) {
+  const Spec spec = feature_spec(kind, what, bu, feature, "paired");
+  const std::string key = spec.name;
+  auto be = std::make_shared<Backend>(bu.make());
+  const double min_time = std::max(1.0, default_min_time());
+  add(
+      spec,
+      [be, feature, plain, make, run, key, min_time](benchmark::State& st) {
+        SidePair<Fixture>* x = nullptr;
+        try {
+          x = &cached_fixture<SidePair<Fixture>>(key, [&] {
+            return std::make_unique<SidePair<Fixture>>(SidePair<Fixture>{make(plain), make(feature)});
+          });
+          run(*be, x->plain), run(*be, x->feature);  // warm-up
+        } catch (const std::exception& e) {
+          st.SkipWithError(e.what());
+          return;
+        }
+        PairedTimes times({"plain", "feature"});
+        times.time_iterations(
+            st, [&](std::size_t k) { run(*be, k == 0 ? x->plain : x->feature); }, min_time);
+        times.set_speedup_counters(st, 1);
+      },
+      min_time);
 }
 
 /// Registers the forward (or backward: dq, dk, dv, and dsinks with sinks) of
 /// `s` as one side of comparison `kind`_forward (or `kind`_backward).
 void add_call(const std::string& kind, const BackendUnderTest& bu, const FeatureShape& s,
               bool feature, bool backward) {
-  Spec spec = feature_spec(kind, kind + (backward ? "_backward" : "_forward"), bu, s, feature);
+  Spec spec =
+      feature_spec(kind, kind + (backward ? "_backward" : "_forward"), bu, s, side(feature));
   const double flops = (backward ? 2.5 : 1.0) * s.forward_flops();
   spec.params["flop"] = flops;
   const std::string key = spec.name;
@@ -177,19 +244,10 @@ void add_call(const std::string& kind, const BackendUnderTest& bu, const Feature
       st.SkipWithError(e.what());
       return;
     }
-    CallFixture& f = *fx;
-    const AttentionInputs<float> in = f.inputs();
-    const auto call = [&] {
-      if (backward) {
-        be->attention_backward(f.plan, in, f.dout, {f.dq, f.dk, f.dv, f.dsinks, f.dbias});
-      } else {
-        be->attention_forward(f.plan, in, f.out);
-      }
-    };
-    call();  // warm-up
+    run_call(*be, *fx, backward);  // warm-up
     const auto loop_start = std::chrono::steady_clock::now();
     for (auto _ : st) {
-      call();
+      run_call(*be, *fx, backward);
       benchmark::ClobberMemory();
     }
     set_flop_counters(st, flops, threads, seconds_since(loop_start));
@@ -200,7 +258,7 @@ void add_call(const std::string& kind, const BackendUnderTest& bu, const Feature
 /// s.block_size > 0) as one side of comparison `kind`.
 void add_decode_step(const std::string& kind, const BackendUnderTest& bu, const FeatureShape& s,
                      std::size_t caches) {
-  Spec spec = feature_spec(kind, kind, bu, s, s.block_size > 0);
+  Spec spec = feature_spec(kind, kind, bu, s, side(s.block_size > 0));
   const double bytes = s.kv_bytes();
   spec.params["bytes"] = bytes;
   spec.params["block_size"] = static_cast<double>(s.block_size);
@@ -219,12 +277,9 @@ void add_decode_step(const std::string& kind, const BackendUnderTest& bu, const 
       st.SkipWithError(e.what());
       return;
     }
-    DecodeCaches& f = *fx;
     const auto loop_start = std::chrono::steady_clock::now();
     for (auto _ : st) {
-      const std::size_t c = f.next;
-      f.next = (f.next + 1) % caches;
-      be->attention_forward(f.plan, f.inputs(c), f.out);
+      run_step(*be, *fx);
       benchmark::ClobberMemory();
     }
     set_byte_counters(st, bytes, threads, seconds_since(loop_start));
@@ -249,6 +304,10 @@ void register_features() {
       if (quick && backward) continue;
       add_call("varlen", bu, packed, true, backward);
       add_call("varlen", bu, dense, false, backward);
+      add_paired<CallFixture>(
+          "varlen", std::string("varlen_") + (backward ? "backward" : "forward"), bu, packed, dense,
+          [backward](const FeatureShape& s) { return CallFixture(s, backward); },
+          [backward](const Backend& be, CallFixture& f) { run_call(be, f, backward); });
     }
     // ALiBi, sinks and a bias against plain attention
     FeatureShape plain;
@@ -292,6 +351,9 @@ void register_features() {
     paged.block_size = 16;
     add_decode_step("paged_decode", bu, paged, caches);
     add_decode_step("paged_decode", bu, step, caches);
+    add_paired<DecodeCaches>(
+        "paged_decode", "paged_decode", bu, paged, step,
+        [caches](const FeatureShape& s) { return DecodeCaches(s, caches); }, run_step);
   }
 }
 

@@ -39,7 +39,6 @@ namespace {
 enum class Form : std::uint8_t { causal, window, softcap, alibi, document };
 
 constexpr std::int64_t kWindow = 128, kSoftcap = 30, kDocuments = 4;
-constexpr std::size_t kMinRounds = 7;  // paired benchmarks: rounds at least
 
 const char* name(Form f) {
   constexpr const char* names[] = {"causal", "window", "softcap", "alibi", "document"};
@@ -317,18 +316,10 @@ void add_paired(const BackendUnderTest& bu, Form f, const AttnShape& s, bool den
         };
         run(0), run(1);  // warm-up
         PairedTimes times({"native", "flex"});
-        const auto loop_start = std::chrono::steady_clock::now();
-        times.time_iterations(st, run);
-        if (seconds_since(loop_start) >= min_time) {
-          while (times.rounds() < kMinRounds) times.time_round(run);
-        }
-        times.set_counters(st);
+        times.time_iterations(st, run, min_time);
         // t_native / t_flex, or for density (t_dense · kept / dense blocks) / t_flex
         const double blocks = static_cast<double>((dense.Sq / 128) * (dense.Sk / 128));
-        const double scale = density ? kept_blocks(flex) / blocks : 1.0;
-        st.counters["median_speedup"] = scale * st.counters["flex_median_speedup"];
-        st.counters["speedup_p25"] = scale * st.counters["flex_speedup_p25"];
-        st.counters["speedup_p75"] = scale * st.counters["flex_speedup_p75"];
+        times.set_speedup_counters(st, 1, density ? kept_blocks(flex) / blocks : 1.0);
         st.counters["kept_blocks"] = kept_blocks(flex);
       },
       min_time);

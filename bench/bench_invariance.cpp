@@ -33,7 +33,7 @@
 // r_i = t_k,i / t_default,i: `<k>_cost_median`, `<k>_cost_p25`,
 // `<k>_cost_p75`. A benchmark whose timed loop reached its minimum time
 // (the one Google Benchmark reports) runs more rounds after the loop until
-// it has at least kMinRounds, so that a shape of seconds a call still has a
+// it has at least PairedTimes::kMinRounds, so that a shape of seconds a call still has a
 // spread.
 #include <algorithm>
 #include <chrono>
@@ -54,9 +54,6 @@
 
 namespace tandem::bench {
 namespace {
-
-/// Rounds a reported benchmark has at least (after its loop, if need be).
-constexpr std::size_t kMinRounds = 7;
 
 /// One kind of a benchmark: a name and the geometry of its backend.
 struct Kind {
@@ -312,11 +309,7 @@ void add_invariance(Case c, const AttnShape& shape, int threads, std::int64_t bl
         InvarianceFixture& f = *fx;
         PairedTimes times(names);
         const auto run = [&](std::size_t k) { f.call((*backends)[k]); };
-        const auto loop_start = std::chrono::steady_clock::now();
-        times.time_iterations(st, run);
-        if (seconds_since(loop_start) >= min_time) {  // the run Google Benchmark reports
-          while (times.rounds() < kMinRounds) times.time_round(run);
-        }
+        times.time_iterations(st, run, min_time);
         set_cost_counters(st, times);
       },
       min_time);

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,12 +28,24 @@ class PairedTimes {
   /// Records one call of `kind` that took `seconds`.
   void add(std::size_t kind, double seconds) { seconds_[kind].push_back(seconds); }
 
+  /// Rounds a reported benchmark has at least (after its loop, if need be),
+  /// so that a shape of seconds a call still has a spread.
+  static constexpr std::size_t kMinRounds = 7;
+
   /// Times `run(k)` for every kind k in every iteration of `st`, iteration i
   /// starting from kind i mod n, so that no kind always runs first (or right
-  /// after the same neighbour).
+  /// after the same neighbour); when the loop lasted `min_time` seconds (the
+  /// run Google Benchmark reports, not one of its trial runs), more rounds
+  /// after it until there are kMinRounds (never, by default).
   template <class Run>
-  void time_iterations(benchmark::State& st, Run&& run) {
+  void time_iterations(benchmark::State& st, Run&& run,
+                       double min_time = std::numeric_limits<double>::infinity()) {
+    const auto loop_start = std::chrono::steady_clock::now();
     for (auto _ : st) time_round(run);
+    const std::chrono::duration<double> loop = std::chrono::steady_clock::now() - loop_start;
+    if (loop.count() >= min_time) {
+      while (rounds() < kMinRounds) time_round(run);
+    }
   }
 
   /// One round outside a benchmark's loop: `run(k)` timed for every kind k,
@@ -78,6 +91,18 @@ class PairedTimes {
       st.counters[name + "_speedup_p75"] = quantile(ratios, 0.75);
     }
     st.counters["paired_iterations"] = static_cast<double>(seconds_[0].size());
+  }
+
+  /// The counters of a benchmark whose result is one paired ratio: those of
+  /// set_counters, and `median_speedup`, `speedup_p25`, `speedup_p75` (what
+  /// the report reads) the median and quartiles over the rounds of
+  /// t_0 / t_kind, times `scale`.
+  void set_speedup_counters(benchmark::State& st, std::size_t kind, double scale = 1.0) const {
+    set_counters(st);
+    const std::string& name = kinds_[kind];
+    st.counters["median_speedup"] = scale * st.counters[name + "_median_speedup"];
+    st.counters["speedup_p25"] = scale * st.counters[name + "_speedup_p25"];
+    st.counters["speedup_p75"] = scale * st.counters[name + "_speedup_p75"];
   }
 
   /// Mean seconds of one call of `kind` (0 when none was recorded).

@@ -38,7 +38,7 @@ def feature_pairs(res):
     (optimized backend, the report's thread count), in the order they ran."""
     out = {}
     for r in res.select("attention_features"):
-        if "paired" in r.tags or "density" in r.tags:  # both calls in one benchmark
+        if "feature" not in r.tags and "plain" not in r.tags:  # paired: both calls in one
             continue
         side = 0 if "feature" in r.tags else 1
         out.setdefault(r.shape.tag, [None, None])[side] = r

@@ -209,7 +209,8 @@ void add_paired(const std::string& kind, const std::string& what, const BackendU
         SidePair<Fixture>* x = nullptr;
         try {
           x = &cached_fixture<SidePair<Fixture>>(key, [&] {
-            return std::make_unique<SidePair<Fixture>>(SidePair<Fixture>{make(plain), make(feature)});
+            return std::make_unique<SidePair<Fixture>>(
+                SidePair<Fixture>{make(plain), make(feature)});
           });
           run(*be, x->plain), run(*be, x->feature);  // warm-up
         } catch (const std::exception& e) {

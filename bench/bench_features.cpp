@@ -199,30 +199,16 @@ struct SidePair {
 template <class Fixture, class Make, class Run>
 void add_paired(const std::string& kind, const std::string& what, const BackendUnderTest& bu,
                 const FeatureShape& feature, const FeatureShape& plain, Make make, Run run) {
-  const Spec spec = feature_spec(kind, what, bu, feature, "paired");
-  const std::string key = spec.name;
   auto be = std::make_shared<Backend>(bu.make());
-  const double min_time = std::max(1.0, default_min_time());
-  add(
-      spec,
-      [be, feature, plain, make, run, key, min_time](benchmark::State& st) {
-        SidePair<Fixture>* x = nullptr;
-        try {
-          x = &cached_fixture<SidePair<Fixture>>(key, [&] {
-            return std::make_unique<SidePair<Fixture>>(
-                SidePair<Fixture>{make(plain), make(feature)});
-          });
-          run(*be, x->plain), run(*be, x->feature);  // warm-up
-        } catch (const std::exception& e) {
-          st.SkipWithError(e.what());
-          return;
-        }
-        PairedTimes times({"plain", "feature"});
-        times.time_iterations(
-            st, [&](std::size_t k) { run(*be, k == 0 ? x->plain : x->feature); }, min_time);
-        times.set_speedup_counters(st, 1);
+  add_paired_benchmark<SidePair<Fixture>>(
+      feature_spec(kind, what, bu, feature, "paired"), {"plain", "feature"},
+      [feature, plain, make] {
+        return SidePair<Fixture>{make(plain), make(feature)};
       },
-      min_time);
+      [be, run](SidePair<Fixture>& x, std::size_t k) { run(*be, k == 0 ? x.plain : x.feature); },
+      [](benchmark::State& st, const PairedTimes& times, const SidePair<Fixture>&) {
+        times.set_speedup_counters(st, 1);
+      });
 }
 
 /// Registers the forward (or backward: dq, dk, dv, and dsinks with sinks) of

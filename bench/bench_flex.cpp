@@ -292,37 +292,22 @@ void add_paired(const BackendUnderTest& bu, Form f, const AttnShape& s, bool den
   spec.tags = {"features", "flex", density ? "density" : "paired"};
   AttnShape dense = s;
   if (density) dense.Sq = dense.Sk = 2048, dense.causal = false;
-  const std::string key = spec.name;
   auto be = std::make_shared<Backend>(bu.make());
-  const double min_time = std::max(1.0, default_min_time());
-  add(
-      spec,
-      [be, f, s, dense, density, key, min_time](benchmark::State& st) {
-        PairFixture* x = nullptr;
-        try {
-          x = &cached_fixture<PairFixture>(key, [&] {
-            return std::make_unique<PairFixture>(FlexFixture(f, s),
-                                                 NativeFixture(f, density ? dense : s, density));
-          });
-        } catch (const std::exception& e) {
-          st.SkipWithError(e.what());
-          return;
-        }
-        const FlexFixture& flex = x->flex;
-        NativeFixture& native = x->native;
-        const auto run = [&](std::size_t k) {
-          if (k == 0) be->attention_forward(native.plan, native.inputs(), native.out);
-          if (k == 1) be->flex_forward(flex.plan, flex.inputs(), x->flex.out, x->flex.lse);
-        };
-        run(0), run(1);  // warm-up
-        PairedTimes times({"native", "flex"});
-        times.time_iterations(st, run, min_time);
+  add_paired_benchmark<PairFixture>(
+      spec, {"native", "flex"},
+      [f, s, dense, density] {
+        return PairFixture{FlexFixture(f, s), NativeFixture(f, density ? dense : s, density)};
+      },
+      [be](PairFixture& x, std::size_t k) {
+        if (k == 0) be->attention_forward(x.native.plan, x.native.inputs(), x.native.out);
+        if (k == 1) be->flex_forward(x.flex.plan, x.flex.inputs(), x.flex.out, x.flex.lse);
+      },
+      [dense, density](benchmark::State& st, const PairedTimes& times, const PairFixture& x) {
         // t_native / t_flex, or for density (t_dense · kept / dense blocks) / t_flex
         const double blocks = static_cast<double>((dense.Sq / 128) * (dense.Sk / 128));
-        times.set_speedup_counters(st, 1, density ? kept_blocks(flex) / blocks : 1.0);
-        st.counters["kept_blocks"] = kept_blocks(flex);
-      },
-      min_time);
+        times.set_speedup_counters(st, 1, density ? kept_blocks(x.flex) / blocks : 1.0);
+        st.counters["kept_blocks"] = kept_blocks(x.flex);
+      });
 }
 
 }  // namespace

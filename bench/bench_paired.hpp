@@ -11,10 +11,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <exception>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "bench_common.hpp"
 
 namespace tandem::bench {
 
@@ -131,5 +135,34 @@ class PairedTimes {
   std::vector<std::string> kinds_;
   std::vector<std::vector<double>> seconds_;
 };
+
+/// Registers benchmark `spec` of calls timed in turn inside every round
+/// (PairedTimes of kinds `kinds`, at least kMinRounds rounds in the reported
+/// run): `make()` builds its fixture (cached across Google Benchmark's
+/// runs), `run(fixture, k)` makes one call of kind k, `counters(st, times,
+/// fixture)` sets the counters. A failure building it or in its warm-up (one
+/// call of each kind) skips the benchmark with the message.
+template <class Fixture, class Make, class Run, class Counters>
+void add_paired_benchmark(const Spec& spec, std::vector<std::string> kinds, Make make, Run run,
+                          Counters counters) {
+  const double min_time = std::max(1.0, default_min_time());
+  add(
+      spec,
+      [key = spec.name, kinds, make, run, counters, min_time](benchmark::State& st) {
+        Fixture* x = nullptr;
+        try {
+          x = &cached_fixture<Fixture>(key, [&] { return std::make_unique<Fixture>(make()); });
+          for (std::size_t k = 0; k < kinds.size(); ++k) run(*x, k);  // warm-up
+        } catch (const std::exception& e) {
+          st.SkipWithError(e.what());
+          return;
+        }
+        PairedTimes times(kinds);
+        times.time_iterations(
+            st, [&](std::size_t k) { run(*x, k); }, min_time);
+        counters(st, times, *x);
+      },
+      min_time);
+}
 
 }  // namespace tandem::bench

@@ -87,6 +87,9 @@ def log_result(r, spec):
             kinds = [k for k in STORED_KINDS if f"{k}_median_speedup" in r]
             rate = "vs f32 (median of paired ratios): " + ", ".join(
                 f"{k} {r[k + '_median_speedup']:.2f}×" for k in kinds[1:])
+        elif "median_speedup" in r:  # two calls in turn (bench_paired.hpp)
+            rate = (f"paired ratio {r['median_speedup']:.2f}× ({r['speedup_p25']:.2f}–"
+                    f"{r['speedup_p75']:.2f}) over {int(r.get('paired_iterations', 0))} rounds")
         elif "GFLOP/s" in r and not spec["op"].startswith("decode"):
             rate = f"{fnum(r['GFLOP/s'])} GFLOP/s = {fpct(r.get('frac_peak'))} of peak"
         else:

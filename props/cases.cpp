@@ -434,8 +434,8 @@ AttentionData with_plan(const AttentionData& d, const AttentionParams& p) {
 }
 
 IndexStore::IndexStore(const AttentionData& d) : wide_(d.index64), slopes_(d.slopes) {
-  const std::vector<i64>* src[5] = {&d.cu_q, &d.cu_k, &d.used, &d.table, &d.lens};
-  for (int w = 0; w < 5; ++w) {
+  const std::vector<i64>* src[6] = {&d.cu_q, &d.cu_k, &d.used, &d.table, &d.lens, &d.origin};
+  for (int w = 0; w < 6; ++w) {
     i64_[w] = *src[w];
     i32_[w].assign(src[w]->begin(), src[w]->end());
   }

@@ -130,8 +130,9 @@ struct AttentionData {
   std::vector<float> q, k, v, dout, mask;
   std::vector<float> sinks, slopes;
   ///@{
-  /// cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, cache_seqlens (empty when not taken).
-  std::vector<i64> cu_q, cu_k, used, table, lens;
+  /// cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, cache_seqlens, key_origin (empty
+  /// when not taken).
+  std::vector<i64> cu_q, cu_k, used, table, lens, origin;
   ///@}
   bool index64 = false;  ///< pass the index inputs as int64 (else int32)
 };
@@ -186,14 +187,15 @@ class IndexStore {
     in.seqused_k = view(2);
     in.block_table = view(3);
     in.cache_seqlens = view(4);
+    in.key_origin = view(5);
   }
 
  private:
   [[nodiscard]] Indices view(int which) const;
   bool wide_;
   std::vector<float> slopes_;
-  std::vector<std::int32_t> i32_[5];
-  std::vector<std::int64_t> i64_[5];
+  std::vector<std::int32_t> i32_[6];
+  std::vector<std::int64_t> i64_[6];
 };
 
 /// The sequences of a case: AttentionPlan::sequence on its index inputs

@@ -491,6 +491,46 @@ i64 draw_block_size() {
   return *rc::gen::element<i64>(1, 2, 3, 5, 16, 63, 64, 65, 128, 1000);
 }
 
+/// s without its first `drop` keys: a cache that has dropped its oldest.
+Seq without_first_keys(const Shared& o, const Seq& s, i64 drop) {
+  const auto from = [](const std::vector<float>& t, i64 first, i64 width) {
+    return std::vector<float>(t.begin() + first * width, t.end());
+  };
+  Seq e = s;
+  e.Sk = s.Sk - drop;
+  e.k = from(s.k, drop, o.Hkv * o.D);
+  e.v = from(s.v, drop, o.Hkv * o.Dv);
+  return e;
+}
+
+/// A cache that has dropped its oldest `drop` keys, called with key_origin
+/// = drop (as a dense call, one packed sequence or a paged cache), gives
+/// the bits of the whole cache's rows, whose sliding window hides the
+/// dropped keys from every query: the invariant order's blocks and chunks
+/// are counted from the sequence's start, wherever its key 0 sits (SPEC
+/// §12.1). The drop crosses 64-key blocks and 1024-key chunks, and a decode
+/// step (one query) against a long cache takes split-key decode.
+void origin_invariant(const Backend& be) {
+  Shared o = draw_shared();
+  o.mask = MaskKind::sliding_window;
+  o.window = *rc::gen::oneOf(rc::gen::inRange<i64>(0, 130), rc::gen::inRange<i64>(0, 2300));
+  const i64 P = *rc::gen::element<i64>(1, 1, 2, *rc::gen::inRange<i64>(1, 17));
+  const i64 drop = *rc::gen::oneOf(rc::gen::inRange<i64>(1, 130), rc::gen::inRange<i64>(1, 2100));
+  const i64 N = P + o.window + drop + *rc::gen::inRange<i64>(0, 40);
+  const Seq whole = make_seq(o, P, N, 0);
+  const Seq kept = without_first_keys(o, whole, drop);
+  const Form form = *rc::gen::element(Form::dense, Form::packed, Form::paged);
+  AttentionData d = form == Form::dense    ? dense_call(o, {&kept})
+                    : form == Form::packed ? packed_call(o, {&kept}, draw_pads(1), false, 2)
+                                           : paged_call(o, {&kept}, draw_block_size(), 1, 3);
+  d.origin = {drop};
+  const std::string label = o.describe() + "; " + to_string(form) + " cache of" + seq_label(kept) +
+                            " from key_origin " + std::to_string(drop) + " vs the whole" +
+                            seq_label(whole);
+  require_same(label, forward_differs(o, "without its first keys vs whole", rows_of(be, o, d)[0],
+                                      rows_of(be, o, dense_call(o, {&whole}))[0]));
+}
+
 /// A sequence alone gives the bits it gives in a batch of random others:
 /// a dense batch of its shapes, packed among sequences of other lengths
 /// (with seqused_k padding sometimes), or a paged batch whose caches have
@@ -668,6 +708,7 @@ void register_invariance_properties(std::vector<Property>& v) {
   add("batch_invariant", 32, on_backend<batch_invariant>());
   add("packed_equals_separate", 25, on_backend<packed_equals_separate>());
   add("paged_equals_contiguous", 25, on_backend<paged_equals_contiguous>());
+  add("origin_invariant", 25, on_backend<origin_invariant>());
   add("geometry_invariant", 24, geometry_invariant);
   add("backward_batch_invariant", 16, on_backend<backward_batch_invariant>());
 }

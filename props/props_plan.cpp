@@ -435,6 +435,22 @@ void view_edges(const AttentionData& d, std::vector<Edge>& v) {
   }
   const char* qkv[] = {"q.size()", "k.size()", "v.size()"};
   for (int t = 0; t < 3; ++t) v.push_back({"one element short", qkv[t], [](AttentionData&) {}, t});
+  // key_origin (SPEC §12.1): any sequence's entry at 0 and 2^48 (int64 inputs), past them
+  const i64 n = d.plan.sequences();
+  const auto s = static_cast<std::size_t>(*rc::gen::inRange<i64>(0, n));
+  const auto set_origin = [=](i64 value) {
+    return [=](AttentionData& x) {
+      x.origin.assign(static_cast<std::size_t>(n), 7);
+      x.origin[s] = value;
+      x.index64 = x.index64 || value > 1000;
+    };
+  };
+  v.push_back({"key_origin[s] = 0", "", set_origin(0)});
+  v.push_back({"key_origin[s] = 2^48", "", set_origin(kMaxKeyOrigin)});
+  v.push_back({"key_origin[s] = 2^48 + 1", "key_origin", set_origin(kMaxKeyOrigin + 1)});
+  v.push_back({"key_origin[s] = -1", "key_origin", set_origin(-1)});
+  v.push_back({"key_origin one entry too many", "key_origin.size()",
+               [=](AttentionData& x) { x.origin.assign(static_cast<std::size_t>(n) + 1, 0); }});
   if (d.plan.mask_size() > 0) {
     v.push_back(
         {"mask one too many", "mask.size()", [](AttentionData& x) { x.mask.push_back(1.0f); }});
@@ -448,7 +464,7 @@ void view_edges(const AttentionData& d, std::vector<Edge>& v) {
 /// the forward agrees with reference<double> on the same inputs and writes
 /// every element, nothing past) and one past it (refused with an Error naming
 /// the input, nothing written): block_table, cache_seqlens, cu_seqlens_q/k,
-/// seqused_k, sinks, alibi_slopes, the mask (SPEC §2.7–2.10, §8).
+/// seqused_k, key_origin, sinks, alibi_slopes, the mask (SPEC §2.7–2.10, §8, §12.1).
 void attention_index_edges(const Subject& s) {
   const bool paged = *rc::gen::arbitrary<bool>();
   AttentionGen g = AttentionGen{}.with_features();

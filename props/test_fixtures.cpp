@@ -158,6 +158,7 @@ const std::vector<Expectation>& expectations() {
       {Bug::dbias_sum_thread_dependent, {"attention_dbias_deterministic"}},
       // batch invariance (SPEC §12): only the invariance properties see these
       {Bug::decode_dot_reversed, {"decode_equals_prefill"}},
+      {Bug::blocks_ignore_key_origin, {"origin_invariant"}},
       {Bug::key_chunks_by_sequences,
        {"batch_invariant", "packed_equals_separate", "paged_equals_contiguous",
         "backward_batch_invariant"}},

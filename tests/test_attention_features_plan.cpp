@@ -227,6 +227,30 @@ TEST(AttentionFeatureShapes, PackedSequences) {
   expect_shapes_error(dense, attention_attrs(4), "seqused_k", {"is only taken with cu_seqlens_q"});
 }
 
+TEST(AttentionFeatureShapes, KeyOriginIsOnePerSequence) {
+  // dense: one per batch entry; packed: one per sequence (SPEC §12.1)
+  AttentionShapes dense;
+  dense.q = {2, 5, 32};
+  dense.k = {2, 7, 16};
+  dense.v = {2, 7, 16};
+  dense.key_origin = Shape{2};
+  EXPECT_EQ(AttentionPlan::from_shapes(dense, attention_attrs(4)).B, 2);
+  dense.key_origin = Shape{1};
+  expect_shapes_error(dense, attention_attrs(4), "key_origin.shape",
+                      {"key_origin.shape = [1] must be [2]"});
+  dense.key_origin = Shape{2, 1};
+  expect_shapes_error(dense, attention_attrs(4), "key_origin.shape", {"must be [2]"});
+  AttentionShapes packed;
+  packed.q = {9, 4, 8};
+  packed.k = {11, 2, 8};
+  packed.v = {11, 2, 6};
+  packed.cu_seqlens_q = packed.cu_seqlens_k = Shape{4};
+  packed.key_origin = Shape{3};
+  EXPECT_EQ(AttentionPlan::from_shapes(packed, attention_attrs(4)).num_seqs, 3);
+  packed.key_origin = Shape{1};
+  expect_shapes_error(packed, attention_attrs(4), "key_origin.shape", {"must be [3]"});
+}
+
 TEST(AttentionFeatureShapes, PagedCache) {
   const AttentionShapes s = paged();
   const AttentionPlan plan = AttentionPlan::from_shapes(s, attention_attrs(4, MaskKind::causal));

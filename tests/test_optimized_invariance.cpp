@@ -146,6 +146,62 @@ TEST(OptimizedInvariance, DecodeStepsAndChunksHaveThePrefillBits) {
   });
 }
 
+/// The decode steps of a sliding-window cache that keeps only the last
+/// window + 1 keys, called with key_origin the position of its first key,
+/// have the bits of the whole prefill's rows (whose window hides the keys
+/// the cache dropped), across 64-key blocks and 1024-key chunks; without
+/// key_origin a step whose cache starts inside a block differs.
+TEST(OptimizedInvariance, ASlidingWindowCacheFromItsKeyOriginHasThePrefillBits) {
+  test::for_each_target([] {
+    const Backend b = opt::backend(invariant_options());
+    const Model m{"mistral_window", 4, 1, 32, MaskKind::sliding_window, 300};
+    constexpr i64 S = 1400;
+    const Seq s = random_seq(m, S, S, 11);
+    const Rows whole = run_part(b, m, s, 0, S, S);
+    bool some_differ = false;
+    for (const i64 t : {301, 364, 365, 700, 1023, 1024, 1025, 1324, 1399}) {
+      const i64 first = t - m.window;  // the cache: keys [first, t], window + 1 of them
+      const tandem::AttentionPlan plan =
+          tandem::AttentionPlan::make(params(m, 1, 1, t + 1 - first));
+      const Vec q(s.q.begin() + t * m.H * m.D, s.q.begin() + (t + 1) * m.H * m.D);
+      const Vec k(s.k.begin() + first * m.Hkv * m.D, s.k.begin() + (t + 1) * m.Hkv * m.D);
+      const Vec v(s.v.begin() + first * m.Hkv * m.D, s.v.begin() + (t + 1) * m.Hkv * m.D);
+      const std::vector<std::int64_t> origin{first};
+      tandem::AttentionInputs<float> in{q, k, v, {}};
+      Rows step{Vec(plan.o.extent), Vec(plan.lse_size())};
+      Rows blind = step;
+      b.attention_forward_lse(plan, in, blind.out, blind.lse);
+      in.key_origin = origin;
+      b.attention_forward_lse(plan, in, step.out, step.lse);
+      EXPECT_TRUE(same_row(m, whole, S, t, step, 1, t)) << "step " << t;
+      some_differ = some_differ || !same_row(m, whole, S, t, blind, 1, t);
+    }
+    EXPECT_TRUE(some_differ) << "no step needed key_origin: the test cannot fail";
+  });
+}
+
+TEST(OptimizedInvariance, KeyOriginIsCheckedBeforeAnythingIsWritten) {
+  const Backend b = opt::backend(invariant_options());
+  const Model m{"two", 2, 1, 8};
+  const Seq s = random_seq(m, 3, 5, 3);
+  const tandem::AttentionPlan plan = tandem::AttentionPlan::make(params(m, 1, 3, 5));
+  const Vec sentinel(plan.o.extent, 7.0f);
+  for (const std::vector<std::int64_t>& origin :
+       {std::vector<std::int64_t>{-1}, std::vector<std::int64_t>{0, 0},
+        std::vector<std::int64_t>{tandem::kMaxKeyOrigin + 1}}) {
+    tandem::AttentionInputs<float> in{s.q, s.k, s.v, {}};
+    in.key_origin = origin;
+    Vec out = sentinel;
+    EXPECT_THROW(
+        try { b.attention_forward(plan, in, out); } catch (const tandem::Error& e) {
+          EXPECT_EQ(e.parameter(), origin.size() == 1 ? "key_origin" : "key_origin.size()");
+          throw;
+        },
+        tandem::Error);
+    EXPECT_EQ(out, sentinel);
+  }
+}
+
 /// The invariant order computes the same function: within float rounding
 /// of the default order (both agree with the reference, SPEC §2).
 TEST(OptimizedInvariance, AgreesWithTheDefaultOrder) {

@@ -183,6 +183,9 @@ struct AttentionSeq {
   std::int64_t k_start = 0;     ///< its first key row (cu_seqlens_k[n]; 0 unless packed)
   std::int64_t block_size = 0;  ///< keys per block of a paged cache (0 otherwise)
   Indices blocks;               ///< its row of the block table (paged only)
+  /// The position of its key 0 in the whole sequence (key_origin[n], else 0): where the
+  /// invariant order counts its blocks and chunks from (SPEC §12.2); no value depends on it.
+  std::int64_t key_origin = 0;
 
   /// max(Sk − Sq, 0): query i sits at key position q_offset + i (masks, SPEC §2).
   [[nodiscard]] std::int64_t q_offset() const { return Sk > Sq ? Sk - Sq : 0; }

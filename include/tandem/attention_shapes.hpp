@@ -65,6 +65,7 @@ struct AttentionShapes {
   std::optional<Shape> seqused_k = {};      ///< `[n]`, packed sequences only
   std::optional<Shape> block_table = {};    ///< `[B, max_blocks]`: a paged cache
   std::optional<Shape> cache_seqlens = {};  ///< `[B]`: a paged cache
+  std::optional<Shape> key_origin = {};     ///< `[n]`: each sequence's position of key 0
 };
 
 /// What the caller calls the inputs of an attention call (SPEC §8): an error
@@ -82,7 +83,7 @@ struct AttentionNames {
   std::string sinks = "sinks", alibi_slopes = "alibi_slopes";
   std::string cu_seqlens_q = "cu_seqlens_q", cu_seqlens_k = "cu_seqlens_k";
   std::string seqused_k = "seqused_k", block_table = "block_table";
-  std::string cache_seqlens = "cache_seqlens";
+  std::string cache_seqlens = "cache_seqlens", key_origin = "key_origin";
   ///@}
 
   /// The name of the mask that mask kind `kind` takes (bias or key_padding).
@@ -213,6 +214,10 @@ inline void feature_params(const AttentionShapes& s, const AttentionNames& names
             "must be [B, max_blocks] with B = " + std::to_string(p.B) + " and max_blocks >= 1");
     p.max_blocks = t[1];
     vector_length(*s.cache_seqlens, p.B, names.cache_seqlens, "one per batch entry");
+  }
+  if (s.key_origin) {
+    vector_length(*s.key_origin, p.num_seqs > 0 ? p.num_seqs : p.B, names.key_origin,
+                  "one per sequence (the batch entries or packed sequences)");
   }
   if (s.alibi_slopes) {
     const Shape& m = *s.alibi_slopes;

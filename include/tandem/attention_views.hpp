@@ -50,7 +50,33 @@ struct AttentionInputs {
   Indices block_table = {};
   /// `[B]`, 0 <= cache_seqlens[b] <= max_blocks·block_size: the keys of batch entry b (SPEC §2.10)
   Indices cache_seqlens = {};
+  /// `[n]` (one per sequence: batch entry or packed sequence) or empty (all 0), 0 <=
+  /// key_origin[n] <= kMaxKeyOrigin: the position of sequence n's key 0 in the whole
+  /// sequence, as in a cache that has dropped its oldest keys. It changes no value: the
+  /// invariant order counts its blocks and chunks from it (SPEC §12.2).
+  Indices key_origin = {};
 };
+
+/// The largest key_origin (2^48): origin + keys stays far inside int64.
+inline constexpr std::int64_t kMaxKeyOrigin = std::int64_t{1} << 48;
+
+/// `in` with the element views q, k, v and sinks of another type U (a
+/// backend that widens bfloat16 or float16 inputs to float): the mask, the
+/// ALiBi slopes and every index input carried over as they are.
+template <class U, class T>
+AttentionInputs<U> retyped(const AttentionInputs<T>& in, std::span<const U> q,
+                           std::span<const U> k, std::span<const U> v, std::span<const U> sinks) {
+  AttentionInputs<U> out{q, k, v, in.mask};
+  out.sinks = sinks;
+  out.alibi_slopes = in.alibi_slopes;
+  out.cu_seqlens_q = in.cu_seqlens_q;
+  out.cu_seqlens_k = in.cu_seqlens_k;
+  out.seqused_k = in.seqused_k;
+  out.block_table = in.block_table;
+  out.cache_seqlens = in.cache_seqlens;
+  out.key_origin = in.key_origin;
+  return out;
+}
 
 /// Writable views of the gradients; an empty view is not computed.
 template <class T>
@@ -214,6 +240,13 @@ void check_features(const AttentionPlan& plan, const AttentionInputs<T>& in) {
                   "must lie in [0, " + std::to_string(slot) + "] (the keys of sequence " +
                       std::to_string(s) + "'s slot in cu_seqlens_k)");
   }
+  // where each sequence's key 0 sits (SPEC §12.1)
+  if (!in.key_origin.empty()) require_size(in.key_origin.size(), plan.sequences(), "key_origin");
+  for (std::size_t s = 0; s < in.key_origin.size(); ++s) {
+    require_entry(in.key_origin[s] >= 0 && in.key_origin[s] <= kMaxKeyOrigin, "key_origin",
+                  static_cast<std::int64_t>(s), std::to_string(in.key_origin[s]),
+                  "must lie in [0, 2^48]");
+  }
   // paged cache
   const std::int64_t B = plan.paged() ? plan.B : 0, W = plan.max_blocks;
   require_size(in.block_table.size(), B * W, "block_table");
@@ -357,6 +390,7 @@ AttentionSeq AttentionPlan::sequence(const AttentionInputs<T>& in, std::int64_t 
   } else {
     seq.b = n;
   }
+  if (!in.key_origin.empty()) seq.key_origin = in.key_origin[static_cast<std::size_t>(n)];
   return seq;
 }
 

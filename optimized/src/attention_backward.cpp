@@ -817,17 +817,8 @@ class WideViews {
       dout_ = dout;
       if (saved != nullptr) saved_ = *saved;
     } else {
-      in = {widen_view(x.q, q_, threads),
-            widen_view(x.k, k_, threads),
-            widen_view(x.v, v_, threads),
-            x.mask,
-            widen_view(x.sinks, sinks_, threads),
-            x.alibi_slopes,
-            x.cu_seqlens_q,
-            x.cu_seqlens_k,
-            x.seqused_k,
-            x.block_table,
-            x.cache_seqlens};
+      in = retyped<float>(x, widen_view(x.q, q_, threads), widen_view(x.k, k_, threads),
+                          widen_view(x.v, v_, threads), widen_view(x.sinks, sinks_, threads));
       dout_ = widen_view(dout, dout_buf_, threads);
       if (saved != nullptr) saved_ = {widen_view(saved->out, out_, threads), saved->lse};
     }

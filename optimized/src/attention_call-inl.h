@@ -295,6 +295,7 @@ struct Tile {
   std::int64_t n = 0, b = 0, g = 0, G = 1, i0 = 0, nq = 0, rows = 0, rows_p = 0, stride = 0;
   std::int64_t Sq = 0, Sk = 0, q_offset = 0;  ///< the lengths of sequence n
   std::int64_t j_begin = 0, j_end = 0;        ///< keys any row of the tile may see
+  std::int64_t key_origin = 0;                ///< sequence n's position of key 0
 
   Tile(const Call& c, std::int64_t n_, std::int64_t g_, std::int64_t qblock)
       : n(n_), b(c.seqs[n_].b), g(g_), G(c.G) {
@@ -302,6 +303,7 @@ struct Tile {
     Sq = s.Sq;
     Sk = s.Sk;
     q_offset = s.q_offset();
+    key_origin = s.key_origin;
     i0 = qblock * c.block_q;
     nq = std::min(c.block_q, Sq - i0);
     rows = nq * G;
@@ -347,12 +349,15 @@ struct Tile {
   /// Keys in the block starting at j0 (j0 < j_end): c.key_block, or
   /// c.edge_block where the causal or sliding-window edge runs through the
   /// tile's rows (only some rows see such a block, and a short block wastes
-  /// less on the rest). An invariant call's blocks end at the multiples of
+  /// less on the rest). An invariant call's blocks end where the keys'
+  /// positions in the whole sequence (key_origin + j) reach a multiple of
   /// key_block instead, for every tile alike (a tile that starts or ends
   /// inside one holds its visible part: the keys it leaves out would add
   /// exact zeros to every sum of the rows).
   std::int64_t BlockSize(const Call& c, std::int64_t j0) const {
-    if (c.invariant) return std::min(c.key_block - j0 % c.key_block, j_end - j0);
+    if (c.invariant) {
+      return std::min(c.key_block - (key_origin + j0) % c.key_block, j_end - j0);
+    }
     const std::int64_t nk = std::min(c.key_block, j_end - j0);
     if (!c.banded()) return nk;
     const std::int64_t a_first = q_offset + i0, a_last = a_first + nq - 1;

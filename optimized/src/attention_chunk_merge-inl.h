@@ -137,11 +137,12 @@ class ChunkMerge {
             cur.col_step};
   }
 
-  /// Before the key block starting at j0: a new chunk merges the last.
+  /// Before the key block starting at position a (key_origin + j0, its
+  /// position in the whole sequence): a new chunk merges the last.
   template <class Restart>
-  void Enter(std::int64_t j0, Restart&& restart) {
+  void Enter(std::int64_t a, Restart&& restart) {
     if (!active_) return;
-    const std::int64_t chunk = j0 / kInvariantChunk;
+    const std::int64_t chunk = a / kInvariantChunk;
     if (chunk == chunk_) return;
     if (chunk_ >= 0) {
       Fold();

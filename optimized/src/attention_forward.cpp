@@ -191,17 +191,10 @@ void ForwardStored(const AttentionPlan& plan, const AttentionInputs<T>& in, std:
   for (std::size_t h = 0; h < in.sinks.size(); ++h) {
     sinks.get()[h] = static_cast<float>(static_cast<double>(in.sinks[h]));
   }
-  AttentionInputs<float> wide{{q.get(), static_cast<std::size_t>(plan.q.extent)},
-                              {k.get(), static_cast<std::size_t>(plan.k.extent)},
-                              {v.get(), static_cast<std::size_t>(plan.v.extent)},
-                              in.mask};
-  wide.sinks = {sinks.get(), in.sinks.size()};
-  wide.alibi_slopes = in.alibi_slopes;
-  wide.cu_seqlens_q = in.cu_seqlens_q;
-  wide.cu_seqlens_k = in.cu_seqlens_k;
-  wide.seqused_k = in.seqused_k;
-  wide.block_table = in.block_table;
-  wide.cache_seqlens = in.cache_seqlens;
+  const AttentionInputs<float> wide = retyped<float>(
+      in, {q.get(), static_cast<std::size_t>(plan.q.extent)},
+      {k.get(), static_cast<std::size_t>(plan.k.extent)},
+      {v.get(), static_cast<std::size_t>(plan.v.extent)}, {sinks.get(), in.sinks.size()});
   ForwardWide(plan, wide, out, lse, geometry, threads);
 }
 

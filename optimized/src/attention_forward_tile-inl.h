@@ -152,7 +152,7 @@ class KeyBlockTile {
   /// invariant call).
   void Run(std::int64_t j_from, std::int64_t j_to) {
     ForEachKeyBlock(c_, t_, j_from, j_to, [&](const KeyBlock& kb) {
-      merge_.Enter(kb.j0, [&] { Restart(); });
+      merge_.Enter(t_.key_origin + kb.j0, [&] { Restart(); });
       static_cast<Derived*>(this)->Block(kb);
     });
   }
@@ -316,7 +316,7 @@ class DecodeTile {
   /// As WideTile::Run.
   void Run(std::int64_t j_from, std::int64_t j_to) {
     ForEachKeyBlock(c_, t_, j_from, j_to, [&](const KeyBlock& kb) {
-      merge_.Enter(kb.j0, [&] {
+      merge_.Enter(t_.key_origin + kb.j0, [&] {
         softmax_.Restart();
         ZeroOutput();
       });

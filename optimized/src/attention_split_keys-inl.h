@@ -25,6 +25,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "attention_call-inl.h"
@@ -70,17 +71,34 @@ inline std::int64_t SplitKeysChunk(const Call& c) {
   return interleaved || c.sequences() * p.Hkv < geo.split_keys_contiguous_heads ? chunk : 0;
 }
 
+/// Where chunk boundaries fall in sequence n: its keys j with (shift + j) a
+/// multiple of the chunk, shift = key_origin % chunk in an invariant call
+/// (its chunks are counted from the sequence's whole start, SPEC §12.2), else 0.
+inline std::int64_t ChunkShift(const Call& c, std::int64_t n, std::int64_t chunk) {
+  return c.invariant ? c.seqs[n].key_origin % chunk : 0;
+}
+
+/// The keys [k0, k1) of chunk ch of sequence n.
+inline std::pair<std::int64_t, std::int64_t> ChunkKeys(const Call& c, std::int64_t n,
+                                                       std::int64_t ch, std::int64_t chunk) {
+  const std::int64_t shift = ChunkShift(c, n, chunk);
+  return {std::max<std::int64_t>(0, ch * chunk - shift),
+          std::min(c.seqs[n].Sk, (ch + 1) * chunk - shift)};
+}
+
 /// The partial results of a split-key call: per (sequence n, key chunk ch
 /// of it, query row h·Sq_n + i of it) one record of the unnormalized output
-/// o[0 .. Dvp), then m and l. Sequence n has ceil(Sk_n / chunk) chunks (none
-/// without keys) of H·Sq_n records each.
+/// o[0 .. Dvp), then m and l. Sequence n has ceil((shift + Sk_n) / chunk)
+/// chunks (ChunkShift; none without keys) of H·Sq_n records each.
 class SplitPartials {
  public:
   SplitPartials(const Call& c, std::int64_t chunk) : Dvp_(RoundUp(c.plan->Dv, Lanes())) {
     first_chunk_.assign(1, 0);
     first_record_.assign(1, 0);
-    for (const AttentionSeq& s : c.seqs) {
-      const std::int64_t chunks = (s.Sk + chunk - 1) / chunk, rows = c.plan->H * s.Sq;
+    for (std::int64_t n = 0; n < c.sequences(); ++n) {
+      const AttentionSeq& s = c.seqs[n];
+      const std::int64_t keys = s.Sk == 0 ? 0 : ChunkShift(c, n, chunk) + s.Sk;
+      const std::int64_t chunks = (keys + chunk - 1) / chunk, rows = c.plan->H * s.Sq;
       first_chunk_.push_back(first_chunk_.back() + chunks);
       first_record_.push_back(first_record_.back() + chunks * rows);
       rows_.push_back(rows);
@@ -144,8 +162,11 @@ inline void SplitKeysTask(const Call& c, std::int64_t n, std::int64_t ch, std::i
       ss.tiles[at].emplace(c, t, s, true, pf);
     }
   }
-  for (std::int64_t j = k0; j < k1; j += step) {
-    for (std::size_t at = 0; at < n_tiles; ++at) ss.tiles[at]->Run(j, std::min(k1, j + step));
+  // an invariant call's steps end at whole key blocks of the sequence's positions
+  const std::int64_t origin = c.invariant ? c.seqs[n].key_origin : 0;
+  for (std::int64_t j = k0, j_next = 0; j < k1; j = j_next) {
+    j_next = std::min(k1, j + step - (c.invariant ? (origin + j) % c.key_block : 0));
+    for (std::size_t at = 0; at < n_tiles; ++at) ss.tiles[at]->Run(j, j_next);
   }
   const std::int64_t Dvp = part.Dvp();
   for (std::size_t at = 0; at < n_tiles; ++at) {
@@ -282,7 +303,7 @@ inline void ForwardSplitKeys(const Call& c, std::int64_t chunk, float* out, floa
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t task = 0; task < n_tasks; ++task) {
       const std::int64_t n = SequenceOf(first_chunk, task), ch = task - first_chunk[n];
-      const std::int64_t k0 = ch * chunk, k1 = std::min(c.seqs[n].Sk, k0 + chunk);
+      const auto [k0, k1] = ChunkKeys(c, n, ch, chunk);
       SplitKeysTask(c, n, ch, k0, k1, ss, part);
     }
     // (the implicit barrier above: every partial is written)

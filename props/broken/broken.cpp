@@ -224,6 +224,10 @@ struct Attention {
             } else if (bug == Bug::key_chunks_by_sequences) {
               // float partial sums over chunks of keys, as many as the call's sequences
               y = chunked_sum(sequence_chunk(sq.Sk));
+            } else if (bug == Bug::blocks_ignore_key_origin) {
+              // float partial sums over 64-key blocks counted from the call's key 0, not
+              // from the sequence's position key_origin (SPEC §12.2)
+              y = chunked_sum(64);
             } else if (bug == Bug::thread_dependent_sum) {
               // `threads` partial sums in float, one per contiguous chunk of keys
               y = chunked_sum((sq.Sk + threads - 1) / threads);
@@ -657,6 +661,8 @@ const char* to_string(Bug bug) {
       return "decode_dot_reversed";
     case Bug::key_chunks_by_sequences:
       return "key_chunks_by_sequences";
+    case Bug::blocks_ignore_key_origin:
+      return "blocks_ignore_key_origin";
     case Bug::weights_rounded_twice:
       return "weights_rounded_twice";
     case Bug::output_accumulated_in_t:
@@ -727,8 +733,7 @@ void attach_flex(Kernels<T>& be, Bug bug, int threads) {
     return in;
   };
   be.flex_forward = [ref, planned, inputs, bug, threads](const FlexPlan& plan,
-                                                         const FlexInputs<T>& in,
-                                                         std::span<T> out,
+                                                         const FlexInputs<T>& in, std::span<T> out,
                                                          std::span<float> lse) {
     ref.flex_forward(planned(plan), inputs(in), out, lse);
     if (bug == Bug::flex_nonfinite_rows_zeroed) {

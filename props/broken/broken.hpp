@@ -67,7 +67,8 @@ enum class Bug {
   dbias_capped,                ///< dbias takes dS·(1 − tanh²(x/c)), the gradient before the cap
   dbias_sum_thread_dependent,  ///< dbias summed in float at more than one "thread", else double
   decode_dot_reversed,  ///< q·k in float, from d = D − 1 down in decode-shaped calls (Sq·G <= 4)
-  key_chunks_by_sequences,  ///< o and dq summed in float over as many key chunks as sequences
+  key_chunks_by_sequences,   ///< o and dq summed in float over as many key chunks as sequences
+  blocks_ignore_key_origin,  ///< o summed in float over 64-key blocks from the call's key 0
   // low precision (SPEC §10; broken_lowp.cpp)
   weights_rounded_twice,       ///< bf16/f16: P = RN_T(RN_T(e_ij) / l_i) before P·V (two roundings)
   output_accumulated_in_t,     ///< bf16/f16: Σ_j w_ij v_j rounded to T after every key

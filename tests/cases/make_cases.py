@@ -371,6 +371,12 @@ def write_bad(w):
     c, a = varlen(seqused_k=np.array([3, 4], dtype="<i4"))
     w.case("seqused_k_beyond_its_slot", c, a,
            expect=(2, "seqused_k.npy: inputs.seqused_k: seqused_k[1] = 4 must lie in [0, 3]"))
+    c, a = varlen(key_origin=np.array([3, -1], dtype="<i4"))
+    w.case("key_origin_negative", c, a,
+           expect=(2, "key_origin.npy: inputs.key_origin: key_origin[1] = -1 must lie in [0, 2^48]"))
+    c, a = varlen(key_origin=np.array([3, 0, 5], dtype="<i8"))
+    w.case("key_origin_wrong_length", c, a,
+           expect=(2, "key_origin.npy: key_origin.shape: key_origin.shape = [3] must be [2]"))
     c, a = varlen(mask=np.ones((1, 6), dtype=bool))
     c["attrs"]["mask"] = "key_padding"
     w.case("varlen_key_padding_mask", c, a,
@@ -737,6 +743,17 @@ def write_formats(w):
                 "ck.npy": np.array(cu_k, dtype=dtype), "used.npy": np.array(used, dtype=dtype),
                 "out.npy": expected},
                expect=ok)
+    # key_origin (SPEC §12.1) changes no value: the same expected out
+    w.case("features_varlen_key_origin",
+           attention_case({"num_heads": 2, "mask": "causal"},
+                          {"q": "q.npy", "k": "k.npy", "v": "v.npy", "cu_seqlens_q": "cq.npy",
+                           "cu_seqlens_k": "ck.npy", "seqused_k": "used.npy",
+                           "key_origin": "origin.npy"},
+                          expected={"out": "out.npy"}),
+           {"q.npy": q, "k.npy": k, "v.npy": v, "cq.npy": np.array(cu_q, dtype="<i8"),
+            "ck.npy": np.array(cu_k, dtype="<i8"), "used.npy": np.array(used, dtype="<i8"),
+            "origin.npy": np.array([61] * (len(cu_q) - 1), dtype="<i8"), "out.npy": expected},
+           expect=ok)
     # a paged cache whose spare table entries hold -1 (never read)
     q, kc, vc = g32(2, 1, 2, 8), g32(5, 4, 1, 8), g32(5, 4, 1, 8)
     table, lens = np.array([[3, 0, -1], [1, -1, -1]], dtype="<i4"), np.array([6, 2], dtype="<i8")

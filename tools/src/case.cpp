@@ -143,22 +143,24 @@ json parse_json_strict(std::string_view text, const JsonReader& r) {
 
 /// The optional attention inputs that switch a feature on (spec §2.7–2.10),
 /// with the field of AttentionShapes that holds each one's shape.
-const std::array<std::pair<const char*, std::optional<Shape> AttentionShapes::*>, 7>
+const std::array<std::pair<const char*, std::optional<Shape> AttentionShapes::*>, 8>
     kFeatureShapes = {{{"sinks", &AttentionShapes::sinks},
                        {"alibi_slopes", &AttentionShapes::alibi_slopes},
                        {"cu_seqlens_q", &AttentionShapes::cu_seqlens_q},
                        {"cu_seqlens_k", &AttentionShapes::cu_seqlens_k},
                        {"seqused_k", &AttentionShapes::seqused_k},
                        {"block_table", &AttentionShapes::block_table},
-                       {"cache_seqlens", &AttentionShapes::cache_seqlens}}};
+                       {"cache_seqlens", &AttentionShapes::cache_seqlens},
+                       {"key_origin", &AttentionShapes::key_origin}}};
 
 /// The index inputs of attention (read as integers), with their AttentionInputs field.
-const std::array<std::pair<const char*, Indices AttentionInputs<float>::*>, 5> kIndexInputs = {
+const std::array<std::pair<const char*, Indices AttentionInputs<float>::*>, 6> kIndexInputs = {
     {{"cu_seqlens_q", &AttentionInputs<float>::cu_seqlens_q},
      {"cu_seqlens_k", &AttentionInputs<float>::cu_seqlens_k},
      {"seqused_k", &AttentionInputs<float>::seqused_k},
      {"block_table", &AttentionInputs<float>::block_table},
-     {"cache_seqlens", &AttentionInputs<float>::cache_seqlens}}};
+     {"cache_seqlens", &AttentionInputs<float>::cache_seqlens},
+     {"key_origin", &AttentionInputs<float>::key_origin}}};
 
 /// "attrs.<name>" for messages.
 std::string attr_field(const std::string& name) {
@@ -461,7 +463,7 @@ const std::vector<OpInfo>& op_table() {
        "attention",
        {"q", "k", "v"},
        {"mask", "sinks", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table",
-        "cache_seqlens", "k_scale", "v_scale"},
+        "cache_seqlens", "key_origin", "k_scale", "v_scale"},
        {"out"},
        {"num_heads", "layout", "mask", "window", "scale", "softcap", "kv_cache"},
        {2e-4, 2e-5}},
@@ -469,7 +471,7 @@ const std::vector<OpInfo>& op_table() {
        "attention_backward",
        {"q", "k", "v", "dout"},
        {"mask", "sinks", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table",
-        "cache_seqlens"},
+        "cache_seqlens", "key_origin"},
        {"dq", "dk", "dv", "dsinks", "dbias"},
        {"num_heads", "layout", "mask", "window", "scale", "softcap"},
        {1e-3, 1e-4}},

@@ -51,6 +51,7 @@ class TypedInputs {
     in.seqused_k = indices("seqused_k");
     in.block_table = indices("block_table");
     in.cache_seqlens = indices("cache_seqlens");
+    in.key_origin = indices("key_origin");
     return in;
   }
   /// The codes of a quantized k or v as bytes (int8 two's complement, e4m3 bits).

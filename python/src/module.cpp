@@ -196,9 +196,9 @@ std::optional<In> input(const nb::dict& inputs, const char* name) {
 
 /// The feature inputs of `inputs` (SPEC §2.7–2.10) into `in`: sinks [H]
 /// (element type T), ALiBi slopes [H] or [n, H] (float32), cu_seqlens_q and
-/// cu_seqlens_k [n+1], seqused_k [n] (optional), block_table [B, max_blocks]
-/// and cache_seqlens [B] (int32 or int64), each given exactly when the plan
-/// takes it; the kernel checks their values.
+/// cu_seqlens_k [n+1], seqused_k [n] (optional), key_origin [n] (optional), block_table [B,
+/// max_blocks] and cache_seqlens [B] (int32 or int64), each given exactly when the plan takes it;
+/// the kernel checks their values.
 template <class T>
 void feature_inputs(const AttentionPlan& p, const nb::dict& inputs, AttentionInputs<T>& in) {
   const auto taken = [&](const char* name, bool takes) {
@@ -225,6 +225,7 @@ void feature_inputs(const AttentionPlan& p, const nb::dict& inputs, AttentionInp
   in.seqused_k = index_view(used, "seqused_k", {n});
   in.block_table = index_view(taken("block_table", p.paged()), "block_table", {p.B, p.max_blocks});
   in.cache_seqlens = index_view(taken("cache_seqlens", p.paged()), "cache_seqlens", {p.B});
+  in.key_origin = index_view(input(inputs, "key_origin"), "key_origin", {p.sequences()});
 }
 
 /// The one place where the arrays of an attention call become its views:
@@ -279,7 +280,7 @@ std::optional<Shape> given_shape(const nb::dict& shapes, const char* name) {
 /// An attention call by the C++ shape rules (attention_params_from_shapes,
 /// SPEC §1, §2.7–2.10): its Params from the shapes of the inputs given
 /// (`shapes`: q, k, v, mask, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-/// seqused_k, block_table, cache_seqlens), the attrs and the caller's names of
+/// seqused_k, block_table, cache_seqlens, key_origin), the attrs and the caller's names of
 /// the inputs (errors name them), and the shapes the kernels read the arrays
 /// in: q, k, v, out `[B, Sq, H, Dv]` in the plan's layout (a paged k, v
 /// `[num_blocks, block_size, Hkv, D]`), lse `[B, H, Sq]`, the mask (keep
@@ -301,6 +302,7 @@ nb::tuple attention_call(const nb::dict& shapes, const AttentionAttrs& attrs,
   s.cu_seqlens_q = given_shape(shapes, "cu_seqlens_q");
   s.cu_seqlens_k = given_shape(shapes, "cu_seqlens_k");
   s.seqused_k = given_shape(shapes, "seqused_k");
+  s.key_origin = given_shape(shapes, "key_origin");
   s.block_table = given_shape(shapes, "block_table");
   s.cache_seqlens = given_shape(shapes, "cache_seqlens");
   const AttentionParams params = attention_params_from_shapes(s, attrs, names);
@@ -1272,6 +1274,7 @@ NB_MODULE(_ext, m) {
       .def_rw("cu_seqlens_q", &AttentionNames::cu_seqlens_q)
       .def_rw("cu_seqlens_k", &AttentionNames::cu_seqlens_k)
       .def_rw("seqused_k", &AttentionNames::seqused_k)
+      .def_rw("key_origin", &AttentionNames::key_origin)
       .def_rw("block_table", &AttentionNames::block_table)
       .def_rw("cache_seqlens", &AttentionNames::cache_seqlens)
       .def("mask_of", &AttentionNames::mask_of, "kind"_a);

@@ -64,7 +64,8 @@ def _choice(name, value, table):
 # Attention
 
 
-_INDEX_INPUTS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table", "cache_seqlens")
+_INDEX_INPUTS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table", "cache_seqlens",
+                 "key_origin")
 
 
 def _attention_names(**names):
@@ -107,7 +108,7 @@ class _AttentionCall:
                  scale=None, softcap=0.0, bias=None, key_padding=None, sinks=None,
                  alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
                  block_table=None, cache_seqlens=None, names=_NAMES, rounding=None,
-                 kv_cache=None, k_scale=None, v_scale=None):
+                 kv_cache=None, k_scale=None, v_scale=None, key_origin=None):
         q = A.as_array(q, names.q)
         if kv_cache is None:
             k, v = A.as_array(k, names.k), A.as_array(v, names.v)
@@ -129,7 +130,7 @@ class _AttentionCall:
         if alibi_slopes is not None:
             inputs["alibi_slopes"] = A.to_float32(alibi_slopes, names.alibi_slopes)
         for name, x in zip(_INDEX_INPUTS, (cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
-                                           cache_seqlens)):
+                                           cache_seqlens, key_origin)):
             if x is not None:
                 inputs[name] = A.as_indices(x, getattr(names, name))
         self.shapes = {name: tuple(x.shape) for name, x in inputs.items() if x is not None}
@@ -213,7 +214,7 @@ class _AttentionCall:
 def attention(q, k, v, *, layout="bshd", num_heads=None, mask=None, window=None, scale=None,
               softcap=0.0, bias=None, key_padding=None, sinks=None, alibi_slopes=None,
               cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, rounding=None,
-              kv_cache=None, k_scale=None, v_scale=None, backend="optimized"):
+              kv_cache=None, k_scale=None, v_scale=None, key_origin=None, backend="optimized"):
     """Scaled dot-product attention (SPEC §2): out [B, Sq, H, Dv] (bshd) or
     [B, H, Sq, Dv] (bhsd).
 
@@ -238,7 +239,10 @@ def attention(q, k, v, *, layout="bshd", num_heads=None, mask=None, window=None,
     [total_q, H, Dv]; sequence s owns rows cu_seqlens[s]:cu_seqlens[s+1]
     and masks apply within it; `seqused_k` [n] keeps only the first
     seqused_k[s] keys of each slot (FlashAttention's flash_attn_varlen_func;
-    max_seqlen is not needed).
+    max_seqlen is not needed). `key_origin` [n] (one per batch entry or
+    packed sequence) is the position of each sequence's key 0 in its whole
+    sequence (a cache that dropped its oldest keys); it changes no value,
+    only where the invariant order's blocks fall (SPEC §12.1).
 
     Storage (SPEC §10): q, k, v (and sinks, dout, the gradients, out) share
     one dtype: float32, float64, bfloat16 (torch.bfloat16, ml_dtypes.bfloat16)
@@ -251,7 +255,7 @@ def attention(q, k, v, *, layout="bshd", num_heads=None, mask=None, window=None,
     call = _AttentionCall(q, k, v, layout, num_heads, mask, window, scale, softcap, bias,
                           key_padding, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
                           seqused_k, rounding=rounding, kv_cache=kv_cache, k_scale=k_scale,
-                          v_scale=v_scale)
+                          v_scale=v_scale, key_origin=key_origin)
     out = call.empty("out")
     if kv_cache is None:
         _run(_ext.attention_forward, backend, call.params, call.inputs, out, None)
@@ -347,7 +351,7 @@ def attention_backward_saved(q, k, v, out, lse, dout, *, grads=None, backend="op
 def attention_with_kvcache(q, k_cache, v_cache, block_table, cache_seqlens, *, mask=None,
                            window=None, scale=None, softcap=0.0, sinks=None, alibi_slopes=None,
                            return_lse=False, rounding=None, kv_cache=None, k_scale=None,
-                           v_scale=None, backend="optimized"):
+                           v_scale=None, key_origin=None, backend="optimized"):
     """Attention of new queries over a paged KV cache (SPEC §2.10; forward
     only): q [B, Sq, H, D]; k_cache [num_blocks, block_size, Hkv, D] and
     v_cache [num_blocks, block_size, Hkv, Dv]; block_table [B, max_blocks]
@@ -359,11 +363,12 @@ def attention_with_kvcache(q, k_cache, v_cache, block_table, cache_seqlens, *, m
     flash_attn_with_kvcache with block_table (causal=True is mask="causal";
     new keys are appended to the cache by the caller). `rounding`, and a
     quantized cache (`kv_cache`, `k_scale`, `v_scale`: quantize_kv of the
-    whole cache; no lse), as for attention()."""
+    whole cache; no lse), and `key_origin`, as for attention()."""
     call = _AttentionCall(q, k_cache, v_cache, "bshd", None, mask, window, scale, softcap,
                           None, None, sinks, alibi_slopes, block_table=block_table,
                           cache_seqlens=cache_seqlens, names=_KVCACHE_NAMES, rounding=rounding,
-                          kv_cache=kv_cache, k_scale=k_scale, v_scale=v_scale)
+                          kv_cache=kv_cache, k_scale=k_scale, v_scale=v_scale,
+                          key_origin=key_origin)
     out = call.empty("out")
     if kv_cache is not None:
         if return_lse:

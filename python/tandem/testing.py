@@ -959,7 +959,7 @@ def check_swiglu(fn, *, array="numpy", policy=Policy(), max_examples=200, time_b
 # Batch invariance (SPEC §12)
 
 #: The invariance checks, in the order check_invariance runs them.
-INVARIANCE_CHECKS = ("batch", "packed", "paged", "decode", "chunked_prefill")
+INVARIANCE_CHECKS = ("batch", "packed", "paged", "decode", "chunked_prefill", "origin")
 
 
 class InvarianceFailure(AssertionError):
@@ -1224,6 +1224,26 @@ class _Invariance:
                                  (want[0][a:b], None if want[1] is None else want[1][a:b]))
 
 
+    def origin(self):
+        """With mask "sliding_window": each sequence's decode steps from a
+        cache that has dropped the keys the window hides from them (keys
+        t - window .. t, key_origin = t - window, as a sliding-window cache
+        keeps them), against its prefill (SPEC §12.1)."""
+        if self.c.mask != "sliding_window":
+            return
+        for s, (q, k, v) in enumerate(self.seqs):
+            L = len(q)
+            want = self.alone(s, L)
+            for t in range(self.c.window + 1, L):
+                first = t - self.c.window
+                out, lse = self.call(q[None, t:t + 1], k[None, first:t + 1],
+                                     v[None, first:t + 1], key_origin=np.array([first]))
+                self.compare("origin", f"decode step {t} from a cache of keys {first}..{t} "
+                             f"(key_origin {first}) vs the prefill of {L}", [s], [t],
+                             (out[0], None if lse is None else lse[0].T),
+                             (want[0][t:t + 1], None if want[1] is None else want[1][t:t + 1]))
+
+
 def _take(got, entries):
     """The batch entries `entries` of (out [B, Sq, H, Dv], lse [B, H, Sq])."""
     out, lse = got
@@ -1256,12 +1276,16 @@ def check_invariance(fn, *, paged_fn=None, config=InvarianceConfig(), checks=INV
       block size against the same keys contiguous (fn, each sequence alone);
     - "decode": a prefill against its decode steps (query t alone against
       keys 0..t, mask bottom-right);
-    - "chunked_prefill": a prefill against the same in chunks.
+    - "chunked_prefill": a prefill against the same in chunks;
+    - "origin" (mask "sliding_window" only; fn takes key_origin): a decode
+      step from a cache without the keys the window hides, key_origin the
+      position of its first key, against the prefill.
 
     `checks` picks some; `array` "torch" passes torch tensors. Raises
     InvarianceFailure at the first row whose bits differ (which check,
     sequence, query, head, output, max |diff|); else returns the number of
-    rows each check compared."""
+    rows each check compared, for the checks that apply to the config
+    ("paged" needs paged_fn, "origin" a sliding window)."""
     unknown = set(checks) - set(INVARIANCE_CHECKS)
     if unknown:
         raise ValueError(f"checks: {sorted(unknown)} are not among {INVARIANCE_CHECKS}")
@@ -1269,7 +1293,8 @@ def check_invariance(fn, *, paged_fn=None, config=InvarianceConfig(), checks=INV
     for name in INVARIANCE_CHECKS:
         if name in checks:
             getattr(run, name)()
-    return {name: n for name, n in run.rows.items() if name in checks}
+    applies = {"paged": paged_fn is not None, "origin": config.mask == "sliding_window"}
+    return {name: n for name, n in run.rows.items() if name in checks and applies.get(name, True)}
 
 
 BACKWARD_INVARIANCE_CHECKS = ("batch", "packed")

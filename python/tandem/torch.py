@@ -64,25 +64,27 @@ def _feature_kwargs(sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k):
 # [H] or [n, H], cu_seqlens_q, cu_seqlens_k [n+1] and seqused_k [n] (packed
 # q [total_q, H, D], k, v [total_k, Hkv, D]); then the rounding profile of a
 # bfloat16 or float16 call (SPEC §10.2; None: "pytorch" — torch 2.4's schema
-# inference takes no str default).
+# inference takes no str default); then key_origin [n] (SPEC §12.1), which
+# changes no value (the backward does without it).
 @torch.library.custom_op("tandem::attention", mutates_args=())
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], layout: str,
                   mask_kind: str, window: int, scale: Optional[float], softcap: float,
                   backend: str, sinks: Optional[Tensor] = None,
                   alibi_slopes: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
                   cu_seqlens_k: Optional[Tensor] = None,
-                  seqused_k: Optional[Tensor] = None,
-                  rounding: Optional[str] = None) -> tuple[Tensor, Tensor]:
+                  seqused_k: Optional[Tensor] = None, rounding: Optional[str] = None,
+                  key_origin: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     return _api.attention_forward_lse(
         q, k, v, layout=layout, scale=scale, softcap=softcap, backend=backend,
-        rounding=rounding or "pytorch", **_mask_kwargs(mask, mask_kind, window),
+        rounding=rounding or "pytorch", key_origin=key_origin,
+        **_mask_kwargs(mask, mask_kind, window),
         **_feature_kwargs(sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k))
 
 
 @_attention_op.register_fake
 def _(q, k, v, mask, layout, mask_kind, window, scale, softcap, backend, sinks=None,
       alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
-      rounding=None):
+      rounding=None, key_origin=None):
     # out [B,Sq,H,Dv] (bshd) or [B,H,Sq,Dv] (bhsd), packed [T,H,Dv]: q's axes and v's width;
     # lse float32 for bfloat16 and float16 (SPEC §10.1)
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
@@ -153,7 +155,7 @@ def _attention_grad(ctx, dout, _dlse):
     # attributes and the rounding profile
     return (dq, dk, dv, dbias.to(mask.dtype) if want_dbias else None) + \
         (None,) * _ATTENTION_ATTRS + (None if sinks is None else dsinks, None, None, None, None,
-                                      None)
+                                      None, None)
 
 
 _attention_op.register_autograd(_attention_grad, setup_context=_attention_setup)
@@ -176,19 +178,20 @@ def _mask_args(mask, window, bias, key_padding):
 
 def attention(q, k, v, *, layout="bshd", mask=None, window=None, scale=None, softcap=0.0,
               bias=None, key_padding=None, sinks=None, alibi_slopes=None, cu_seqlens_q=None,
-              cu_seqlens_k=None, seqused_k=None, rounding="pytorch", backend="optimized"):
+              cu_seqlens_k=None, seqused_k=None, rounding="pytorch", key_origin=None,
+              backend="optimized"):
     """tandem.attention on torch tensors (rank 4, or packed [total, H, D]
     with cu_seqlens), differentiable in q, k, v, sinks and the bias (dbias,
     SPEC §3; key_padding, ALiBi slopes and index tensors get no gradient);
     float32, float64, bfloat16 or float16, with `rounding` for the latter
-    two (SPEC §10.2)."""
+    two (SPEC §10.2); key_origin [n] as tandem.attention's (SPEC §12.1)."""
     m, kind, w = _mask_args(mask, window, bias, key_padding)
     if alibi_slopes is not None:
         alibi_slopes = torch.as_tensor(alibi_slopes).to(torch.float32)
     out, _ = _attention_op(q, k, v, m, layout, kind, w, None if scale is None else float(scale),
                            float(softcap or 0.0), backend, sinks, alibi_slopes,
                            _index(cu_seqlens_q), _index(cu_seqlens_k), _index(seqused_k),
-                           str(rounding))
+                           str(rounding), _index(key_origin))
     return out
 
 

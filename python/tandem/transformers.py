@@ -21,7 +21,10 @@ row's real keys and the queries at their positions are one sequence, so its
 64-key blocks start at its first real key, as when the prompt runs alone,
 and under tandem.invariant() a prompt gets its bits alone (SPEC §12.1). A
 decode step is packed only under tandem.invariant(): copying each row's keys
-costs more than the padding it skips.
+costs more than the padding it skips. Under tandem.invariant() a cache that
+has dropped its oldest keys (a sliding-window layer's) passes key_origin,
+its first key's position read off the position ids, so that its blocks are
+those of the whole sequence (SPEC §12.1).
 """
 
 from . import torch as _tt  # first: without PyTorch, the message names the torch extra
@@ -62,11 +65,22 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     # A decode step packs only under tandem.invariant(): its copies cost more than the padded
     # keys it skips (a prefill's skipped padding pays for them).
     pack = not dropout and (query.shape[2] > 1 or _tandem.is_invariant())
-    padding = _left_padding(attention_mask, query.shape[0], query.shape[2], key.shape[2],
-                            kwargs.get("position_ids")) if pack else None
+    B, Sq, Sk = query.shape[0], query.shape[2], key.shape[2]
+    position_ids = kwargs.get("position_ids")
+    padding = _left_padding(attention_mask, B, Sq, Sk, position_ids) if pack else None
+    # Under tandem.invariant() a cache that dropped its oldest keys (a sliding window's)
+    # says where its key 0 sits, so that the blocks are those of the whole sequence.
+    origin = None
+    if _tandem.is_invariant() and not dropout and Sq <= Sk:
+        if padding is not None:
+            origin = _key_origin(position_ids, padding[0], Sk)
+        elif attention_mask is None and (is_causal or Sq == 1):  # every key real, causal
+            none = _torch.zeros(B, dtype=_torch.int64)
+            origin = _key_origin(position_ids, none, Sk)
+            padding = (none, None) if origin is not None else None
     if padding is not None:
-        return _packed_forward(query, key, value, *padding, scaling, softcap, sinks, backend), \
-            None
+        return _packed_forward(query, key, value, *padding, scaling, softcap, sinks, backend,
+                               origin), None
     out = _tt.sdpa_softcap(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                            is_causal=is_causal, scale=scaling,
                            enable_gqa=key.shape[1] != query.shape[1], softcap=softcap or 0.0,
@@ -132,13 +146,31 @@ def _left_padding(mask, B, Sq, Sk, position_ids=None):
     return None
 
 
-def _packed_forward(query, key, value, pad, window, scaling, softcap, sinks, backend):
+def _key_origin(position_ids, pad, Sk):
+    """The position of each batch row's first real key in its whole
+    sequence [B] (tandem's key_origin, SPEC §12.1), from the position ids
+    (the last query's, as generate gives them: a token's index among its
+    row's real tokens): position + 1 − (Sk − pad[b]). 0 while the cache
+    keeps every key; more once a sliding-window cache has dropped the keys
+    its window left behind. None when there are no position ids, they say
+    nothing of the kind, or every row's origin is 0."""
+    B = pad.shape[0]
+    if not isinstance(position_ids, _torch.Tensor) or position_ids.dim() != 2 or \
+            position_ids.shape[0] not in (1, B):
+        return None
+    origin = position_ids[:, -1].to(_torch.int64).expand(B) + 1 - (Sk - pad)
+    return origin if bool((origin >= 0).all()) and bool((origin > 0).any()) else None
+
+
+def _packed_forward(query, key, value, pad, window, scaling, softcap, sinks, backend,
+                    origin=None):
     """attention_forward of a left-padded batch (_left_padding) as packed
     sequences (SPEC §2.9): batch row b's real keys [pad[b], Sk) and the
     queries at those positions are one sequence, whose 64-key blocks start
-    at its first real key as when the prompt runs alone (SPEC §12). The
-    queries at padding positions see no key and get 0, as in the general
-    path. Returns out [B, Sq, H, Dv]."""
+    at its first real key as when the prompt runs alone (SPEC §12), or at
+    the position `origin[b]` (_key_origin) gives that key. The queries at
+    padding positions see no key and get 0, as in the general path. Returns
+    out [B, Sq, H, Dv]."""
     B, H, Sq, _ = query.shape
     Sk = key.shape[2]
     qpad = (pad - (Sk - Sq)).clamp(min=0).tolist()
@@ -152,7 +184,7 @@ def _packed_forward(query, key, value, pad, window, scaling, softcap, sinks, bac
     # as sdpa_softcap: the operator (autograd, a compiler, sinks), else the kernel directly
     attention = _tt.attention if _tt._needs_op(q, k, v) or sinks is not None else _api.attention
     out = attention(q, k, v, scale=scaling, softcap=softcap or 0.0, sinks=sinks, cu_seqlens_q=cu_q,
-                    cu_seqlens_k=cu_k, backend=backend, **mask)
+                    cu_seqlens_k=cu_k, key_origin=origin, backend=backend, **mask)
     zeros = out.new_zeros((max(qpad), H, out.shape[-1]))
     rows = [_torch.cat([zeros[:qpad[b]], out[cu_q[b]:cu_q[b + 1]]]) for b in range(B)]
     return _torch.stack(rows)

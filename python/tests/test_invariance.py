@@ -57,12 +57,33 @@ def test_results_under_the_switch_agree_with_the_reference():
     np.testing.assert_allclose(out, reference(q, k, v, mask="causal"), atol=2e-6, rtol=1e-5)
 
 
+def test_a_cache_that_dropped_its_first_keys_keeps_its_bits_through_key_origin():
+    # a sliding window of w keys before each query: a decode step over the last w + 1 keys,
+    # key_origin the first one's position, against the whole prefill's row (SPEC §12.1)
+    rng = np.random.default_rng(3)
+    S, w = 1200, 200
+    q = rng.standard_normal((1, S, 4, 32)).astype(np.float32)
+    k, v = (rng.standard_normal((1, S, 2, 32)).astype(np.float32) for _ in range(2))
+    with tandem.invariant():
+        whole = tandem.attention(q, k, v, window=w)
+        for t in (201, 300, 1023, 1024, 1199):
+            first = t - w
+            step = tandem.attention(q[:, t:t + 1], k[:, first:t + 1], v[:, first:t + 1],
+                                    window=w, key_origin=np.array([first]))
+            assert np.array_equal(step[0, 0], whole[0, t]), t
+        for bad, parameter in (([-1], "key_origin"), ([0, 0], "key_origin.shape")):
+            with pytest.raises(tandem.Error) as e:
+                tandem.attention(q[:, :1], k[:, :5], v[:, :5], key_origin=np.array(bad))
+            assert e.value.parameter == parameter, str(e.value)
+
+
 # -- invariant kernels pass ------------------------------------------------------------
 
 @pytest.mark.parametrize("array", ["numpy", "torch"])
 def test_the_reference_backend_passes_every_check(array):
     rows = T.check_invariance(reference, paged_fn=reference_paged, config=SMALL, array=array)
-    assert set(rows) == set(T.INVARIANCE_CHECKS) and min(rows.values()) > 0, rows
+    # every check but "origin", which needs a sliding window (below)
+    assert set(rows) == set(T.INVARIANCE_CHECKS) - {"origin"} and min(rows.values()) > 0, rows
 
 
 def test_the_reference_passes_with_lse_a_sliding_window_and_long_sequences():
@@ -71,6 +92,24 @@ def test_the_reference_passes_with_lse_a_sliding_window_and_long_sequences():
     rows = T.check_invariance(reference_lse, config=config,
                               checks=("batch", "packed", "chunked_prefill"))
     assert min(rows.values()) > 0, rows
+
+
+WINDOW = T.InvarianceConfig(lengths=(70, 200), mask="sliding_window", window=61, H=2, Hkv=1,
+                            D=8, Dv=8)
+
+
+def test_a_cache_from_its_key_origin_passes_the_origin_check_and_one_without_it_fails():
+    rows = T.check_invariance(reference, config=WINDOW, checks=("origin",))
+    assert rows["origin"] == (70 - 62) + (200 - 62), rows
+    with tandem.invariant():
+        T.check_invariance(tandem.attention, config=WINDOW, checks=("origin", "decode"))
+
+        def forgets_the_origin(q, k, v, key_origin=None, **kw):
+            return tandem.attention(q, k, v, **kw)
+
+        with pytest.raises(T.InvarianceFailure) as e:
+            T.check_invariance(forgets_the_origin, config=WINDOW, checks=("origin",))
+    assert e.value.check == "origin" and "key_origin" in e.value.detail, str(e.value)
 
 
 def test_a_numpy_kernel_written_for_a_fixed_order_passes():

@@ -921,6 +921,55 @@ def limit_threads_env(threads):
 # Driver
 
 
+def visit_rounds(rounds):
+    """The rounds of each visit: `rounds` split over two visits (the first the larger), or
+    one visit where a visit would get fewer than 2 (rounds < 4, or unpaired)."""
+    if rounds < 4:
+        return [rounds]
+    return [rounds - rounds // 2, rounds // 2]
+
+
+def merge_visits(by_visit):
+    """One record per (op, shape, threads, peer) from the records of every visit: the
+    paired rounds of the visits concatenated (peer_rounds_s, tandem_rounds_s), their
+    medians as seconds and tandem_seconds, the first visit's other fields (its extra
+    memory, its rates recomputed by the caller from seconds), `visits` the number merged.
+    A measurement that failed in one visit keeps the other's; failed in all, the first
+    error."""
+    merged, order = {}, []
+    for records in by_visit:
+        for r in records:
+            key = (r.get("op"), r.get("shape"), r.get("threads"), r.get("peer"))
+            if key not in merged:
+                merged[key] = dict(r, visits=0 if "error" in r else 1)
+                order.append(key)
+                continue
+            m = merged[key]
+            if "error" in r:
+                continue
+            if "error" in m:
+                merged[key] = dict(r, visits=1)
+                continue
+            m["visits"] += 1
+            for field in ("peer_rounds_s", "tandem_rounds_s"):
+                if field in m and field in r:
+                    m[field] = list(m[field]) + list(r[field])
+            if "peer_rounds_s" in m and "tandem_rounds_s" in m:
+                scale = median(m["peer_rounds_s"]) / m["seconds"] if m.get("seconds") else 1.0
+                m["seconds"] = median(m["peer_rounds_s"])
+                m["tandem_seconds"] = median(m["tandem_rounds_s"])
+                m["rounds"] = len(m["peer_rounds_s"])
+                for rate in ("GFLOP/s", "GB/s"):
+                    if m.get(rate):
+                        m[rate] = m[rate] / scale
+    return [merged[k] for k in order]
+
+
+def median(x):
+    x = sorted(x)
+    return x[len(x) // 2]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plan", help="tandem_bench --plan output (JSON)")
@@ -997,12 +1046,20 @@ def main():
         # torch measures two implementations of most ops and every op; the others attention only.
         w = 2.0 if lib == "torch" else 0.6
         return w * len(by_threads[th]) * (1.0 if th == main_threads else 0.5)
-    for gi, (lib, th) in enumerate(groups):
+    # Each group is measured in two visits, each its own worker process, the second after
+    # every group's first (minutes later), each with part of the rounds: a peer's speed moves
+    # between processes (thread placement, allocation) by more than within one, and the
+    # merged rounds' spread then holds that move (merge_visits).
+    visits = visit_rounds(args.rounds)
+    schedule = [(v, g) for v in range(len(visits)) for g in groups]
+    by_visit = []
+    for si, (vi, (lib, th)) in enumerate(schedule):
         ts = by_threads[th]
-        share = weight(lib, th) / sum(weight(*g) for g in groups[gi:])
+        share = weight(lib, th) / sum(weight(*g) for _, g in schedule[si:])
         left = max(0.0, deadline - time.time())
         group_deadline = time.time() + share * left
-        log(f"peers: [{gi + 1}/{len(groups)}] {lib} with {th} thread(s): {len(ts)} shape(s), "
+        log(f"peers: [{si + 1}/{len(schedule)}] {lib} with {th} thread(s), visit {vi + 1} of "
+            f"{len(visits)} ({visits[vi]} rounds): {len(ts)} shape(s), "
             f"{share * left:.0f} s of the {left:.0f} s peer budget left")
         task_file = os.path.join(tmpdir, f".peer-tasks-{lib}-{th}.json")
         part_file = os.path.join(tmpdir, f".peer-results-{lib}-{th}.jsonl")
@@ -1012,7 +1069,9 @@ def main():
             os.remove(part_file)
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", lib, "--threads", str(th),
                "--tasks", task_file, "--out", part_file, "--min-time", str(args.min_time),
-               "--deadline", str(group_deadline), "--memory", "--rounds", str(args.rounds)]
+               "--deadline", str(group_deadline), "--rounds", str(visits[vi])]
+        if vi == 0:
+            cmd.append("--memory")
         try:
             proc = subprocess.run(cmd, env=limit_threads_env(th),
                                   timeout=max(60.0, group_deadline - time.time() + 120))
@@ -1029,7 +1088,8 @@ def main():
             log(f"peers: {lib} worker ended with {rc}; {len(got)} result(s) kept")
             results.append({"library": lib, "threads": th, "peer": lib,
                             "error": f"worker exited with {rc} after {len(got)} result(s)"})
-        results.extend(got)
+        by_visit.append(got)
+    results.extend(merge_visits(by_visit))
 
     tandem_version = None
     try:

@@ -509,11 +509,14 @@ Seq without_first_keys(const Shared& o, const Seq& s, i64 drop) {
 /// dropped keys from every query: the invariant order's blocks and chunks
 /// are counted from the sequence's start, wherever its key 0 sits (SPEC
 /// §12.1). The drop crosses 64-key blocks and 1024-key chunks, and a decode
-/// step (one query) against a long cache takes split-key decode.
+/// step (one query) against a cache of 2048 keys or more takes split-key
+/// decode, whose chunks and steps are counted from key_origin too.
 void origin_invariant(const Backend& be) {
   Shared o = draw_shared();
   o.mask = MaskKind::sliding_window;
-  o.window = *rc::gen::oneOf(rc::gen::inRange<i64>(0, 130), rc::gen::inRange<i64>(0, 2300));
+  // windows past 2048 keys: a decode step against the cache takes split-key decode
+  o.window = *rc::gen::oneOf(rc::gen::inRange<i64>(0, 130), rc::gen::inRange<i64>(0, 2300),
+                             rc::gen::inRange<i64>(2050, 4200));
   const i64 P = *rc::gen::element<i64>(1, 1, 2, *rc::gen::inRange<i64>(1, 17));
   const i64 drop = *rc::gen::oneOf(rc::gen::inRange<i64>(1, 130), rc::gen::inRange<i64>(1, 2100));
   const i64 N = P + o.window + drop + *rc::gen::inRange<i64>(0, 40);

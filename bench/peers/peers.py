@@ -921,10 +921,10 @@ def limit_threads_env(threads):
 # Driver
 
 
-def visit_rounds(rounds):
-    """The rounds of each visit: `rounds` split over two visits (the first the larger), or
-    one visit where a visit would get fewer than 2 (rounds < 4, or unpaired)."""
-    if rounds < 4:
+def visit_rounds(rounds, visits):
+    """The rounds of each visit: `rounds` split over `visits` (1 or 2; the first the
+    larger), one visit where a second would get fewer than 2 (rounds < 4, or unpaired)."""
+    if visits < 2 or rounds < 4:
         return [rounds]
     return [rounds - rounds // 2, rounds // 2]
 
@@ -982,6 +982,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=7,
                     help="alternating rounds of tandem and the peer where tandem's package is "
                          "importable (0: the peer alone)")
+    ap.add_argument("--visits", type=int, default=1, choices=(1, 2),
+                    help="worker processes per peer, each with part of the rounds (merged)")
     ap.add_argument("--list", action="store_true", help="print which peers are importable")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, help=argparse.SUPPRESS)
@@ -1046,11 +1048,11 @@ def main():
         # torch measures two implementations of most ops and every op; the others attention only.
         w = 2.0 if lib == "torch" else 0.6
         return w * len(by_threads[th]) * (1.0 if th == main_threads else 0.5)
-    # Each group is measured in two visits, each its own worker process, the second after
-    # every group's first (minutes later), each with part of the rounds: a peer's speed moves
-    # between processes (thread placement, allocation) by more than within one, and the
-    # merged rounds' spread then holds that move (merge_visits).
-    visits = visit_rounds(args.rounds)
+    # With --visits 2 each group is measured in two visits, each its own worker process, the
+    # second after every group's first (minutes later), each with part of the rounds: a
+    # peer's speed moves between processes (thread placement, allocation) by more than
+    # within one, and the merged rounds' spread then holds that move (merge_visits).
+    visits = visit_rounds(args.rounds, args.visits)
     schedule = [(v, g) for v in range(len(visits)) for g in groups]
     by_visit = []
     for si, (vi, (lib, th)) in enumerate(schedule):

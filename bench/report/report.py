@@ -65,7 +65,7 @@ def parse_args(argv=None):
     ap.add_argument("--min-time", type=float, help="minimum seconds per benchmark")
     ap.add_argument("--peers", help="torch,openvino,onnxruntime,jax,ggml (default) or none")
     ap.add_argument("--peer-budget", type=float,
-                    help="seconds for all peers (default 420; quick 75)")
+                    help="seconds for all peers (default 600; quick 75)")
     ap.add_argument("--venv", default=".venv-peers", help="peer environment (default %(default)s)")
     ap.add_argument("--no-accuracy", action="store_true", help="skip tandem_accuracy")
     ap.add_argument("--python-venv", default=".venv",

@@ -59,8 +59,12 @@ def peer_python(a, wanted):
     return None, {"missing": wanted, "versions": {}, "results": [], "no_venv": True}
 
 
-# Alternating rounds of tandem and each peer (peers.py --rounds) per preset.
+# Alternating rounds of tandem and each peer (peers.py --rounds) per preset, taken in how
+# many worker processes per peer (--visits: the quick preset's budget holds one), and the
+# peers' time budget in seconds.
 ROUNDS = {"quick": 5, "standard": 9, "full": 11}
+VISITS = {"quick": 1, "standard": 2, "full": 2}
+BUDGET = {"quick": 75, "standard": 600, "full": 600}
 
 
 def tandem_path(a, raw_dir):
@@ -95,12 +99,13 @@ def run_peers(a, plan, raw_dir):
     plan_file = os.path.join(raw_dir, "peer-plan.json")
     with open(plan_file, "w") as f:
         json.dump(pp, f)
-    budget = a.peer_budget or (75 if a.preset == "quick" else 420)
+    budget = a.peer_budget or BUDGET[a.preset]
     log(f"report: peers on {len(pp['benchmarks'])} shape(s), at most {budget:.0f} s")
     cmd = [venv_py, os.path.join(ROOT, "bench", "peers", "peers.py"), "--plan", plan_file,
            "--out", peers_out, "--peers", ",".join(wanted),
            "--min-time", str(a.min_time or (0.05 if a.preset == "quick" else 0.3)),
-           "--budget", str(budget), "--rounds", str(ROUNDS[a.preset])]
+           "--budget", str(budget), "--rounds", str(ROUNDS[a.preset]),
+           "--visits", str(VISITS[a.preset])]
     env = dict(os.environ)
     path = tandem_path(a, raw_dir)
     if path:

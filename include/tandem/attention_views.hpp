@@ -64,8 +64,8 @@ inline constexpr std::int64_t kMaxKeyOrigin = std::int64_t{1} << 48;
 /// backend that widens bfloat16 or float16 inputs to float): the mask, the
 /// ALiBi slopes and every index input carried over as they are.
 template <class U, class T>
-AttentionInputs<U> retyped(const AttentionInputs<T>& in, std::span<const U> q,
-                           std::span<const U> k, std::span<const U> v, std::span<const U> sinks) {
+AttentionInputs<U> retyped(const AttentionInputs<T>& in, std::span<const U> q, std::span<const U> k,
+                           std::span<const U> v, std::span<const U> sinks) {
   AttentionInputs<U> out{q, k, v, in.mask};
   out.sinks = sinks;
   out.alibi_slopes = in.alibi_slopes;

@@ -237,6 +237,7 @@ void run_flex(const Case& c, const Typed<T>& b, std::map<std::string, std::vecto
   auto dq = sized<T>(plan.q_size()), dk = sized<T>(plan.k_size()), dv = sized<T>(plan.v_size());
   const auto& tensors = plan.params().score_mod.tensors();
   std::vector<std::vector<T>> dt;
+  dt.reserve(tensors.size());
   for (const auto& t : tensors) dt.push_back(sized<T>(t.type == ModType::real ? t.size() : 0));
   FlexGrads<T> g{dq, dk, dv, {}};
   for (auto& d : dt) g.d_score_tensors.emplace_back(d);

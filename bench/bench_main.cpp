@@ -15,6 +15,10 @@
 //   --min_time=S                   minimum seconds per benchmark
 //   --roofline=T:GFLOPS:GBS[:READ],...  use these peaks (FMA, copy, read)
 //                                  instead of measuring them
+//   --target=AVX2                  run the optimized backend and the roofline
+//                                  probe on this Highway target (one of the
+//                                  CPU's; default: the best), e.g. the AVX2
+//                                  path on an AVX-512 CPU
 //   --plan                         print the planned benchmarks as JSON, exit
 #include <hwy/highway.h>
 #include <malloc.h>
@@ -77,6 +81,24 @@ double parse_double(const std::string& s, const std::string& flag) {
   }
 }
 
+/// Dispatches the optimized backend and the roofline probe (every Highway
+/// dispatch of the process) to the target named `name`.
+void force_target(const std::string& name) {
+#ifdef TANDEM_HAVE_OPTIMIZED
+  std::string known;
+  for (std::int64_t t : tandem::optimized::supported_targets()) {
+    if (tandem::optimized::target_name(t) == name) {
+      tandem::optimized::force_target(t);
+      return;
+    }
+    known += (known.empty() ? "" : ", ") + tandem::optimized::target_name(t);
+  }
+  usage_error("--target = " + name + " must be one this CPU runs: " + known);
+#else
+  usage_error("--target needs the optimized backend (not built)");
+#endif
+}
+
 /// Takes tandem's own flags out of argv (so Google Benchmark sees only its own).
 void parse_flags(int* argc, char** argv) {
   Config& c = config();
@@ -124,6 +146,8 @@ void parse_flags(int* argc, char** argv) {
         c.copy_gbs[t] = parse_double(f[2], "--roofline GB/s");
         if (f.size() == 4) c.read_gbs[t] = parse_double(f[3], "--roofline read GB/s");
       }
+    } else if (name == "--target") {
+      force_target(v);
     } else if (arg == "--plan") {
       c.print_plan = true;
     } else {

@@ -17,8 +17,8 @@
 //                                  instead of measuring them
 //   --target=AVX2                  run the optimized backend and the roofline
 //                                  probe on this Highway target (one of the
-//                                  CPU's; default: the best), e.g. the AVX2
-//                                  path on an AVX-512 CPU
+//                                  CPU's; default: TANDEM_TARGET, else the
+//                                  best), e.g. the AVX2 path on an AVX-512 CPU
 //   --plan                         print the planned benchmarks as JSON, exit
 #include <hwy/highway.h>
 #include <malloc.h>
@@ -85,15 +85,11 @@ double parse_double(const std::string& s, const std::string& flag) {
 /// dispatch of the process) to the target named `name`.
 void force_target(const std::string& name) {
 #ifdef TANDEM_HAVE_OPTIMIZED
-  std::string known;
-  for (std::int64_t t : tandem::optimized::supported_targets()) {
-    if (tandem::optimized::target_name(t) == name) {
-      tandem::optimized::force_target(t);
-      return;
-    }
-    known += (known.empty() ? "" : ", ") + tandem::optimized::target_name(t);
+  try {
+    tandem::optimized::force_target(tandem::optimized::target_named(name));
+  } catch (const tandem::Error& e) {
+    usage_error(std::string("--") + e.what());
   }
-  usage_error("--target = " + name + " must be one this CPU runs: " + known);
 #else
   usage_error("--target needs the optimized backend (not built)");
 #endif
@@ -102,6 +98,13 @@ void force_target(const std::string& name) {
 /// Takes tandem's own flags out of argv (so Google Benchmark sees only its own).
 void parse_flags(int* argc, char** argv) {
   Config& c = config();
+#ifdef TANDEM_HAVE_OPTIMIZED
+  try {  // TANDEM_TARGET before the roofline probe runs (--target overrides it)
+    tandem::optimized::force_environment_target();
+  } catch (const tandem::Error& e) {
+    usage_error(e.what());
+  }
+#endif
   if (const char* env = std::getenv("TANDEM_THREADS"); env && *env) {
     c.threads = parse_int(env, "TANDEM_THREADS");
   }
@@ -278,6 +281,7 @@ void print_plan() {
   j["cores"] = available_cores();
   j["scaling_threads"] = c.scaling_threads;
   j["optimized_target"] = optimized_target();
+  j["optimized_supported_targets"] = optimized_supported();
   j["roofline_target"] = roofline_target();
   j["cpu_model"] = cpu_model();
   j["compiler"] = std::string("GCC-compatible ") + __VERSION__;

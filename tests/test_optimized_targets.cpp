@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // Target control of the optimized backend: the compiled and supported
 // Highway targets include a scalar fallback, names are Highway's, and
-// force_target() moves dynamic dispatch (current_target()) onto each one.
+// force_target() moves dynamic dispatch (current_target()) onto each one, and
+// so does TANDEM_TARGET (SPEC §11.5).
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <vector>
@@ -103,6 +105,49 @@ TEST(OptimizedTargets, ForcingAnUnsupportedTargetIsAnError) {
     EXPECT_EQ(e.parameter(), "target");
   }
   EXPECT_EQ(opt::current_target(), before);
+}
+
+TEST(OptimizedTargets, TargetsAreFoundByName) {
+  for (std::int64_t t : opt::supported_targets()) {
+    EXPECT_EQ(opt::target_named(opt::target_name(t)), t);
+  }
+  try {
+    (void)opt::target_named("AVX9");
+    ADD_FAILURE() << "no error for target AVX9";
+  } catch (const tandem::Error& e) {
+    EXPECT_EQ(e.parameter(), "target");
+    const std::string what = e.what();
+    EXPECT_NE(what.find("AVX9"), std::string::npos) << what;
+    // the message lists what this CPU runs
+    EXPECT_NE(what.find(opt::target_name(opt::supported_targets().back())), std::string::npos)
+        << what;
+  }
+}
+
+// CTest runs each test in a process of its own, so the first backend() below
+// is the process's first read of TANDEM_TARGET (SPEC §11.5).
+TEST(OptimizedTargets, TheEnvironmentNamesTheTargetOfTheFirstBackend) {
+  const std::string slowest = opt::target_name(opt::supported_targets().back());
+  ::setenv("TANDEM_TARGET", "AVX9", 1);
+  for (int attempt = 0; attempt < 2; ++attempt) {  // refused, and read again the next time
+    try {
+      (void)opt::backend();
+      ADD_FAILURE() << "no error for TANDEM_TARGET=AVX9";
+    } catch (const tandem::Error& e) {
+      EXPECT_EQ(e.parameter(), "TANDEM_TARGET");
+      EXPECT_NE(std::string(e.what()).find("TANDEM_TARGET: target = AVX9"), std::string::npos)
+          << e.what();
+    }
+  }
+  ::setenv("TANDEM_TARGET", slowest.c_str(), 1);
+  (void)opt::backend();
+  EXPECT_EQ(opt::current_target(), slowest);
+  ::setenv("TANDEM_TARGET", "AVX9", 1);  // read once: a later backend keeps the target
+  (void)opt::backend();
+  EXPECT_EQ(opt::current_target(), slowest);
+  ::unsetenv("TANDEM_TARGET");
+  opt::force_target(0);  // force_target() overrides it
+  EXPECT_EQ(opt::current_target(), opt::target_name(opt::supported_targets().front()));
 }
 
 }  // namespace

@@ -143,6 +143,7 @@ void bind_flex(Kernels<T>& k, const Options& options) {
 Backend backend(Options options) {
   require(options.threads >= 0, "threads", options.threads, "must be >= 0 (0 = all cores)");
   validate(options.geometry);
+  force_environment_target();
   if (!options.tuning && options.tuning_from_environment) options.tuning = environment_tuning();
   Backend b;
   b.name = "optimized";

@@ -26,6 +26,8 @@ std::int64_t CompiledTarget() {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include <cstdlib>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -64,6 +66,28 @@ void force_target(std::int64_t target) {
     hwy::SetSupportedTargetsForTest(target);
   }
   hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+}
+
+std::int64_t target_named(const std::string& name) {
+  std::string known;
+  for (std::int64_t t : supported_targets()) {
+    if (hwy::TargetName(t) == name) return t;
+    known += (known.empty() ? "" : ", ") + std::string(hwy::TargetName(t));
+  }
+  throw Error("target", "target = " + name + " must be a target this CPU runs (" + known + ")");
+}
+
+void force_environment_target() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* name = std::getenv("TANDEM_TARGET");
+    if (name == nullptr || *name == '\0') return;
+    try {
+      force_target(target_named(name));
+    } catch (const Error& e) {
+      throw Error("TANDEM_TARGET", std::string("TANDEM_TARGET: ") + e.what());
+    }
+  });
 }
 
 std::string current_target() {

@@ -136,8 +136,8 @@ CpuIdentity current_cpu() {
     c.brand = first == std::string::npos ? "" : s.substr(first, last - first + 1);
   }
 #endif
-  const std::vector<std::int64_t> targets = supported_targets();
-  c.target = targets.empty() ? "" : target_name(targets.front());
+  force_environment_target();   // as backend() would, before it reads the target
+  c.target = current_target();  // the best, unless TANDEM_TARGET or force_target chose one
   return c;
 }
 

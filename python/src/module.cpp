@@ -1393,7 +1393,10 @@ NB_MODULE(_ext, m) {
   m.def("invariant", [] { return implementations().invariant; });
   m.def("has_optimized", [] { return implementations().optimized.has_value(); });
 #ifdef TANDEM_PYTHON_HAVE_OPTIMIZED
-  m.def("simd_target", [] { return optimized::current_target(); });
+  m.def("simd_target", [] {
+    optimized::force_environment_target();  // as the first backend would
+    return optimized::current_target();
+  });
 #else
   m.def("simd_target", [] { return std::string("(no optimized backend)"); });
 #endif

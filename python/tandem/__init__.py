@@ -108,5 +108,6 @@ def invariant(on=True):
 
 
 def simd_target():
-    """The Highway target the optimized backend dispatches to ("AVX2", ...)."""
+    """The Highway target the optimized backend dispatches to ("AVX2", ...): the
+    CPU's best, or the one the environment variable TANDEM_TARGET names."""
     return _ext.simd_target()

@@ -2,6 +2,9 @@
 """tandem's kernels on NumPy arrays and torch tensors: results against the
 reference in double and against NumPy formulas, zero-copy views, errors."""
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -10,6 +13,7 @@ import pytest
 import torch
 
 import tandem
+from tandem import _ext
 from kernels import numpy_attention, numpy_rope
 
 rng = np.random.default_rng(7)
@@ -266,3 +270,30 @@ def test_the_gil_is_released_while_a_kernel_runs():
     worker.join()
     # the reference takes seconds; with the GIL held this thread could not count
     assert seconds > 0.3 and ticks > 10000, (seconds, ticks)
+
+
+SIMD_TARGET = """
+import numpy as np, tandem
+q = np.ones((1, 4, 1, 8), np.float32)
+try:
+    tandem.attention(q, q, q, backend="optimized")
+    print("ran on", tandem.simd_target())
+except tandem.Error as e:
+    print("error", e.parameter, e)
+"""
+
+
+def run_with_target(name):
+    env = dict(os.environ, TANDEM_TARGET=name)
+    out = subprocess.run([sys.executable, "-c", SIMD_TARGET], env=env, check=True,
+                         capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+@pytest.mark.skipif(not _ext.has_optimized(), reason="built without the optimized backend")
+def test_tandem_target_chooses_the_simd_target_of_the_process():
+    # SPEC 11.5: read once, at the process's first optimized call
+    assert run_with_target("SCALAR") == "ran on SCALAR"
+    refused = run_with_target("AVX9")
+    assert refused.startswith("error TANDEM_TARGET TANDEM_TARGET: target = AVX9"), refused
+    assert "SCALAR" in refused, refused  # it names the targets this CPU runs

@@ -29,6 +29,16 @@ std::string target_name(std::int64_t target);
 void force_target(std::int64_t target);
 /// The name of the target dynamic dispatch picks now.
 std::string current_target();
+/// The target of supported_targets() named `name` (Highway's name, as
+/// target_name() gives it: "AVX3", "AVX2", "SSE4", "EMU128" or "SCALAR");
+/// throws tandem::Error naming the ones this CPU runs when there is none.
+std::int64_t target_named(const std::string& name);
+/// Forces the target the environment variable `TANDEM_TARGET` names, once
+/// per process, on the first call (backend() calls it): a user's check of
+/// the AVX2 path, say, on an AVX-512 CPU, in any program that links tandem.
+/// Unset or empty: nothing is forced. A name this CPU does not run throws
+/// tandem::Error (and is read again on the next call).
+void force_environment_target();
 
 /// Whether this CPU has AVX512-BF16 (with AVX512 F/BW/VL): the bf16 forward's
 /// wide tiles can then multiply q·k (and, under the `pytorch` profile, P·V)

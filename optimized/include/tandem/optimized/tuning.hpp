@@ -38,11 +38,12 @@ struct ShapeClass {
 ShapeClass shape_class(const AttentionPlan& plan, bool backward);
 
 /// The CPU a tuning was made on: cpuid's vendor, family, model and brand
-/// string (empty and 0 off x86) and the best Highway target of this binary.
+/// string (empty and 0 off x86) and the Highway target dispatch picks (the
+/// binary's best, unless TANDEM_TARGET or force_target() chose another).
 struct CpuIdentity {
   std::string vendor;       ///< cpuid's vendor string ("AuthenticAMD")
   std::string brand;        ///< cpuid's brand string
-  std::string target;       ///< the best Highway target ("AVX2")
+  std::string target;       ///< the Highway target dispatch picks ("AVX2")
   std::int64_t family = 0;  ///< cpuid's display family
   std::int64_t model = 0;   ///< cpuid's display model
   /// The same CPU and target.

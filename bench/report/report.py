@@ -78,6 +78,10 @@ def parse_args(argv=None):
     ap.add_argument("--tuning",
                     help="a tuning file of `tandem tune`: also time the default and tuned "
                          "geometry side by side (report/tuning.md)")
+    ap.add_argument("--target",
+                    help="a Highway target of this CPU (AVX3, AVX2, SSE4, SCALAR) for tandem in "
+                         "every program of the run (TANDEM_TARGET): the AVX2 path on an AVX-512 "
+                         "CPU, say; the peers keep their own")
     ap.add_argument("--from-raw", action="store_true",
                     help="only re-render report.md and the plots from OUT/raw/")
     a = ap.parse_args(argv)
@@ -186,6 +190,8 @@ def main():
         with open(os.path.join(raw_dir, "run.json")) as f:
             render(json.load(f), out_dir)
         return 0
+    if a.target:
+        os.environ["TANDEM_TARGET"] = a.target  # read by every tandem in the run's programs
     exe = os.path.join(build, "bench", "tandem_bench")
     if not os.path.exists(exe):
         log(f"report: {exe} is missing; build it with `make report` "

@@ -109,10 +109,17 @@ def cpu_line(info):
             f"{info.get('Model', '?')}; {info.get('cores')} cores available{mhz}{guest})")
 
 
+def forced_note(info):
+    """How the target was chosen, where TANDEM_TARGET (report.py --target) chose it."""
+    forced = info.get("forced_target")
+    return (f" (forced by TANDEM_TARGET={forced}, of {info.get('supported_targets') or '?'}; "
+            "the peers keep their own)") if forced else ""
+
+
 def machine_line(info):
     """The CPU, its SIMD flags and the Highway target of the optimized backend, in a line."""
     return (f"{cpu_line(info)}, SIMD {info.get('simd_flags') or '?'}, Highway target "
-            f"{info.get('optimized_target')}")
+            f"{info.get('optimized_target')}{forced_note(info)}")
 
 
 def write_machine(doc, res):
@@ -125,8 +132,9 @@ def write_machine(doc, res):
         ("caches", f"L2 {info.get('L2 cache', '?')}, L3 {info.get('L3 cache', '?')}"),
         ("memory", f"{info.get('memory_gib', '?')} GiB"),
         ("SIMD", info.get("simd_flags") or "?"),
-        ("Highway target chosen", f"optimized backend: **{info.get('optimized_target')}**; "
-                                  f"roofline probe: {info.get('roofline_target')}"),
+        ("Highway target chosen", f"optimized backend: **{info.get('optimized_target')}**"
+                                  f"{forced_note(info)}; roofline probe: "
+                                  f"{info.get('roofline_target')}"),
         ("compiler", info.get("compiler")),
         ("libraries", f"Highway {info.get('highway')}, Google Benchmark "
                       f"{info.get('google_benchmark')}, libgomp {info.get('openmp')}, Python "

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The machine the report ran on: CPU, caches, memory, SIMD flags, versions, commit."""
 import datetime
+import os
 import platform
 import re
 
@@ -60,6 +61,8 @@ def cpu_info(plan):
 def versions(plan):
     """tandem_bench's targets and build, the libraries, Python and its optional modules."""
     info = {"optimized_target": plan.get("optimized_target"),
+            "forced_target": os.environ.get("TANDEM_TARGET") or None,
+            "supported_targets": plan.get("optimized_supported_targets"),
             "roofline_target": plan.get("roofline_target"), "compiler": plan.get("compiler"),
             "highway": plan.get("highway_version"), "tandem": plan.get("tandem_version"),
             "google_benchmark": dpkg_version("libbenchmark-dev"),

@@ -161,13 +161,19 @@ def measure_paired(ours, theirs, min_time, rounds):
 # tandem, measured in the peers' process beside each peer
 
 
+def pairable(task):
+    """Whether tandem is timed beside the peers on `task` (tandem_partner): f32 forward
+    attention, decode and the flex forms."""
+    op, storage = split_op(task["op"])
+    return storage is None and (op in ("attention_forward", "decode") or is_flex(task))
+
+
 def tandem_partner(task, threads):
     """tandem's forward attention or decode of an f32 task through its Python package
     (tandem.attention on the same NumPy inputs as the peers: seeds 1, 2, 3, and the same
     caches cycled for decode; tandem.flex_attention for a flex form), or None where the package is not importable or the task is
     not one tandem is paired on."""
-    op, storage = split_op(task["op"])
-    if storage is not None or op not in ("attention_forward", "decode") and not is_flex(task):
+    if not pairable(task):
         return None
     try:
         import numpy as np
@@ -820,23 +826,24 @@ def flops_or_bytes(task, seconds, info):
     return r
 
 
-def measure_task(fn, ours, min_time, rounds, want_mem):
+def measure_task(fn, ours, min_time, rounds, want_mem, share=1.0):
     """The record's timing fields: paired with tandem's call `ours` where there is one (the
-    peer's and tandem's seconds per call in each round, their medians), else the peer alone."""
+    peer's and tandem's seconds per call in each round, their medians; `share` of min_time,
+    the visit's part of the rounds), else the peer alone."""
     if ours is None or rounds < 2:
         sec, reps, extra = measure(fn, min_time, want_mem)
         return {"seconds": sec, "reps": reps}, sec, extra
     extra = None
     if want_mem:  # the peer's first call alone, before the paired rounds
         _, _, extra = measure(fn, 0.0, True)
-    mine, theirs = measure_paired(ours, fn, min_time, rounds)
+    mine, theirs = measure_paired(ours, fn, min_time * share, rounds)
     sec = sorted(theirs)[len(theirs) // 2]
     return ({"seconds": sec, "rounds": rounds, "peer_rounds_s": theirs,
              "tandem_rounds_s": mine, "tandem_seconds": sorted(mine)[len(mine) // 2]},
             sec, extra)
 
 
-def worker(lib, threads, tasks, out_path, min_time, deadline, memory, rounds):
+def worker(lib, threads, tasks, out_path, min_time, deadline, memory, rounds, share):
     version = library_version_inproc(lib)
     with open(out_path, "a") as out:
         for task in tasks:
@@ -864,7 +871,8 @@ def worker(lib, threads, tasks, out_path, min_time, deadline, memory, rounds):
                 else:
                     try:
                         want_mem = memory and task["op"] == "attention_forward" and lib == "torch"
-                        timing, sec, extra = measure_task(fn, ours, min_time, rounds, want_mem)
+                        timing, sec, extra = measure_task(fn, ours, min_time, rounds, want_mem,
+                                                          share)
                         rec.update({**timing, **flops_or_bytes(task, sec, info)})
                         if extra is not None:
                             p = task["params"]
@@ -922,18 +930,27 @@ def limit_threads_env(threads):
 
 
 def visit_rounds(rounds, visits):
-    """The rounds of each visit: `rounds` split over `visits` (1 or 2; the first the
-    larger), one visit where a second would get fewer than 2 (rounds < 4, or unpaired)."""
-    if visits < 2 or rounds < 4:
-        return [rounds]
-    return [rounds - rounds // 2, rounds // 2]
+    """The rounds of each visit: `rounds` split as evenly as `visits` allows (the first
+    ones the larger), at least two each (a worker pairs from two rounds); one visit where
+    that leaves fewer (rounds < 4, or unpaired)."""
+    n = max(1, min(visits, rounds // 2))
+    return [rounds // n + (1 if i < rounds % n else 0) for i in range(n)]
+
+
+def first_visit(r):
+    """merge_visits' record of `r`, the first visit that measured it (or failed)."""
+    rec = dict(r, visits=0 if "error" in r else 1)
+    if "peer_rounds_s" in r:
+        rec["visit_rounds"] = [len(r["peer_rounds_s"])]
+    return rec
 
 
 def merge_visits(by_visit):
     """One record per (op, shape, threads, peer) from the records of every visit: the
-    paired rounds of the visits concatenated (peer_rounds_s, tandem_rounds_s), their
-    medians as seconds and tandem_seconds, the first visit's other fields (its extra
-    memory, its rates recomputed by the caller from seconds), `visits` the number merged.
+    paired rounds of the visits concatenated (peer_rounds_s, tandem_rounds_s; visit_rounds
+    says how many came from each visit, in order), their medians as seconds and
+    tandem_seconds, the first visit's other fields (its extra memory, its rates recomputed
+    by the caller from seconds), `visits` the number merged.
     A measurement that failed in one visit keeps the other's; failed in all, the first
     error."""
     merged, order = {}, []
@@ -941,19 +958,21 @@ def merge_visits(by_visit):
         for r in records:
             key = (r.get("op"), r.get("shape"), r.get("threads"), r.get("peer"))
             if key not in merged:
-                merged[key] = dict(r, visits=0 if "error" in r else 1)
+                merged[key] = first_visit(r)
                 order.append(key)
                 continue
             m = merged[key]
             if "error" in r:
                 continue
             if "error" in m:
-                merged[key] = dict(r, visits=1)
+                merged[key] = first_visit(r)
                 continue
             m["visits"] += 1
             for field in ("peer_rounds_s", "tandem_rounds_s"):
                 if field in m and field in r:
                     m[field] = list(m[field]) + list(r[field])
+            if "visit_rounds" in m and "peer_rounds_s" in r:
+                m["visit_rounds"] = list(m["visit_rounds"]) + [len(r["peer_rounds_s"])]
             if "peer_rounds_s" in m and "tandem_rounds_s" in m:
                 scale = median(m["peer_rounds_s"]) / m["seconds"] if m.get("seconds") else 1.0
                 m["seconds"] = median(m["peer_rounds_s"])
@@ -982,14 +1001,16 @@ def main():
     ap.add_argument("--rounds", type=int, default=7,
                     help="alternating rounds of tandem and the peer where tandem's package is "
                          "importable (0: the peer alone)")
-    ap.add_argument("--visits", type=int, default=1, choices=(1, 2),
-                    help="worker processes per peer, each with part of the rounds (merged)")
+    ap.add_argument("--visits", type=int, default=1, choices=range(1, 65), metavar="V",
+                    help="worker processes per peer, each with part of the rounds and of "
+                         "--min-time (merged)")
     ap.add_argument("--list", action="store_true", help="print which peers are importable")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--tasks", help=argparse.SUPPRESS)
     ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--memory", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--share", type=float, default=1.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.worker:
@@ -999,7 +1020,7 @@ def main():
         with open(args.tasks) as f:
             tasks = json.load(f)
         worker(args.worker, args.threads, tasks, args.out, args.min_time, args.deadline,
-               args.memory, args.rounds)
+               args.memory, args.rounds, args.share)
         return 0
 
     if args.list:
@@ -1044,20 +1065,26 @@ def main():
     groups = [(lib, th) for th in sorted(by_threads, key=lambda t: (t != main_threads, -t))
               for lib in wanted if versions.get(lib)]
 
-    def weight(lib, th):
+    def visit_tasks(vi, th):
+        # later visits add rounds to the paired measurements only (merge_visits)
+        return by_threads[th] if vi == 0 else [t for t in by_threads[th] if pairable(t)]
+
+    def weight(vi, lib, th):
         # torch measures two implementations of most ops and every op; the others attention only.
         w = 2.0 if lib == "torch" else 0.6
-        return w * len(by_threads[th]) * (1.0 if th == main_threads else 0.5)
-    # With --visits 2 each group is measured in two visits, each its own worker process, the
-    # second after every group's first (minutes later), each with part of the rounds: a
-    # peer's speed moves between processes (thread placement, allocation) by more than
-    # within one, and the merged rounds' spread then holds that move (merge_visits).
+        return w * len(visit_tasks(vi, th)) * (1.0 if th == main_threads else 0.5)
+    # With --visits V each group's paired measurements are taken in V visits, each its own
+    # worker process, each after every group's previous one (minutes later), each with part
+    # of the rounds and the same part of --min-time (so a round lasts as long whatever V;
+    # the unpaired ones are measured in the first visit only): a peer's speed moves
+    # between processes (thread placement, allocation) by more than within one, and the
+    # merged rounds' spread then holds that move (merge_visits).
     visits = visit_rounds(args.rounds, args.visits)
-    schedule = [(v, g) for v in range(len(visits)) for g in groups]
+    schedule = [(v, g) for v in range(len(visits)) for g in groups if visit_tasks(v, g[1])]
     by_visit = []
     for si, (vi, (lib, th)) in enumerate(schedule):
-        ts = by_threads[th]
-        share = weight(lib, th) / sum(weight(*g) for _, g in schedule[si:])
+        ts = visit_tasks(vi, th)
+        share = weight(vi, lib, th) / sum(weight(v, *g) for v, g in schedule[si:])
         left = max(0.0, deadline - time.time())
         group_deadline = time.time() + share * left
         log(f"peers: [{si + 1}/{len(schedule)}] {lib} with {th} thread(s), visit {vi + 1} of "
@@ -1070,7 +1097,8 @@ def main():
         if os.path.exists(part_file):
             os.remove(part_file)
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", lib, "--threads", str(th),
-               "--tasks", task_file, "--out", part_file, "--min-time", str(args.min_time),
+               "--tasks", task_file, "--out", part_file,
+               "--min-time", str(args.min_time), "--share", str(visits[vi] / sum(visits)),
                "--deadline", str(group_deadline), "--rounds", str(visits[vi])]
         if vi == 0:
             cmd.append("--memory")

@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Compares the paired ratios of two report runs on the same machine: for every speed-up over
 a peer (and every ratio of the Python table) measured in both, the two medians with their
-quartiles and whether they agree (each median within the other run's quartiles).
+spreads (a peer's: its 10th–90th percentiles, paired.PEER_SPAN; the Python table's: its
+quartiles) and whether they agree (each median within the other run's spread).
 
     bench/report/compare_runs.py report-a/raw/run.json report-b/raw/run.json
 """
@@ -47,7 +48,7 @@ def main(argv):
               f"{'yes' if agree(a[k], b[k]) else '**no**'} |")
     n = sum(agree(a[k], b[k]) for k in both)
     print(f"\n{n} of {len(both)} paired ratios agree (each median within the other run's "
-          "quartiles)")
+          "spread)")
     return 0
 
 

@@ -19,8 +19,9 @@ measures just before their op group (it runs at the start, before each op
 group and at the end: the report prints the probes' spread and warns when the
 start and the end differ by more than 10 %), and speed-ups over peers are
 medians of ratios paired round by round: tandem through Python and the peer
-timed in alternation in one process, with the ratios' quartiles; a target on
-such a ratio is decided only when the quartiles lie on one side of it.
+timed in alternation in the peer's process (four of them, minutes apart), with the
+ratios' 10th and 90th percentiles; a target on such a ratio is decided only when
+both lie on one side of it.
 """
 import argparse
 import json

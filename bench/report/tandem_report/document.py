@@ -94,10 +94,12 @@ def write_summary(doc, outcomes, preset):
              if quick else "")
           + ". Fractions are of the FMA peak and copy bandwidth measured just before each "
             "op group. A speed-up over a peer is the median of ratios paired round by round "
-            "(tandem through Python and the peer alternating in the peer's process; the "
-            "rounds taken in two visits, two processes minutes apart), with its "
-            "quartiles; a target on it is met or not met only when the quartiles lie on one "
-            "side of it.")
+            "(tandem through Python and the peer alternating in the peer's process; "
+            + ("all rounds in one process" if preset == "quick" else
+               "rounds taken in four visits, four processes minutes apart")
+            + "), with its 10th–90th "
+            "percentiles; a target on it is met or not met only when they lie on one side "
+            "of it.")
     doc.table(["target", "measured", "status"],
               [(o.target, o.measured, STATUS[o.status]) for o in outcomes])
 
@@ -403,11 +405,13 @@ METHOD = [
     "Speed-ups over peers on forward attention and decode are paired: in each peer's process "
     "tandem's Python package (`tandem.attention` on the same NumPy inputs) and the peer are "
     "timed in alternating rounds (the order swapped every other round), and the speed-up is "
-    "the median of the rounds' ratios with their quartiles, so that a change of the machine's "
-    "capacity between rounds cancels. The rounds are taken in two visits, each a process of "
-    "its own, the second after every peer's first: a peer's speed moves between processes "
-    "(thread placement, allocation) by more than within one, and the quartiles then hold "
-    "that move. Without the tandem package (no `.venv/`) the peers are "
+    "the median of the rounds' ratios with their 10th and 90th percentiles, so that a change "
+    "of the machine's capacity between rounds cancels. The rounds are taken in four visits, "
+    "each a process of its own, each after every peer's previous one: a peer's speed moves "
+    "between processes (thread placement, allocation) and over minutes by more than within "
+    "one process, and the percentiles of rounds from four processes then hold that move "
+    "(their quartiles did not: two runs' medians fell outside each other's quartiles for "
+    "most ratios). Without the tandem package (no `.venv/`) the peers are "
     "timed alone and the ratio to tandem_bench's figure is marked unpaired. The Python table "
     "pairs the same way, in one process.",
     "A machine is called busy when work other than the report's own processes kept more than "

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Paired measurements: two implementations timed in alternation (A, B, A, B, ...) on the
 same shape in the same process, one ratio per round. A ratio is reported as the median of
-the per-round ratios with their quartiles, and a target on it is decided only when that
-spread lies wholly on one side of the bound."""
+the per-round ratios with their spread (the quartiles; PEER_SPAN for a speed-up over a
+peer), and a target on it is decided only when that spread lies wholly on one side of the
+bound."""
 from typing import NamedTuple, Optional
 
 
@@ -18,8 +19,18 @@ def quantile(values, q):
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+# The spread of a speed-up over a peer: its 10th to 90th percentile, not its quartiles. Its
+# rounds come from several processes minutes apart (peers.py --visits), and a peer's speed
+# moves between processes, and over minutes on a shared host, by more than the rounds of one
+# process spread: two standard runs of the same 40 peer ratios on a 2-core Zen 4 guest (four
+# visits each) agreed, each median inside the other run's spread, on 16 by their quartiles
+# and on 31 by these percentiles (bench/README.md, "Paired ratios").
+PEER_SPAN = (0.10, 0.90)
+
+
 class Spread(NamedTuple):
-    """A median and its quartiles (lo = 25th, hi = 75th percentile), over `n` values."""
+    """A median and the bounds of its spread over `n` values: lo, hi the 25th and 75th
+    percentiles (PEER_SPAN's for a speed-up over a peer)."""
     median: float
     lo: float
     hi: float
@@ -29,12 +40,13 @@ class Spread(NamedTuple):
         return f"{self.median:.2f}{unit} ({self.lo:.2f}–{self.hi:.2f})"
 
 
-def spread(values):
-    """The Spread of `values`, or None for none."""
+def spread(values, span=(0.25, 0.75)):
+    """The Spread of `values` between the quantiles `span` (the quartiles unless told), or
+    None for none."""
     vs = [v for v in values if v is not None]
     if not vs:
         return None
-    return Spread(quantile(vs, 0.5), quantile(vs, 0.25), quantile(vs, 0.75), len(vs))
+    return Spread(quantile(vs, 0.5), quantile(vs, span[0]), quantile(vs, span[1]), len(vs))
 
 
 def paired_ratios(num, den):
@@ -60,7 +72,7 @@ MET, MISSED, UNDECIDED = "met", "not met", "not decided"
 
 def verdict(s: Optional[Spread], need):
     """Whether the speed-up Spread `s` meets `need` (at least): met when even its lower
-    quartile reaches it, not met when even its upper quartile falls short, else not decided
+    bound reaches it, not met when even its upper bound falls short, else not decided
     (the spread straddles the target); None when not measured."""
     if s is None:
         return None
@@ -85,5 +97,5 @@ def combine(verdicts):
 
 def agree(a: Spread, b: Spread):
     """Whether two runs' Spreads of the same ratio agree: each median lies within the other's
-    quartiles."""
+    spread."""
     return a.lo <= b.median <= a.hi and b.lo <= a.median <= b.hi

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
-from .paired import Spread, paired_ratios, spread
+from .paired import PEER_SPAN, Spread, paired_ratios, spread
 
 TIME_UNIT = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
@@ -171,10 +171,11 @@ class PeerMeasurement:
     @property
     def speedup(self):
         """tandem's speed-up over this peer, the Spread of the per-round ratios (the peer's
-        time ÷ tandem's in the same round), or None when not timed in alternation."""
+        time ÷ tandem's in the same round) between the percentiles PEER_SPAN, or None when
+        not timed in alternation."""
         if not self.tandem_rounds:
             return None
-        return spread(paired_ratios(self.peer_rounds, self.tandem_rounds))
+        return spread(paired_ratios(self.peer_rounds, self.tandem_rounds), PEER_SPAN)
 
 
 @dataclass(frozen=True)

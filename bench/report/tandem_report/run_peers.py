@@ -63,7 +63,7 @@ def peer_python(a, wanted):
 # many worker processes per peer (--visits: the quick preset's budget holds one), and the
 # peers' time budget in seconds.
 ROUNDS = {"quick": 5, "standard": 9, "full": 11}
-VISITS = {"quick": 1, "standard": 2, "full": 2}
+VISITS = {"quick": 1, "standard": 4, "full": 4}
 BUDGET = {"quick": 75, "standard": 600, "full": 600}
 
 

@@ -54,8 +54,8 @@ def times_shown(row, p):
 
 
 def shown(s):
-    """A speed-up Spread as the report shows it: median (quartiles), or the one unpaired
-    ratio."""
+    """A speed-up Spread as the report shows it: median (lower–upper bound), or the one
+    unpaired ratio."""
     return s.text() if s.n > 1 else f"{s.median:.2f}× (unpaired)"
 
 

@@ -4,6 +4,7 @@
 // file (JSON) with its checks.
 #include "tandem/optimized/tuning.hpp"
 
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -129,7 +130,7 @@ CpuIdentity current_cpu() {
     for (unsigned i = 0; i < 3; ++i) {
       unsigned r[4] = {};
       __get_cpuid(0x80000002u + i, &r[0], &r[1], &r[2], &r[3]);
-      std::memcpy(brand + 16 * i, r, 16);
+      std::memcpy(brand + std::size_t{16} * i, r, 16);
     }
     std::string s = brand;
     const auto first = s.find_first_not_of(' '), last = s.find_last_not_of(' ');

@@ -191,7 +191,8 @@ def tandem_partner(task, threads):
         return lambda: tandem.flex_attention(a.q, a.k, a.v, score_mod=a.score_mod,
                                              block_mask=a.block_mask)
     B, H, Hkv, Sq, Sk, D, Dv, causal = attn_dims(task["params"])
-    caches = decode_caches(task["params"], 4) if op == "decode" else 1
+    decode = split_op(task["op"])[0] == "decode"
+    caches = decode_caches(task["params"], 4) if decode else 1
     q = rng_arrays(np, [(B, H, Sq, D)], 1)[0]
     ks = rng_arrays(np, [(B, Hkv, Sk, D)] * caches, 2)
     vs = rng_arrays(np, [(B, Hkv, Sk, Dv)] * caches, 3)
@@ -859,13 +860,17 @@ def worker(lib, threads, tasks, out_path, min_time, deadline, memory, rounds, sh
                 out.write(json.dumps({**base, "peer": lib, "error": f"{type(e).__name__}: {e}"[:400]}) + "\n")
                 out.flush()
                 continue
+            partner_error = None
             try:
                 ours = tandem_partner(task, threads) if rounds >= 2 else None
-            except Exception as e:  # noqa: BLE001 - time the peer alone
-                log(f"  tandem beside {lib} on {task['op']}/{task['shape']}: {e}"[:200])
+            except Exception as e:  # noqa: BLE001 - time the peer alone; --strict fails
+                partner_error = f"{type(e).__name__}: {e}"[:400]
+                log(f"  tandem beside {lib} on {task['op']}/{task['shape']}: {partner_error}"[:200])
                 ours = None
             for peer, fn, info in impls:
                 rec = {**base, "peer": peer, **info}
+                if partner_error:
+                    rec["tandem_error"] = partner_error
                 if time.time() > deadline:
                     rec["error"] = "skipped: peer time budget spent"
                 else:

@@ -74,8 +74,8 @@ def parse_args(argv=None):
                          "(default %(default)s)")
     ap.add_argument("--no-python", action="store_true", help="skip tandem through Python")
     ap.add_argument("--strict", action="store_true",
-                    help="exit 1 when a tandem benchmark or the accuracy run failed (CI); "
-                         "peers never fail a run")
+                    help="exit 1 when a tandem benchmark, the accuracy run or tandem timed "
+                         "beside a peer failed (CI); a missing or failing peer never does")
     ap.add_argument("--tuning",
                     help="a tuning file of `tandem tune`: also time the default and tuned "
                          "geometry side by side (report/tuning.md)")
@@ -152,9 +152,14 @@ def render(run, out_dir):
     return res, outcomes
 
 
-def problems(a, res):
-    """What fails a --strict run: a tandem benchmark or the accuracy run failed."""
+def problems(a, res, run):
+    """What fails a --strict run: a tandem benchmark or the accuracy run failed, or tandem
+    failed where it is timed beside a peer (a missing peer never fails it)."""
     out = [f"benchmark {n} failed: {m[:200]}" for n, m in res.errors]
+    beside = [r for r in (run.get("peers") or {}).get("results", []) if r.get("tandem_error")]
+    if beside:
+        out.append(f"tandem beside the peers failed on {len(beside)} measurement(s), e.g. "
+                   f"{beside[0]['op']}/{beside[0]['shape']}: {beside[0]['tandem_error'][:200]}")
     acc = res.accuracy
     failed_case = any("error" in r for r in acc.get("results", []))
     if not a.no_accuracy and (acc.get("error") or failed_case):
@@ -207,7 +212,7 @@ def main():
     with open(os.path.join(raw_dir, "run.json"), "w") as f:
         json.dump(run, f, indent=1)
     res, _ = render(run, out_dir)
-    found = problems(a, res)
+    found = problems(a, res, run)
     if a.tuning and run_tuning(a, build, out_dir):
         found.append("the tuning comparison failed")
     for p in found:

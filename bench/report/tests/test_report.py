@@ -576,6 +576,65 @@ class VisitsTest(unittest.TestCase):
         self.assertFalse(pairable({"op": "attention_backward", "shape": "s", "params": {}}))
         self.assertFalse(pairable({"op": "attention_forward_bf16", "shape": "s", "params": {}}))
 
+    def test_the_tandem_partner_calls_tandem_on_the_peers_inputs(self):
+        import sys
+        import types
+        try:
+            import numpy  # noqa: F401 - the partner's inputs
+        except ImportError:
+            self.skipTest("no NumPy for this Python")
+        calls = []
+        fake = types.ModuleType("tandem")
+        fake.set_threads = lambda n: calls.append(("threads", n))
+        fake.attention = lambda q, k, v, **kw: calls.append((q.shape, k.shape, v.shape, kw))
+        saved = sys.modules.get("tandem")
+        sys.modules["tandem"] = fake
+        try:
+            params = dict(B=1, H=4, Hkv=2, Sq=1, Sk=8, D=16, Dv=16, causal=False, caches=3)
+            for op, sq, mask in (("decode", 1, None), ("attention_forward", 8, "causal")):
+                calls.clear()
+                task = {"op": op, "shape": "s",
+                        "params": dict(params, Sq=sq, causal=mask is not None)}
+                call = self.peers.tandem_partner(task, 2)
+                self.assertIsNotNone(call, op)
+                call()
+                call()
+                self.assertEqual(calls[0], ("threads", 2))
+                self.assertEqual(calls[1], ((1, 4, sq, 16), (1, 2, 8, 16), (1, 2, 8, 16),
+                                            dict(layout="bhsd", mask=mask)))
+                self.assertEqual(len(calls), 3)
+            self.assertIsNone(self.peers.tandem_partner(
+                {"op": "attention_backward", "shape": "s", "params": params}, 2))
+        finally:
+            if saved is None:
+                del sys.modules["tandem"]
+            else:
+                sys.modules["tandem"] = saved
+
+
+class StrictTest(unittest.TestCase):
+    """What fails report.py --strict."""
+
+    def test_tandem_failing_beside_a_peer_fails_it_and_a_missing_peer_does_not(self):
+        import argparse
+        import importlib.util
+        spec = importlib.util.spec_from_file_location(
+            "tandem_report_main", os.path.join(HERE, "..", "report.py"))
+        report = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(report)
+        a = argparse.Namespace(no_accuracy=True)
+        run = copy.deepcopy(RUN)
+        import types
+        res = types.SimpleNamespace(errors=[], accuracy={}, rows=[object()], invariance=None)
+        self.assertEqual(report.problems(a, res, run), [])
+        rec = run["peers"]["results"][0]
+        rec["error"] = "ModuleNotFoundError: no openvino"
+        self.assertEqual(report.problems(a, res, run), [])
+        rec["tandem_error"] = "NameError: name 'op' is not defined"
+        found = report.problems(a, res, run)
+        self.assertEqual(len(found), 1)
+        self.assertIn("NameError", found[0])
+
 
 def with_paired_sdpa(peer_rounds, tandem_rounds):
     """quick_run.json's run with torch_sdpa's forward at S=2048, D=128 timed in rounds."""

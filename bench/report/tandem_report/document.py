@@ -93,7 +93,9 @@ def write_summary(doc, outcomes, preset):
           + (" (the quick preset leaves out the large shapes; `make report` measures them)"
              if quick else "")
           + ". Fractions are of the FMA peak and copy bandwidth measured just before each "
-            "op group. A speed-up over a peer is the median of ratios paired round by round "
+            "op group; a target on one is met only when it also holds against the run's "
+            "highest probe of that limit (work beside a probe only lowers it), not met when "
+            "it fails against the nearest, else not decided. A speed-up over a peer is the median of ratios paired round by round "
             "(tandem through Python and the peer alternating in the peer's process; "
             + ("all rounds in one process" if preset == "quick" else
                "rounds taken in four visits, four processes minutes apart")

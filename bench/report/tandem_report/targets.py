@@ -7,7 +7,7 @@ from typing import Optional
 
 from .analysis import block_split
 from .fmt import fms, fnum, fpct
-from .paired import MISSED, Spread, combine, quantile, verdict
+from .paired import MET, MISSED, UNDECIDED, Spread, combine, quantile, verdict
 from .profile import describe
 from .results import Range, Where, attn, where
 
@@ -69,6 +69,42 @@ def listing(pairs, fmt):
     return ", ".join(f"{tag} {fmt(x)}" for x, tag in sorted(pairs, key=lambda t: t[1]))
 
 
+# A fraction's probe kind (Roofline.spread) and the row's figure it divides.
+PROBE_OF = {"frac_peak": ("peak", "gflops"), "frac_copy": ("copy", "gbs"),
+            "frac_read": ("read", "gbs")}
+
+
+def fraction_floor(res, r, key):
+    """Row r's fraction (field `key`) against the highest probe of its kind and thread count
+    in the run, where r's own fraction divides by the probe nearest to it. A probe is a best
+    of trials and work beside it only lowers it, so the highest one is the surest limit; a
+    target is decided only when both fractions lie on one side of it (fraction_verdict)."""
+    f = getattr(r, key)
+    kind, figure = PROBE_OF.get(key, (None, None))
+    value = getattr(r, figure, None) if figure else None
+    top = res.roofline.spread().get((kind, r.threads))
+    if not f or not value or not top:
+        return f
+    return min(f, value / top[1])
+
+
+def fraction_verdict(res, rows, key, need):
+    """met when every row reaches `need` even against the run's highest probe, not met when
+    one falls short against its nearest probe, else not decided (the probes straddle it)."""
+    near = [getattr(r, key) or 0 for r in rows]
+    if any(f < need for f in near):
+        return MISSED
+    if all((fraction_floor(res, r, key) or 0) >= need for r in rows):
+        return MET
+    return UNDECIDED
+
+
+def floor_note(res, r, key):
+    """' (NN % of the run's highest probe)' where that differs from r's fraction, else ''."""
+    f, lo = getattr(r, key), fraction_floor(res, r, key)
+    return f" ({fpct(lo)} of the run's highest probe)" if f and lo and lo < f * 0.98 else ""
+
+
 @dataclass(frozen=True)
 class Fraction:
     """The lowest fraction of the machine's limit (field `key`) of the rows of `ops` that
@@ -90,9 +126,10 @@ class Fraction:
         frac = self.fraction
         worst = min(found, key=lambda r: frac(r) or 0)
         what = self.what.format(read=fnum(res.roofline.read.get(res.main_threads)))
-        text = (f"lowest {fpct(frac(worst))} ({worst.shape.tag}); "
+        text = (f"lowest {fpct(frac(worst))}{floor_note(res, worst, self.key)} "
+                f"({worst.shape.tag}); "
                 + ", ".join(f"{r.shape.tag} {fpct(frac(r))}" for r in found) + f" {what}")
-        return [outcome(self.name, all((frac(r) or 0) >= self.need for r in found), text,
+        return [decided(self.name, fraction_verdict(res, found, self.key, self.need), text,
                         bench_of(worst))]
 
 
@@ -108,8 +145,9 @@ class Efficiency:
         r = res.one(self.op, self.sel)
         if not r:
             return [outcome(self.name, None, "–")]
-        return [outcome(self.name, r.frac_peak >= self.need,
-                        f"{fpct(r.frac_peak)} ({fnum(r.gflops)} GFLOP/s)")]
+        return [decided(self.name, fraction_verdict(res, [r], "frac_peak", self.need),
+                        f"{fpct(r.frac_peak)}{floor_note(res, r, 'frac_peak')} "
+                        f"({fnum(r.gflops)} GFLOP/s)")]
 
 
 @dataclass(frozen=True)

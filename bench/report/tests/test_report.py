@@ -162,15 +162,38 @@ class TargetsTest(unittest.TestCase):
         self.assertEqual(o.status, "met" if frac >= 0.85 else "not met")
         self.assertIn(f"B1_H8_S2048_D128 {100 * frac:.0f} %", o.measured)
 
+    @staticmethod
+    def with_fraction(frac, probes=None):
+        """RUN with the S=2048 D=128 forward at `frac` of its threads' peak (its GFLOP/s
+        to match) and, given `probes`, those FMA peaks in order for its thread count."""
+        run = copy.deepcopy(RUN)
+        row = {r["name"]: r for r in run["bench"]}[FWD + "B1_H8_S2048_D128"]
+        fma = [r for r in run["bench"] if r["name"].startswith("roofline_fma/")
+               and int(r["threads"]) == int(row["threads"])]
+        for r, value in zip(fma, probes or []):
+            r["GFLOP/s"] = value
+        row["frac_peak"], row["GFLOP/s"] = frac, frac * fma[0]["GFLOP/s"]
+        return run
+
     def test_fraction_flips_with_the_figure(self):
         for frac, status in ((0.9, "met"), (0.5, "not met")):
-            run = copy.deepcopy(RUN)
-            raw_of = {r["name"]: r for r in run["bench"]}
-            raw_of[FWD + "B1_H8_S2048_D128"]["frac_peak"] = frac
+            run = self.with_fraction(frac, [400.0, 400.0])
             self.assertEqual(self.evaluate(run)[self.D128].status, status)
         run = copy.deepcopy(RUN)
         run["bench"] = [r for r in run["bench"] if r["name"] != FWD + "B1_H8_S2048_D128"]
         self.assertEqual(self.evaluate(run)[self.D128].status, "not measured")
+
+    def test_a_fraction_the_run_s_highest_probe_would_not_meet_is_not_decided(self):
+        # 0.9 of a probe at 200 GFLOP/s is 0.45 of a later one at 400: the probes straddle
+        # the 85 % target; below it even against the nearest probe it is not met.
+        o = self.evaluate(self.with_fraction(0.9, [200.0, 400.0]))[self.D128]
+        self.assertEqual(o.status, "not decided")
+        self.assertIn("45 % of the run's highest probe", o.measured)
+        o = self.evaluate(self.with_fraction(0.8, [200.0, 400.0]))[self.D128]
+        self.assertEqual(o.status, "not met")
+        o = self.evaluate(self.with_fraction(0.9, [395.0, 400.0]))[self.D128]
+        self.assertEqual(o.status, "met")  # 0.9 × 395 / 400 = 0.89 ≥ 0.85 against either
+        self.assertNotIn("highest probe", o.measured)
 
     def test_speedup_over_a_peer(self):
         peer = {x["shape"]: x["seconds"] for x in RUN["peers"]["results"]

@@ -9,8 +9,9 @@ from .proc import ROOT, run_text
 
 LSCPU_KEYS = ("L2 cache", "L3 cache", "Hypervisor vendor", "Thread(s) per core", "CPU family",
               "Model", "CPU max MHz")
-SIMD_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx2", "fma", "sse4_2", "neon",
-              "sve")
+# What the CPU has, whether or not a tandem path uses it (none uses avx512_fp16 or AMX yet).
+SIMD_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "amx_bf16", "avx2",
+              "fma", "sse4_2", "neon", "sve")
 
 
 def cpuinfo_line(prefix):

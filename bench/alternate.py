@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Alternating timing, shared by the report's Python benchmarks (bench/peers/peers.py in the
 peers' environment, bench/python/python_bench.py in the package's): several callables timed
-in rounds on the same inputs, so that a ratio between two of them is paired within a round."""
+in rounds on the same inputs, so that a ratio between two of them is paired within a round,
+and the split of the rounds into visits (worker processes run one after another)."""
 import time
 
 
@@ -25,3 +26,11 @@ def alternate(fns, min_time, rounds):
                 fns[i]()
             times[i].append((time.perf_counter() - t0) / counts[i])
     return times
+
+
+def visit_rounds(rounds, visits):
+    """The rounds of each visit: `rounds` split as evenly as `visits` allows (the first
+    ones the larger), at least two each (a worker pairs from two rounds); one visit where
+    that leaves fewer (rounds < 4, or unpaired)."""
+    n = max(1, min(visits, rounds // 2))
+    return [rounds // n + (1 if i < rounds % n else 0) for i in range(n)]

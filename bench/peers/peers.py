@@ -59,7 +59,7 @@ import time
 import types
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from alternate import alternate  # noqa: E402 - bench/alternate.py, beside this directory
+from alternate import alternate, visit_rounds  # noqa: E402 - bench/alternate.py
 
 LIBRARIES = ("torch", "openvino", "onnxruntime", "jax", "ggml")
 PIP_NAMES = {"torch": "torch", "openvino": "openvino", "onnxruntime": "onnxruntime onnx",
@@ -932,14 +932,6 @@ def limit_threads_env(threads):
 
 # ---------------------------------------------------------------------------
 # Driver
-
-
-def visit_rounds(rounds, visits):
-    """The rounds of each visit: `rounds` split as evenly as `visits` allows (the first
-    ones the larger), at least two each (a worker pairs from two rounds); one visit where
-    that leaves fewer (rounds < 4, or unpaired)."""
-    n = max(1, min(visits, rounds // 2))
-    return [rounds // n + (1 if i < rounds % n else 0) for i in range(n)]
 
 
 def first_visit(r):

@@ -16,8 +16,13 @@ Measures, in one process:
     thread count, timed in alternating rounds so that each ratio is paired
     within a round.
 
+With --visits V the rounds are taken in V worker processes run one after
+another, each with its share of the rounds and of --min-time (the overhead in
+the first only), and merged round by round (merge_visits): one process is one
+draw of the machine, and the merged spread holds the move between draws.
+
     usage: python_bench.py --shapes B1_H8_S2048_D128,B1_H8_S1024_D64_causal
-                           --threads N --min-time S --out result.json
+                           --threads N --min-time S [--visits V] --out result.json
 """
 
 import argparse
@@ -25,7 +30,9 @@ import json
 import os
 import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -37,7 +44,7 @@ import tandem.torch as tt
 from tandem import _ext
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from alternate import alternate  # noqa: E402 - bench/alternate.py, beside this directory
+from alternate import alternate, visit_rounds  # noqa: E402 - bench/alternate.py
 
 
 def per_call(fn, min_time, repeats=5):
@@ -113,6 +120,44 @@ def shape_of(name):
     return B, H, S, D, bool(m.group(5))
 
 
+ROUNDS = ("tandem_python_rounds_s", "torch_sdpa_rounds_s", "kernel_rounds_s")
+
+
+def merge_visits(docs):
+    """One document of the visits' documents: the first's overhead and versions, each
+    shape's rounds concatenated in visit order (visit_rounds: how many each gave) and its
+    medians taken again over them."""
+    doc = dict(docs[0], visits=len(docs), results=[])
+    for first in docs[0]["results"]:
+        same = [r for d in docs for r in d["results"] if r["shape"] == first["shape"]]
+        m = dict(first, visit_rounds=[r["rounds"] for r in same],
+                 rounds=sum(r["rounds"] for r in same))
+        for key in ROUNDS:
+            m[key] = [x for r in same for x in r[key]] if first[key] else None
+        m["tandem_python_s"] = statistics.median(m["tandem_python_rounds_s"])
+        m["torch_sdpa_s"] = statistics.median(m["torch_sdpa_rounds_s"])
+        doc["results"].append(m)
+    return doc
+
+
+def run_visits(a, argv):
+    """Runs this script once per visit (visit_rounds of a.rounds) and writes the merged
+    document to a.out; a visit that fails fails the run."""
+    split = visit_rounds(a.rounds, a.visits)
+    docs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, rounds in enumerate(split):
+            out = os.path.join(tmp, f"visit{i}.json")
+            cmd = [sys.executable, os.path.abspath(__file__), *argv, "--visits", "1",
+                   "--rounds", str(rounds), "--share", str(rounds / sum(split)), "--out", out]
+            print(f"python_bench: visit {i + 1} of {len(split)} ({rounds} rounds)", flush=True)
+            subprocess.run(cmd + (["--no-overhead"] if i else []), check=True)
+            with open(out) as f:
+                docs.append(json.load(f))
+    with open(a.out, "w") as f:
+        json.dump(merge_visits(docs), f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -121,12 +166,22 @@ def main():
     ap.add_argument("--min-time", type=float, default=0.5)
     ap.add_argument("--rounds", type=int, default=7,
                     help="alternating rounds of tandem, torch and the kernel call alone")
+    ap.add_argument("--visits", type=int, default=1, choices=range(1, 65), metavar="V",
+                    help="worker processes the rounds are split over, one after another")
+    # a visit's share of --min-time, and whether it leaves the overhead to the first visit
+    ap.add_argument("--share", type=float, default=1.0, help=argparse.SUPPRESS)
+    ap.add_argument("--no-overhead", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
+    if len(visit_rounds(a.rounds, a.visits)) > 1:
+        run_visits(a, ["--shapes", a.shapes, "--threads", str(a.threads),
+                       "--min-time", str(a.min_time)])
+        return
     doc = {"versions": {"tandem": tandem.__version__, "torch": torch.__version__,
                         "numpy": np.__version__},
            "simd_target": tandem.simd_target(),
-           "overhead": overhead(max(a.min_time, 0.2)), "results": []}
+           "overhead": None if a.no_overhead else overhead(max(a.min_time, 0.2)),
+           "results": []}
     tandem.set_threads(a.threads)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -138,7 +193,7 @@ def main():
         fns = [lambda: tt.scaled_dot_product_attention(q, k, v, is_causal=causal),
                lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)]
         kernel = kernel_call(q, k, v, causal)
-        times = alternate(fns + ([kernel] if kernel else []), a.min_time, a.rounds)
+        times = alternate(fns + ([kernel] if kernel else []), a.min_time * a.share, a.rounds)
         ours, theirs = statistics.median(times[0]), statistics.median(times[1])
         doc["results"].append({"shape": name, "tandem_python_s": ours, "torch_sdpa_s": theirs,
                                "rounds": a.rounds, "tandem_python_rounds_s": times[0],

@@ -2,15 +2,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """Compares the paired ratios of two report runs on the same machine: for every speed-up over
 a peer (and every ratio of the Python table) measured in both, the two medians with their
-spreads (a peer's: its 10th–90th percentiles, paired.PEER_SPAN; the Python table's: its
-quartiles) and whether they agree (each median within the other run's spread).
+spreads (a peer's: its 10th–90th percentiles, paired.PEER_SPAN; the Python table's the same
+where its rounds came from several visits, else its quartiles; paired.visits_spread) and
+whether they agree (each median within the other run's spread).
 
     bench/report/compare_runs.py report-a/raw/run.json report-b/raw/run.json
 """
 import json
 import sys
 
-from tandem_report.paired import agree, paired_ratios, spread
+from tandem_report.paired import agree, paired_ratios, visits_spread
 from tandem_report.results import Results
 
 
@@ -22,12 +23,13 @@ def paired_spreads(run):
         if p.speedup is not None:
             out[(f"{p.op} vs {p.peer}", p.shape.tag, p.threads)] = p.speedup
     for r in res.python.get("results", []):
+        v = r.get("visit_rounds")
         if r.get("tandem_python_rounds_s") and r.get("torch_sdpa_rounds_s"):
-            out[("Python: torch SDPA ÷ tandem", r["shape"], None)] = spread(
-                paired_ratios(r["torch_sdpa_rounds_s"], r["tandem_python_rounds_s"]))
+            out[("Python: torch SDPA ÷ tandem", r["shape"], None)] = visits_spread(
+                paired_ratios(r["torch_sdpa_rounds_s"], r["tandem_python_rounds_s"]), v)
         if r.get("tandem_python_rounds_s") and r.get("kernel_rounds_s"):
-            out[("Python: tandem via Python ÷ C++ entry", r["shape"], None)] = spread(
-                paired_ratios(r["tandem_python_rounds_s"], r["kernel_rounds_s"]))
+            out[("Python: tandem via Python ÷ C++ entry", r["shape"], None)] = visits_spread(
+                paired_ratios(r["tandem_python_rounds_s"], r["kernel_rounds_s"]), v)
     return out
 
 

@@ -6,7 +6,7 @@ failed and how it was measured."""
 import os
 
 from .analysis import feature_pairs, run_noise
-from .paired import paired_ratios, spread
+from .paired import paired_ratios, visits_spread
 from .proc import others_busy
 from .doc import Doc
 from .fmt import fms, fmt_dur, fnum, fpct, fratio
@@ -277,12 +277,13 @@ def python_row(res, r):
     t_py, t_torch = r["tandem_python_s"], r["torch_sdpa_s"]
     ours, torch_r, kernel = (r.get(k) for k in ("tandem_python_rounds_s", "torch_sdpa_rounds_s",
                                                 "kernel_rounds_s"))
+    visits = r.get("visit_rounds")
     if ours and torch_r:
-        vs_torch = spread(paired_ratios(torch_r, ours)).text()
+        vs_torch = visits_spread(paired_ratios(torch_r, ours), visits).text()
     else:
         vs_torch = fratio(t_torch / t_py)
     if ours and kernel:
-        s = spread([x - 1 for x in paired_ratios(ours, kernel)])
+        s = visits_spread([x - 1 for x in paired_ratios(ours, kernel)], visits)
         vs_cpp = f"{s.median:+.1%} ({s.lo:+.1%} to {s.hi:+.1%})"
     elif cpp:
         vs_cpp = f"{(t_py / cpp.seconds - 1) * 100:+.1f} % (unpaired, tandem_bench)"
@@ -298,10 +299,14 @@ def write_python_attention(doc, res, py):
           "`tandem.torch.scaled_dot_product_attention`, PyTorch's "
           "`F.scaled_dot_product_attention` and (without a mask) the optimized kernel's C++ "
           "entry alone (plan made and addresses taken beforehand), timed in alternating rounds "
-          "in the same Python process; the same kernel in `tandem_bench` (this run) for scale. "
+          "in the same Python process" + (
+              f" (the rounds in {py['visits']} visits, processes one after another)"
+              if py.get("visits", 1) > 1 else "") +
+          "; the same kernel in `tandem_bench` (this run) for scale. "
           "Python vs C++: tandem through Python ÷ the C++ entry in the same round, − 1; "
           "×torch: torch's time ÷ tandem's in the same round. Each: the median of the rounds' "
-          "ratios (quartiles).")
+          "ratios (" + ("10th–90th percentiles" if py.get("visits", 1) > 1 else "quartiles")
+          + ").")
     doc.table(["shape", "tandem via Python", "tandem_bench (C++)", "Python vs C++",
                "torch SDPA", "×torch (paired)", "rounds"], rows)
 
@@ -415,7 +420,7 @@ METHOD = [
     "(their quartiles did not: two runs' medians fell outside each other's quartiles for "
     "most ratios). Without the tandem package (no `.venv/`) the peers are "
     "timed alone and the ratio to tandem_bench's figure is marked unpaired. The Python table "
-    "pairs the same way, in one process.",
+    "pairs the same way, its rounds in as many visits of python_bench.py.",
     "A machine is called busy when work other than the report's own processes kept more than "
     "a quarter of its cores busy (/proc/stat's busy time less the CPU time of the report and "
     "the programs it ran).",

@@ -49,6 +49,13 @@ def spread(values, span=(0.25, 0.75)):
     return Spread(quantile(vs, 0.5), quantile(vs, span[0]), quantile(vs, span[1]), len(vs))
 
 
+def visits_spread(values, visit_rounds=None):
+    """The Spread of per-round ratios: PEER_SPAN's percentiles where the rounds came from
+    several visits (visit_rounds, the rounds of each; python_bench.py --visits), whose
+    medians move as a peer's do, else the quartiles of one process."""
+    return spread(values, PEER_SPAN if visit_rounds and len(visit_rounds) > 1 else (0.25, 0.75))
+
+
 def paired_ratios(num, den):
     """num[i] / den[i] for each round i: e.g. the peer's time ÷ tandem's time in the same
     round is tandem's speed-up over the peer in that round."""

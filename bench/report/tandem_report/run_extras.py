@@ -6,6 +6,7 @@ import os
 import subprocess
 
 from .proc import ROOT, log, run_text
+from .run_peers import VISITS
 
 
 def run_accuracy(a, build, raw_dir):
@@ -61,7 +62,7 @@ def run_python(a, plan, raw_dir):
     cmd = [venv_py, os.path.join(ROOT, "bench", "python", "python_bench.py"),
            "--shapes", ",".join(shapes), "--threads", str(plan["threads"]),
            "--min-time", str(min_time), "--rounds", str(5 if a.preset == "quick" else 9),
-           "--out", out]
+           "--visits", str(VISITS[a.preset]), "--out", out]
     try:
         subprocess.run(cmd, timeout=900)
         with open(out) as f:

@@ -561,6 +561,74 @@ def load_peers_module():
     return module
 
 
+def load_python_bench():
+    """bench/python/python_bench.py as a module, with stand-ins for torch and tandem (its
+    merging of visits needs neither)."""
+    import importlib.util
+    import sys
+    import types
+    saved = {}
+    for name in ("torch", "torch.nn", "torch.nn.functional", "tandem", "tandem.torch"):
+        saved[name] = sys.modules.get(name)
+        sys.modules[name] = types.ModuleType(name)
+    sys.modules["tandem"]._ext = types.ModuleType("tandem._ext")
+    sys.modules["torch"].nn = sys.modules["torch.nn"]
+    sys.modules["torch.nn"].functional = sys.modules["torch.nn.functional"]
+    try:
+        sys.path.insert(0, os.path.join(HERE, "..", ".."))  # its `alternate` import
+        path = os.path.join(HERE, "..", "..", "python", "python_bench.py")
+        spec = importlib.util.spec_from_file_location("tandem_python_bench", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        for name, mod in saved.items():
+            if mod is None:
+                del sys.modules[name]
+            else:
+                sys.modules[name] = mod
+
+
+class PythonVisitsTest(unittest.TestCase):
+    """python_bench.py --visits: each shape's rounds from every visit, in visit order."""
+
+    def test_visits_are_merged_round_by_round(self):
+        try:
+            bench = load_python_bench()
+        except ImportError as e:  # no NumPy for this Python
+            self.skipTest(str(e))
+
+        def visit(rounds, scale, kernel=True, overhead=None):
+            def rec(shape, k):
+                return {"shape": shape, "rounds": rounds, "tandem_python_s": 0.0,
+                        "torch_sdpa_s": 0.0,
+                        "tandem_python_rounds_s": [scale * (i + 1) for i in range(rounds)],
+                        "torch_sdpa_rounds_s": [2 * scale] * rounds,
+                        "kernel_rounds_s": [scale] * rounds if k else None}
+            return {"overhead": overhead, "simd_target": "AVX3",
+                    "results": [rec("B1_H8_S1024_D128", kernel), rec("c", False)]}
+        doc = bench.merge_visits([visit(3, 1.0, overhead={"kernel_call_s": 1e-6}),
+                                  visit(2, 10.0), visit(2, 100.0)])
+        self.assertEqual((doc["visits"], doc["overhead"]), (3, {"kernel_call_s": 1e-6}))
+        r, c = doc["results"]
+        self.assertEqual((r["rounds"], r["visit_rounds"]), (7, [3, 2, 2]))
+        self.assertEqual(r["tandem_python_rounds_s"], [1.0, 2.0, 3.0, 10.0, 20.0, 100.0, 200.0])
+        self.assertEqual(r["kernel_rounds_s"], [1.0] * 3 + [10.0] * 2 + [100.0] * 2)
+        self.assertEqual((r["tandem_python_s"], r["torch_sdpa_s"]), (10.0, 20.0))
+        self.assertIsNone(c["kernel_rounds_s"])
+        self.assertEqual(bench.visit_rounds(9, 4), [3, 2, 2, 2])
+
+    def test_the_table_spread_widens_with_visits(self):
+        ratios = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8]
+        one = paired.visits_spread(ratios, [9])
+        four = paired.visits_spread(ratios, [3, 2, 2, 2])
+        self.assertEqual((one.lo, one.hi), (paired.quantile(ratios, 0.25),
+                                            paired.quantile(ratios, 0.75)))
+        self.assertEqual((four.lo, four.hi), (paired.quantile(ratios, 0.10),
+                                              paired.quantile(ratios, 0.90)))
+        self.assertLess(four.lo, one.lo)
+
+
 class VisitsTest(unittest.TestCase):
     """peers.py's visits: the rounds split over worker processes and merged again."""
     peers = load_peers_module()
